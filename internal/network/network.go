@@ -1,0 +1,73 @@
+// Package network gives each sandbox its own network namespace wired to the
+// cubicle0 bridge, with an address from a pool, NAT egress and an nftables
+// egress policy.
+package network
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+)
+
+var (
+	ErrNotFound      = errors.New("network: endpoint not found")
+	ErrPoolExhausted = errors.New("network: address pool exhausted")
+	ErrInvalidPolicy = errors.New("network: invalid egress policy")
+)
+
+// Policy is the egress policy of a sandbox. Rules are evaluated: DenyOut
+// entries are dropped unless also matched more specifically by AllowOut
+// (allow wins over deny, as in e2b); when AllowInternet is false everything
+// except AllowOut is dropped.
+type Policy struct {
+	AllowInternet bool
+	AllowOut      []string // IPs or CIDRs
+	DenyOut       []string // IPs or CIDRs
+}
+
+// Endpoint is a sandbox's network attachment.
+type Endpoint struct {
+	ID        string     // sandbox ID
+	NetNSPath string     // bind-mounted netns file, pass to runtime.Spec.NetNSPath
+	Addr      netip.Addr // sandbox address on the bridge
+	Gateway   netip.Addr // bridge address
+	HostVeth  string     // host side veth name
+}
+
+// Manager owns the bridge, the address pool and per-sandbox endpoints.
+type Manager interface {
+	// Setup creates the netns, veth pair, address and policy. On error nothing is left.
+	Setup(ctx context.Context, id string, p Policy) (Endpoint, error)
+	// Teardown removes everything Setup made; unknown IDs return nil.
+	Teardown(ctx context.Context, id string) error
+	// UpdatePolicy replaces the egress policy of a live endpoint.
+	UpdatePolicy(ctx context.Context, id string, p Policy) error
+	// Get returns ErrNotFound for unknown IDs.
+	Get(ctx context.Context, id string) (Endpoint, error)
+	// List returns every endpoint that exists on the host (for restart recovery).
+	List(ctx context.Context) ([]Endpoint, error)
+}
+
+// ValidatePolicy checks that every entry is an IP or CIDR.
+func ValidatePolicy(p Policy) error {
+	for _, list := range [][]string{p.AllowOut, p.DenyOut} {
+		for _, s := range list {
+			if _, err := ParsePrefix(s); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// ParsePrefix accepts "1.2.3.4" or "1.2.3.0/24".
+func ParsePrefix(s string) (netip.Prefix, error) {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return p.Masked(), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, errors.Join(ErrInvalidPolicy, errors.New("not an IP or CIDR: "+s))
+	}
+	return netip.PrefixFrom(a, a.BitLen()), nil
+}

@@ -1,0 +1,94 @@
+// Package runtime defines the boundary between Cubicle's node agent and the
+// thing that actually runs a sandbox (an OCI runtime today, a microVM later).
+package runtime
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Typed errors; callers use errors.Is.
+var (
+	ErrNotFound      = errors.New("runtime: sandbox not found")
+	ErrAlreadyExists = errors.New("runtime: sandbox already exists")
+	ErrNotRunning    = errors.New("runtime: sandbox not running")
+	ErrNotPaused     = errors.New("runtime: sandbox not paused")
+	ErrUnsupported   = errors.New("runtime: operation not supported by this driver")
+)
+
+// State is the runtime-level state of a sandbox.
+type State string
+
+const (
+	StateRunning State = "running"
+	StatePaused  State = "paused"
+	StateStopped State = "stopped" // exists (bundle/checkpoint) but no process
+)
+
+// Mount is an extra bind mount into the sandbox (volumes, the agent binary).
+type Mount struct {
+	Source      string // host path
+	Destination string // path inside the sandbox
+	ReadOnly    bool
+}
+
+// Resources are the cgroup limits for a sandbox.
+type Resources struct {
+	CPUCount int   // whole CPUs (cpu quota = CPUCount * period)
+	MemoryMB int   // memory limit
+	PIDs     int64 // pids limit
+}
+
+// Spec describes a sandbox to create.
+type Spec struct {
+	ID string // [a-z0-9]{20}
+	// Layers are read-only lower directories of the rootfs, top-most first.
+	// The driver stacks a per-sandbox writable upper over them (overlayfs).
+	Layers    []string
+	Hostname  string
+	Args      []string // PID 1 command line inside the sandbox (the agent)
+	Env       []string // KEY=VALUE for PID 1
+	NetNSPath string   // existing network namespace to join ("" = new private netns with loopback only)
+	Mounts    []Mount
+	Resources Resources
+}
+
+// Info is what the driver knows about a live sandbox.
+type Info struct {
+	ID      string
+	State   State
+	Pid     int // host pid of the sandbox's PID 1 (0 when not running)
+	Created time.Time
+}
+
+// Stats are point-in-time resource readings.
+type Stats struct {
+	CPUUsageNanos uint64 // cumulative
+	MemoryBytes   uint64 // current usage
+	MemoryLimit   uint64
+	MemoryCache   uint64
+	PIDs          uint64
+}
+
+// Driver runs sandboxes. Every method is safe for concurrent use on
+// different IDs, idempotent where noted, and leaves nothing behind on error.
+type Driver interface {
+	// Name is "runc", "runsc", "crun"...
+	Name() string
+	// Create builds the rootfs and starts PID 1. On error everything it made is removed.
+	Create(ctx context.Context, spec Spec) (Info, error)
+	// Delete kills every process and removes the container, mounts, cgroups and
+	// per-sandbox directories. Deleting an unknown ID returns nil (idempotent).
+	Delete(ctx context.Context, id string) error
+	// Pause stops the sandbox keeping its memory (freezer for runc, checkpoint for runsc).
+	Pause(ctx context.Context, id string) error
+	// Resume undoes Pause.
+	Resume(ctx context.Context, id string) error
+	// Inspect returns ErrNotFound for unknown IDs.
+	Inspect(ctx context.Context, id string) (Info, error)
+	// List returns every sandbox the driver still has state for (used for
+	// recovery after a restart of cubicle serve).
+	List(ctx context.Context) ([]Info, error)
+	Stats(ctx context.Context, id string) (Stats, error)
+}
