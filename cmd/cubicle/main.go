@@ -1,0 +1,35 @@
+// Command cubicle is Cubicle's single binary: the server and its CLI.
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cubicle-dev/cubicle/internal/version"
+)
+
+func main() {
+	root := &cobra.Command{
+		Use:           "cubicle",
+		Short:         "Cubicle: a self-hosted, E2B-compatible sandbox platform",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(serveCmd(), apikeyCmd(), sandboxCmd(), versionCmd())
+	if err := root.Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "error:", err)
+		os.Exit(1)
+	}
+}
+
+func versionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Run: func(cmd *cobra.Command, _ []string) {
+			fmt.Fprintln(cmd.OutOrStdout(), "cubicle", version.Version)
+		},
+	}
+}

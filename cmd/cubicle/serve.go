@@ -1,0 +1,165 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/cobra"
+
+	"github.com/cubicle-dev/cubicle/internal/api"
+	"github.com/cubicle-dev/cubicle/internal/control"
+	"github.com/cubicle-dev/cubicle/internal/network"
+	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/proxy"
+	"github.com/cubicle-dev/cubicle/internal/runtime/oci"
+	"github.com/cubicle-dev/cubicle/internal/template"
+)
+
+type serveOptions struct {
+	dataDir, imagesDir, listen, runtime, agentBin, domain string
+	pool, bridge, netnsDir, nftTable, cgroupParent        string
+	cpuCount, memoryMB, diskSizeMB, maxSandboxes          int
+	maxTimeout                                            time.Duration
+}
+
+func serveCmd() *cobra.Command {
+	var o serveOptions
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the API, control plane, proxy and node agent in one process",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return serve(cmd.Context(), o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.dataDir, "data-dir", defaultDataDir, "state directory (database, sandboxes, runtime state)")
+	f.StringVar(&o.imagesDir, "images-dir", "", "image directory holding <name>/rootfs (default <data-dir>/images)")
+	f.StringVar(&o.listen, "listen", "127.0.0.1:3000", "address for the API and the sandbox proxy")
+	f.StringVar(&o.runtime, "runtime", "runc", "OCI runtime: runc or runsc (gVisor)")
+	f.StringVar(&o.agentBin, "agent-bin", "", "path of the static cubicle-agent binary (default: next to this binary)")
+	f.StringVar(&o.domain, "domain", "", "sandbox domain returned to SDKs; hosts <port>-<id>.<domain> are proxied")
+	f.StringVar(&o.pool, "pool", "10.211.0.0/16", "sandbox address pool")
+	f.StringVar(&o.bridge, "bridge", "cubicle0", "bridge interface name")
+	f.StringVar(&o.netnsDir, "netns-dir", "", "where sandbox netns are bind-mounted (default /run/cubicle/<bridge>/netns)")
+	f.StringVar(&o.nftTable, "nft-table", "", "nftables table (inet family) owned by this server (default cubicle, or cubicle_<bridge>)")
+	f.StringVar(&o.cgroupParent, "cgroup-parent", "cubicle", "cgroup parent of sandbox cgroups")
+	f.IntVar(&o.cpuCount, "cpu-count", 2, "CPUs per sandbox")
+	f.IntVar(&o.memoryMB, "memory-mb", 512, "memory per sandbox in MiB")
+	f.IntVar(&o.diskSizeMB, "disk-size-mb", 1024, "disk size reported per sandbox in MiB")
+	f.IntVar(&o.maxSandboxes, "max-sandboxes", 0, "maximum live sandboxes (0 = unlimited); beyond it creates get 429")
+	f.DurationVar(&o.maxTimeout, "max-timeout", 24*time.Hour, "maximum sandbox timeout")
+	return cmd
+}
+
+func serve(ctx context.Context, o serveOptions) error {
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	slog.SetDefault(log)
+	if o.imagesDir == "" {
+		o.imagesDir = filepath.Join(o.dataDir, "images")
+	}
+	if o.agentBin == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		o.agentBin = filepath.Join(filepath.Dir(exe), "cubicle-agent")
+	}
+	if o.netnsDir == "" {
+		o.netnsDir = filepath.Join("/run/cubicle", o.bridge, "netns")
+	}
+	if o.nftTable == "" {
+		o.nftTable = "cubicle"
+		if o.bridge != "cubicle0" {
+			o.nftTable = "cubicle_" + o.bridge
+		}
+	}
+	pool, err := netip.ParsePrefix(o.pool)
+	if err != nil {
+		return fmt.Errorf("--pool: %w", err)
+	}
+	if _, err := os.Stat(filepath.Join(o.imagesDir, template.BaseTemplate, "rootfs")); err != nil {
+		return fmt.Errorf("base image missing at %s (build it with scripts/build-rootfs): %w",
+			filepath.Join(o.imagesDir, template.BaseTemplate, "rootfs"), err)
+	}
+
+	st, err := openStore(o.dataDir)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+
+	sandboxDir := filepath.Join(o.dataDir, "sandboxes")
+	drv, err := oci.New(oci.Config{
+		Runtime:      o.runtime,
+		StateDir:     filepath.Join(o.dataDir, "run", o.runtime),
+		SandboxDir:   sandboxDir,
+		CgroupParent: o.cgroupParent,
+	})
+	if err != nil {
+		return fmt.Errorf("runtime %s: %w", o.runtime, err)
+	}
+	netm, err := network.NewLinux(network.Config{Bridge: o.bridge, Pool: pool, NetnsDir: o.netnsDir, Table: o.nftTable})
+	if err != nil {
+		return fmt.Errorf("network: %w", err)
+	}
+	nd, err := node.NewLocal(node.LocalConfig{ID: "local", Runtime: drv, Network: netm, AgentBin: o.agentBin, SandboxDir: sandboxDir})
+	if err != nil {
+		return err
+	}
+	images := &template.Images{Dir: o.imagesDir, CPUCount: o.cpuCount, MemoryMB: o.memoryMB, DiskSizeMB: o.diskSizeMB}
+	mgr := control.New(control.Config{MaxSandboxes: o.maxSandboxes, MaxTimeout: o.maxTimeout, Logger: log}, st, nd, images)
+
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	if err := mgr.Recover(rctx); err != nil {
+		cancel()
+		return fmt.Errorf("recover: %w", err)
+	}
+	cancel()
+	go mgr.Run(ctx)
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	apiSrv := api.New(api.Config{Domain: o.domain, Logger: log, Registry: reg}, mgr, st)
+	handler := proxy.New(proxy.Config{Domain: o.domain, Logger: log}, mgr, st, apiSrv)
+
+	ln, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 30 * time.Second}
+	// HTTP/1.1 for the JS SDK, cleartext HTTP/2 for clients that prefer it.
+	srv.Protocols = new(http.Protocols)
+	srv.Protocols.SetHTTP1(true)
+	srv.Protocols.SetUnencryptedHTTP2(true)
+	log.Info("cubicle serving", "listen", ln.Addr().String(), "runtime", o.runtime, "data", o.dataDir, "images", o.imagesDir)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	// Sandboxes keep running across a restart; the next serve re-adopts them.
+	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer scancel()
+	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	log.Info("cubicle stopped; sandboxes left running for re-adoption")
+	return nil
+}

@@ -1,0 +1,59 @@
+// Package api serves the e2b-compatible control-plane REST API.
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+
+	"github.com/cubicle-dev/cubicle/internal/control"
+	"github.com/cubicle-dev/cubicle/internal/network"
+)
+
+// errorBody is e2b's error shape; code always equals the HTTP status because
+// the JS SDK branches on the body's code.
+type errorBody struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, errorBody{Code: status, Message: msg})
+}
+
+// statusOf maps typed control-plane errors to HTTP statuses.
+func statusOf(err error) int {
+	switch {
+	case errors.Is(err, control.ErrNotFound), errors.Is(err, control.ErrTemplateNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, control.ErrInvalid), errors.Is(err, network.ErrInvalidPolicy):
+		return http.StatusBadRequest
+	case errors.Is(err, control.ErrConflict):
+		return http.StatusConflict
+	case errors.Is(err, control.ErrCapacity):
+		return http.StatusTooManyRequests
+	case errors.Is(err, control.ErrBusy), errors.Is(err, network.ErrPoolExhausted):
+		return http.StatusServiceUnavailable
+	default:
+		return http.StatusInternalServerError
+	}
+}
+
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	st := statusOf(err)
+	switch st {
+	case http.StatusTooManyRequests, http.StatusServiceUnavailable:
+		// The JS SDK (2.49.1+) retries a 429 only when Retry-After is present.
+		w.Header().Set("Retry-After", strconv.Itoa(s.cfg.RetryAfterSeconds))
+	case http.StatusInternalServerError:
+		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	writeError(w, st, err.Error())
+}

@@ -1,0 +1,502 @@
+package api
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/cubicle-dev/cubicle/internal/control"
+	"github.com/cubicle-dev/cubicle/internal/store"
+)
+
+const clientID = "6532622b" // e2b's constant, kept for SDK compatibility
+
+type networkConfig struct {
+	AllowPublicTraffic *bool    `json:"allowPublicTraffic,omitempty"`
+	AllowOut           []string `json:"allowOut,omitempty"`
+	DenyOut            []string `json:"denyOut,omitempty"`
+	MaskRequestHost    string   `json:"maskRequestHost,omitempty"`
+}
+
+type newSandbox struct {
+	TemplateID          string                  `json:"templateID"`
+	Timeout             *int64                  `json:"timeout"`
+	AutoPause           bool                    `json:"autoPause"`
+	AutoResume          *struct{ Enabled bool } `json:"autoResume"`
+	Secure              *bool                   `json:"secure"`
+	AllowInternetAccess *bool                   `json:"allow_internet_access"`
+	Network             *networkConfig          `json:"network"`
+	Metadata            map[string]string       `json:"metadata"`
+	EnvVars             map[string]string       `json:"envVars"`
+	VolumeMounts        []struct {
+		Name string `json:"name"`
+		Path string `json:"path"`
+	} `json:"volumeMounts"`
+}
+
+type sandboxJSON struct {
+	TemplateID         string  `json:"templateID"`
+	SandboxID          string  `json:"sandboxID"`
+	ClientID           string  `json:"clientID"`
+	EnvdVersion        string  `json:"envdVersion"`
+	EnvdAccessToken    string  `json:"envdAccessToken,omitempty"`
+	TrafficAccessToken *string `json:"trafficAccessToken"`
+	Domain             *string `json:"domain"`
+	Alias              string  `json:"alias,omitempty"`
+}
+
+type listedSandbox struct {
+	TemplateID   string            `json:"templateID"`
+	Alias        string            `json:"alias,omitempty"`
+	SandboxID    string            `json:"sandboxID"`
+	ClientID     string            `json:"clientID"`
+	StartedAt    time.Time         `json:"startedAt"`
+	EndAt        time.Time         `json:"endAt"`
+	CPUCount     int               `json:"cpuCount"`
+	MemoryMB     int               `json:"memoryMB"`
+	DiskSizeMB   int               `json:"diskSizeMB"`
+	Metadata     map[string]string `json:"metadata,omitempty"`
+	State        string            `json:"state"`
+	EnvdVersion  string            `json:"envdVersion"`
+	VolumeMounts []any             `json:"volumeMounts,omitempty"`
+}
+
+type sandboxDetail struct {
+	listedSandbox
+	EnvdAccessToken     string        `json:"envdAccessToken,omitempty"`
+	AllowInternetAccess *bool         `json:"allowInternetAccess"`
+	Domain              *string       `json:"domain"`
+	Network             networkConfig `json:"network"`
+	Lifecycle           struct {
+		AutoResume bool   `json:"autoResume"`
+		OnTimeout  string `json:"onTimeout"`
+	} `json:"lifecycle"`
+}
+
+// decode reads a JSON body with a size cap. An empty body is allowed when
+// optional is true (the v2 connect body is optional).
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any, optional bool) bool {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body larger than %d bytes", s.cfg.MaxBodyBytes))
+			return false
+		}
+		writeError(w, http.StatusBadRequest, "reading body: "+err.Error())
+		return false
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		if optional {
+			return true
+		}
+		writeError(w, http.StatusBadRequest, "request body is required")
+		return false
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		writeError(w, http.StatusBadRequest, "malformed JSON body: "+err.Error())
+		return false
+	}
+	return true
+}
+
+func (s *Server) domain() *string {
+	if s.cfg.Domain == "" {
+		return nil
+	}
+	d := s.cfg.Domain
+	return &d
+}
+
+func (s *Server) sandboxResponse(sb *store.Sandbox) sandboxJSON {
+	tt := sb.TrafficToken
+	return sandboxJSON{
+		TemplateID: sb.TemplateID, SandboxID: sb.ID, ClientID: clientID, EnvdVersion: control.EnvdVersion,
+		EnvdAccessToken: sb.EnvdToken, TrafficAccessToken: &tt, Domain: s.domain(), Alias: sb.Alias,
+	}
+}
+
+func listed(sb *store.Sandbox) listedSandbox {
+	state := "running"
+	if sb.State == store.StatePaused || sb.State == store.StatePausing {
+		state = "paused"
+	}
+	return listedSandbox{
+		TemplateID: sb.TemplateID, Alias: sb.Alias, SandboxID: sb.ID, ClientID: clientID,
+		StartedAt: sb.StartedAt, EndAt: sb.EndAt, CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB,
+		DiskSizeMB: sb.DiskSizeMB, Metadata: sb.Metadata, State: state, EnvdVersion: control.EnvdVersion,
+	}
+}
+
+func (s *Server) create(w http.ResponseWriter, r *http.Request, v2 bool) {
+	var req newSandbox
+	if !s.decode(w, r, &req, false) {
+		return
+	}
+	timeout := int64(15) // v1 spec default
+	if v2 {
+		timeout = int64(control.DefaultTimeout / time.Second)
+	}
+	if req.Timeout != nil {
+		timeout = *req.Timeout
+	}
+	if timeout < 0 {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("timeout must be >= 0 seconds, got %d", timeout))
+		return
+	}
+	netw := store.Network{AllowInternet: true, AllowPublicTraffic: true}
+	if req.AllowInternetAccess != nil {
+		netw.AllowInternet = *req.AllowInternetAccess
+	}
+	if req.Network != nil {
+		if req.Network.AllowPublicTraffic != nil {
+			netw.AllowPublicTraffic = *req.Network.AllowPublicTraffic
+		}
+		netw.AllowOut, netw.DenyOut, netw.MaskRequestHost = req.Network.AllowOut, req.Network.DenyOut, req.Network.MaskRequestHost
+	}
+	opts := control.CreateOptions{
+		TemplateID: req.TemplateID, Timeout: time.Duration(timeout) * time.Second,
+		Metadata: req.Metadata, EnvVars: req.EnvVars, Network: netw, AutoPause: req.AutoPause,
+	}
+	if req.AutoResume != nil {
+		opts.AutoResume = req.AutoResume.Enabled
+	}
+	if k := apiKeyOf(r); k != nil {
+		opts.APIKeyID = k.ID
+	}
+	for _, vm := range req.VolumeMounts {
+		opts.VolumeMounts = append(opts.VolumeMounts, control.VolumeMount{Name: vm.Name, Path: vm.Path})
+	}
+	sb, err := s.mgr.Create(r.Context(), opts)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, s.sandboxResponse(sb))
+}
+
+func (s *Server) createV1(w http.ResponseWriter, r *http.Request) { s.create(w, r, false) }
+func (s *Server) createV2(w http.ResponseWriter, r *http.Request) { s.create(w, r, true) }
+
+// parseMetadataFilter undoes the SDK's triple encoding: the framework has
+// decoded the parameter once; the value is itself a query string of
+// escaped keys and values.
+func parseMetadataFilter(raw string) (map[string]string, error) {
+	if raw == "" {
+		return nil, nil
+	}
+	whole, err := url.QueryUnescape(raw)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, pair := range strings.Split(whole, "&") {
+		if pair == "" {
+			continue
+		}
+		k, v, _ := strings.Cut(pair, "=")
+		if k, err = url.QueryUnescape(k); err != nil {
+			return nil, err
+		}
+		if v, err = url.QueryUnescape(v); err != nil {
+			return nil, err
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+func parseStates(raw string) ([]store.SandboxState, error) {
+	if raw == "" {
+		return []store.SandboxState{store.StateRunning, store.StatePausing, store.StatePaused, store.StateResuming}, nil
+	}
+	var out []store.SandboxState
+	for _, st := range strings.Split(raw, ",") {
+		switch strings.TrimSpace(st) {
+		case "running":
+			out = append(out, store.StateRunning, store.StateResuming)
+		case "paused":
+			out = append(out, store.StatePaused, store.StatePausing)
+		default:
+			return nil, fmt.Errorf("unknown state %q (want running or paused)", st)
+		}
+	}
+	return out, nil
+}
+
+func encodeCursor(sb *store.Sandbox) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(sb.StartedAt.UnixNano(), 10) + ":" + sb.ID))
+}
+
+func decodeCursor(tok string) (time.Time, string, error) {
+	b, err := base64.RawURLEncoding.DecodeString(tok)
+	if err != nil {
+		return time.Time{}, "", err
+	}
+	ns, id, ok := strings.Cut(string(b), ":")
+	if !ok {
+		return time.Time{}, "", errors.New("malformed token")
+	}
+	n, err := strconv.ParseInt(ns, 10, 64)
+	if err != nil {
+		return time.Time{}, "", err
+	}
+	return time.Unix(0, n), id, nil
+}
+
+func (s *Server) listV2(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := store.SandboxFilter{Template: q.Get("template")}
+	var err error
+	if f.Metadata, err = parseMetadataFilter(q.Get("metadata")); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid metadata filter: "+err.Error())
+		return
+	}
+	if f.States, err = parseStates(q.Get("state")); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	switch q.Get("order") {
+	case "", "desc":
+	case "asc":
+		f.Ascending = true
+	default:
+		writeError(w, http.StatusBadRequest, "order must be asc or desc")
+		return
+	}
+	if v := q.Get("startedAfter"); v != "" {
+		if f.StartedAfter, err = time.Parse(time.RFC3339, v); err != nil {
+			writeError(w, http.StatusBadRequest, "startedAfter must be RFC3339: "+err.Error())
+			return
+		}
+	}
+	limit := 100
+	if v := q.Get("limit"); v != "" {
+		if limit, err = strconv.Atoi(v); err != nil || limit < 1 || limit > 100 {
+			writeError(w, http.StatusBadRequest, "limit must be an integer between 1 and 100")
+			return
+		}
+	}
+	if tok := q.Get("nextToken"); tok != "" {
+		if f.AfterStarted, f.AfterID, err = decodeCursor(tok); err != nil {
+			writeError(w, http.StatusBadRequest, "invalid nextToken")
+			return
+		}
+	}
+	running, err := s.store.CountSandboxes(r.Context(), []store.SandboxState{store.StateRunning})
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	f.Limit = limit + 1 // one extra row tells whether another page exists
+	rows, err := s.mgr.List(r.Context(), f)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if len(rows) > limit {
+		rows = rows[:limit]
+		w.Header().Set("X-Next-Token", encodeCursor(rows[limit-1]))
+	}
+	w.Header().Set("X-Total-Running", strconv.Itoa(running))
+	out := make([]listedSandbox, 0, len(rows))
+	for _, sb := range rows {
+		out = append(out, listed(sb))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) listV1(w http.ResponseWriter, r *http.Request) {
+	md, err := parseMetadataFilter(r.URL.Query().Get("metadata"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid metadata filter: "+err.Error())
+		return
+	}
+	rows, err := s.mgr.List(r.Context(), store.SandboxFilter{States: []store.SandboxState{store.StateRunning}, Metadata: md})
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := make([]listedSandbox, 0, len(rows))
+	for _, sb := range rows {
+		out = append(out, listed(sb))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) get(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.mgr.Get(r.Context(), chi.URLParam(r, "id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	d := sandboxDetail{listedSandbox: listed(sb), EnvdAccessToken: sb.EnvdToken, Domain: s.domain()}
+	ai := sb.Network.AllowInternet
+	d.AllowInternetAccess = &ai
+	apt := sb.Network.AllowPublicTraffic
+	d.Network = networkConfig{AllowPublicTraffic: &apt, AllowOut: sb.Network.AllowOut, DenyOut: sb.Network.DenyOut, MaskRequestHost: sb.Network.MaskRequestHost}
+	d.Lifecycle.AutoResume = sb.AutoResume
+	d.Lifecycle.OnTimeout = "kill"
+	if sb.AutoPause {
+		d.Lifecycle.OnTimeout = "pause"
+	}
+	writeJSON(w, http.StatusOK, d)
+}
+
+func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
+	if err := s.mgr.Kill(r.Context(), chi.URLParam(r, "id"), "killed by request"); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Timeout *int64 `json:"timeout"`
+	}
+	if !s.decode(w, r, &req, false) {
+		return
+	}
+	if req.Timeout == nil || *req.Timeout < 0 {
+		writeError(w, http.StatusBadRequest, "timeout (seconds, >= 0) is required")
+		return
+	}
+	if err := s.mgr.SetTimeout(r.Context(), chi.URLParam(r, "id"), time.Duration(*req.Timeout)*time.Second); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Duration *int64 `json:"duration"`
+	}
+	if !s.decode(w, r, &req, true) {
+		return
+	}
+	d := int64(0)
+	if req.Duration != nil {
+		d = *req.Duration
+	}
+	if d < 0 || d > 3600 {
+		writeError(w, http.StatusBadRequest, "duration must be between 0 and 3600 seconds")
+		return
+	}
+	if err := s.mgr.Refresh(r.Context(), chi.URLParam(r, "id"), time.Duration(d)*time.Second); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Memory *bool `json:"memory"`
+	}
+	if !s.decode(w, r, &req, true) {
+		return
+	}
+	if err := s.mgr.Pause(r.Context(), chi.URLParam(r, "id")); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) connectCommon(w http.ResponseWriter, r *http.Request, timeout *int64, def int64, alwaysCreated bool) {
+	t := def
+	if timeout != nil {
+		t = *timeout
+	}
+	if t < 0 {
+		writeError(w, http.StatusBadRequest, "timeout must be >= 0 seconds")
+		return
+	}
+	sb, resumed, err := s.mgr.Connect(r.Context(), chi.URLParam(r, "id"), time.Duration(t)*time.Second)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	status := http.StatusOK
+	if resumed || alwaysCreated {
+		status = http.StatusCreated
+	}
+	writeJSON(w, status, s.sandboxResponse(sb))
+}
+
+func (s *Server) connectV1(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Timeout *int64 `json:"timeout"`
+	}
+	if !s.decode(w, r, &req, false) {
+		return
+	}
+	if req.Timeout == nil {
+		writeError(w, http.StatusBadRequest, "timeout is required")
+		return
+	}
+	s.connectCommon(w, r, req.Timeout, 0, false)
+}
+
+func (s *Server) connectV2(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Timeout *int64 `json:"timeout"`
+		Memory  *bool  `json:"memory"`
+	}
+	if !s.decode(w, r, &req, true) {
+		return
+	}
+	s.connectCommon(w, r, req.Timeout, int64(control.DefaultTimeout/time.Second), false)
+}
+
+// resume is the deprecated route: it only resumes paused sandboxes.
+func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Timeout *int64 `json:"timeout"`
+	}
+	if !s.decode(w, r, &req, true) {
+		return
+	}
+	sb, err := s.mgr.Get(r.Context(), chi.URLParam(r, "id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if sb.State != store.StatePaused {
+		writeError(w, http.StatusConflict, fmt.Sprintf("sandbox '%s' is not paused", sb.ID))
+		return
+	}
+	s.connectCommon(w, r, req.Timeout, 15, true)
+}
+
+func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		AllowOut            []string `json:"allowOut"`
+		DenyOut             []string `json:"denyOut"`
+		AllowInternetAccess *bool    `json:"allow_internet_access"`
+	}
+	if !s.decode(w, r, &req, false) {
+		return
+	}
+	n := store.Network{AllowInternet: true, AllowOut: req.AllowOut, DenyOut: req.DenyOut}
+	if req.AllowInternetAccess != nil {
+		n.AllowInternet = *req.AllowInternetAccess
+	}
+	if err := s.mgr.UpdateNetwork(r.Context(), chi.URLParam(r, "id"), n); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

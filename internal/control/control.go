@@ -1,0 +1,463 @@
+// Package control is the sandbox control plane: it owns the lifecycle state
+// machine in the store and drives nodes to match it.
+package control
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/network"
+	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/internal/template"
+)
+
+// Typed errors mapped to HTTP statuses by the API layer.
+var (
+	ErrNotFound         = errors.New("sandbox not found")
+	ErrConflict         = errors.New("sandbox state conflict")
+	ErrInvalid          = errors.New("invalid request")
+	ErrTemplateNotFound = errors.New("template not found")
+	ErrCapacity         = errors.New("sandbox limit reached")
+	ErrBusy             = errors.New("service busy")
+)
+
+// EnvdVersion is what every sandbox reports; the SDK gates features on it.
+const EnvdVersion = "0.6.13"
+
+// Limits bound what a request may ask for.
+const (
+	MaxMetadataKeys   = 64
+	MaxMetadataKey    = 256
+	MaxMetadataValue  = 4096
+	MaxMetadataBytes  = 16 << 10
+	MaxEnvVars        = 256
+	DefaultTimeout    = 300 * time.Second
+	defaultUser       = "user"
+	reapInterval      = 500 * time.Millisecond
+	reconcileInterval = 30 * time.Second
+)
+
+// Config tunes the manager.
+type Config struct {
+	MaxTimeout           time.Duration // default 24h
+	MaxSandboxes         int           // live sandboxes; 0 = unlimited
+	MaxConcurrentCreates int           // default 32
+	CreateQueueWait      time.Duration // how long a create waits for a slot before 503
+	Logger               *slog.Logger
+}
+
+// Manager is the control plane.
+type Manager struct {
+	cfg       Config
+	store     store.Store
+	node      node.Node
+	templates template.Resolver
+	log       *slog.Logger
+
+	createSlots chan struct{}
+	locks       sync.Map // id -> *sync.Mutex; serialises lifecycle ops per sandbox
+	samples     sampler
+}
+
+// New builds a manager; call Recover before serving and Run in the background.
+func New(cfg Config, st store.Store, n node.Node, tr template.Resolver) *Manager {
+	if cfg.MaxTimeout == 0 {
+		cfg.MaxTimeout = 24 * time.Hour
+	}
+	if cfg.MaxConcurrentCreates == 0 {
+		cfg.MaxConcurrentCreates = 32
+	}
+	if cfg.CreateQueueWait == 0 {
+		cfg.CreateQueueWait = 30 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Manager{cfg: cfg, store: st, node: n, templates: tr, log: cfg.Logger,
+		createSlots: make(chan struct{}, cfg.MaxConcurrentCreates)}
+}
+
+func (m *Manager) lock(id string) func() {
+	mu, _ := m.locks.LoadOrStore(id, &sync.Mutex{})
+	mu.(*sync.Mutex).Lock()
+	return mu.(*sync.Mutex).Unlock
+}
+
+// NewID returns 20 chars of [a-z0-9], the shape the e2b proxy accepts.
+func NewID() string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+	b := make([]byte, 20)
+	rand.Read(b)
+	for i := range b {
+		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	return string(b)
+}
+
+func token(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// CreateOptions is a validated create request.
+type CreateOptions struct {
+	TemplateID   string
+	Timeout      time.Duration
+	Metadata     map[string]string
+	EnvVars      map[string]string
+	Network      store.Network
+	AutoPause    bool
+	AutoResume   bool
+	APIKeyID     string
+	VolumeMounts []VolumeMount
+}
+
+// VolumeMount is a requested volume attachment.
+type VolumeMount struct{ Name, Path string }
+
+func invalid(format string, a ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, a...))
+}
+
+// ValidateMetadata enforces the metadata size limits.
+func ValidateMetadata(md map[string]string) error {
+	if len(md) > MaxMetadataKeys {
+		return invalid("metadata has %d keys, at most %d allowed", len(md), MaxMetadataKeys)
+	}
+	total := 0
+	for k, v := range md {
+		if k == "" {
+			return invalid("metadata key must not be empty")
+		}
+		if len(k) > MaxMetadataKey {
+			return invalid("metadata key %.32q… is longer than %d bytes", k, MaxMetadataKey)
+		}
+		if len(v) > MaxMetadataValue {
+			return invalid("metadata value for %q is longer than %d bytes", k, MaxMetadataValue)
+		}
+		total += len(k) + len(v)
+	}
+	if total > MaxMetadataBytes {
+		return invalid("metadata is %d bytes, at most %d allowed", total, MaxMetadataBytes)
+	}
+	return nil
+}
+
+func (m *Manager) validate(o *CreateOptions) error {
+	if o.Timeout < 0 {
+		return invalid("timeout must be >= 0, got %v", o.Timeout.Seconds())
+	}
+	if o.Timeout == 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if o.Timeout > m.cfg.MaxTimeout {
+		return invalid("timeout %ds exceeds the maximum of %ds", int(o.Timeout.Seconds()), int(m.cfg.MaxTimeout.Seconds()))
+	}
+	if err := ValidateMetadata(o.Metadata); err != nil {
+		return err
+	}
+	if len(o.EnvVars) > MaxEnvVars {
+		return invalid("at most %d envVars allowed", MaxEnvVars)
+	}
+	for k := range o.EnvVars {
+		if k == "" {
+			return invalid("envVars key must not be empty")
+		}
+		for _, c := range k {
+			if c == '=' || c == 0 {
+				return invalid("envVars key %q contains '=' or NUL", k)
+			}
+		}
+	}
+	if len(o.VolumeMounts) > 0 {
+		return invalid("volumeMounts: volumes are not available on this server yet")
+	}
+	if err := network.ValidatePolicy(policyOf(o.Network)); err != nil {
+		return invalid("network: %v", err)
+	}
+	return nil
+}
+
+func policyOf(n store.Network) network.Policy {
+	return network.Policy{AllowInternet: n.AllowInternet, AllowOut: n.AllowOut, DenyOut: n.DenyOut}
+}
+
+func (m *Manager) event(ctx context.Context, id, typ, level, format string, a ...any) {
+	msg := fmt.Sprintf(format, a...)
+	if err := m.store.AppendEvent(context.WithoutCancel(ctx), &store.Event{SandboxID: id, Type: typ, Level: level, Message: msg}); err != nil {
+		m.log.Warn("append event", "sandbox", id, "err", err)
+	}
+}
+
+// Create starts a sandbox. The store row is written first (state creating) so
+// a crash mid-create is visible to recovery.
+func (m *Manager) Create(ctx context.Context, o CreateOptions) (*store.Sandbox, error) {
+	if err := m.validate(&o); err != nil {
+		return nil, err
+	}
+	tpl, err := m.templates.Resolve(ctx, o.TemplateID)
+	if err != nil {
+		if errors.Is(err, template.ErrNotFound) {
+			return nil, fmt.Errorf("%w: template '%s' not found", ErrTemplateNotFound, o.TemplateID)
+		}
+		if errors.Is(err, template.ErrNotReady) {
+			return nil, fmt.Errorf("%w: template '%s' is not ready", ErrConflict, o.TemplateID)
+		}
+		return nil, err
+	}
+	if m.cfg.MaxSandboxes > 0 {
+		n, err := m.store.CountSandboxes(ctx, []store.SandboxState{store.StateCreating, store.StateRunning, store.StatePausing, store.StateResuming})
+		if err != nil {
+			return nil, err
+		}
+		if n >= m.cfg.MaxSandboxes {
+			return nil, fmt.Errorf("%w: %d running sandboxes, the limit is %d", ErrCapacity, n, m.cfg.MaxSandboxes)
+		}
+	}
+	wait := time.NewTimer(m.cfg.CreateQueueWait)
+	defer wait.Stop()
+	select {
+	case m.createSlots <- struct{}{}:
+	case <-wait.C:
+		return nil, fmt.Errorf("%w: too many sandboxes starting at once, try again", ErrBusy)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { <-m.createSlots }()
+
+	now := time.Now().UTC()
+	sb := &store.Sandbox{
+		ID: NewID(), TemplateID: tpl.ID, Alias: tpl.Alias, State: store.StateCreating, Node: m.node.ID(),
+		Metadata: o.Metadata, EnvVars: o.EnvVars, EnvdToken: token(16), TrafficToken: token(16),
+		CPUCount: tpl.CPUCount, MemoryMB: tpl.MemoryMB, DiskSizeMB: tpl.DiskSizeMB,
+		Network: o.Network, AutoPause: o.AutoPause, AutoResume: o.AutoResume, APIKeyID: o.APIKeyID,
+		StartedAt: now, EndAt: now.Add(o.Timeout),
+	}
+	if err := m.store.CreateSandbox(ctx, sb); err != nil {
+		return nil, err
+	}
+	unlock := m.lock(sb.ID)
+	defer unlock()
+	// The node work must not be abandoned half way because the client went away.
+	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	placed, err := m.node.Create(nctx, m.nodeRequest(sb, tpl.Layers))
+	if err != nil {
+		m.markKilled(nctx, sb, "create failed: "+err.Error())
+		return nil, fmt.Errorf("create sandbox: %w", err)
+	}
+	sb.Addr = placed.Addr.String()
+	sb.State = store.StateRunning
+	if err := m.store.UpdateSandbox(nctx, sb); err != nil {
+		_ = m.node.Delete(nctx, sb.ID)
+		return nil, err
+	}
+	m.event(ctx, sb.ID, "created", "info", "sandbox created from template %s on node %s", sb.TemplateID, sb.Node)
+	return sb, nil
+}
+
+func (m *Manager) nodeRequest(sb *store.Sandbox, layers []string) node.CreateRequest {
+	return node.CreateRequest{
+		ID: sb.ID, Layers: layers, EnvdToken: sb.EnvdToken, EnvVars: sb.EnvVars, DefaultUser: defaultUser,
+		CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, Policy: policyOf(sb.Network),
+	}
+}
+
+func (m *Manager) markKilled(ctx context.Context, sb *store.Sandbox, reason string) {
+	sb.State = store.StateKilled
+	sb.KilledAt = time.Now().UTC()
+	sb.KillReason = reason
+	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+		m.log.Error("mark killed", "sandbox", sb.ID, "err", err)
+	}
+	m.event(ctx, sb.ID, "killed", "info", "%s", reason)
+}
+
+// Get returns a live sandbox; killed ones are NotFound, as in e2b.
+func (m *Manager) Get(ctx context.Context, id string) (*store.Sandbox, error) {
+	sb, err := m.store.GetSandbox(ctx, id)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && !sb.State.Live()) {
+		return nil, fmt.Errorf("%w: sandbox '%s' not found", ErrNotFound, id)
+	}
+	return sb, err
+}
+
+// List passes the filter to the store.
+func (m *Manager) List(ctx context.Context, f store.SandboxFilter) ([]*store.Sandbox, error) {
+	return m.store.ListSandboxes(ctx, f)
+}
+
+// Kill removes the sandbox from its node and marks it killed.
+func (m *Manager) Kill(ctx context.Context, id, reason string) error {
+	unlock := m.lock(id)
+	defer unlock()
+	sb, err := m.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if err := m.node.Delete(nctx, id); err != nil {
+		// The row still goes to killed; the reconciler retries the node cleanup
+		// because the node keeps listing the leftover.
+		m.log.Error("node delete", "sandbox", id, "err", err)
+		reason += " (node cleanup pending: " + err.Error() + ")"
+	}
+	m.markKilled(nctx, sb, reason)
+	return nil
+}
+
+// SetTimeout sets the expiry to now+d (may shorten it).
+func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) error {
+	if d < 0 || d > m.cfg.MaxTimeout {
+		return invalid("timeout must be between 0 and %d seconds", int(m.cfg.MaxTimeout.Seconds()))
+	}
+	unlock := m.lock(id)
+	defer unlock()
+	sb, err := m.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	sb.EndAt = time.Now().UTC().Add(d)
+	return m.store.UpdateSandbox(ctx, sb)
+}
+
+// Refresh only extends the expiry.
+func (m *Manager) Refresh(ctx context.Context, id string, d time.Duration) error {
+	if d < 0 || d > time.Hour {
+		return invalid("duration must be between 0 and 3600 seconds")
+	}
+	unlock := m.lock(id)
+	defer unlock()
+	sb, err := m.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	if end := time.Now().UTC().Add(d); end.After(sb.EndAt) {
+		sb.EndAt = end
+	}
+	return m.store.UpdateSandbox(ctx, sb)
+}
+
+// Pause freezes a running sandbox. ErrConflict when it is already paused.
+func (m *Manager) Pause(ctx context.Context, id string) error {
+	unlock := m.lock(id)
+	defer unlock()
+	return m.pauseLocked(ctx, id, "paused by request")
+}
+
+func (m *Manager) pauseLocked(ctx context.Context, id, why string) error {
+	sb, err := m.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	if sb.State == store.StatePaused {
+		return fmt.Errorf("%w: sandbox '%s' is already paused", ErrConflict, id)
+	}
+	if _, err := m.store.CompareAndSetState(ctx, id, []store.SandboxState{store.StateRunning}, store.StatePausing); err != nil {
+		return fmt.Errorf("%w: sandbox '%s' is %s", ErrConflict, id, sb.State)
+	}
+	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	if err := m.node.Pause(nctx, id); err != nil {
+		_, _ = m.store.CompareAndSetState(nctx, id, []store.SandboxState{store.StatePausing}, store.StateRunning)
+		return fmt.Errorf("pause: %w", err)
+	}
+	if _, err := m.store.CompareAndSetState(nctx, id, []store.SandboxState{store.StatePausing}, store.StatePaused); err != nil {
+		return err
+	}
+	m.event(ctx, id, "paused", "info", "%s", why)
+	return nil
+}
+
+// Connect returns a running sandbox, resuming it when paused; resumed reports
+// whether it had to. The expiry is only ever extended.
+func (m *Manager) Connect(ctx context.Context, id string, d time.Duration) (sb *store.Sandbox, resumed bool, err error) {
+	if d < 0 || d > m.cfg.MaxTimeout {
+		return nil, false, invalid("timeout must be between 0 and %d seconds", int(m.cfg.MaxTimeout.Seconds()))
+	}
+	if d == 0 {
+		d = DefaultTimeout
+	}
+	unlock := m.lock(id)
+	defer unlock()
+	sb, err = m.Get(ctx, id)
+	if err != nil {
+		return nil, false, err
+	}
+	switch sb.State {
+	case store.StateRunning:
+	case store.StatePaused:
+		if err := m.resumeLocked(ctx, sb); err != nil {
+			return nil, false, err
+		}
+		resumed = true
+	default:
+		return nil, false, fmt.Errorf("%w: sandbox '%s' is %s", ErrConflict, id, sb.State)
+	}
+	if end := time.Now().UTC().Add(d); end.After(sb.EndAt) || resumed {
+		sb.EndAt = end
+	}
+	sb.State = store.StateRunning
+	return sb, resumed, m.store.UpdateSandbox(ctx, sb)
+}
+
+func (m *Manager) resumeLocked(ctx context.Context, sb *store.Sandbox) error {
+	if _, err := m.store.CompareAndSetState(ctx, sb.ID, []store.SandboxState{store.StatePaused}, store.StateResuming); err != nil {
+		return fmt.Errorf("%w: sandbox '%s' is %s", ErrConflict, sb.ID, sb.State)
+	}
+	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	if err := m.node.Resume(nctx, sb.ID, m.nodeRequest(sb, nil)); err != nil {
+		_, _ = m.store.CompareAndSetState(nctx, sb.ID, []store.SandboxState{store.StateResuming}, store.StatePaused)
+		return fmt.Errorf("resume: %w", err)
+	}
+	sb.State = store.StateRunning
+	m.event(ctx, sb.ID, "resumed", "info", "sandbox resumed")
+	return nil
+}
+
+// UpdateNetwork replaces the egress policy of a running sandbox.
+func (m *Manager) UpdateNetwork(ctx context.Context, id string, n store.Network) error {
+	if err := network.ValidatePolicy(policyOf(n)); err != nil {
+		return invalid("network: %v", err)
+	}
+	unlock := m.lock(id)
+	defer unlock()
+	sb, err := m.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	if err := m.node.UpdatePolicy(ctx, id, policyOf(n)); err != nil {
+		return err
+	}
+	n.AllowPublicTraffic = sb.Network.AllowPublicTraffic
+	n.MaskRequestHost = sb.Network.MaskRequestHost
+	sb.Network = n
+	return m.store.UpdateSandbox(ctx, sb)
+}
+
+// Logs returns the sandbox console and its lifecycle events.
+func (m *Manager) Logs(ctx context.Context, id string, since time.Time, limit int) (*store.Sandbox, []byte, []*store.Event, error) {
+	sb, err := m.Get(ctx, id)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	console, err := m.node.Logs(ctx, id)
+	if err != nil && !errors.Is(err, node.ErrNotFound) {
+		return nil, nil, nil, err
+	}
+	evs, err := m.store.ListEvents(ctx, id, since, limit)
+	return sb, console, evs, err
+}
+
+// Node exposes the node for the data-plane proxy.
+func (m *Manager) Node() node.Node { return m.node }

@@ -1,0 +1,181 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/internal/store"
+)
+
+var liveStates = []store.SandboxState{store.StateCreating, store.StateRunning, store.StatePausing, store.StatePaused, store.StateResuming}
+
+// Recover makes the store and the node agree after a restart of cubicle
+// serve: sandboxes still alive on the node are re-adopted, rows whose
+// sandbox is gone (or was caught mid-transition) are marked killed with a
+// reason, and node leftovers that no live row owns are deleted.
+func (m *Manager) Recover(ctx context.Context) error {
+	rows, err := m.store.ListSandboxes(ctx, store.SandboxFilter{States: liveStates})
+	if err != nil {
+		return err
+	}
+	onNode, err := m.node.List(ctx)
+	if err != nil {
+		return err
+	}
+	present := map[string]node.Sandbox{}
+	for _, s := range onNode {
+		present[s.ID] = s
+	}
+	owned := map[string]bool{}
+	for _, sb := range rows {
+		if sb.Node != "" && sb.Node != m.node.ID() {
+			owned[sb.ID] = true // another node's sandbox; not ours to judge
+			continue
+		}
+		ns, ok := present[sb.ID]
+		switch {
+		case sb.State == store.StateCreating:
+			m.reapLost(ctx, sb, "control plane restarted while the sandbox was being created")
+		case !ok || ns.State == runtime.StateStopped:
+			m.reapLost(ctx, sb, "sandbox was not running on its node after a control-plane restart")
+		default:
+			owned[sb.ID] = true
+			want := store.StateRunning
+			if ns.State == runtime.StatePaused {
+				want = store.StatePaused
+			}
+			if sb.State != want {
+				sb.State = want
+				if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+					return err
+				}
+			}
+			m.event(ctx, sb.ID, "recovered", "info", "re-adopted after control-plane restart (state %s)", want)
+		}
+	}
+	for id := range present {
+		if !owned[id] {
+			m.log.Info("deleting orphaned sandbox", "sandbox", id)
+			if err := m.node.Delete(ctx, id); err != nil {
+				m.log.Error("delete orphan", "sandbox", id, "err", err)
+			}
+		}
+	}
+	return nil
+}
+
+func (m *Manager) reapLost(ctx context.Context, sb *store.Sandbox, reason string) {
+	unlock := m.lock(sb.ID)
+	defer unlock()
+	_ = m.node.Delete(ctx, sb.ID)
+	m.markKilled(ctx, sb, reason)
+}
+
+// Run enforces timeouts and repairs drift until ctx ends.
+func (m *Manager) Run(ctx context.Context) {
+	reap := time.NewTicker(reapInterval)
+	defer reap.Stop()
+	reconcile := time.NewTicker(reconcileInterval)
+	defer reconcile.Stop()
+	sample := time.NewTicker(sampleInterval)
+	defer sample.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-reap.C:
+			m.reapExpired(ctx)
+		case <-sample.C:
+			m.sampleAll(ctx)
+		case <-reconcile.C:
+			if err := m.reconcile(ctx); err != nil && !errors.Is(err, context.Canceled) {
+				m.log.Error("reconcile", "err", err)
+			}
+		}
+	}
+}
+
+// reapExpired kills (or pauses, with autoPause) running sandboxes past EndAt.
+func (m *Manager) reapExpired(ctx context.Context) {
+	rows, err := m.store.ListSandboxes(ctx, store.SandboxFilter{States: []store.SandboxState{store.StateRunning}})
+	if err != nil {
+		m.log.Error("reaper list", "err", err)
+		return
+	}
+	now := time.Now()
+	for _, sb := range rows {
+		if now.Before(sb.EndAt) {
+			continue
+		}
+		if sb.AutoPause {
+			unlock := m.lock(sb.ID)
+			// Re-check under the lock: a setTimeout may have raced us.
+			if cur, err := m.store.GetSandbox(ctx, sb.ID); err == nil && cur.State == store.StateRunning && !now.Before(cur.EndAt) {
+				if err := m.pauseLocked(ctx, sb.ID, "paused on timeout"); err != nil {
+					m.log.Error("auto-pause", "sandbox", sb.ID, "err", err)
+				}
+			}
+			unlock()
+			continue
+		}
+		unlock := m.lock(sb.ID)
+		cur, err := m.store.GetSandbox(ctx, sb.ID)
+		stillExpired := err == nil && cur.State == store.StateRunning && !now.Before(cur.EndAt)
+		unlock()
+		if stillExpired {
+			if err := m.Kill(ctx, sb.ID, "timeout"); err != nil && !errors.Is(err, ErrNotFound) {
+				m.log.Error("reap", "sandbox", sb.ID, "err", err)
+			}
+		}
+	}
+}
+
+// reconcile removes node leftovers of killed rows and kills rows whose
+// sandbox disappeared from the node (e.g. its agent crashed).
+func (m *Manager) reconcile(ctx context.Context) error {
+	onNode, err := m.node.List(ctx)
+	if err != nil {
+		return err
+	}
+	present := map[string]node.Sandbox{}
+	for _, s := range onNode {
+		present[s.ID] = s
+	}
+	rows, err := m.store.ListSandboxes(ctx, store.SandboxFilter{States: []store.SandboxState{store.StateRunning, store.StatePaused}})
+	if err != nil {
+		return err
+	}
+	live := map[string]bool{}
+	for _, sb := range rows {
+		live[sb.ID] = true
+		if ns, ok := present[sb.ID]; !ok || ns.State == runtime.StateStopped {
+			// Double-check under the lock so an in-flight kill is not misreported.
+			unlock := m.lock(sb.ID)
+			cur, err := m.store.GetSandbox(ctx, sb.ID)
+			if err == nil && (cur.State == store.StateRunning || cur.State == store.StatePaused) {
+				if again, err := m.node.Get(ctx, sb.ID); err != nil || again.State == runtime.StateStopped {
+					_ = m.node.Delete(ctx, sb.ID)
+					m.markKilled(ctx, cur, "sandbox exited unexpectedly")
+				}
+			}
+			unlock()
+		}
+	}
+	for id := range present {
+		if live[id] {
+			continue
+		}
+		sb, err := m.store.GetSandbox(ctx, id)
+		if err == nil && sb.State.Live() {
+			continue // transitional state; its own operation owns it
+		}
+		if errors.Is(err, store.ErrNotFound) || (err == nil && !sb.State.Live()) {
+			m.log.Info("reconcile: deleting leftover", "sandbox", id)
+			_ = m.node.Delete(ctx, id)
+		}
+	}
+	return nil
+}

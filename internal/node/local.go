@@ -1,0 +1,316 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/network"
+	"github.com/cubicle-dev/cubicle/internal/runtime"
+)
+
+// AgentPathInSandbox is where the agent binary is bind-mounted.
+const AgentPathInSandbox = "/.cubicle/cubicle-agent"
+
+// LocalConfig configures the in-process node.
+type LocalConfig struct {
+	ID         string
+	Runtime    runtime.Driver
+	Network    network.Manager
+	AgentBin   string // host path of the static cubicle-agent binary
+	SandboxDir string // where the driver keeps per-sandbox dirs (for console.log)
+	// AgentReadyTimeout bounds how long Create waits for /health.
+	AgentReadyTimeout time.Duration
+	PIDsLimit         int64
+}
+
+// Local runs sandboxes on this machine.
+type Local struct {
+	cfg    LocalConfig
+	client *http.Client
+
+	mu      sync.Mutex
+	lastCPU map[string]cpuSample
+}
+
+type cpuSample struct {
+	t     time.Time
+	nanos uint64
+}
+
+var _ Node = (*Local)(nil)
+
+// NewLocal validates the config.
+func NewLocal(cfg LocalConfig) (*Local, error) {
+	if cfg.Runtime == nil || cfg.Network == nil {
+		return nil, errors.New("node: runtime and network are required")
+	}
+	if _, err := os.Stat(cfg.AgentBin); err != nil {
+		return nil, fmt.Errorf("node: agent binary: %w", err)
+	}
+	if cfg.ID == "" {
+		cfg.ID = "local"
+	}
+	if cfg.AgentReadyTimeout == 0 {
+		cfg.AgentReadyTimeout = 15 * time.Second
+	}
+	if cfg.PIDsLimit == 0 {
+		cfg.PIDsLimit = 4096
+	}
+	tr := &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: 4,
+		IdleConnTimeout:     30 * time.Second,
+	}
+	return &Local{cfg: cfg, client: &http.Client{Transport: tr}, lastCPU: map[string]cpuSample{}}, nil
+}
+
+// ID names the node.
+func (l *Local) ID() string { return l.cfg.ID }
+
+// Create wires network, starts the runtime and initialises the agent. Any
+// failure undoes the steps already taken.
+func (l *Local) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err error) {
+	ep, err := l.cfg.Network.Setup(ctx, req.ID, req.Policy)
+	if err != nil {
+		return Sandbox{}, fmt.Errorf("network setup: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			_ = l.cfg.Runtime.Delete(cctx, req.ID)
+			_ = l.cfg.Network.Teardown(cctx, req.ID)
+		}
+	}()
+	mounts := append([]runtime.Mount{{Source: l.cfg.AgentBin, Destination: AgentPathInSandbox, ReadOnly: true}}, req.Mounts...)
+	info, err := l.cfg.Runtime.Create(ctx, runtime.Spec{
+		ID:        req.ID,
+		Layers:    req.Layers,
+		Hostname:  "cubicle",
+		Args:      []string{AgentPathInSandbox, "-port", strconv.Itoa(AgentPort)},
+		Env:       []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		NetNSPath: ep.NetNSPath,
+		Mounts:    mounts,
+		Resources: runtime.Resources{CPUCount: req.CPUCount, MemoryMB: req.MemoryMB, PIDs: l.cfg.PIDsLimit},
+	})
+	if err != nil {
+		return Sandbox{}, fmt.Errorf("runtime create: %w", err)
+	}
+	if err := l.initAgent(ctx, ep.Addr, req, ""); err != nil {
+		return Sandbox{}, err
+	}
+	return Sandbox{ID: req.ID, Addr: ep.Addr, State: runtime.StateRunning, Pid: info.Pid}, nil
+}
+
+func agentURL(addr netip.Addr, path string) string {
+	return "http://" + netip.AddrPortFrom(addr, AgentPort).String() + path
+}
+
+// initAgent waits for /health then POSTs /init. currentToken authorises
+// re-initialisation of an agent that already has a token (resume).
+func (l *Local) initAgent(ctx context.Context, addr netip.Addr, req CreateRequest, currentToken string) error {
+	deadline := time.Now().Add(l.cfg.AgentReadyTimeout)
+	delay := 2 * time.Millisecond
+	for {
+		hctx, cancel := context.WithTimeout(ctx, time.Second)
+		r, _ := http.NewRequestWithContext(hctx, http.MethodGet, agentURL(addr, "/health"), nil)
+		resp, err := l.client.Do(r)
+		cancel()
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode/100 == 2 {
+				break
+			}
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w after %s (last error: %v)", ErrAgentTimeout, l.cfg.AgentReadyTimeout, err)
+		}
+		time.Sleep(delay)
+		if delay < 50*time.Millisecond {
+			delay *= 2
+		}
+	}
+	body, _ := json.Marshal(map[string]any{
+		"accessToken": req.EnvdToken,
+		"envVars":     req.EnvVars,
+		"defaultUser": req.DefaultUser,
+		"timestamp":   time.Now().UTC().Format(time.RFC3339Nano),
+	})
+	r, _ := http.NewRequestWithContext(ctx, http.MethodPost, agentURL(addr, "/init"), bytes.NewReader(body))
+	r.Header.Set("Content-Type", "application/json")
+	if currentToken != "" {
+		r.Header.Set("X-Access-Token", currentToken)
+	}
+	resp, err := l.client.Do(r)
+	if err != nil {
+		return fmt.Errorf("agent init: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("agent init: status %d: %s", resp.StatusCode, b)
+	}
+	return nil
+}
+
+// Delete tears down runtime then network; both are idempotent.
+func (l *Local) Delete(ctx context.Context, id string) error {
+	l.mu.Lock()
+	delete(l.lastCPU, id)
+	l.mu.Unlock()
+	rerr := l.cfg.Runtime.Delete(ctx, id)
+	nerr := l.cfg.Network.Teardown(ctx, id)
+	return errors.Join(rerr, nerr)
+}
+
+func (l *Local) notFound(err error) error {
+	if errors.Is(err, runtime.ErrNotFound) || errors.Is(err, network.ErrNotFound) {
+		return errors.Join(ErrNotFound, err)
+	}
+	return err
+}
+
+// Pause freezes (runc) or checkpoints (runsc) the sandbox.
+func (l *Local) Pause(ctx context.Context, id string) error {
+	return l.notFound(l.cfg.Runtime.Pause(ctx, id))
+}
+
+// Resume undoes Pause and re-initialises the agent.
+func (l *Local) Resume(ctx context.Context, id string, req CreateRequest) error {
+	if err := l.cfg.Runtime.Resume(ctx, id); err != nil {
+		return l.notFound(err)
+	}
+	ep, err := l.cfg.Network.Get(ctx, id)
+	if err != nil {
+		return l.notFound(err)
+	}
+	return l.initAgent(ctx, ep.Addr, req, req.EnvdToken)
+}
+
+// Get reports runtime state and address.
+func (l *Local) Get(ctx context.Context, id string) (Sandbox, error) {
+	info, err := l.cfg.Runtime.Inspect(ctx, id)
+	if err != nil {
+		return Sandbox{}, l.notFound(err)
+	}
+	ep, err := l.cfg.Network.Get(ctx, id)
+	if err != nil {
+		return Sandbox{}, l.notFound(err)
+	}
+	return Sandbox{ID: id, Addr: ep.Addr, State: info.State, Pid: info.Pid}, nil
+}
+
+// List joins runtime and network views; a sandbox missing either half is
+// still listed (with what is known) so recovery can clean it up.
+func (l *Local) List(ctx context.Context) ([]Sandbox, error) {
+	infos, err := l.cfg.Runtime.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	eps, err := l.cfg.Network.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	byID := map[string]*Sandbox{}
+	var out []Sandbox
+	for _, in := range infos {
+		byID[in.ID] = &Sandbox{ID: in.ID, State: in.State, Pid: in.Pid}
+	}
+	for _, ep := range eps {
+		if s, ok := byID[ep.ID]; ok {
+			s.Addr = ep.Addr
+		} else {
+			byID[ep.ID] = &Sandbox{ID: ep.ID, Addr: ep.Addr, State: runtime.StateStopped}
+		}
+	}
+	for _, s := range byID {
+		out = append(out, *s)
+	}
+	return out, nil
+}
+
+// Stats combines cgroup readings with the agent's disk numbers.
+func (l *Local) Stats(ctx context.Context, id, token string) (Stats, error) {
+	rs, err := l.cfg.Runtime.Stats(ctx, id)
+	if err != nil {
+		return Stats{}, l.notFound(err)
+	}
+	now := time.Now()
+	st := Stats{Time: now, MemUsed: rs.MemoryBytes, MemTotal: rs.MemoryLimit, MemCache: rs.MemoryCache}
+	l.mu.Lock()
+	prev, ok := l.lastCPU[id]
+	l.lastCPU[id] = cpuSample{t: now, nanos: rs.CPUUsageNanos}
+	l.mu.Unlock()
+	if ok && now.After(prev.t) && rs.CPUUsageNanos >= prev.nanos {
+		st.CPUUsedPct = float64(rs.CPUUsageNanos-prev.nanos) / float64(now.Sub(prev.t).Nanoseconds()) * 100
+	}
+	// Disk numbers come from inside the sandbox; a paused sandbox cannot answer,
+	// so they are best effort.
+	mctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if m, err := l.AgentMetrics(mctx, id, token); err == nil {
+		st.DiskUsed, st.DiskTotal = uint64(m["disk_used"]), uint64(m["disk_total"])
+	}
+	return st, nil
+}
+
+// AgentMetrics fetches the agent's /metrics (disk usage lives there).
+func (l *Local) AgentMetrics(ctx context.Context, id, token string) (map[string]float64, error) {
+	ep, err := l.cfg.Network.Get(ctx, id)
+	if err != nil {
+		return nil, l.notFound(err)
+	}
+	r, _ := http.NewRequestWithContext(ctx, http.MethodGet, agentURL(ep.Addr, "/metrics"), nil)
+	r.Header.Set("X-Access-Token", token)
+	resp, err := l.client.Do(r)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("agent metrics: status %d", resp.StatusCode)
+	}
+	var m map[string]float64
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<16)).Decode(&m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// UpdatePolicy replaces the egress policy.
+func (l *Local) UpdatePolicy(ctx context.Context, id string, p network.Policy) error {
+	return l.notFound(l.cfg.Network.UpdatePolicy(ctx, id, p))
+}
+
+// Logs returns the last 1 MiB of the sandbox console.
+func (l *Local) Logs(ctx context.Context, id string) ([]byte, error) {
+	f, err := os.Open(filepath.Join(l.cfg.SandboxDir, id, "console.log"))
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, ErrNotFound
+		}
+		return nil, err
+	}
+	defer f.Close()
+	const max = 1 << 20
+	if fi, err := f.Stat(); err == nil && fi.Size() > max {
+		f.Seek(fi.Size()-max, io.SeekStart)
+	}
+	return io.ReadAll(io.LimitReader(f, max))
+}

@@ -1,0 +1,73 @@
+// Package node is the boundary between the control plane and the machine a
+// sandbox runs on. Embedded mode uses Local in-process; cluster mode will put a
+// remote client behind the same interface.
+package node
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/network"
+	"github.com/cubicle-dev/cubicle/internal/runtime"
+)
+
+var (
+	ErrNotFound     = errors.New("node: sandbox not found")
+	ErrAgentTimeout = errors.New("node: agent did not become ready")
+)
+
+// AgentPort is the envd port inside every sandbox.
+const AgentPort = 49983
+
+// CreateRequest is everything a node needs to start a sandbox.
+type CreateRequest struct {
+	ID          string
+	Layers      []string // read-only rootfs layers, top-most first
+	EnvdToken   string
+	EnvVars     map[string]string
+	DefaultUser string
+	CPUCount    int
+	MemoryMB    int
+	Policy      network.Policy
+	Mounts      []runtime.Mount
+}
+
+// Sandbox is the node's view of a sandbox.
+type Sandbox struct {
+	ID    string
+	Addr  netip.Addr
+	State runtime.State
+	Pid   int
+}
+
+// Stats is a metrics sample.
+type Stats struct {
+	Time       time.Time
+	CPUCount   int
+	CPUUsedPct float64
+	MemUsed    uint64
+	MemTotal   uint64
+	MemCache   uint64
+	DiskUsed   uint64
+	DiskTotal  uint64
+}
+
+// Node runs sandboxes.
+type Node interface {
+	ID() string
+	// Create starts the sandbox and returns once its agent answers and is initialised.
+	Create(ctx context.Context, req CreateRequest) (Sandbox, error)
+	// Delete removes every trace of the sandbox; unknown IDs return nil.
+	Delete(ctx context.Context, id string) error
+	Pause(ctx context.Context, id string) error
+	// Resume thaws/restores the sandbox and re-initialises its agent with token.
+	Resume(ctx context.Context, id string, req CreateRequest) error
+	Get(ctx context.Context, id string) (Sandbox, error)
+	List(ctx context.Context) ([]Sandbox, error)
+	Stats(ctx context.Context, id, token string) (Stats, error)
+	UpdatePolicy(ctx context.Context, id string, p network.Policy) error
+	// Logs returns the sandbox's console output (PID 1 stdout/stderr).
+	Logs(ctx context.Context, id string) ([]byte, error)
+}

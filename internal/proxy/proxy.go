@@ -1,0 +1,245 @@
+// Package proxy is the data plane: it routes requests for
+// <port>-<sandboxID>.<domain> hosts, or for the shared sandbox URL carrying
+// E2b-Sandbox-Id / E2b-Sandbox-Port headers, to the sandbox's agent or to any
+// port a process in the sandbox listens on.
+package proxy
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/control"
+	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/store"
+)
+
+const (
+	headerSandboxID    = "E2b-Sandbox-Id"
+	headerSandboxPort  = "E2b-Sandbox-Port"
+	headerTrafficToken = "E2b-Traffic-Access-Token"
+)
+
+// Config configures the proxy.
+type Config struct {
+	// Domain, when set, is the suffix of <port>-<id>.<domain> hosts.
+	Domain string
+	Logger *slog.Logger
+}
+
+// Proxy routes sandbox traffic and hands everything else to the API.
+type Proxy struct {
+	cfg Config
+	mgr *control.Manager
+	st  store.Store
+	api http.Handler
+	rp  *httputil.ReverseProxy
+	log *slog.Logger
+}
+
+type targetKey struct{}
+
+type target struct {
+	addr netip.AddrPort
+}
+
+// New wraps api: requests that name a sandbox are proxied, the rest served by api.
+func New(cfg Config, mgr *control.Manager, st store.Store, api http.Handler) *Proxy {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	p := &Proxy{cfg: cfg, mgr: mgr, st: st, api: api, log: cfg.Logger}
+	tr := &http.Transport{
+		DialContext:           (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:          1024,
+		MaxIdleConnsPerHost:   64,
+		IdleConnTimeout:       60 * time.Second,
+		ResponseHeaderTimeout: 0, // streams (process output) may wait arbitrarily long
+		DisableCompression:    true,
+	}
+	p.rp = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			t := pr.In.Context().Value(targetKey{}).(target)
+			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Host = t.addr.String()
+			pr.Out.Header.Del(headerTrafficToken)
+			pr.SetXForwarded()
+		},
+		Transport:     tr,
+		FlushInterval: -1, // flush every write: Connect streams and SSE must not be buffered
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if errors.Is(err, context.Canceled) {
+				return
+			}
+			p.log.Warn("proxy upstream error", "host", r.Host, "path", r.URL.Path, "err", err)
+			writeError(w, http.StatusBadGateway, "sandbox is not reachable: "+err.Error())
+		},
+	}
+	return p
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	b, _ := json.Marshal(map[string]any{"code": status, "message": msg})
+	w.Write(b)
+}
+
+// route extracts the sandbox ID and port a request is for; ok is false for
+// API requests.
+func (p *Proxy) route(r *http.Request) (id string, port int, ok bool, err error) {
+	if hid := r.Header.Get(headerSandboxID); hid != "" || r.Header.Get(headerSandboxPort) != "" {
+		port = node.AgentPort
+		if hp := r.Header.Get(headerSandboxPort); hp != "" {
+			if port, err = strconv.Atoi(hp); err != nil || port < 1 || port > 65535 {
+				return "", 0, true, errors.New("invalid " + headerSandboxPort + " header")
+			}
+		}
+		if hid == "" {
+			return "", 0, true, errors.New(headerSandboxID + " header is required with " + headerSandboxPort)
+		}
+		return hid, port, true, nil
+	}
+	host := r.Host
+	if h, _, e := net.SplitHostPort(host); e == nil {
+		host = h
+	}
+	label, rest, found := strings.Cut(host, ".")
+	if !found {
+		return "", 0, false, nil
+	}
+	if p.cfg.Domain != "" && rest != p.cfg.Domain {
+		return "", 0, false, nil
+	}
+	ps, sid, found := strings.Cut(label, "-")
+	if !found {
+		return "", 0, false, nil
+	}
+	port, e := strconv.Atoi(ps)
+	if e != nil || port < 1 || port > 65535 {
+		return "", 0, false, nil
+	}
+	return sid, port, true, nil
+}
+
+func validID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	for _, c := range id {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') {
+			return false
+		}
+	}
+	return true
+}
+
+// ServeHTTP implements http.Handler.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	id, port, ok, err := p.route(r)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if !ok {
+		// Signed upload/download URLs reach the shared URL without headers;
+		// find the sandbox whose token produced the signature.
+		if r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
+			if sb := p.bySignature(r); sb != nil {
+				p.forward(w, r, sb, node.AgentPort)
+				return
+			}
+			writeError(w, http.StatusUnauthorized, "signature does not match any sandbox")
+			return
+		}
+		p.api.ServeHTTP(w, r)
+		return
+	}
+	if !validID(id) {
+		writeError(w, http.StatusBadRequest, "invalid sandbox ID "+strconv.Quote(id))
+		return
+	}
+	sb, err := p.st.GetSandbox(r.Context(), id)
+	if err != nil || !sb.State.Live() {
+		writeError(w, http.StatusBadGateway, "The sandbox "+id+" was not found")
+		return
+	}
+	if port == node.AgentPort && r.URL.Path == "/init" {
+		// /init hands the agent its token; only the control plane may call it.
+		writeError(w, http.StatusForbidden, "/init is internal")
+		return
+	}
+	if port != node.AgentPort && !sb.Network.AllowPublicTraffic {
+		got := r.Header.Get(headerTrafficToken)
+		if subtle.ConstantTimeCompare([]byte(got), []byte(sb.TrafficToken)) != 1 {
+			writeError(w, http.StatusForbidden, "this sandbox requires the "+headerTrafficToken+" header")
+			return
+		}
+	}
+	if sb.State != store.StateRunning {
+		if sb.State == store.StatePaused && sb.AutoResume {
+			if sb, _, err = p.mgr.Connect(r.Context(), id, 0); err != nil {
+				writeError(w, http.StatusBadGateway, "auto-resume failed: "+err.Error())
+				return
+			}
+		} else {
+			writeError(w, http.StatusBadGateway, "The sandbox "+id+" is "+string(sb.State))
+			return
+		}
+	}
+	p.forward(w, r, sb, port)
+}
+
+func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, sb *store.Sandbox, port int) {
+	addr, err := netip.ParseAddr(sb.Addr)
+	if err != nil {
+		writeError(w, http.StatusBadGateway, "sandbox "+sb.ID+" has no address")
+		return
+	}
+	ctx := context.WithValue(r.Context(), targetKey{}, target{addr: netip.AddrPortFrom(addr, uint16(port))})
+	p.rp.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// Signature is the envd v1 file-URL signature.
+func Signature(path, op, user, token string, exp int64) string {
+	s := path + ":" + op + ":" + user + ":" + token
+	if exp > 0 {
+		s += ":" + strconv.FormatInt(exp, 10)
+	}
+	h := sha256.Sum256([]byte(s))
+	return "v1_" + base64.RawStdEncoding.EncodeToString(h[:])
+}
+
+func (p *Proxy) bySignature(r *http.Request) *store.Sandbox {
+	q := r.URL.Query()
+	op := "read"
+	if r.Method == http.MethodPost {
+		op = "write"
+	}
+	var exp int64
+	if v := q.Get("signature_expiration"); v != "" {
+		exp, _ = strconv.ParseInt(v, 10, 64)
+	}
+	rows, err := p.st.ListSandboxes(r.Context(), store.SandboxFilter{States: []store.SandboxState{store.StateRunning}})
+	if err != nil {
+		return nil
+	}
+	sig := []byte(q.Get("signature"))
+	for _, sb := range rows {
+		if subtle.ConstantTimeCompare(sig, []byte(Signature(q.Get("path"), op, q.Get("username"), sb.EnvdToken, exp))) == 1 {
+			return sb
+		}
+	}
+	return nil
+}

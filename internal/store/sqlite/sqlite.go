@@ -1,0 +1,399 @@
+// Package sqlite is the embedded Store backend (modernc.org/sqlite, no cgo).
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/store"
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+)
+
+// isConstraint reports a primary-key/unique violation by its SQLite result code.
+func isConstraint(err error) bool {
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return false
+	}
+	c := se.Code()
+	return c == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY || c == sqlite3.SQLITE_CONSTRAINT_UNIQUE
+}
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// Store is a SQLite-backed store.Store.
+type Store struct{ db *sql.DB }
+
+var _ store.Store = (*Store)(nil)
+
+// Open opens (creating if needed) the database file and applies migrations.
+func Open(path string) (*Store, error) {
+	dsn := "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=foreign_keys(1)&_pragma=synchronous(NORMAL)"
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, err
+	}
+	// One writer at a time avoids SQLITE_BUSY storms; reads are cheap enough.
+	db.SetMaxOpenConns(1)
+	s := &Store{db: db}
+	if err := s.migrate(context.Background()); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("migrate %s: %w", path, err)
+	}
+	return s, nil
+}
+
+func (s *Store) migrate(ctx context.Context) error {
+	if _, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (name TEXT PRIMARY KEY, applied_at INTEGER NOT NULL)`); err != nil {
+		return err
+	}
+	names, err := fs.Glob(migrations, "migrations/*.sql")
+	if err != nil {
+		return err
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		var n int
+		if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM schema_migrations WHERE name=?`, name).Scan(&n); err != nil {
+			return err
+		}
+		if n > 0 {
+			continue
+		}
+		body, err := migrations.ReadFile(name)
+		if err != nil {
+			return err
+		}
+		tx, err := s.db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, string(body)); err != nil {
+			tx.Rollback()
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations(name, applied_at) VALUES(?,?)`, name, time.Now().Unix()); err != nil {
+			tx.Rollback()
+			return err
+		}
+		if err := tx.Commit(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+func ts(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func fromTS(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n).UTC()
+}
+
+func js(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+const sandboxCols = `id, template_id, alias, state, node, metadata, env_vars, envd_token, traffic_token,
+cpu_count, memory_mb, disk_size_mb, network, auto_pause, auto_resume, addr, api_key_id,
+started_at, end_at, updated_at, killed_at, kill_reason`
+
+func sandboxArgs(sb *store.Sandbox) []any {
+	return []any{sb.ID, sb.TemplateID, sb.Alias, string(sb.State), sb.Node, js(orEmpty(sb.Metadata)), js(orEmpty(sb.EnvVars)),
+		sb.EnvdToken, sb.TrafficToken, sb.CPUCount, sb.MemoryMB, sb.DiskSizeMB, js(sb.Network),
+		sb.AutoPause, sb.AutoResume, sb.Addr, sb.APIKeyID, ts(sb.StartedAt), ts(sb.EndAt), ts(sb.UpdatedAt),
+		ts(sb.KilledAt), sb.KillReason}
+}
+
+func orEmpty(m map[string]string) map[string]string {
+	if m == nil {
+		return map[string]string{}
+	}
+	return m
+}
+
+type scanner interface{ Scan(...any) error }
+
+func scanSandbox(r scanner) (*store.Sandbox, error) {
+	var sb store.Sandbox
+	var state, meta, envs, network string
+	var started, end, updated, killed int64
+	if err := r.Scan(&sb.ID, &sb.TemplateID, &sb.Alias, &state, &sb.Node, &meta, &envs, &sb.EnvdToken, &sb.TrafficToken,
+		&sb.CPUCount, &sb.MemoryMB, &sb.DiskSizeMB, &network, &sb.AutoPause, &sb.AutoResume, &sb.Addr, &sb.APIKeyID,
+		&started, &end, &updated, &killed, &sb.KillReason); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, store.ErrNotFound
+		}
+		return nil, err
+	}
+	sb.State = store.SandboxState(state)
+	if err := json.Unmarshal([]byte(meta), &sb.Metadata); err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal([]byte(envs), &sb.EnvVars); err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal([]byte(network), &sb.Network); err != nil {
+		return nil, err
+	}
+	sb.StartedAt, sb.EndAt, sb.UpdatedAt, sb.KilledAt = fromTS(started), fromTS(end), fromTS(updated), fromTS(killed)
+	return &sb, nil
+}
+
+// CreateSandbox inserts a new row; ErrConflict if the ID exists.
+func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
+	if sb.UpdatedAt.IsZero() {
+		sb.UpdatedAt = time.Now()
+	}
+	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, sandboxArgs(sb)...)
+	if isConstraint(err) {
+		return fmt.Errorf("%w: sandbox %s exists", store.ErrConflict, sb.ID)
+	}
+	return err
+}
+
+// GetSandbox returns ErrNotFound for unknown IDs.
+func (s *Store) GetSandbox(ctx context.Context, id string) (*store.Sandbox, error) {
+	return scanSandbox(s.db.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE id=?`, id))
+}
+
+// UpdateSandbox overwrites all fields.
+func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
+	sb.UpdatedAt = time.Now()
+	args := sandboxArgs(sb)
+	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET template_id=?, alias=?, state=?, node=?, metadata=?, env_vars=?, envd_token=?, traffic_token=?,
+cpu_count=?, memory_mb=?, disk_size_mb=?, network=?, auto_pause=?, auto_resume=?, addr=?, api_key_id=?,
+started_at=?, end_at=?, updated_at=?, killed_at=?, kill_reason=? WHERE id=?`, append(args[1:], sb.ID)...)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return store.ErrNotFound
+	}
+	return nil
+}
+
+// CompareAndSetState is an atomic state transition.
+func (s *Store) CompareAndSetState(ctx context.Context, id string, from []store.SandboxState, to store.SandboxState) (*store.Sandbox, error) {
+	q := `UPDATE sandboxes SET state=?, updated_at=? WHERE id=?`
+	args := []any{string(to), time.Now().UnixNano(), id}
+	if len(from) > 0 {
+		q += ` AND state IN (` + strings.TrimSuffix(strings.Repeat("?,", len(from)), ",") + `)`
+		for _, f := range from {
+			args = append(args, string(f))
+		}
+	}
+	res, err := s.db.ExecContext(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := s.GetSandbox(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return sb, fmt.Errorf("%w: sandbox %s is %s", store.ErrConflict, id, sb.State)
+	}
+	return sb, nil
+}
+
+// ListSandboxes applies the filter in SQL so pagination stays correct.
+func (s *Store) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]*store.Sandbox, error) {
+	var where []string
+	var args []any
+	if len(f.States) > 0 {
+		where = append(where, `state IN (`+strings.TrimSuffix(strings.Repeat("?,", len(f.States)), ",")+`)`)
+		for _, st := range f.States {
+			args = append(args, string(st))
+		}
+	}
+	keys := make([]string, 0, len(f.Metadata))
+	for k := range f.Metadata {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		where = append(where, `EXISTS (SELECT 1 FROM json_each(sandboxes.metadata) WHERE json_each.key = ? AND json_each.value = ?)`)
+		args = append(args, k, f.Metadata[k])
+	}
+	if f.Template != "" {
+		where = append(where, `(template_id = ? OR alias = ?)`)
+		args = append(args, f.Template, f.Template)
+	}
+	if !f.StartedAfter.IsZero() {
+		where = append(where, `started_at > ?`)
+		args = append(args, ts(f.StartedAfter))
+	}
+	order := "DESC"
+	cmp := "<"
+	if f.Ascending {
+		order, cmp = "ASC", ">"
+	}
+	if !f.AfterStarted.IsZero() || f.AfterID != "" {
+		where = append(where, `(started_at `+cmp+` ? OR (started_at = ? AND id `+cmp+` ?))`)
+		args = append(args, ts(f.AfterStarted), ts(f.AfterStarted), f.AfterID)
+	}
+	q := `SELECT ` + sandboxCols + ` FROM sandboxes`
+	if len(where) > 0 {
+		q += ` WHERE ` + strings.Join(where, " AND ")
+	}
+	q += ` ORDER BY started_at ` + order + `, id ` + order
+	if f.Limit > 0 {
+		q += fmt.Sprintf(` LIMIT %d`, f.Limit)
+	}
+	rows, err := s.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*store.Sandbox
+	for rows.Next() {
+		sb, err := scanSandbox(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, sb)
+	}
+	return out, rows.Err()
+}
+
+// CountSandboxes counts rows in the given states (all when empty).
+func (s *Store) CountSandboxes(ctx context.Context, states []store.SandboxState) (int, error) {
+	q := `SELECT COUNT(*) FROM sandboxes`
+	var args []any
+	if len(states) > 0 {
+		q += ` WHERE state IN (` + strings.TrimSuffix(strings.Repeat("?,", len(states)), ",") + `)`
+		for _, st := range states {
+			args = append(args, string(st))
+		}
+	}
+	var n int
+	err := s.db.QueryRowContext(ctx, q, args...).Scan(&n)
+	return n, err
+}
+
+// CreateAPIKey stores a key (hash only).
+func (s *Store) CreateAPIKey(ctx context.Context, k *store.APIKey) error {
+	_, err := s.db.ExecContext(ctx, `INSERT INTO api_keys(id, name, hash, prefix, created_at, last_used) VALUES(?,?,?,?,?,?)`,
+		k.ID, k.Name, k.Hash, k.Prefix, ts(k.CreatedAt), ts(k.LastUsed))
+	if isConstraint(err) {
+		return fmt.Errorf("%w: api key exists", store.ErrConflict)
+	}
+	return err
+}
+
+func scanKey(r scanner) (*store.APIKey, error) {
+	var k store.APIKey
+	var created, used int64
+	if err := r.Scan(&k.ID, &k.Name, &k.Hash, &k.Prefix, &created, &used); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, store.ErrNotFound
+		}
+		return nil, err
+	}
+	k.CreatedAt, k.LastUsed = fromTS(created), fromTS(used)
+	return &k, nil
+}
+
+// APIKeyByHash looks a key up by the hash of its secret.
+func (s *Store) APIKeyByHash(ctx context.Context, hash string) (*store.APIKey, error) {
+	return scanKey(s.db.QueryRowContext(ctx, `SELECT id, name, hash, prefix, created_at, last_used FROM api_keys WHERE hash=?`, hash))
+}
+
+// ListAPIKeys returns all keys, oldest first.
+func (s *Store) ListAPIKeys(ctx context.Context) ([]*store.APIKey, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT id, name, hash, prefix, created_at, last_used FROM api_keys ORDER BY created_at`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*store.APIKey
+	for rows.Next() {
+		k, err := scanKey(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, k)
+	}
+	return out, rows.Err()
+}
+
+// DeleteAPIKey removes a key; ErrNotFound if absent.
+func (s *Store) DeleteAPIKey(ctx context.Context, id string) error {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM api_keys WHERE id=?`, id)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return store.ErrNotFound
+	}
+	return nil
+}
+
+// TouchAPIKey records the last use time.
+func (s *Store) TouchAPIKey(ctx context.Context, id string, t time.Time) error {
+	_, err := s.db.ExecContext(ctx, `UPDATE api_keys SET last_used=? WHERE id=?`, ts(t), id)
+	return err
+}
+
+// AppendEvent records an event.
+func (s *Store) AppendEvent(ctx context.Context, e *store.Event) error {
+	if e.Time.IsZero() {
+		e.Time = time.Now()
+	}
+	if e.Level == "" {
+		e.Level = "info"
+	}
+	res, err := s.db.ExecContext(ctx, `INSERT INTO events(sandbox_id, type, level, message, time) VALUES(?,?,?,?,?)`,
+		e.SandboxID, e.Type, e.Level, e.Message, ts(e.Time))
+	if err != nil {
+		return err
+	}
+	e.ID, _ = res.LastInsertId()
+	return nil
+}
+
+// ListEvents returns a sandbox's events at or after since, oldest first.
+func (s *Store) ListEvents(ctx context.Context, sandboxID string, since time.Time, limit int) ([]*store.Event, error) {
+	if limit <= 0 {
+		limit = 1000
+	}
+	rows, err := s.db.QueryContext(ctx, `SELECT id, sandbox_id, type, level, message, time FROM events WHERE sandbox_id=? AND time>=? ORDER BY time, id LIMIT ?`,
+		sandboxID, ts(since), limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*store.Event
+	for rows.Next() {
+		var e store.Event
+		var t int64
+		if err := rows.Scan(&e.ID, &e.SandboxID, &e.Type, &e.Level, &e.Message, &t); err != nil {
+			return nil, err
+		}
+		e.Time = fromTS(t)
+		out = append(out, &e)
+	}
+	return out, rows.Err()
+}

@@ -1,0 +1,81 @@
+// Package template resolves the templateID a sandbox is created from into
+// the image layers and default resources it runs with.
+package template
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+)
+
+var (
+	ErrNotFound = errors.New("template: not found")
+	ErrNotReady = errors.New("template: not ready")
+)
+
+// Template is a resolved template.
+type Template struct {
+	ID         string
+	Alias      string
+	Layers     []string // read-only rootfs dirs, top-most first
+	CPUCount   int
+	MemoryMB   int
+	DiskSizeMB int
+}
+
+// Resolver turns a templateID (ID, alias, name:tag) into a Template.
+type Resolver interface {
+	Resolve(ctx context.Context, ref string) (Template, error)
+}
+
+// BaseTemplate is what an empty templateID means.
+const BaseTemplate = "base"
+
+// builtinAliases are the e2b names that map onto the base image.
+var builtinAliases = map[string]string{
+	"code-interpreter":    BaseTemplate,
+	"code-interpreter-v1": BaseTemplate,
+	"python":              BaseTemplate,
+}
+
+var nameRe = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,127}$`)
+
+// Images resolves templates to image directories <Dir>/<name>/rootfs.
+type Images struct {
+	Dir        string
+	CPUCount   int
+	MemoryMB   int
+	DiskSizeMB int
+}
+
+// Resolve implements Resolver.
+func (im *Images) Resolve(_ context.Context, ref string) (Template, error) {
+	if ref == "" {
+		ref = BaseTemplate
+	}
+	name, tag, hasTag := strings.Cut(ref, ":")
+	// Local images carry a single build, reachable as "default" or "latest".
+	if hasTag && tag != "default" && tag != "latest" {
+		return Template{}, fmt.Errorf("%w: %q", ErrNotFound, ref)
+	}
+	alias := name
+	if target, ok := builtinAliases[name]; ok {
+		name = target
+	}
+	if !nameRe.MatchString(name) {
+		return Template{}, fmt.Errorf("%w: %q", ErrNotFound, ref)
+	}
+	root := filepath.Join(im.Dir, name, "rootfs")
+	fi, err := os.Stat(root)
+	if err != nil || !fi.IsDir() {
+		return Template{}, fmt.Errorf("%w: %q", ErrNotFound, ref)
+	}
+	return Template{
+		ID: name, Alias: alias, Layers: []string{root},
+		CPUCount: im.CPUCount, MemoryMB: im.MemoryMB, DiskSizeMB: im.DiskSizeMB,
+	}, nil
+}
