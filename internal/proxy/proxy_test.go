@@ -1,0 +1,244 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
+)
+
+type fixture struct {
+	st       *sqlite.Store
+	front    *httptest.Server
+	upstream *httptest.Server
+	port     int
+	sb       *store.Sandbox
+}
+
+func setup(t *testing.T, upstream http.Handler) *fixture {
+	t.Helper()
+	st, err := sqlite.Open(filepath.Join(t.TempDir(), "p.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	up := httptest.NewServer(upstream)
+	t.Cleanup(up.Close)
+	u, _ := url.Parse(up.URL)
+	port, _ := strconv.Atoi(u.Port())
+	sb := &store.Sandbox{ID: "abcdefghij0123456789", TemplateID: "base", State: store.StateRunning, Addr: "127.0.0.1",
+		EnvdToken: "envdtok", TrafficToken: "traffic", Network: store.Network{AllowPublicTraffic: true},
+		StartedAt: time.Now(), EndAt: time.Now().Add(time.Hour)}
+	if err := st.CreateSandbox(context.Background(), sb); err != nil {
+		t.Fatal(err)
+	}
+	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-From", "api")
+		w.WriteHeader(http.StatusTeapot)
+	})
+	front := httptest.NewServer(New(Config{Domain: "cubicle.test"}, nil, st, api))
+	t.Cleanup(front.Close)
+	return &fixture{st: st, front: front, upstream: up, port: port, sb: sb}
+}
+
+func echoPath() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "%s %s tt=%q", r.Method, r.URL.RequestURI(), r.Header.Get(headerTrafficToken))
+	})
+}
+
+func get(t *testing.T, f *fixture, path string, hdr map[string]string, host string) (*http.Response, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, f.front.URL+path, nil)
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	if host != "" {
+		req.Host = host
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+func TestRoutesByHeadersAndHost(t *testing.T) {
+	f := setup(t, echoPath())
+	resp, body := get(t, f, "/files?path=x", map[string]string{headerSandboxID: f.sb.ID, headerSandboxPort: strconv.Itoa(f.port)}, "")
+	if resp.StatusCode != 200 || !strings.HasPrefix(body, "GET /files?path=x") {
+		t.Fatalf("header routing: %d %q", resp.StatusCode, body)
+	}
+	resp, body = get(t, f, "/hello", nil, fmt.Sprintf("%d-%s.cubicle.test", f.port, f.sb.ID))
+	if resp.StatusCode != 200 || !strings.HasPrefix(body, "GET /hello") {
+		t.Fatalf("host routing: %d %q", resp.StatusCode, body)
+	}
+	// Anything else is the API's.
+	resp, _ = get(t, f, "/v2/sandboxes", nil, "")
+	if resp.StatusCode != http.StatusTeapot || resp.Header.Get("X-From") != "api" {
+		t.Fatalf("api fallthrough: %d", resp.StatusCode)
+	}
+	// A host under another domain is not a sandbox host.
+	resp, _ = get(t, f, "/", nil, fmt.Sprintf("%d-%s.elsewhere.test", f.port, f.sb.ID))
+	if resp.StatusCode != http.StatusTeapot {
+		t.Fatalf("foreign domain: %d", resp.StatusCode)
+	}
+}
+
+func errBody(t *testing.T, status int, body string) {
+	t.Helper()
+	var e struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	}
+	if err := json.Unmarshal([]byte(body), &e); err != nil || e.Code != status || e.Message == "" {
+		t.Fatalf("error body %q for status %d", body, status)
+	}
+}
+
+func TestRejections(t *testing.T) {
+	f := setup(t, echoPath())
+	hdr := func(id string, port int) map[string]string {
+		return map[string]string{headerSandboxID: id, headerSandboxPort: strconv.Itoa(port)}
+	}
+	resp, body := get(t, f, "/", hdr("zzzzzzzzzzzzzzzzzzzz", f.port), "")
+	if resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("unknown sandbox: %d", resp.StatusCode)
+	}
+	errBody(t, resp.StatusCode, body)
+	resp, body = get(t, f, "/", hdr("BAD/ID", f.port), "")
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("bad id: %d", resp.StatusCode)
+	}
+	errBody(t, resp.StatusCode, body)
+	resp, _ = get(t, f, "/", map[string]string{headerSandboxID: f.sb.ID, headerSandboxPort: "99999"}, "")
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("bad port: %d", resp.StatusCode)
+	}
+	resp, _ = get(t, f, "/init", hdr(f.sb.ID, 49983), "")
+	if resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("/init from outside: %d", resp.StatusCode)
+	}
+	// Killed sandboxes are gone from the data plane.
+	f.sb.State = store.StateKilled
+	f.st.UpdateSandbox(context.Background(), f.sb)
+	resp, _ = get(t, f, "/", hdr(f.sb.ID, f.port), "")
+	if resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("killed sandbox: %d", resp.StatusCode)
+	}
+}
+
+func TestTrafficToken(t *testing.T) {
+	f := setup(t, echoPath())
+	f.sb.Network.AllowPublicTraffic = false
+	f.st.UpdateSandbox(context.Background(), f.sb)
+	host := fmt.Sprintf("%d-%s.cubicle.test", f.port, f.sb.ID)
+	resp, _ := get(t, f, "/", nil, host)
+	if resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("no token: %d", resp.StatusCode)
+	}
+	resp, _ = get(t, f, "/", map[string]string{headerTrafficToken: "wrong"}, host)
+	if resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("wrong token: %d", resp.StatusCode)
+	}
+	resp, body := get(t, f, "/", map[string]string{headerTrafficToken: "traffic"}, host)
+	if resp.StatusCode != 200 || !strings.Contains(body, `tt=""`) {
+		t.Fatalf("right token: %d %q (token must be stripped before the sandbox)", resp.StatusCode, body)
+	}
+}
+
+// Streaming responses must reach the client before the upstream finishes.
+func TestStreamingIsNotBuffered(t *testing.T) {
+	release := make(chan struct{})
+	f := setup(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte("first\n"))
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-time.After(10 * time.Second):
+		}
+		w.Write([]byte("second\n"))
+	}))
+	defer close(release)
+	req, _ := http.NewRequest(http.MethodPost, f.front.URL+"/process.Process/Start", strings.NewReader("x"))
+	req.Header.Set(headerSandboxID, f.sb.ID)
+	req.Header.Set(headerSandboxPort, strconv.Itoa(f.port))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	if err != nil || line != "first\n" {
+		t.Fatalf("first chunk: %q %v", line, err)
+	}
+}
+
+func TestWebSocketUpgradePassesThrough(t *testing.T) {
+	f := setup(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+			http.Error(w, "want upgrade", 400)
+			return
+		}
+		conn, rw, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		rw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		rw.Flush()
+		// Echo one line over the upgraded connection.
+		line, _ := rw.ReadString('\n')
+		rw.WriteString("echo:" + line)
+		rw.Flush()
+	}))
+	u, _ := url.Parse(f.front.URL)
+	conn, err := net.DialTimeout("tcp", u.Host, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(conn, "GET /ws HTTP/1.1\r\nHost: %d-%s.cubicle.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n", f.port, f.sb.ID)
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	fmt.Fprintf(conn, "ping\n")
+	line, err := br.ReadString('\n')
+	if err != nil || line != "echo:ping\n" {
+		t.Fatalf("echo: %q %v", line, err)
+	}
+}
+
+func TestSignedURLFindsSandbox(t *testing.T) {
+	f := setup(t, echoPath())
+	// The signed URL has no sandbox headers; the agent port is fixed, so point
+	// the row at an address where nothing listens and check routing by status.
+	sig := Signature("/home/user/x", "read", "", "envdtok", 0)
+	resp, body := get(t, f, "/files?path=%2Fhome%2Fuser%2Fx&signature="+url.QueryEscape(sig), nil, "")
+	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(body, "not reachable") {
+		t.Fatalf("signed URL should be routed to the sandbox agent: %d %q", resp.StatusCode, body)
+	}
+	resp, body = get(t, f, "/files?path=%2Fhome%2Fuser%2Fx&signature=v1_bogus", nil, "")
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("bad signature: %d %q", resp.StatusCode, body)
+	}
+	errBody(t, resp.StatusCode, body)
+}

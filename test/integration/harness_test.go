@@ -1,0 +1,340 @@
+// Package integration drives a real `cubicle serve` (real runc, netns,
+// nftables, SQLite and agent) over HTTP, as a user would.
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/cubicle-dev/cubicle/internal/envdpb/process"
+	"github.com/cubicle-dev/cubicle/internal/envdpb/process/processconnect"
+)
+
+var binDir string
+
+func TestMain(m *testing.M) {
+	if os.Geteuid() != 0 {
+		fmt.Println("integration tests need root (runc, netns, nftables)")
+		os.Exit(0)
+	}
+	dir, err := os.MkdirTemp("/var/tmp", "cubicle-it-bin-")
+	if err != nil {
+		panic(err)
+	}
+	binDir = dir
+	build := func(env []string, out, pkg string) {
+		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, out), pkg)
+		cmd.Env = append(os.Environ(), env...)
+		cmd.Stderr = os.Stderr
+		if err := cmd.Run(); err != nil {
+			fmt.Println("build", pkg, err)
+			os.RemoveAll(dir)
+			os.Exit(1)
+		}
+	}
+	build(nil, "cubicle", "github.com/cubicle-dev/cubicle/cmd/cubicle")
+	build([]string{"CGO_ENABLED=0"}, "cubicle-agent", "github.com/cubicle-dev/cubicle/cmd/cubicle-agent")
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func imagesDir(t *testing.T) string {
+	d := os.Getenv("CUBICLE_IMAGES_DIR")
+	if d == "" {
+		d = "/var/lib/cubicle/images"
+	}
+	if _, err := os.Stat(filepath.Join(d, "base", "rootfs", "bin", "bash")); err != nil {
+		t.Fatalf("base image missing under %s (run scripts/install or scripts/build-rootfs): %v", d, err)
+	}
+	return d
+}
+
+// server is one `cubicle serve` process with its own data dir, bridge,
+// address pool, nft table and cgroup parent.
+type server struct {
+	t        *testing.T
+	DataDir  string
+	URL      string
+	Key      string
+	Bridge   string
+	Cgroup   string
+	args     []string
+	cmd      *exec.Cmd
+	logs     *bytes.Buffer
+	client   *http.Client
+	listenOn string
+	// lastHeader is the header of the latest response from do.
+	lastHeader http.Header
+}
+
+var poolCounter = 0
+
+func startServer(t *testing.T, extra ...string) *server {
+	t.Helper()
+	data, err := os.MkdirTemp("/var/tmp", "cubicle-it-data-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 3)
+	rand.Read(b)
+	suffix := hex.EncodeToString(b)
+	poolCounter++
+	s := &server{t: t, DataDir: data, Bridge: "cbi" + suffix, Cgroup: "cubicle-it-" + suffix, client: &http.Client{Timeout: 2 * time.Minute}}
+	out, err := exec.Command(filepath.Join(binDir, "cubicle"), "apikey", "create", "--data-dir", data).Output()
+	if err != nil {
+		t.Fatalf("apikey create: %v", err)
+	}
+	s.Key = strings.TrimSpace(string(out))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.listenOn = ln.Addr().String()
+	ln.Close()
+	s.URL = "http://" + s.listenOn
+	s.args = []string{"serve", "--data-dir", data, "--listen", s.listenOn, "--images-dir", imagesDir(t),
+		"--bridge", s.Bridge, "--pool", fmt.Sprintf("10.213.%d.0/24", (os.Getpid()+poolCounter)%250),
+		"--cgroup-parent", s.Cgroup, "--agent-bin", filepath.Join(binDir, "cubicle-agent"), "--memory-mb", "256"}
+	s.args = append(s.args, extra...)
+	s.start()
+	t.Cleanup(s.destroy)
+	return s
+}
+
+func (s *server) start() {
+	s.t.Helper()
+	s.logs = &bytes.Buffer{}
+	s.cmd = exec.Command(filepath.Join(binDir, "cubicle"), s.args...)
+	s.cmd.Stdout, s.cmd.Stderr = s.logs, s.logs
+	if err := s.cmd.Start(); err != nil {
+		s.t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := http.Get(s.URL + "/health")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode/100 == 2 {
+				return
+			}
+		}
+		if s.cmd.ProcessState != nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	s.t.Fatalf("server did not become healthy; logs:\n%s", s.logs)
+}
+
+// stop ends the server process (sandboxes keep running, as on a restart).
+func (s *server) stop(sig syscall.Signal) {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	s.cmd.Process.Signal(sig)
+	done := make(chan struct{})
+	go func() { s.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		s.cmd.Process.Kill()
+		<-done
+	}
+	s.cmd = nil
+}
+
+// destroy kills every sandbox through the API, stops the server and
+// removes the bridge, nft table and data dir it created.
+func (s *server) destroy() {
+	if s.cmd != nil {
+		var list []map[string]any
+		if s.do("GET", "/v2/sandboxes", nil, &list) == 200 {
+			for _, sb := range list {
+				s.do("DELETE", "/sandboxes/"+sb["sandboxID"].(string), nil, nil)
+			}
+		}
+		s.stop(syscall.SIGTERM)
+	}
+	exec.Command("ip", "link", "del", s.Bridge).Run()
+	exec.Command("nft", "delete", "table", "inet", "cubicle_"+s.Bridge).Run()
+	for _, ctrl := range []string{"cpu", "cpuacct", "memory", "pids", "freezer", "devices", "blkio", "cpuset", "systemd", "unified"} {
+		os.Remove(filepath.Join("/sys/fs/cgroup", ctrl, s.Cgroup))
+	}
+	os.RemoveAll(filepath.Join("/run/cubicle", s.Bridge))
+	if s.t.Failed() {
+		s.t.Logf("server logs:\n%s", s.logs)
+	}
+	os.RemoveAll(s.DataDir)
+}
+
+// do sends a JSON API request and decodes the response into out.
+func (s *server) do(method, path string, body any, out any) int {
+	s.t.Helper()
+	var rd io.Reader
+	if body != nil {
+		if raw, ok := body.(string); ok {
+			rd = strings.NewReader(raw)
+		} else {
+			b, _ := json.Marshal(body)
+			rd = bytes.NewReader(b)
+		}
+	}
+	req, _ := http.NewRequest(method, s.URL+path, rd)
+	req.Header.Set("X-API-Key", s.Key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := s.client.Do(req)
+	if err != nil {
+		s.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	s.lastHeader = resp.Header
+	raw, _ := io.ReadAll(resp.Body)
+	if out != nil && len(raw) > 0 {
+		if err := json.Unmarshal(raw, out); err != nil {
+			s.t.Fatalf("%s %s: decode %q: %v", method, path, raw, err)
+		}
+	}
+	return resp.StatusCode
+}
+
+type created struct {
+	SandboxID       string `json:"sandboxID"`
+	TemplateID      string `json:"templateID"`
+	EnvdVersion     string `json:"envdVersion"`
+	EnvdAccessToken string `json:"envdAccessToken"`
+	ClientID        string `json:"clientID"`
+}
+
+func (s *server) create(body map[string]any) created {
+	s.t.Helper()
+	var c created
+	if st := s.do("POST", "/v2/sandboxes", body, &c); st != http.StatusCreated {
+		s.t.Fatalf("create: status %d; logs:\n%s", st, s.logs)
+	}
+	return c
+}
+
+// headerTransport adds the envd routing/auth headers the SDK sends.
+type headerTransport struct {
+	id, token string
+}
+
+func (h headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("E2b-Sandbox-Id", h.id)
+	r.Header.Set("E2b-Sandbox-Port", "49983")
+	if h.token != "" {
+		r.Header.Set("X-Access-Token", h.token)
+	}
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+func (s *server) envdClient(c created) *http.Client {
+	return &http.Client{Transport: headerTransport{id: c.SandboxID, token: c.EnvdAccessToken}}
+}
+
+// run executes bash -l -c cmd in the sandbox through the proxy and returns
+// stdout, stderr and the exit code.
+func (s *server) run(c created, cmdline string) (string, string, int32, error) {
+	s.t.Helper()
+	pc := processconnect.NewProcessClient(s.envdClient(c), s.URL, connect.WithProtoJSON())
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	stdin := false
+	stream, err := pc.Start(ctx, connect.NewRequest(&process.StartRequest{
+		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", cmdline}},
+		Stdin:   &stdin,
+	}))
+	if err != nil {
+		return "", "", 0, err
+	}
+	defer stream.Close()
+	var stdout, stderr bytes.Buffer
+	var code int32 = -1
+	for stream.Receive() {
+		ev := stream.Msg().GetEvent()
+		if d := ev.GetData(); d != nil {
+			stdout.Write(d.GetStdout())
+			stderr.Write(d.GetStderr())
+		}
+		if e := ev.GetEnd(); e != nil {
+			code = e.GetExitCode()
+		}
+	}
+	return stdout.String(), stderr.String(), code, stream.Err()
+}
+
+func (s *server) mustRun(c created, cmdline string) string {
+	s.t.Helper()
+	out, errOut, code, err := s.run(c, cmdline)
+	if err != nil || code != 0 {
+		s.t.Fatalf("run %q: code %d err %v stderr %q; server logs:\n%s", cmdline, code, err, errOut, s.logs)
+	}
+	return out
+}
+
+func errShape(t *testing.T, s *server, method, path string, body any, want int) {
+	t.Helper()
+	var e struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	}
+	if st := s.do(method, path, body, &e); st != want || e.Code != want || e.Message == "" {
+		t.Fatalf("%s %s: want %d with {code,message}, got status %d body %+v", method, path, want, st, e)
+	}
+}
+
+// hostState snapshots what a server leaves on the host, for leak checks.
+type hostState struct {
+	mounts, netns, links, sandboxDirs, cgroups int
+}
+
+func (s *server) snapshot(t *testing.T) hostState {
+	var h hostState
+	if f, err := os.Open("/proc/self/mountinfo"); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if strings.Contains(sc.Text(), s.DataDir) || strings.Contains(sc.Text(), "/run/cubicle/"+s.Bridge) {
+				h.mounts++
+			}
+		}
+		f.Close()
+	}
+	ents, _ := os.ReadDir(filepath.Join("/run/cubicle", s.Bridge, "netns"))
+	h.netns = len(ents)
+	ents, _ = os.ReadDir(filepath.Join(s.DataDir, "sandboxes"))
+	h.sandboxDirs = len(ents)
+	if out, err := exec.Command("ip", "-o", "link", "show", "master", s.Bridge).Output(); err == nil {
+		h.links = len(strings.Split(strings.TrimSpace(string(out)), "\n"))
+		if strings.TrimSpace(string(out)) == "" {
+			h.links = 0
+		}
+	}
+	for _, ctrl := range []string{"cpu", "memory", "pids", "freezer"} {
+		ents, _ := os.ReadDir(filepath.Join("/sys/fs/cgroup", ctrl, s.Cgroup))
+		for _, e := range ents {
+			if e.IsDir() {
+				h.cgroups++
+			}
+		}
+	}
+	return h
+}
