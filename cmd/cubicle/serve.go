@@ -120,7 +120,9 @@ func serve(ctx context.Context, o serveOptions) error {
 		return err
 	}
 	images := &template.Images{Dir: o.imagesDir, CPUCount: o.cpuCount, MemoryMB: o.memoryMB, DiskSizeMB: o.diskSizeMB}
-	mgr := control.New(control.Config{MaxSandboxes: o.maxSandboxes, MaxTimeout: o.maxTimeout, Logger: log}, st, nd, images)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	mgr := control.New(control.Config{MaxSandboxes: o.maxSandboxes, MaxTimeout: o.maxTimeout, Logger: log, Registry: reg}, st, nd, images)
 
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -132,8 +134,6 @@ func serve(ctx context.Context, o serveOptions) error {
 	cancel()
 	go mgr.Run(ctx)
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	apiSrv := api.New(api.Config{Domain: o.domain, Logger: log, Registry: reg}, mgr, st)
 	handler := proxy.New(proxy.Config{Domain: o.domain, Logger: log}, mgr, st, apiSrv)
 

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/store"
@@ -51,6 +53,7 @@ type Config struct {
 	MaxConcurrentCreates int           // default 32
 	CreateQueueWait      time.Duration // how long a create waits for a slot before 503
 	Logger               *slog.Logger
+	Registry             prometheus.Registerer // optional
 }
 
 // Manager is the control plane.
@@ -64,6 +67,7 @@ type Manager struct {
 	createSlots chan struct{}
 	locks       sync.Map // id -> *sync.Mutex; serialises lifecycle ops per sandbox
 	samples     sampler
+	metrics     *opMetrics
 }
 
 // New builds a manager; call Recover before serving and Run in the background.
@@ -81,7 +85,7 @@ func New(cfg Config, st store.Store, n node.Node, tr template.Resolver) *Manager
 		cfg.Logger = slog.Default()
 	}
 	return &Manager{cfg: cfg, store: st, node: n, templates: tr, log: cfg.Logger,
-		createSlots: make(chan struct{}, cfg.MaxConcurrentCreates)}
+		createSlots: make(chan struct{}, cfg.MaxConcurrentCreates), metrics: newOpMetrics(cfg.Registry)}
 }
 
 func (m *Manager) lock(id string) func() {
@@ -199,7 +203,8 @@ func (m *Manager) event(ctx context.Context, id, typ, level, format string, a ..
 
 // Create starts a sandbox. The store row is written first (state creating) so
 // a crash mid-create is visible to recovery.
-func (m *Manager) Create(ctx context.Context, o CreateOptions) (*store.Sandbox, error) {
+func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ *store.Sandbox, err error) {
+	defer m.metrics.observe("create", time.Now(), &err)
 	if err := m.validate(&o); err != nil {
 		return nil, err
 	}
@@ -296,7 +301,8 @@ func (m *Manager) List(ctx context.Context, f store.SandboxFilter) ([]*store.San
 }
 
 // Kill removes the sandbox from its node and marks it killed.
-func (m *Manager) Kill(ctx context.Context, id, reason string) error {
+func (m *Manager) Kill(ctx context.Context, id, reason string) (err error) {
+	defer m.metrics.observe("kill", time.Now(), &err)
 	unlock := m.lock(id)
 	defer unlock()
 	sb, err := m.Get(ctx, id)
@@ -354,7 +360,8 @@ func (m *Manager) Pause(ctx context.Context, id string) error {
 	return m.pauseLocked(ctx, id, "paused by request")
 }
 
-func (m *Manager) pauseLocked(ctx context.Context, id, why string) error {
+func (m *Manager) pauseLocked(ctx context.Context, id, why string) (err error) {
+	defer m.metrics.observe("pause", time.Now(), &err)
 	sb, err := m.Get(ctx, id)
 	if err != nil {
 		return err
@@ -410,7 +417,8 @@ func (m *Manager) Connect(ctx context.Context, id string, d time.Duration) (sb *
 	return sb, resumed, m.store.UpdateSandbox(ctx, sb)
 }
 
-func (m *Manager) resumeLocked(ctx context.Context, sb *store.Sandbox) error {
+func (m *Manager) resumeLocked(ctx context.Context, sb *store.Sandbox) (err error) {
+	defer m.metrics.observe("resume", time.Now(), &err)
 	if _, err := m.store.CompareAndSetState(ctx, sb.ID, []store.SandboxState{store.StatePaused}, store.StateResuming); err != nil {
 		return fmt.Errorf("%w: sandbox '%s' is %s", ErrConflict, sb.ID, sb.State)
 	}
