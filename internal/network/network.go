@@ -13,6 +13,9 @@ var (
 	ErrNotFound      = errors.New("network: endpoint not found")
 	ErrPoolExhausted = errors.New("network: address pool exhausted")
 	ErrInvalidPolicy = errors.New("network: invalid egress policy")
+	ErrInvalidID     = errors.New("network: invalid sandbox id")
+	ErrExists        = errors.New("network: endpoint already exists")
+	ErrInvalidConfig = errors.New("network: invalid config")
 )
 
 // Policy is the egress policy of a sandbox. Rules are evaluated: DenyOut
@@ -32,6 +35,10 @@ type Endpoint struct {
 	Addr      netip.Addr // sandbox address on the bridge
 	Gateway   netip.Addr // bridge address
 	HostVeth  string     // host side veth name
+	// Stale is set by List for an endpoint found on the host that is not
+	// fully wired (e.g. netns file without veth or address); it carries no
+	// traffic and should be torn down.
+	Stale bool
 }
 
 // Manager owns the bridge, the address pool and per-sandbox endpoints.

@@ -1,0 +1,65 @@
+# Cubicle: build, run and test. See README.md.
+SHELL       := /usr/bin/env bash
+GO          ?= go
+DATA_DIR    ?= /var/lib/cubicle
+LISTEN      ?= 0.0.0.0:3000
+RUNTIME     ?= runc
+INSTALL_FLAGS ?=
+STAMP       := .cache/install.stamp
+
+export PATH := /usr/local/go/bin:/usr/local/bin:$(PATH)
+
+.PHONY: all build run test test-unit test-e2b bench proto clean install deps
+
+all: build
+
+build:
+	@mkdir -p bin
+	CGO_ENABLED=0 $(GO) build -o bin/cubicle-agent ./cmd/cubicle-agent
+	$(GO) build -o bin/cubicle ./cmd/cubicle
+
+# Dependencies (apt packages, runsc, base image, node_modules): scripts/install, once.
+# The stamp is refreshed when the install script or the JS lockfile changes.
+$(STAMP): scripts/install scripts/build-rootfs test/e2b-js/package-lock.json
+	scripts/install $(INSTALL_FLAGS)
+	@mkdir -p $(dir $(STAMP)) && touch $(STAMP)
+
+deps: $(STAMP)
+
+install:
+	scripts/install $(INSTALL_FLAGS)
+	@mkdir -p $(dir $(STAMP)) && touch $(STAMP)
+
+run: deps build
+	@mkdir -p $(DATA_DIR)
+	@if [ ! -s $(DATA_DIR)/dev-api-key ]; then \
+		umask 077; bin/cubicle apikey create --data-dir $(DATA_DIR) --name dev > $(DATA_DIR)/dev-api-key.tmp \
+		&& mv $(DATA_DIR)/dev-api-key.tmp $(DATA_DIR)/dev-api-key; fi
+	@key=$$(cat $(DATA_DIR)/dev-api-key); port=$${LISTEN##*:}; \
+	echo; echo "Cubicle API key: $$key"; echo; \
+	echo "Point the e2b SDK at this server:"; \
+	echo "  export E2B_API_URL=http://127.0.0.1:$$port"; \
+	echo "  export E2B_SANDBOX_URL=http://127.0.0.1:$$port"; \
+	echo "  export E2B_API_KEY=$$key"; echo
+	exec bin/cubicle serve --data-dir $(DATA_DIR) --listen $(LISTEN) --runtime $(RUNTIME)
+
+test: deps build
+	$(GO) vet ./...
+	$(GO) test -count=1 -p 1 ./...
+	cd test/e2b-js && npm test
+
+test-unit: build
+	$(GO) vet ./...
+	$(GO) test -count=1 -p 1 ./...
+
+test-e2b: deps build
+	cd test/e2b-js && npm test
+
+bench: deps build
+	node bench/create/run.js $(BENCH_FLAGS)
+
+proto:
+	scripts/gen-proto
+
+clean:
+	rm -rf bin .cache test/e2b-js/node_modules

@@ -1,0 +1,249 @@
+#!/usr/bin/env node
+'use strict'
+// Create-latency and idle-memory benchmark.
+//
+//   node bench/create/run.js [--samples N] [--concurrency 1,10,50] [--idle K]
+//                            [--baseline N] [--runtime runc|runsc]
+//                            [--cgroup-path '/sys/fs/cgroup/memory/cubicle/{id}']
+//                            [--max-seconds S] [--json]
+//
+// It starts its own `cubicle serve` (like the JS test harness: temp data dir, free
+// loopback port, own bridge and pool) and measures, with the unmodified e2b SDK, the
+// time from Sandbox.create() to the end of the first commands.run('true'), at each
+// concurrency level (max(N, c) samples, c in flight). Then, in the same invocation, the
+// baseline: a bare `runc run` of the same rootfs (throwaway OCI bundle running
+// /bin/true, own --root state dir), and the ratio. Finally the idle memory of K
+// sandboxes: the sum of Pss (from /proc/<pid>/smaps_rollup) over each sandbox's
+// processes. The processes come from the sandbox's cgroup (--cgroup-path, '{id}' is the
+// sandbox ID), or, when that does not exist, from `runc --root <data>/run/<runtime> ps`.
+// Everything it starts is killed and removed before it exits.
+
+const path = require('node:path')
+const fs = require('node:fs')
+const os = require('node:os')
+const { spawnSync, execFileSync } = require('node:child_process')
+
+const REPO = path.resolve(__dirname, '..', '..')
+const E2B_DIR = path.join(REPO, 'test', 'e2b-js')
+const { Server } = require(path.join(E2B_DIR, 'tests', 'harness.js'))
+const { Sandbox } = require(require.resolve('e2b', { paths: [E2B_DIR] }))
+
+function parseArgs(argv) {
+  const o = {
+    samples: 20,
+    concurrency: [1, 10, 50],
+    idle: 5,
+    baseline: 20,
+    runtime: process.env.CUBICLE_RUNTIME || 'runc',
+    cgroupPath: '/sys/fs/cgroup/memory/cubicle/{id}',
+    maxSeconds: 900,
+    json: false,
+  }
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i]
+    const next = () => {
+      if (i + 1 >= argv.length) throw new Error(`${a} needs a value`)
+      return argv[++i]
+    }
+    switch (a) {
+      case '--samples': o.samples = Number(next()); break
+      case '--concurrency': o.concurrency = next().split(',').map(Number).filter((n) => n > 0); break
+      case '--idle': o.idle = Number(next()); break
+      case '--baseline': o.baseline = Number(next()); break
+      case '--runtime': o.runtime = next(); break
+      case '--cgroup-path': o.cgroupPath = next(); break
+      case '--max-seconds': o.maxSeconds = Number(next()); break
+      case '--json': o.json = true; break
+      case '-h': case '--help':
+        console.log(fs.readFileSync(__filename, 'utf8').split('\n').slice(2, 20).map((l) => l.replace(/^\/\/ ?/, '')).join('\n'))
+        process.exit(0)
+      default: throw new Error(`unknown argument ${a}`)
+    }
+  }
+  return o
+}
+
+function pct(sorted, p) {
+  if (!sorted.length) return NaN
+  const idx = Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1))
+  return sorted[idx]
+}
+function summary(ms) {
+  const s = [...ms].sort((a, b) => a - b)
+  return { n: s.length, p50: pct(s, 50), p95: pct(s, 95), p99: pct(s, 99), min: s[0], max: s[s.length - 1] }
+}
+const f1 = (x) => (Number.isFinite(x) ? x.toFixed(1) : 'n/a')
+function line(name, st) {
+  return `${name.padEnd(28)} n=${String(st.n).padStart(3)}  p50=${f1(st.p50).padStart(8)} ms  p95=${f1(st.p95).padStart(8)} ms  p99=${f1(st.p99).padStart(8)} ms`
+}
+
+// ---- SDK create → first command ------------------------------------------------------
+async function createLatency(srv, c, total, deadline) {
+  const samples = []
+  const errors = []
+  let started = 0
+  async function worker() {
+    while (started < total && Date.now() < deadline) {
+      started++
+      const t0 = process.hrtime.bigint()
+      let sbx
+      try {
+        sbx = await Sandbox.create('base', { timeoutMs: 120000, requestTimeoutMs: 120000 })
+        await sbx.commands.run('true', { requestTimeoutMs: 60000 })
+        samples.push(Number(process.hrtime.bigint() - t0) / 1e6)
+      } catch (e) {
+        errors.push(String(e && e.message ? e.message : e).slice(0, 200))
+      } finally {
+        if (sbx) await sbx.kill({ requestTimeoutMs: 60000 }).catch(() => {})
+      }
+    }
+  }
+  await Promise.all(Array.from({ length: c }, worker))
+  return { samples, errors }
+}
+
+// ---- bare runc baseline ------------------------------------------------------------------
+function runcBaseline(rootfs, n) {
+  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'cubicle-bench-runc-'))
+  const bundle = path.join(tmp, 'bundle')
+  const state = path.join(tmp, 'state')
+  fs.mkdirSync(bundle)
+  fs.mkdirSync(state)
+  const samples = []
+  const errors = []
+  try {
+    execFileSync('runc', ['spec', '--bundle', bundle])
+    const cfgPath = path.join(bundle, 'config.json')
+    const cfg = JSON.parse(fs.readFileSync(cfgPath, 'utf8'))
+    cfg.root = { path: rootfs, readonly: true }
+    cfg.process.terminal = false
+    cfg.process.args = ['/bin/true']
+    cfg.hostname = 'bench'
+    fs.writeFileSync(cfgPath, JSON.stringify(cfg))
+    for (let i = 0; i < n; i++) {
+      const id = `cubicle-bench-${process.pid}-${i}`
+      const t0 = process.hrtime.bigint()
+      const r = spawnSync('runc', ['--root', state, 'run', '--bundle', bundle, id], { stdio: ['ignore', 'ignore', 'pipe'], timeout: 30000 })
+      const dt = Number(process.hrtime.bigint() - t0) / 1e6
+      if (r.status === 0) samples.push(dt)
+      else errors.push(`runc run: status ${r.status} ${r.stderr ? r.stderr.toString().slice(0, 200) : ''}`)
+      spawnSync('runc', ['--root', state, 'delete', '--force', id], { stdio: 'ignore', timeout: 15000 })
+    }
+  } finally {
+    const r = spawnSync('runc', ['--root', state, 'list', '-q'], { encoding: 'utf8' })
+    for (const id of (r.stdout || '').split('\n').filter(Boolean)) {
+      spawnSync('runc', ['--root', state, 'delete', '--force', id], { stdio: 'ignore', timeout: 15000 })
+    }
+    fs.rmSync(tmp, { recursive: true, force: true })
+  }
+  return { samples, errors }
+}
+
+// ---- idle memory -------------------------------------------------------------------------------
+function readPids(file) {
+  try {
+    return fs.readFileSync(file, 'utf8').split('\n').filter(Boolean).map(Number)
+  } catch {
+    return null
+  }
+}
+function sandboxPids(srv, runtime, cgroupTpl, id) {
+  const cg = cgroupTpl.replaceAll('{id}', id)
+  const fromCg = readPids(path.join(cg, 'cgroup.procs'))
+  if (fromCg && fromCg.length) return { pids: fromCg, source: `cgroup ${cg}` }
+  const root = path.join(srv.dataDir, 'run', runtime)
+  const ls = spawnSync(runtime, ['--root', root, 'list', '-q'], { encoding: 'utf8', timeout: 15000 })
+  const cids = (ls.stdout || '').split('\n').filter(Boolean)
+  const cid = cids.find((c) => c === id) || cids.find((c) => c.includes(id))
+  if (!cid) return { pids: [], source: 'not found' }
+  const ps = spawnSync(runtime, ['--root', root, 'ps', '--format', 'json', cid], { encoding: 'utf8', timeout: 15000 })
+  try {
+    const pids = JSON.parse(ps.stdout)
+    if (Array.isArray(pids) && pids.length) return { pids, source: `${runtime} ps` }
+  } catch {}
+  return { pids: [], source: `${runtime} ps failed: ${(ps.stderr || '').trim().slice(0, 200)}` }
+}
+function pssKiB(pid) {
+  try {
+    const m = /^Pss:\s+(\d+) kB/m.exec(fs.readFileSync(`/proc/${pid}/smaps_rollup`, 'utf8'))
+    return m ? Number(m[1]) : 0
+  } catch {
+    return 0
+  }
+}
+async function idleMemory(srv, o) {
+  const sbxs = []
+  const out = []
+  try {
+    for (let i = 0; i < o.idle; i++) {
+      const s = await Sandbox.create('base', { timeoutMs: 300000, requestTimeoutMs: 120000 })
+      sbxs.push(s)
+      await s.commands.run('true')
+    }
+    await new Promise((r) => setTimeout(r, 3000))
+    for (const s of sbxs) {
+      const { pids, source } = sandboxPids(srv, o.runtime, o.cgroupPath, s.sandboxId)
+      const kib = pids.reduce((acc, p) => acc + pssKiB(p), 0)
+      out.push({ id: s.sandboxId, pids: pids.length, pssKiB: kib, source })
+    }
+  } finally {
+    await Promise.allSettled(sbxs.map((s) => s.kill({ requestTimeoutMs: 60000 })))
+  }
+  return out
+}
+
+async function main() {
+  const o = parseArgs(process.argv.slice(2))
+  if (process.getuid && process.getuid() !== 0) throw new Error('run as root')
+  const deadline = Date.now() + o.maxSeconds * 1000
+  const srv = new Server({ runtime: o.runtime })
+  const results = { runtime: o.runtime, levels: {}, baseline: null, idle: null }
+  const cleanup = async () => {
+    await srv.stop().catch((e) => console.error('cleanup:', e.message))
+  }
+  process.once('SIGINT', () => cleanup().then(() => process.exit(130)))
+  process.once('SIGTERM', () => cleanup().then(() => process.exit(143)))
+  try {
+    await srv.start()
+    console.log(`cubicle serve at ${srv.url} (runtime ${o.runtime}, data ${srv.dataDir})`)
+    // Warm-up (first create pays one-off costs such as bridge/nftables setup).
+    await createLatency(srv, 1, 1, deadline)
+
+    for (const c of o.concurrency) {
+      const total = Math.max(o.samples, c)
+      const t0 = Date.now()
+      const { samples, errors } = await createLatency(srv, c, total, deadline)
+      const st = summary(samples)
+      results.levels[c] = { ...st, errors: errors.length, wallMs: Date.now() - t0, firstErrors: errors.slice(0, 3) }
+      console.log(line(`create→run c=${c}`, st) + (errors.length ? `  errors=${errors.length} (${errors[0]})` : ''))
+    }
+
+    const rootfs = path.join(srv.imagesDir, 'base', 'rootfs')
+    const b = runcBaseline(rootfs, o.baseline)
+    results.baseline = { ...summary(b.samples), errors: b.errors.length, firstErrors: b.errors.slice(0, 3) }
+    console.log(line('bare runc run /bin/true', results.baseline) + (b.errors.length ? `  errors=${b.errors.length} (${b.errors[0]})` : ''))
+    const c1 = results.levels[o.concurrency[0]]
+    if (c1 && results.baseline.n) {
+      results.ratio = { p50: c1.p50 / results.baseline.p50, p95: c1.p95 / results.baseline.p95, p99: c1.p99 / results.baseline.p99 }
+      console.log(`ratio (c=${o.concurrency[0]} / bare runc)   p50=${results.ratio.p50.toFixed(2)}x  p95=${results.ratio.p95.toFixed(2)}x  p99=${results.ratio.p99.toFixed(2)}x`)
+    }
+
+    if (o.idle > 0) {
+      const mem = await idleMemory(srv, o)
+      const measured = mem.filter((m) => m.pids > 0)
+      const avg = measured.length ? measured.reduce((a, m) => a + m.pssKiB, 0) / measured.length : NaN
+      results.idle = { sandboxes: mem, avgPssKiB: avg }
+      console.log(`idle memory per sandbox (PSS) avg=${f1(avg / 1024)} MiB over ${measured.length}/${mem.length} sandboxes` +
+        (mem[0] ? ` [pids via ${mem[0].source}]` : ''))
+      for (const m of mem) console.log(`  ${m.id}  pids=${m.pids}  pss=${f1(m.pssKiB / 1024)} MiB`)
+    }
+  } finally {
+    await cleanup()
+  }
+  if (o.json) console.log(JSON.stringify(results, null, 2))
+}
+
+main().catch((e) => {
+  console.error(e && e.stack ? e.stack : e)
+  process.exit(1)
+})

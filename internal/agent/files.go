@@ -1,0 +1,436 @@
+package agent
+
+import (
+	"compress/gzip"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"mime"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+const (
+	maxMetadataKey   = 246  // VFS xattr name limit minus "user.e2b."
+	maxMetadataTotal = 4096 // per-inode xattr budget
+)
+
+var (
+	errBadSignature     = errors.New("agent: invalid signature")
+	errExpiredSignature = errors.New("agent: signature expired")
+	errBadMetadata      = errors.New("agent: invalid metadata")
+)
+
+// Signature computes envd's v1 signature for a /files URL.
+// exp is zero when the URL has no expiration.
+func Signature(path, op, user, token string, exp int64) string {
+	parts := []string{path, op, user, token}
+	if exp != 0 {
+		parts = append(parts, strconv.FormatInt(exp, 10))
+	}
+	sum := sha256.Sum256([]byte(strings.Join(parts, ":")))
+	return "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
+}
+
+// checkFileAuth implements envd's /files auth: no token → allowed; an
+// X-Access-Token header must match; otherwise a valid, unexpired signature.
+func (a *Agent) checkFileAuth(r *http.Request, op string) error {
+	token := a.currentToken()
+	if token == "" {
+		return nil
+	}
+	if h := r.Header.Get("X-Access-Token"); h != "" {
+		if tokenEqual(h, token) {
+			return nil
+		}
+		return ErrUnauthorized
+	}
+	q := r.URL.Query()
+	sig := q.Get("signature")
+	if sig == "" {
+		return ErrUnauthorized
+	}
+	var exp int64
+	if s := q.Get("signature_expiration"); s != "" {
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return errBadSignature
+		}
+		exp = v
+	}
+	if !tokenEqual(sig, Signature(q.Get("path"), op, q.Get("username"), token, exp)) {
+		return errBadSignature
+	}
+	if exp != 0 && exp < time.Now().Unix() {
+		return errExpiredSignature
+	}
+	return nil
+}
+
+// fileUser picks the username query parameter, else the Basic-auth or default user.
+func (a *Agent) fileUser(r *http.Request) (*sysUser, error) {
+	if name := r.URL.Query().Get("username"); name != "" {
+		return a.lookupUser(name)
+	}
+	return a.requestUser(r.Context())
+}
+
+// fileErrStatus maps a file-operation error to an HTTP status.
+func fileErrStatus(err error) int {
+	switch {
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		return http.StatusInsufficientStorage
+	case errors.Is(err, fs.ErrNotExist):
+		return http.StatusNotFound
+	case errors.Is(err, fs.ErrPermission):
+		return http.StatusForbidden
+	case errors.Is(err, ErrInvalidPath), errors.Is(err, ErrIsDir), errors.Is(err, ErrNotDir),
+		errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.ENAMETOOLONG),
+		errors.Is(err, errBadMetadata):
+		return http.StatusBadRequest
+	}
+	return http.StatusInternalServerError
+}
+
+func (a *Agent) handleDownload(w http.ResponseWriter, r *http.Request) {
+	if err := a.checkFileAuth(r, "read"); err != nil {
+		writeJSONError(w, http.StatusUnauthorized, err.Error())
+		return
+	}
+	u, err := a.fileUser(r)
+	if err != nil {
+		writeJSONError(w, http.StatusUnauthorized, err.Error())
+		return
+	}
+	path, err := resolvePath(r.URL.Query().Get("path"), u)
+	if err != nil {
+		writeJSONError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	var f *os.File
+	err = asUser(u, func() (err error) { f, err = os.Open(path); return })
+	if err != nil {
+		status := fileErrStatus(err)
+		if status == http.StatusNotFound {
+			writeJSONError(w, status, "file not found: "+path)
+			return
+		}
+		writeJSONError(w, status, err.Error())
+		return
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		writeJSONError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	if fi.IsDir() {
+		writeJSONError(w, http.StatusBadRequest, "path is a directory: "+path)
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Disposition", mime.FormatMediaType("inline", map[string]string{"filename": filepath.Base(path)}))
+	h.Add("Vary", "Accept-Encoding")
+	if fi.Size() == 0 {
+		// The SDK relies on an explicit Content-Length: 0 for empty files.
+		h.Set("Content-Type", "application/octet-stream")
+		h.Set("Content-Length", "0")
+		h.Set("Last-Modified", fi.ModTime().UTC().Format(http.TimeFormat))
+		w.WriteHeader(http.StatusOK)
+		return
+	}
+	enc, ok := chooseEncoding(r.Header.Values("Accept-Encoding"))
+	if r.Header.Get("Range") != "" && ok {
+		// Ranges refer to the identity encoding; serve them uncompressed.
+		enc = "identity"
+	}
+	if !ok {
+		writeJSONError(w, http.StatusNotAcceptable, "no acceptable content encoding (supported: gzip, identity)")
+		return
+	}
+	if enc == "gzip" {
+		ct := mime.TypeByExtension(filepath.Ext(path))
+		if ct == "" {
+			ct = "application/octet-stream"
+		}
+		h.Set("Content-Type", ct)
+		h.Set("Content-Encoding", "gzip")
+		h.Set("Last-Modified", fi.ModTime().UTC().Format(http.TimeFormat))
+		w.WriteHeader(http.StatusOK)
+		if r.Method == http.MethodHead {
+			return
+		}
+		gz := gzip.NewWriter(w)
+		if _, err := io.Copy(gz, f); err != nil {
+			return // headers are out; the client sees a truncated stream
+		}
+		_ = gz.Close()
+		return
+	}
+	http.ServeContent(w, r, filepath.Base(path), fi.ModTime(), f)
+}
+
+// chooseEncoding picks gzip when accepted with q>0, else identity unless it is
+// explicitly refused (then ok is false → 406).
+func chooseEncoding(values []string) (enc string, ok bool) {
+	identityOK := true
+	gzipOK := false
+	for _, v := range values {
+		for _, part := range strings.Split(v, ",") {
+			name, params, _ := strings.Cut(strings.TrimSpace(part), ";")
+			name = strings.ToLower(strings.TrimSpace(name))
+			q := 1.0
+			if k, val, found := strings.Cut(strings.TrimSpace(params), "="); found && strings.TrimSpace(k) == "q" {
+				if f, err := strconv.ParseFloat(strings.TrimSpace(val), 64); err == nil {
+					q = f
+				}
+			}
+			switch name {
+			case "gzip", "x-gzip":
+				gzipOK = q > 0
+			case "identity":
+				identityOK = q > 0
+			case "*":
+				if q > 0 {
+					gzipOK = true
+				} else {
+					identityOK = false
+				}
+			}
+		}
+	}
+	if gzipOK {
+		return "gzip", true
+	}
+	return "identity", identityOK
+}
+
+// uploadedEntry is one element of POST /files' response.
+type uploadedEntry struct {
+	Path     string            `json:"path"`
+	Name     string            `json:"name"`
+	Type     string            `json:"type"`
+	Metadata map[string]string `json:"metadata,omitempty"`
+}
+
+// parseMetadata collects X-Metadata-* headers (first value wins).
+func parseMetadata(h http.Header) (map[string]string, error) {
+	md := map[string]string{}
+	total := 0
+	for k, vs := range h {
+		lk := strings.ToLower(k)
+		if !strings.HasPrefix(lk, "x-metadata-") || len(vs) == 0 {
+			continue
+		}
+		key := strings.TrimPrefix(lk, "x-metadata-")
+		val := vs[0]
+		if key == "" || len(key) > maxMetadataKey || !printableASCII(key) || !printableASCII(val) {
+			return nil, fmt.Errorf("%w: %q", errBadMetadata, key)
+		}
+		total += len(xattrPrefix) + len(key) + len(val)
+		md[key] = val
+	}
+	if total > maxMetadataTotal {
+		return nil, fmt.Errorf("%w: %d bytes exceeds %d", errBadMetadata, total, maxMetadataTotal)
+	}
+	return md, nil
+}
+
+func printableASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// setMetadata replaces the file's user.e2b.* xattrs with md.
+func setMetadata(f *os.File, md map[string]string) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var opErr error
+	err = rc.Control(func(fd uintptr) {
+		buf := make([]byte, 64*1024)
+		n, err := unix.Flistxattr(int(fd), buf)
+		if err == nil {
+			for _, name := range strings.Split(string(buf[:n]), "\x00") {
+				if strings.HasPrefix(name, xattrPrefix) {
+					_ = unix.Fremovexattr(int(fd), name)
+				}
+			}
+		}
+		for k, v := range md {
+			if err := unix.Fsetxattr(int(fd), xattrPrefix+k, []byte(v), 0); err != nil {
+				opErr = fmt.Errorf("set metadata %s: %w", k, err)
+				return
+			}
+		}
+	})
+	if err != nil {
+		return err
+	}
+	return opErr
+}
+
+// writeFile streams src into path as user u, creating parent directories.
+// The file is opened with the user's identity (so permissions are enforced and
+// new files and directories are owned by the user) and then written by this
+// goroutine; only a fixed-size copy buffer is held in memory.
+func writeFile(u *sysUser, path string, src io.Reader, md map[string]string) error {
+	var f *os.File
+	err := asUser(u, func() error {
+		if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+			return fmt.Errorf("%w: %s", ErrIsDir, path)
+		}
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			return err
+		}
+		var err error
+		f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, 256*1024)
+	if _, err := io.CopyBuffer(struct{ io.Writer }{f}, src, buf); err != nil {
+		f.Close()
+		return err
+	}
+	if err := setMetadata(f, md); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func (a *Agent) handleUpload(w http.ResponseWriter, r *http.Request) {
+	if err := a.checkFileAuth(r, "write"); err != nil {
+		writeJSONError(w, http.StatusUnauthorized, err.Error())
+		return
+	}
+	u, err := a.fileUser(r)
+	if err != nil {
+		writeJSONError(w, http.StatusUnauthorized, err.Error())
+		return
+	}
+	md, err := parseMetadata(r.Header)
+	if err != nil {
+		writeJSONError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	queryPath := r.URL.Query().Get("path")
+	ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	var written []uploadedEntry
+	entry := func(p string) uploadedEntry {
+		e := uploadedEntry{Path: p, Name: filepath.Base(p), Type: "file"}
+		if len(md) > 0 {
+			e.Metadata = md
+		}
+		return e
+	}
+	fail := func(err error) {
+		writeJSONError(w, fileErrStatus(err), err.Error())
+	}
+	switch ct {
+	case "multipart/form-data":
+		mr, err := r.MultipartReader()
+		if err != nil {
+			writeJSONError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		seen := map[string]bool{}
+		// Bounded by the request body: each iteration consumes one part.
+		for {
+			part, err := mr.NextPart()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				writeJSONError(w, http.StatusBadRequest, "multipart: "+err.Error())
+				return
+			}
+			if part.FormName() != "file" {
+				part.Close()
+				continue
+			}
+			target := queryPath
+			if target == "" {
+				// Not part.FileName(): it strips directories, and here the
+				// filename is the full target path.
+				_, params, _ := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
+				target = params["filename"]
+			}
+			path, err := resolvePath(target, u)
+			if err != nil {
+				part.Close()
+				fail(err)
+				return
+			}
+			if seen[path] {
+				part.Close()
+				writeJSONError(w, http.StatusBadRequest, "multiple parts write to "+path)
+				return
+			}
+			seen[path] = true
+			err = writeFile(u, path, part, md)
+			part.Close()
+			if err != nil {
+				fail(err)
+				return
+			}
+			written = append(written, entry(path))
+		}
+	case "application/octet-stream":
+		path, err := resolvePath(queryPath, u)
+		if err != nil {
+			fail(err)
+			return
+		}
+		var body io.Reader = r.Body
+		switch strings.ToLower(r.Header.Get("Content-Encoding")) {
+		case "", "identity":
+		case "gzip", "x-gzip":
+			gz, err := gzip.NewReader(r.Body)
+			if err != nil {
+				writeJSONError(w, http.StatusBadRequest, "gzip: "+err.Error())
+				return
+			}
+			defer gz.Close()
+			body = gz
+		default:
+			writeJSONError(w, http.StatusBadRequest, "unsupported Content-Encoding")
+			return
+		}
+		if err := writeFile(u, path, body, md); err != nil {
+			if errors.Is(err, gzip.ErrChecksum) || errors.Is(err, gzip.ErrHeader) {
+				writeJSONError(w, http.StatusBadRequest, err.Error())
+				return
+			}
+			fail(err)
+			return
+		}
+		written = append(written, entry(path))
+	default:
+		writeJSONError(w, http.StatusBadRequest, "unsupported Content-Type "+ct)
+		return
+	}
+	if len(written) == 0 {
+		writeJSONError(w, http.StatusBadRequest, "no file in request")
+		return
+	}
+	writeJSON(w, http.StatusOK, written)
+}

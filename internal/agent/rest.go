@@ -1,0 +1,212 @@
+package agent
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"maps"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// initRequest is the body of POST /init. Fields the agent does not act on
+// (volumeMounts, hyperloopIP, lifecycleID, caBundle) are accepted and ignored.
+type initRequest struct {
+	AccessToken    *string           `json:"accessToken"`
+	EnvVars        map[string]string `json:"envVars"`
+	DefaultUser    *string           `json:"defaultUser"`
+	DefaultWorkdir *string           `json:"defaultWorkdir"`
+	Timestamp      *time.Time        `json:"timestamp"`
+}
+
+// handleInit applies /init. It is idempotent. Who may change the token:
+//   - nobody holds a token yet (first boot): anyone, since the agent is only
+//     reachable by the control plane at that point (the proxy blocks /init);
+//   - otherwise the caller must prove it knows the current token, either in
+//     X-Access-Token or by sending the same accessToken again (a resume
+//     re-sending identical state). Anything else is 401, so a process inside or
+//     outside the sandbox cannot take over the agent by re-initialising it.
+//
+// The timestamp is not used to set the clock: in a container the clock is the
+// host's.
+func (a *Agent) handleInit(w http.ResponseWriter, r *http.Request) {
+	var req initRequest
+	if r.Body != nil {
+		body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+		if err != nil {
+			writeJSONError(w, http.StatusBadRequest, "read body: "+err.Error())
+			return
+		}
+		if len(strings.TrimSpace(string(body))) > 0 {
+			if err := json.Unmarshal(body, &req); err != nil {
+				writeJSONError(w, http.StatusBadRequest, "invalid body: "+err.Error())
+				return
+			}
+		}
+	}
+	if req.DefaultUser != nil && *req.DefaultUser != "" {
+		if _, err := a.lookupUser(*req.DefaultUser); err != nil {
+			writeJSONError(w, http.StatusBadRequest, "unknown defaultUser: "+*req.DefaultUser)
+			return
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.token != "" {
+		hdr := r.Header.Get("X-Access-Token")
+		sameToken := req.AccessToken != nil && tokenEqual(*req.AccessToken, a.token)
+		if !tokenEqual(hdr, a.token) && !sameToken {
+			writeJSONError(w, http.StatusUnauthorized, "invalid access token")
+			return
+		}
+	}
+	if req.AccessToken != nil {
+		a.token = *req.AccessToken
+	}
+	if req.EnvVars != nil {
+		maps.Copy(a.envVars, req.EnvVars)
+	}
+	if req.DefaultUser != nil && *req.DefaultUser != "" {
+		a.defaultUser = *req.DefaultUser
+	}
+	if req.DefaultWorkdir != nil && *req.DefaultWorkdir != "" {
+		a.defaultWorkdir = *req.DefaultWorkdir
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (a *Agent) handleEnvs(w http.ResponseWriter, r *http.Request) {
+	a.mu.RLock()
+	env := maps.Clone(a.envVars)
+	a.mu.RUnlock()
+	writeJSON(w, http.StatusOK, env)
+}
+
+// metrics is the envd Metrics schema.
+type metrics struct {
+	Timestamp   int64   `json:"ts"`
+	CPUCount    int     `json:"cpu_count"`
+	CPUUsedPct  float64 `json:"cpu_used_pct"`
+	MemTotal    uint64  `json:"mem_total"`
+	MemUsed     uint64  `json:"mem_used"`
+	MemCache    uint64  `json:"mem_cache"`
+	MemTotalMiB uint64  `json:"mem_total_mib"`
+	MemUsedMiB  uint64  `json:"mem_used_mib"`
+	DiskUsed    uint64  `json:"disk_used"`
+	DiskTotal   uint64  `json:"disk_total"`
+}
+
+type cpuSample struct{ busy, total uint64 }
+
+type metricsState struct {
+	mu   sync.Mutex
+	last cpuSample
+	have bool
+}
+
+func readCPU() (cpuSample, int, error) {
+	f, err := os.Open("/proc/stat")
+	if err != nil {
+		return cpuSample{}, 0, err
+	}
+	defer f.Close()
+	var s cpuSample
+	n := 0
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) == 0 || !strings.HasPrefix(fields[0], "cpu") {
+			continue
+		}
+		if fields[0] != "cpu" {
+			n++
+			continue
+		}
+		for i, v := range fields[1:] {
+			x, _ := strconv.ParseUint(v, 10, 64)
+			if i >= 8 { // guest time is already counted in user/nice
+				break
+			}
+			s.total += x
+			if i != 3 && i != 4 { // idle, iowait
+				s.busy += x
+			}
+		}
+	}
+	return s, n, sc.Err()
+}
+
+// cpuPercent is the CPU use since the previous /metrics call (first call:
+// over a short sampling window).
+func (a *Agent) cpuPercent() (float64, int) {
+	m := &a.metrics
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	cur, n, err := readCPU()
+	if err != nil {
+		return 0, n
+	}
+	if !m.have {
+		time.Sleep(100 * time.Millisecond)
+		m.last, m.have = cur, true
+		if cur, n, err = readCPU(); err != nil {
+			return 0, n
+		}
+	}
+	prev := m.last
+	m.last = cur
+	if cur.total <= prev.total {
+		return 0, n
+	}
+	pct := float64(cur.busy-prev.busy) / float64(cur.total-prev.total) * 100
+	return float64(int(pct*100+0.5)) / 100, n
+}
+
+func readMeminfo() map[string]uint64 {
+	out := map[string]uint64{}
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return out
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			continue
+		}
+		fields := strings.Fields(v)
+		if len(fields) == 0 {
+			continue
+		}
+		x, _ := strconv.ParseUint(fields[0], 10, 64)
+		out[k] = x * 1024 // kB
+	}
+	return out
+}
+
+func (a *Agent) handleMetrics(w http.ResponseWriter, r *http.Request) {
+	pct, n := a.cpuPercent()
+	mem := readMeminfo()
+	m := metrics{Timestamp: time.Now().Unix(), CPUCount: n, CPUUsedPct: pct}
+	m.MemTotal = mem["MemTotal"]
+	if avail, ok := mem["MemAvailable"]; ok && avail <= m.MemTotal {
+		m.MemUsed = m.MemTotal - avail
+	}
+	m.MemCache = mem["Cached"]
+	m.MemTotalMiB = m.MemTotal / 1024 / 1024
+	m.MemUsedMiB = m.MemUsed / 1024 / 1024
+	var st unix.Statfs_t
+	if err := unix.Statfs("/", &st); err == nil {
+		m.DiskTotal = st.Blocks * uint64(st.Bsize)
+		m.DiskUsed = (st.Blocks - st.Bfree) * uint64(st.Bsize)
+	}
+	writeJSON(w, http.StatusOK, m)
+}

@@ -1,0 +1,216 @@
+package agent
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// sysUser is a user from the sandbox's passwd database.
+type sysUser struct {
+	Name   string
+	UID    uint32
+	GID    uint32
+	Home   string
+	Shell  string
+	Groups []uint32 // supplementary groups, including GID
+}
+
+func withUser(ctx context.Context, u *sysUser) context.Context {
+	return context.WithValue(ctx, userKey, u)
+}
+
+// requestUser returns the Basic-auth user or the default user.
+func (a *Agent) requestUser(ctx context.Context) (*sysUser, error) {
+	if u, ok := ctx.Value(userKey).(*sysUser); ok {
+		return u, nil
+	}
+	return a.lookupUser(a.defaultUserName())
+}
+
+func (a *Agent) defaultUserName() string {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	if a.defaultUser != "" {
+		return a.defaultUser
+	}
+	return "user"
+}
+
+// readColonFile reads a passwd/group style file; bounded by the file itself.
+func readColonFile(path string) ([][]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var rows [][]string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		rows = append(rows, strings.Split(line, ":"))
+	}
+	return rows, sc.Err()
+}
+
+func (a *Agent) lookupUser(name string) (*sysUser, error) {
+	rows, err := readColonFile(a.cfg.PasswdPath)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrUserNotFound, name, err)
+	}
+	for _, f := range rows {
+		if len(f) < 7 || f[0] != name {
+			continue
+		}
+		uid, err1 := strconv.ParseUint(f[2], 10, 32)
+		gid, err2 := strconv.ParseUint(f[3], 10, 32)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		u := &sysUser{Name: name, UID: uint32(uid), GID: uint32(gid), Home: f[5], Shell: f[6]}
+		if u.Home == "" {
+			u.Home = "/"
+		}
+		u.Groups = a.supplementaryGroups(name, u.GID)
+		return u, nil
+	}
+	return nil, fmt.Errorf("%w: %s", ErrUserNotFound, name)
+}
+
+func (a *Agent) supplementaryGroups(name string, primary uint32) []uint32 {
+	groups := []uint32{primary}
+	rows, err := readColonFile(a.cfg.GroupPath)
+	if err != nil {
+		return groups
+	}
+	for _, f := range rows {
+		if len(f) < 4 {
+			continue
+		}
+		gid, err := strconv.ParseUint(f[2], 10, 32)
+		if err != nil || uint32(gid) == primary {
+			continue
+		}
+		for _, m := range strings.Split(f[3], ",") {
+			if m == name {
+				groups = append(groups, uint32(gid))
+				break
+			}
+		}
+	}
+	return groups
+}
+
+// idNames maps uids and gids to names for EntryInfo owner/group.
+type idNames struct {
+	users  map[uint32]string
+	groups map[uint32]string
+}
+
+func (a *Agent) loadIDNames() *idNames {
+	n := &idNames{users: map[uint32]string{}, groups: map[uint32]string{}}
+	if rows, err := readColonFile(a.cfg.PasswdPath); err == nil {
+		for _, f := range rows {
+			if len(f) >= 3 {
+				if id, err := strconv.ParseUint(f[2], 10, 32); err == nil {
+					if _, dup := n.users[uint32(id)]; !dup {
+						n.users[uint32(id)] = f[0]
+					}
+				}
+			}
+		}
+	}
+	if rows, err := readColonFile(a.cfg.GroupPath); err == nil {
+		for _, f := range rows {
+			if len(f) >= 3 {
+				if id, err := strconv.ParseUint(f[2], 10, 32); err == nil {
+					if _, dup := n.groups[uint32(id)]; !dup {
+						n.groups[uint32(id)] = f[0]
+					}
+				}
+			}
+		}
+	}
+	return n
+}
+
+func (n *idNames) user(id uint32) string {
+	if s, ok := n.users[id]; ok {
+		return s
+	}
+	return strconv.FormatUint(uint64(id), 10)
+}
+
+func (n *idNames) group(id uint32) string {
+	if s, ok := n.groups[id]; ok {
+		return s
+	}
+	return strconv.FormatUint(uint64(id), 10)
+}
+
+// resolvePath makes p absolute: "~" and relative paths resolve against the
+// user's home. NUL bytes and empty paths are rejected.
+func resolvePath(p string, u *sysUser) (string, error) {
+	if p == "" || strings.IndexByte(p, 0) >= 0 {
+		return "", fmt.Errorf("%w: %q", ErrInvalidPath, p)
+	}
+	switch {
+	case p == "~":
+		p = u.Home
+	case strings.HasPrefix(p, "~/"):
+		p = filepath.Join(u.Home, p[2:])
+	case !filepath.IsAbs(p):
+		p = filepath.Join(u.Home, p)
+	}
+	return filepath.Clean(p), nil
+}
+
+// asUser runs fn with the file-system identity of u. The agent runs as root;
+// file operations must be checked by the kernel as the selected user, so fn
+// runs on a dedicated OS thread whose fsuid/fsgid and supplementary groups are
+// the user's (setfsuid drops CAP_DAC_OVERRIDE and friends for that thread, and
+// files it creates are owned by the user). The thread is never unlocked, so the
+// Go runtime destroys it when the goroutine exits instead of reusing it with
+// the changed identity. Descriptors opened inside fn may be used anywhere.
+// When the agent is not root, or u is root, fn runs directly.
+func asUser(u *sysUser, fn func() error) error {
+	if u.UID == 0 || os.Geteuid() != 0 {
+		return fn()
+	}
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		// No UnlockOSThread: see above.
+		gids := make([]int, len(u.Groups))
+		for i, g := range u.Groups {
+			gids[i] = int(g)
+		}
+		// x/sys/unix issues these as raw per-thread syscalls (unlike package
+		// syscall, which applies set*id to all threads).
+		if err := unix.Setgroups(gids); err != nil {
+			errc <- fmt.Errorf("setgroups: %w", err)
+			return
+		}
+		if err := unix.Setfsgid(int(u.GID)); err != nil {
+			errc <- fmt.Errorf("setfsgid: %w", err)
+			return
+		}
+		if err := unix.Setfsuid(int(u.UID)); err != nil {
+			errc <- fmt.Errorf("setfsuid: %w", err)
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}

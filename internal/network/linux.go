@@ -1,0 +1,649 @@
+//go:build linux
+
+package network
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// Config configures the Linux manager. Zero fields get the defaults below.
+type Config struct {
+	Bridge     string       // default "cubicle0"
+	Pool       netip.Prefix // IPv4, default 10.211.0.0/16; gateway = first host address
+	NetnsDir   string       // default "/run/cubicle/netns"
+	Table      string       // nftables table name (inet and bridge family), default "cubicle"
+	VethPrefix string       // host veth prefix, default "cbv"; name = prefix + 8 hex of sha256(id)
+	// EgressIface, if set, limits masquerading to pool traffic leaving by
+	// that interface; empty masquerades via any interface but the bridge.
+	EgressIface string
+}
+
+func (c *Config) applyDefaults() error {
+	if c.Bridge == "" {
+		c.Bridge = "cubicle0"
+	}
+	if !c.Pool.IsValid() {
+		c.Pool = netip.MustParsePrefix("10.211.0.0/16")
+	}
+	if c.NetnsDir == "" {
+		c.NetnsDir = "/run/cubicle/netns"
+	}
+	if c.Table == "" {
+		c.Table = "cubicle"
+	}
+	if c.VethPrefix == "" {
+		c.VethPrefix = "cbv"
+	}
+	c.Pool = c.Pool.Masked()
+	switch {
+	case !c.Pool.Addr().Is4() || c.Pool.Bits() > 30 || c.Pool.Bits() < 8:
+		return fmt.Errorf("%w: pool %s must be IPv4 /8../30", ErrInvalidConfig, c.Pool)
+	case len(c.Bridge) > 15:
+		return fmt.Errorf("%w: bridge name too long", ErrInvalidConfig)
+	case len(c.VethPrefix)+8 > 15:
+		return fmt.Errorf("%w: veth prefix too long", ErrInvalidConfig)
+	}
+	return nil
+}
+
+// Linux implements Manager with netns + veth + bridge + nftables.
+// Setting it up enables net.ipv4.ip_forward=1 host-wide (required for NAT).
+type Linux struct {
+	cfg     Config
+	gateway netip.Addr
+	bcast   netip.Addr
+
+	mu        sync.Mutex
+	endpoints map[string]Endpoint // includes stale ones (they keep their address)
+	used      map[netip.Addr]string
+}
+
+var _ Manager = (*Linux)(nil)
+
+func idHash(id string) string {
+	h := sha256.Sum256([]byte(id))
+	return hex.EncodeToString(h[:4])
+}
+
+func validID(id string) bool {
+	if id == "" || len(id) > 64 || id[0] == '.' {
+		return false
+	}
+	for _, r := range id {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+// NewLinux ensures the bridge, ip_forward and nftables tables exist and
+// rebuilds its state from endpoints already on the host (restart recovery).
+// The nftables tables are rebuilt atomically, keeping each live endpoint's
+// policy (read back from the previous table).
+func NewLinux(cfg Config) (*Linux, error) {
+	if err := cfg.applyDefaults(); err != nil {
+		return nil, err
+	}
+	l := &Linux{
+		cfg:       cfg,
+		gateway:   cfg.Pool.Addr().Next(),
+		bcast:     lastAddr(cfg.Pool),
+		endpoints: map[string]Endpoint{},
+		used:      map[netip.Addr]string{},
+	}
+	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
+		return nil, fmt.Errorf("network: enable ip_forward: %w", err)
+	}
+	if err := l.checkOverlap(); err != nil {
+		return nil, err
+	}
+	br, err := l.ensureBridge()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.NetnsDir, 0o755); err != nil {
+		return nil, fmt.Errorf("network: netns dir: %w", err)
+	}
+	if err := l.recover(br); err != nil {
+		return nil, err
+	}
+	if err := l.rebuildTables(); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+func lastAddr(p netip.Prefix) netip.Addr {
+	a := p.Addr().As4()
+	host := uint32(1)<<(32-p.Bits()) - 1
+	v := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3]) | host
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+// checkOverlap refuses a pool that overlaps an address on another
+// interface: sandboxes would shadow (or be shadowed by) a real network.
+func (l *Linux) checkOverlap() error {
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return fmt.Errorf("network: list addresses: %w", err)
+	}
+	for _, a := range addrs {
+		lk, err := netlink.LinkByIndex(a.LinkIndex)
+		if err != nil || lk.Attrs().Name == l.cfg.Bridge {
+			continue
+		}
+		ip, ok := netip.AddrFromSlice(a.IP.To4())
+		if !ok {
+			continue
+		}
+		bits, _ := a.Mask.Size()
+		if p := netip.PrefixFrom(ip, bits).Masked(); p.Overlaps(l.cfg.Pool) {
+			return fmt.Errorf("%w: pool %s overlaps %s on %s", ErrInvalidConfig, l.cfg.Pool, p, lk.Attrs().Name)
+		}
+	}
+	return nil
+}
+
+func (l *Linux) ensureBridge() (netlink.Link, error) {
+	br, err := netlink.LinkByName(l.cfg.Bridge)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if !errors.As(err, &nf) {
+			return nil, fmt.Errorf("network: lookup bridge: %w", err)
+		}
+		if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: l.cfg.Bridge}}); err != nil {
+			return nil, fmt.Errorf("network: create bridge: %w", err)
+		}
+		if br, err = netlink.LinkByName(l.cfg.Bridge); err != nil {
+			return nil, fmt.Errorf("network: lookup bridge: %w", err)
+		}
+	}
+	if br.Type() != "bridge" {
+		return nil, fmt.Errorf("%w: %s exists and is not a bridge", ErrInvalidConfig, l.cfg.Bridge)
+	}
+	// A bridge without an explicitly set MAC takes the lowest port MAC and
+	// changes it as veths come and go, which leaves sandboxes' ARP entries
+	// for the gateway pointing at a dead MAC. Pin a stable one derived
+	// from the bridge name (locally administered, unicast).
+	h := sha256.Sum256([]byte("cubicle-bridge:" + l.cfg.Bridge))
+	mac := net.HardwareAddr{0x02, h[0], h[1], h[2], h[3], h[4]}
+	if br.Attrs().HardwareAddr.String() != mac.String() {
+		if err := netlink.LinkSetHardwareAddr(br, mac); err != nil {
+			return nil, fmt.Errorf("network: bridge mac: %w", err)
+		}
+	}
+	gw := &netlink.Addr{IPNet: &net.IPNet{IP: l.gateway.AsSlice(), Mask: net.CIDRMask(l.cfg.Pool.Bits(), 32)}}
+	if err := netlink.AddrReplace(br, gw); err != nil {
+		return nil, fmt.Errorf("network: bridge address: %w", err)
+	}
+	if err := netlink.LinkSetUp(br); err != nil {
+		return nil, fmt.Errorf("network: bridge up: %w", err)
+	}
+	return br, nil
+}
+
+// recover scans NetnsDir and the host's veths. Healthy endpoints and stale
+// ones (kept so their address is not reused until Teardown) go into the
+// maps; host veths with our prefix on our bridge that no netns file claims
+// are deleted (their sandbox is gone; deleting the host end frees the pair).
+func (l *Linux) recover(br netlink.Link) error {
+	entries, err := os.ReadDir(l.cfg.NetnsDir)
+	if err != nil {
+		return fmt.Errorf("network: read netns dir: %w", err)
+	}
+	claimed := map[string]bool{}
+	for _, e := range entries {
+		id := e.Name()
+		if !e.Type().IsRegular() || !validID(id) {
+			continue
+		}
+		ep := l.inspect(id, br.Attrs().Index)
+		claimed[ep.HostVeth] = true
+		if ep.Addr.IsValid() {
+			if other, dup := l.used[ep.Addr]; dup {
+				// Two netns claim one address: keep neither usable.
+				ep.Stale = true
+				o := l.endpoints[other]
+				o.Stale = true
+				l.endpoints[other] = o
+			} else {
+				l.used[ep.Addr] = id
+			}
+		}
+		l.endpoints[id] = ep
+	}
+	links, err := netlink.LinkList()
+	if err != nil {
+		return fmt.Errorf("network: list links: %w", err)
+	}
+	for _, lk := range links {
+		a := lk.Attrs()
+		if lk.Type() == "veth" && a.MasterIndex == br.Attrs().Index &&
+			strings.HasPrefix(a.Name, l.cfg.VethPrefix) && !claimed[a.Name] {
+			_ = netlink.LinkDel(lk)
+		}
+	}
+	return nil
+}
+
+// inspect builds the endpoint for a netns file, marking it stale when any
+// part of the wiring is missing.
+func (l *Linux) inspect(id string, brIndex int) Endpoint {
+	ep := l.endpointFor(id)
+	ep.Stale = true
+	if !isNetnsMount(ep.NetNSPath) {
+		return ep
+	}
+	if ns, err := netns.GetFromPath(ep.NetNSPath); err == nil {
+		if h, err := netlink.NewHandleAt(ns); err == nil {
+			if eth, err := h.LinkByName("eth0"); err == nil {
+				addrs, _ := h.AddrList(eth, netlink.FAMILY_V4)
+				for _, a := range addrs {
+					if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok && l.cfg.Pool.Contains(ip) && l.assignable(ip) {
+						ep.Addr = ip
+						break
+					}
+				}
+			}
+			h.Close()
+		}
+		ns.Close()
+	}
+	hv, err := netlink.LinkByName(ep.HostVeth)
+	if err == nil && hv.Attrs().MasterIndex == brIndex && ep.Addr.IsValid() {
+		ep.Stale = false
+	}
+	return ep
+}
+
+func (l *Linux) assignable(a netip.Addr) bool {
+	return a != l.cfg.Pool.Addr() && a != l.gateway && a != l.bcast
+}
+
+func (l *Linux) endpointFor(id string) Endpoint {
+	return Endpoint{
+		ID:        id,
+		NetNSPath: filepath.Join(l.cfg.NetnsDir, id),
+		Gateway:   l.gateway,
+		HostVeth:  l.cfg.VethPrefix + idHash(id),
+	}
+}
+
+// rebuildTables replaces our tables in one transaction with base rules plus
+// every healthy endpoint, keeping policies stored in the old table (deny-all
+// for an endpoint whose policy cannot be read back).
+func (l *Linux) rebuildTables() error {
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("network: nftables: %w", err)
+	}
+	t := l.tables()
+	policies := map[string]Policy{}
+	if tableExists(c, l.cfg.Table, nftables.TableFamilyINet) {
+		policies = storedPolicies(c, t.inet)
+		c.DelTable(t.inet)
+	}
+	if tableExists(c, l.cfg.Table, nftables.TableFamilyBridge) {
+		c.DelTable(t.bridge)
+	}
+	if err := l.addBase(c, t); err != nil {
+		return fmt.Errorf("network: nftables base: %w", err)
+	}
+	for _, ep := range l.endpoints {
+		if ep.Stale {
+			continue
+		}
+		p := policies[sandboxChainName(ep.ID)]
+		allow, deny, _ := parsePolicy(p)
+		if err := l.addEndpoint(c, t, ep, p, allow, deny); err != nil {
+			return fmt.Errorf("network: nftables endpoint %s: %w", ep.ID, err)
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("network: nftables apply: %w", err)
+	}
+	return nil
+}
+
+// parsePolicy validates p and returns its IPv4 prefixes. IPv6 entries are
+// valid but have no effect: sandboxes have no IPv6 connectivity at all.
+func parsePolicy(p Policy) (allow, deny []netip.Prefix, err error) {
+	if err := ValidatePolicy(p); err != nil {
+		return nil, nil, err
+	}
+	conv := func(in []string) []netip.Prefix {
+		var out []netip.Prefix
+		for _, s := range in {
+			pr, _ := ParsePrefix(s)
+			if pr.Addr().Is4In6() {
+				pr = netip.PrefixFrom(pr.Addr().Unmap(), pr.Bits()-96)
+			}
+			if pr.Addr().Is4() {
+				out = append(out, pr)
+			}
+		}
+		return out
+	}
+	return conv(p.AllowOut), conv(p.DenyOut), nil
+}
+
+func (l *Linux) allocate(id string) (netip.Addr, error) {
+	for a := l.gateway.Next(); a.IsValid() && a != l.bcast && l.cfg.Pool.Contains(a); a = a.Next() {
+		if _, taken := l.used[a]; !taken {
+			l.used[a] = id
+			return a, nil
+		}
+	}
+	return netip.Addr{}, ErrPoolExhausted
+}
+
+// Setup implements Manager. Calls are serialised by the manager.
+func (l *Linux) Setup(ctx context.Context, id string, p Policy) (ep Endpoint, err error) {
+	if !validID(id) {
+		return Endpoint{}, ErrInvalidID
+	}
+	allow, deny, err := parsePolicy(p)
+	if err != nil {
+		return Endpoint{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return Endpoint{}, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.endpoints[id]; ok {
+		return Endpoint{}, ErrExists
+	}
+	ep = l.endpointFor(id)
+	if _, err := netlink.LinkByName(ep.HostVeth); err == nil {
+		return Endpoint{}, fmt.Errorf("%w: host veth %s already present", ErrExists, ep.HostVeth)
+	}
+	if ep.Addr, err = l.allocate(id); err != nil {
+		return Endpoint{}, err
+	}
+	defer func() {
+		if err != nil {
+			if !errors.Is(err, ErrExists) { // never remove a netns file we did not create
+				_ = l.cleanup(ep, false)
+			}
+			delete(l.used, ep.Addr)
+		}
+	}()
+	if err = createNetns(ep.NetNSPath); err != nil {
+		return ep, err
+	}
+	if err = l.wire(ep); err != nil {
+		return ep, err
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return ep, fmt.Errorf("network: nftables: %w", err)
+	}
+	if err = l.addEndpoint(c, l.tables(), ep, p, allow, deny); err == nil {
+		err = c.Flush()
+	}
+	if err != nil {
+		return ep, fmt.Errorf("network: nftables endpoint: %w", err)
+	}
+	l.endpoints[id] = ep
+	return ep, nil
+}
+
+// wire creates the veth pair, attaches and configures both ends.
+func (l *Linux) wire(ep Endpoint) error {
+	br, err := netlink.LinkByName(l.cfg.Bridge)
+	if err != nil {
+		return fmt.Errorf("network: lookup bridge: %w", err)
+	}
+	ns, err := netns.GetFromPath(ep.NetNSPath)
+	if err != nil {
+		return fmt.Errorf("network: open netns: %w", err)
+	}
+	defer ns.Close()
+	// The peer is created directly inside the netns as eth0, so it never
+	// needs a unique temporary name on the host.
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: ep.HostVeth, MTU: br.Attrs().MTU},
+		PeerName:      "eth0",
+		PeerNamespace: netlink.NsFd(int(ns)),
+	}
+	if err := netlink.LinkAdd(veth); err != nil {
+		return fmt.Errorf("network: create veth: %w", err)
+	}
+	host, err := netlink.LinkByName(ep.HostVeth)
+	if err != nil {
+		return fmt.Errorf("network: lookup veth: %w", err)
+	}
+	if err := netlink.LinkSetMaster(host, br); err != nil {
+		return fmt.Errorf("network: attach veth: %w", err)
+	}
+	// Isolated bridge ports cannot exchange frames with each other, only
+	// with the bridge itself (the gateway): sandbox<->sandbox isolation.
+	if err := netlink.LinkSetIsolated(host, true); err != nil {
+		return fmt.Errorf("network: isolate veth: %w", err)
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		return fmt.Errorf("network: veth up: %w", err)
+	}
+
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return fmt.Errorf("network: netlink in netns: %w", err)
+	}
+	defer h.Close()
+	lo, err := h.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("network: lookup lo: %w", err)
+	}
+	if err := h.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("network: lo up: %w", err)
+	}
+	eth, err := h.LinkByName("eth0")
+	if err != nil {
+		return fmt.Errorf("network: lookup eth0: %w", err)
+	}
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: ep.Addr.AsSlice(), Mask: net.CIDRMask(l.cfg.Pool.Bits(), 32)}}
+	if err := h.AddrAdd(eth, addr); err != nil {
+		return fmt.Errorf("network: eth0 address: %w", err)
+	}
+	if err := h.LinkSetUp(eth); err != nil {
+		return fmt.Errorf("network: eth0 up: %w", err)
+	}
+	if err := h.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: ep.Gateway.AsSlice()}); err != nil {
+		return fmt.Errorf("network: default route: %w", err)
+	}
+	return nil
+}
+
+// cleanup removes whatever exists of ep; withNft also removes its rules.
+func (l *Linux) cleanup(ep Endpoint, withNft bool) error {
+	var errs []error
+	if withNft {
+		if err := l.removeNft(ep); err != nil {
+			errs = append(errs, fmt.Errorf("network: nftables remove: %w", err))
+		}
+	}
+	if lk, err := netlink.LinkByName(ep.HostVeth); err == nil {
+		if err := netlink.LinkDel(lk); err != nil {
+			errs = append(errs, fmt.Errorf("network: delete veth: %w", err))
+		}
+	}
+	if err := deleteNetns(ep.NetNSPath); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// removeNft deletes ep's nftables state in one transaction. If that fails
+// (part of it is already gone, e.g. another manager instance removed it)
+// each object is removed on its own and "does not exist" is ignored.
+func (l *Linux) removeNft(ep Endpoint) error {
+	t := l.tables()
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	if err = l.delEndpoint(c, t, ep); err == nil {
+		err = c.Flush()
+	}
+	if err == nil {
+		return nil
+	}
+	steps := []func(c *nftables.Conn) error{
+		func(c *nftables.Conn) error {
+			return c.SetDeleteElements(t.sbx, []nftables.SetElement{{Key: ep.Addr.AsSlice()}})
+		},
+		func(c *nftables.Conn) error {
+			return c.SetDeleteElements(t.ports, []nftables.SetElement{{Key: ifname(ep.HostVeth)}})
+		},
+		func(c *nftables.Conn) error {
+			ch := &nftables.Chain{Name: sandboxChainName(ep.ID), Table: t.inet}
+			c.FlushChain(ch)
+			c.DelChain(ch)
+			return nil
+		},
+		func(c *nftables.Conn) error {
+			ch := &nftables.Chain{Name: portChainName(ep.ID), Table: t.bridge}
+			c.FlushChain(ch)
+			c.DelChain(ch)
+			return nil
+		},
+	}
+	var errs []error
+	for _, step := range steps {
+		if err := step(c); err == nil {
+			err = c.Flush()
+			if err != nil && !errors.Is(err, unix.ENOENT) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Teardown implements Manager.
+func (l *Linux) Teardown(ctx context.Context, id string) error {
+	if !validID(id) {
+		return ErrInvalidID
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ep, known := l.endpoints[id]
+	if !known {
+		// Nothing recorded, but remove leftovers with our deterministic names.
+		return l.cleanup(l.endpointFor(id), false)
+	}
+	if err := l.cleanup(ep, !ep.Stale); err != nil {
+		return err
+	}
+	delete(l.endpoints, id)
+	if ep.Addr.IsValid() && l.used[ep.Addr] == id {
+		delete(l.used, ep.Addr)
+	}
+	return nil
+}
+
+// UpdatePolicy implements Manager; the sandbox chain is flushed and
+// refilled in one nftables transaction, so no packet sees a partial policy.
+func (l *Linux) UpdatePolicy(ctx context.Context, id string, p Policy) error {
+	allow, deny, err := parsePolicy(p)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ep, ok := l.endpoints[id]
+	if !ok || ep.Stale {
+		return ErrNotFound
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("network: nftables: %w", err)
+	}
+	t := l.tables()
+	ch := &nftables.Chain{Name: sandboxChainName(id), Table: t.inet}
+	c.FlushChain(ch)
+	l.addPolicyRules(c, t, ch, p, allow, deny)
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("network: nftables update: %w", err)
+	}
+	return nil
+}
+
+// Get implements Manager.
+func (l *Linux) Get(ctx context.Context, id string) (Endpoint, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ep, ok := l.endpoints[id]
+	if !ok {
+		return Endpoint{}, ErrNotFound
+	}
+	return ep, nil
+}
+
+// List implements Manager; stale endpoints are included with Stale set.
+func (l *Linux) List(ctx context.Context) ([]Endpoint, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]Endpoint, 0, len(l.endpoints))
+	for _, ep := range l.endpoints {
+		out = append(out, ep)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+// Destroy tears down every endpoint, then deletes our nftables tables and
+// the bridge. For tests and uninstall; `cubicle serve` should not call it
+// on shutdown (endpoints must survive restarts).
+func (l *Linux) Destroy(ctx context.Context) error {
+	l.mu.Lock()
+	ids := make([]string, 0, len(l.endpoints))
+	for id := range l.endpoints {
+		ids = append(ids, id)
+	}
+	l.mu.Unlock()
+	var errs []error
+	for _, id := range ids {
+		if err := l.Teardown(ctx, id); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if c, err := nftables.New(); err == nil {
+		for _, fam := range []nftables.TableFamily{nftables.TableFamilyINet, nftables.TableFamilyBridge} {
+			if tableExists(c, l.cfg.Table, fam) {
+				c.DelTable(&nftables.Table{Family: fam, Name: l.cfg.Table})
+			}
+		}
+		if err := c.Flush(); err != nil {
+			errs = append(errs, fmt.Errorf("network: delete tables: %w", err))
+		}
+	} else {
+		errs = append(errs, err)
+	}
+	if br, err := netlink.LinkByName(l.cfg.Bridge); err == nil {
+		if err := netlink.LinkDel(br); err != nil {
+			errs = append(errs, fmt.Errorf("network: delete bridge: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}

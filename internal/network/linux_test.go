@@ -1,0 +1,770 @@
+//go:build linux
+
+package network
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// All test traffic stays on this machine: sandbox netns, a fake "external"
+// netns in the benchmarking range 198.18.0.0/15, and loopback/bridge.
+
+var testSeq atomic.Int32
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (netns, veth, nftables)")
+	}
+}
+
+// testConfig returns a config that cannot collide with a running
+// `cubicle serve`: own bridge, table, veth prefix, netns dir and pool.
+func testConfig(t *testing.T, poolBits int) Config {
+	t.Helper()
+	n := int(testSeq.Add(1))
+	third := (os.Getpid()*7 + n*13) % 250
+	return Config{
+		Bridge:     "cbt" + randHex(4),
+		Pool:       netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 250, byte(third), 0}), poolBits),
+		NetnsDir:   filepath.Join(t.TempDir(), "netns"),
+		Table:      fmt.Sprintf("cubicle_test_%d_%d", os.Getpid(), n),
+		VethPrefix: "cbx",
+	}
+}
+
+func newTestManager(t *testing.T, cfg Config) *Linux {
+	t.Helper()
+	requireRoot(t)
+	l, err := NewLinux(cfg)
+	if err != nil {
+		t.Fatalf("NewLinux: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := l.Destroy(context.Background()); err != nil {
+			t.Errorf("Destroy: %v", err)
+		}
+		if _, err := netlink.LinkByName(cfg.Bridge); err == nil {
+			t.Errorf("bridge %s left behind", cfg.Bridge)
+		}
+		c, _ := nftables.New()
+		for _, fam := range []nftables.TableFamily{nftables.TableFamilyINet, nftables.TableFamilyBridge} {
+			if tableExists(c, cfg.Table, fam) {
+				t.Errorf("table %s family %v left behind", cfg.Table, fam)
+			}
+		}
+	})
+	return l
+}
+
+// extHost is a fake external host: its own netns reached from the host
+// netns over a dedicated veth in 198.18.x.0/30 (never publicly routed).
+type extHost struct {
+	path   string
+	link   string     // host side interface
+	hostIP netip.Addr // host side of the link (masquerade source)
+	ip     netip.Addr // the external host
+}
+
+func newExtHost(t *testing.T) *extHost {
+	t.Helper()
+	n := byte(testSeq.Add(1))
+	e := &extHost{
+		path:   filepath.Join(t.TempDir(), "ext"),
+		hostIP: netip.AddrFrom4([4]byte{198, 18, n, 1}),
+		ip:     netip.AddrFrom4([4]byte{198, 18, n, 2}),
+	}
+	name := "cbe" + randHex(4)
+	e.link = name
+	if err := createNetns(e.path); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if lk, err := netlink.LinkByName(name); err == nil {
+			_ = netlink.LinkDel(lk)
+		}
+		if err := deleteNetns(e.path); err != nil {
+			t.Error(err)
+		}
+	})
+	ns, err := netns.GetFromPath(e.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(ns))}); err != nil {
+		t.Fatal(err)
+	}
+	host, err := netlink.LinkByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mask := net.CIDRMask(30, 32)
+	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: &net.IPNet{IP: e.hostIP.AsSlice(), Mask: mask}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		t.Fatal(err)
+	}
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	eth, err := h.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.AddrAdd(eth, &netlink.Addr{IPNet: &net.IPNet{IP: e.ip.AsSlice(), Mask: mask}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.LinkSetUp(eth); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// listen starts a TCP server in the netns at nsPath ("" = host) that writes
+// the client's address and closes. Returns "ip:port".
+func listen(t *testing.T, nsPath string, ip netip.Addr) string {
+	t.Helper()
+	var ln net.Listener
+	open := func() (err error) {
+		ln, err = net.Listen("tcp", netip.AddrPortFrom(ip, 0).String())
+		return err
+	}
+	var err error
+	if nsPath == "" {
+		err = open()
+	} else {
+		err = RunInNetns(nsPath, open)
+	}
+	if err != nil {
+		t.Fatalf("listen %s in %q: %v", ip, nsPath, err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			fmt.Fprintf(c, "%s\n", c.RemoteAddr())
+			c.Close()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// dial connects from nsPath ("" = host) to target, optionally from a given
+// local address, and returns the remote-address line the server sent.
+func dial(nsPath, target string, local netip.Addr) (string, error) {
+	var line string
+	do := func() error {
+		d := net.Dialer{Timeout: 1 * time.Second}
+		if local.IsValid() {
+			d.LocalAddr = &net.TCPAddr{IP: local.AsSlice()}
+		}
+		c, err := d.Dial("tcp", target)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		line, err = bufio.NewReader(c).ReadString('\n')
+		return err
+	}
+	var err error
+	if nsPath == "" {
+		err = do()
+	} else {
+		err = RunInNetns(nsPath, do)
+	}
+	return strings.TrimSpace(line), err
+}
+
+func mustConnect(t *testing.T, what, nsPath, target string) string {
+	t.Helper()
+	line, err := dial(nsPath, target, netip.Addr{})
+	if err != nil {
+		t.Fatalf("%s: expected connection to %s, got %v", what, target, err)
+	}
+	return line
+}
+
+func mustFail(t *testing.T, what, nsPath, target string) {
+	t.Helper()
+	if line, err := dial(nsPath, target, netip.Addr{}); err == nil {
+		t.Fatalf("%s: connection to %s unexpectedly succeeded (server saw %s)", what, target, line)
+	}
+}
+
+func setup(t *testing.T, l *Linux, id string, p Policy) Endpoint {
+	t.Helper()
+	ep, err := l.Setup(context.Background(), id, p)
+	if err != nil {
+		t.Fatalf("Setup %s: %v", id, err)
+	}
+	return ep
+}
+
+func TestRunInNetnsRestoresThread(t *testing.T) {
+	requireRoot(t)
+	before, err := netns.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer before.Close()
+	p := filepath.Join(t.TempDir(), "ns")
+	if err := createNetns(p); err != nil {
+		t.Fatal(err)
+	}
+	defer deleteNetns(p)
+	var inside string
+	if err := RunInNetns(p, func() error {
+		cur, err := netns.Get()
+		if err != nil {
+			return err
+		}
+		defer cur.Close()
+		inside = cur.UniqueId()
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if inside == before.UniqueId() {
+		t.Fatal("fn did not run in the target netns")
+	}
+	for i := 0; i < 20; i++ { // threads are reused; all must be in the host netns
+		cur, _ := netns.Get()
+		if !cur.Equal(before) {
+			t.Fatal("a thread was left in another netns")
+		}
+		cur.Close()
+	}
+	sentinel := errors.New("x")
+	if err := RunInNetns(p, func() error { return sentinel }); !errors.Is(err, sentinel) {
+		t.Fatalf("fn error not returned: %v", err)
+	}
+}
+
+func TestConnectivityAndIsolation(t *testing.T) {
+	cfg := testConfig(t, 24)
+	l := newTestManager(t, cfg)
+	ext := newExtHost(t)
+	a := setup(t, l, "sbxa"+randHex(4), Policy{AllowInternet: true})
+	b := setup(t, l, "sbxb"+randHex(4), Policy{AllowInternet: true})
+	if a.Addr == b.Addr || !cfg.Pool.Contains(a.Addr) || a.Gateway != cfg.Pool.Addr().Next() {
+		t.Fatalf("bad addresses: a=%v b=%v gw=%v", a.Addr, b.Addr, a.Gateway)
+	}
+	aSrv := listen(t, a.NetNSPath, a.Addr)
+	bSrv := listen(t, b.NetNSPath, b.Addr)
+	hostSrv := listen(t, "", a.Gateway)
+	extSrv := listen(t, ext.path, ext.ip)
+
+	if got := mustConnect(t, "host->A", "", aSrv); !strings.HasPrefix(got, a.Gateway.String()+":") {
+		t.Fatalf("host->A source %s, want gateway", got)
+	}
+	mustConnect(t, "host->B", "", bSrv)
+	mustFail(t, "A->B", a.NetNSPath, bSrv)
+	mustFail(t, "B->A", b.NetNSPath, aSrv)
+	mustFail(t, "A->host service on gateway", a.NetNSPath, hostSrv)
+	// Host addresses on other interfaces are host services too.
+	mustFail(t, "A->host service on other iface", a.NetNSPath, listen(t, "", ext.hostIP))
+	if got := mustConnect(t, "A->external", a.NetNSPath, extSrv); !strings.HasPrefix(got, ext.hostIP.String()+":") {
+		t.Fatalf("external saw %s, want masqueraded %s", got, ext.hostIP)
+	}
+
+	// Anti-spoofing: a second address inside A (another pool address)
+	// must not get out, neither to the external host nor to B.
+	spoof := b.Addr.Next()
+	ns, _ := netns.GetFromPath(a.NetNSPath)
+	h, _ := netlink.NewHandleAt(ns)
+	eth, _ := h.LinkByName("eth0")
+	if err := h.AddrAdd(eth, &netlink.Addr{IPNet: &net.IPNet{IP: spoof.AsSlice(), Mask: net.CIDRMask(32, 32)}}); err != nil {
+		t.Fatal(err)
+	}
+	h.Close()
+	ns.Close()
+	if line, err := dial(a.NetNSPath, extSrv, spoof); err == nil {
+		t.Fatalf("spoofed source reached external host (saw %s)", line)
+	}
+	if _, err := dial(a.NetNSPath, extSrv, a.Addr); err != nil {
+		t.Fatalf("real source from A stopped working: %v", err)
+	}
+}
+
+func TestEgressPolicy(t *testing.T) {
+	cfg := testConfig(t, 24)
+	l := newTestManager(t, cfg)
+	ctx := context.Background()
+	ext := newExtHost(t)
+	extSrv := listen(t, ext.path, ext.ip)
+	c := setup(t, l, "sbxc"+randHex(4), Policy{AllowInternet: false})
+	mustFail(t, "no internet", c.NetNSPath, extSrv)
+
+	steps := []struct {
+		name string
+		p    Policy
+		ok   bool
+	}{
+		{"allowOut /32 without internet", Policy{AllowOut: []string{ext.ip.String()}}, true},
+		{"internet with denyOut", Policy{AllowInternet: true, DenyOut: []string{ext.ip.String()}}, false},
+		{"internet", Policy{AllowInternet: true}, true},
+		{"allow wins over deny", Policy{AllowInternet: true, DenyOut: []string{"198.18.0.0/15"}, AllowOut: []string{ext.ip.String() + "/32"}}, true},
+		{"deny cidr", Policy{AllowInternet: true, DenyOut: []string{"198.18.0.0/15"}}, false},
+		{"allowOut other host only", Policy{AllowOut: []string{"198.19.255.254"}}, false},
+	}
+	for _, s := range steps {
+		if err := l.UpdatePolicy(ctx, c.ID, s.p); err != nil {
+			t.Fatalf("%s: UpdatePolicy: %v", s.name, err)
+		}
+		if s.ok {
+			mustConnect(t, s.name, c.NetNSPath, extSrv)
+		} else {
+			mustFail(t, s.name, c.NetNSPath, extSrv)
+		}
+	}
+	// AllowOut must never open other sandboxes or the host.
+	d := setup(t, l, "sbxd"+randHex(4), Policy{AllowInternet: true})
+	dSrv := listen(t, d.NetNSPath, d.Addr)
+	hostSrv := listen(t, "", c.Gateway)
+	if err := l.UpdatePolicy(ctx, c.ID, Policy{AllowInternet: true, AllowOut: []string{cfg.Pool.String()}}); err != nil {
+		t.Fatal(err)
+	}
+	mustFail(t, "allowOut pool -> other sandbox", c.NetNSPath, dSrv)
+	mustFail(t, "allowOut pool -> host", c.NetNSPath, hostSrv)
+
+	if err := l.UpdatePolicy(ctx, "nosuchsandbox", Policy{}); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("UpdatePolicy unknown: %v", err)
+	}
+}
+
+func TestInvalidInput(t *testing.T) {
+	l := newTestManager(t, testConfig(t, 24))
+	ctx := context.Background()
+	if _, err := l.Setup(ctx, "sbxbad", Policy{AllowOut: []string{"not-an-ip"}}); !errors.Is(err, ErrInvalidPolicy) {
+		t.Fatalf("Setup invalid policy: %v", err)
+	}
+	if _, err := l.Setup(ctx, "sbxbad", Policy{DenyOut: []string{"10.0.0.0/33"}}); !errors.Is(err, ErrInvalidPolicy) {
+		t.Fatalf("Setup invalid deny: %v", err)
+	}
+	if _, err := l.Get(ctx, "sbxbad"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("failed Setup left an endpoint: %v", err)
+	}
+	for _, id := range []string{"", "../x", "a/b", ".hidden"} {
+		if _, err := l.Setup(ctx, id, Policy{}); !errors.Is(err, ErrInvalidID) {
+			t.Fatalf("Setup id %q: %v", id, err)
+		}
+	}
+	ep := setup(t, l, "sbxok", Policy{})
+	if err := l.UpdatePolicy(ctx, ep.ID, Policy{AllowOut: []string{"1.2.3"}}); !errors.Is(err, ErrInvalidPolicy) {
+		t.Fatalf("UpdatePolicy invalid: %v", err)
+	}
+	if _, err := l.Setup(ctx, ep.ID, Policy{}); !errors.Is(err, ErrExists) {
+		t.Fatalf("duplicate Setup: %v", err)
+	}
+	if _, err := NewLinux(Config{Pool: netip.MustParsePrefix("fd00::/64")}); !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("IPv6 pool: %v", err)
+	}
+}
+
+func TestPoolExhaustion(t *testing.T) {
+	cfg := testConfig(t, 29) // .0 network, .1 gateway, .7 broadcast: 5 usable
+	l := newTestManager(t, cfg)
+	ctx := context.Background()
+	var eps []Endpoint
+	for i := 0; i < 5; i++ {
+		eps = append(eps, setup(t, l, fmt.Sprintf("sbxpool%d", i), Policy{}))
+	}
+	for i, ep := range eps {
+		want := cfg.Pool.Addr().Next().Next()
+		for j := 0; j < i; j++ {
+			want = want.Next()
+		}
+		if ep.Addr != want {
+			t.Fatalf("endpoint %d got %v, want lowest free %v", i, ep.Addr, want)
+		}
+	}
+	if _, err := l.Setup(ctx, "sbxpool5", Policy{}); !errors.Is(err, ErrPoolExhausted) {
+		t.Fatalf("6th Setup: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(cfg.NetnsDir, "sbxpool5")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("failed Setup left a netns file: %v", err)
+	}
+	// Freeing the middle one hands that address out again.
+	if err := l.Teardown(ctx, eps[2].ID); err != nil {
+		t.Fatal(err)
+	}
+	if ep := setup(t, l, "sbxpool5", Policy{}); ep.Addr != eps[2].Addr {
+		t.Fatalf("reused %v, want %v", ep.Addr, eps[2].Addr)
+	}
+}
+
+// assertClean checks that no endpoint state is left on the host.
+func assertClean(t *testing.T, l *Linux) {
+	t.Helper()
+	links, err := netlink.LinkList()
+	if err != nil {
+		t.Fatal(err)
+	}
+	br, err := netlink.LinkByName(l.cfg.Bridge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, lk := range links {
+		if strings.HasPrefix(lk.Attrs().Name, l.cfg.VethPrefix) || lk.Attrs().MasterIndex == br.Attrs().Index {
+			t.Errorf("leaked link %s", lk.Attrs().Name)
+		}
+	}
+	if ents, _ := os.ReadDir(l.cfg.NetnsDir); len(ents) != 0 {
+		t.Errorf("leaked netns files: %d", len(ents))
+	}
+	if len(l.used) != 0 || len(l.endpoints) != 0 {
+		t.Errorf("leaked allocations: %v %v", l.used, l.endpoints)
+	}
+	c, err := nftables.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb := l.tables()
+	for _, fam := range []nftables.TableFamily{nftables.TableFamilyINet, nftables.TableFamilyBridge} {
+		chains, err := c.ListChainsOfTableFamily(fam)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ch := range chains {
+			if ch.Table.Name == l.cfg.Table && ch.Hooknum == nil {
+				t.Errorf("leaked nft chain %s", ch.Name)
+			}
+		}
+	}
+	for _, s := range []*nftables.Set{tb.sbx, tb.ports} {
+		els, err := c.GetSetElements(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(els) != 0 {
+			t.Errorf("leaked %d elements in map %s", len(els), s.Name)
+		}
+	}
+}
+
+func TestTeardownCleanAndIdempotent(t *testing.T) {
+	l := newTestManager(t, testConfig(t, 24))
+	ctx := context.Background()
+	ep := setup(t, l, "sbxtd", Policy{AllowInternet: true, AllowOut: []string{"198.18.0.1"}, DenyOut: []string{"198.18.0.0/16"}})
+	if _, err := l.Get(ctx, ep.ID); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		if err := l.Teardown(ctx, ep.ID); err != nil {
+			t.Fatalf("Teardown #%d: %v", i, err)
+		}
+	}
+	if err := l.Teardown(ctx, "neverexisted"); err != nil {
+		t.Fatalf("Teardown unknown: %v", err)
+	}
+	if _, err := l.Get(ctx, ep.ID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Get after Teardown: %v", err)
+	}
+	assertClean(t, l)
+}
+
+func TestSetupTeardownLoop(t *testing.T) {
+	l := newTestManager(t, testConfig(t, 24))
+	ctx := context.Background()
+	for i := 0; i < 50; i++ {
+		a := setup(t, l, fmt.Sprintf("sbxloopa%d", i), Policy{AllowInternet: i%2 == 0, DenyOut: []string{"198.18.0.0/15"}})
+		b := setup(t, l, fmt.Sprintf("sbxloopb%d", i), Policy{AllowOut: []string{"198.18.1.1"}})
+		if err := l.UpdatePolicy(ctx, a.ID, Policy{AllowInternet: true}); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Teardown(ctx, a.ID); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Teardown(ctx, b.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	assertClean(t, l)
+}
+
+func TestRestartRecovery(t *testing.T) {
+	cfg := testConfig(t, 24)
+	ctx := context.Background()
+	l1 := newTestManager(t, cfg)
+	ext := newExtHost(t)
+	extSrv := listen(t, ext.path, ext.ip)
+	a := setup(t, l1, "sbxreca", Policy{AllowInternet: false})
+	b := setup(t, l1, "sbxrecb", Policy{AllowInternet: true})
+	c := setup(t, l1, "sbxrecc", Policy{})
+	if err := l1.Teardown(ctx, c.ID); err != nil { // leaves a hole below b
+		t.Fatal(err)
+	}
+	// A stale endpoint: netns file without veth.
+	stalePath := filepath.Join(cfg.NetnsDir, "sbxstale")
+	if err := createNetns(stalePath); err != nil {
+		t.Fatal(err)
+	}
+	// An orphan host veth on our bridge with no netns file.
+	orphan := cfg.VethPrefix + "deadbeef"
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: orphan, MasterIndex: mustLink(t, cfg.Bridge).Attrs().Index}, PeerName: "cbo" + randHex(4)}); err != nil {
+		t.Fatal(err)
+	}
+
+	l2, err := NewLinux(cfg) // same config, as after `cubicle serve` restart
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := l2.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]Endpoint{}
+	for _, ep := range list {
+		got[ep.ID] = ep
+	}
+	if len(got) != 3 || got[a.ID] != a || got[b.ID] != b {
+		t.Fatalf("recovered %+v, want a=%+v b=%+v + stale", list, a, b)
+	}
+	if st := got["sbxstale"]; !st.Stale || st.Addr.IsValid() {
+		t.Fatalf("stale endpoint reported as %+v", st)
+	}
+	if _, err := netlink.LinkByName(orphan); err == nil {
+		t.Fatal("orphan veth not removed")
+	}
+	// Policies survive the rebuild.
+	mustFail(t, "A still denied after restart", a.NetNSPath, extSrv)
+	mustConnect(t, "B still allowed after restart", b.NetNSPath, extSrv)
+	// New allocation does not collide: it takes the freed hole.
+	d := setup(t, l2, "sbxrecd", Policy{})
+	if d.Addr == a.Addr || d.Addr == b.Addr || d.Addr != c.Addr {
+		t.Fatalf("new address %v (a=%v b=%v hole=%v)", d.Addr, a.Addr, b.Addr, c.Addr)
+	}
+	if err := l2.Teardown(ctx, "sbxstale"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(stalePath); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("stale netns file still there: %v", err)
+	}
+	// l2 now owns everything; l1's cleanup Destroy then finds nothing of its own
+	// endpoints beyond what it recorded, which Teardown handles idempotently.
+	for _, id := range []string{a.ID, b.ID, d.ID} {
+		if err := l2.Teardown(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	assertClean(t, l2)
+}
+
+func mustLink(t *testing.T, name string) netlink.Link {
+	t.Helper()
+	lk, err := netlink.LinkByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lk
+}
+
+// tcpInSegs reads the TCP InSegs counter of the netns at path.
+func tcpInSegs(t *testing.T, path string) int64 {
+	t.Helper()
+	var v int64 = -1
+	err := RunInNetns(path, func() error {
+		// thread-self: /proc/self/net would show the main thread's netns.
+		b, err := os.ReadFile("/proc/thread-self/net/snmp")
+		if err != nil {
+			return err
+		}
+		var hdr []string
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			if len(f) == 0 || f[0] != "Tcp:" {
+				continue
+			}
+			if hdr == nil {
+				hdr = f
+				continue
+			}
+			for i, h := range hdr {
+				if h == "InSegs" && i < len(f) {
+					_, err = fmt.Sscan(f[i], &v)
+					return err
+				}
+			}
+		}
+		return errors.New("InSegs not found")
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// A sandbox must not borrow another sandbox's address (and so its policy):
+// the bridge table drops frames whose IPv4/ARP source is not the port's.
+func TestAntiSpoofing(t *testing.T) {
+	l := newTestManager(t, testConfig(t, 24))
+	ext := newExtHost(t)
+	extSrv := listen(t, ext.path, ext.ip)
+	a := setup(t, l, "sbxspa", Policy{AllowInternet: false})
+	b := setup(t, l, "sbxspb", Policy{AllowInternet: true})
+	mustFail(t, "A denied", a.NetNSPath, extSrv) // also resolves the gateway's MAC in A
+	mustConnect(t, "B allowed", b.NetNSPath, extSrv)
+
+	ns, err := netns.GetFromPath(a.NetNSPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	eth, err := h.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.AddrAdd(eth, &netlink.Addr{IPNet: &net.IPNet{IP: b.Addr.AsSlice(), Mask: net.CIDRMask(32, 32)}}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // let earlier connections' last segments land
+	before := tcpInSegs(t, ext.path)
+	if line, err := dial(a.NetNSPath, extSrv, b.Addr); err == nil {
+		t.Fatalf("A spoofing B's address connected (server saw %s)", line)
+	}
+	if after := tcpInSegs(t, ext.path); after != before {
+		t.Fatalf("spoofed SYNs reached the external host: InSegs %d -> %d", before, after)
+	}
+	mustConnect(t, "B unaffected", b.NetNSPath, extSrv)
+}
+
+func TestConcurrentSetup(t *testing.T) {
+	l := newTestManager(t, testConfig(t, 24))
+	ctx := context.Background()
+	const n = 8
+	errc := make(chan error, n)
+	for i := 0; i < n; i++ {
+		go func() {
+			_, err := l.Setup(ctx, fmt.Sprintf("sbxconc%d", i), Policy{AllowInternet: true})
+			errc <- err
+		}()
+	}
+	for i := 0; i < n; i++ {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	list, _ := l.List(ctx)
+	seen := map[netip.Addr]bool{}
+	for _, ep := range list {
+		if seen[ep.Addr] || ep.Stale {
+			t.Fatalf("bad endpoint %+v", ep)
+		}
+		seen[ep.Addr] = true
+	}
+	if len(seen) != n {
+		t.Fatalf("got %d endpoints", len(seen))
+	}
+	for i := 0; i < n; i++ {
+		go func() { errc <- l.Teardown(ctx, fmt.Sprintf("sbxconc%d", i)) }()
+	}
+	for i := 0; i < n; i++ {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	assertClean(t, l)
+}
+
+func TestEgressIfaceAndOverlap(t *testing.T) {
+	requireRoot(t)
+	ext := newExtHost(t)
+	extSrv := listen(t, ext.path, ext.ip)
+
+	bad := testConfig(t, 24)
+	bad.Pool = netip.PrefixFrom(ext.hostIP, 24).Masked()
+	if _, err := NewLinux(bad); !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("overlapping pool: %v", err)
+	}
+	if _, err := netlink.LinkByName(bad.Bridge); err == nil {
+		t.Fatal("rejected config created a bridge")
+	}
+
+	cfg := testConfig(t, 24)
+	cfg.EgressIface = ext.link
+	l := newTestManager(t, cfg)
+	a := setup(t, l, "sbxegr", Policy{AllowInternet: true})
+	if got := mustConnect(t, "A->external via EgressIface", a.NetNSPath, extSrv); !strings.HasPrefix(got, ext.hostIP.String()+":") {
+		t.Fatalf("external saw %s, want masqueraded %s", got, ext.hostIP)
+	}
+}
+
+// A Setup that fails late (here: our nftables table vanished) leaves nothing.
+func TestSetupFailureLeavesNothing(t *testing.T) {
+	l := newTestManager(t, testConfig(t, 24))
+	c, err := nftables.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.DelTable(l.tables().inet)
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Setup(context.Background(), "sbxfail", Policy{}); err == nil {
+		t.Fatal("Setup succeeded without nftables table")
+	}
+	// Recreate the tables so assertClean can inspect the maps.
+	if err := l.rebuildTables(); err != nil {
+		t.Fatal(err)
+	}
+	assertClean(t, l)
+}
+
+// Tearing down the endpoint whose MAC the bridge might have adopted must
+// not change the gateway MAC seen by other sandboxes.
+func TestBridgeMACStable(t *testing.T) {
+	l := newTestManager(t, testConfig(t, 24))
+	ctx := context.Background()
+	before := mustLink(t, l.cfg.Bridge).Attrs().HardwareAddr.String()
+	var eps []Endpoint
+	for i := 0; i < 4; i++ {
+		eps = append(eps, setup(t, l, fmt.Sprintf("sbxmac%d", i), Policy{}))
+	}
+	srv := listen(t, eps[3].NetNSPath, eps[3].Addr)
+	mustConnect(t, "host->sandbox", "", srv)
+	for _, ep := range eps[:3] {
+		if err := l.Teardown(ctx, ep.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if after := mustLink(t, l.cfg.Bridge).Attrs().HardwareAddr.String(); after != before {
+		t.Fatalf("bridge MAC changed %s -> %s", before, after)
+	}
+	mustConnect(t, "host->sandbox after teardowns", "", srv)
+}

@@ -1,0 +1,262 @@
+//go:build linux
+
+package network
+
+import (
+	"encoding/json"
+	"net/netip"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// nftables layout (all inside our own tables, never anything else):
+//
+//	table inet <Table>
+//	  map sbx { ipv4_addr : verdict }         sandbox addr -> jump s_<hash>
+//	  chain forward   (filter/forward, accept)
+//	    oif br, iif != br, ct established,related  accept   replies to sandboxes
+//	    oif br, iif != br                          drop     nothing unsolicited in
+//	    iif br, ipv4, ip saddr vmap @sbx                     per-sandbox policy
+//	    iif br                                     drop     unknown source / ipv6
+//	  chain input     (filter/input, accept)
+//	    iif br, ct established,related accept; iif br drop  host services unreachable
+//	  chain postrouting (nat/postrouting)
+//	    ipv4, ip saddr <pool>, oif != br (or oif == EgressIface) masquerade
+//	  chain s_<hash>  per sandbox, replaced atomically by UpdatePolicy
+//	    ip daddr <pool> drop; allow... accept; deny... drop; accept|drop
+//	table bridge <Table>
+//	  map ports { ifname : verdict }          host veth -> jump p_<hash>
+//	  chain prerouting (filter/prerouting, accept): iifname vmap @ports
+//	  chain p_<hash>: anti-spoofing (IPv4/ARP source must be the sandbox's), no IPv6
+const (
+	setSandboxes = "sbx"
+	setPorts     = "ports"
+)
+
+type nftTables struct {
+	inet, bridge *nftables.Table
+	sbx, ports   *nftables.Set
+}
+
+func (l *Linux) tables() nftTables {
+	inet := &nftables.Table{Family: nftables.TableFamilyINet, Name: l.cfg.Table}
+	br := &nftables.Table{Family: nftables.TableFamilyBridge, Name: l.cfg.Table}
+	return nftTables{
+		inet:   inet,
+		bridge: br,
+		sbx:    &nftables.Set{Table: inet, Name: setSandboxes, IsMap: true, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict},
+		ports:  &nftables.Set{Table: br, Name: setPorts, IsMap: true, KeyType: nftables.TypeIFName, DataType: nftables.TypeVerdict, KeyByteOrder: binaryutil.NativeEndian}, // only affects how nft(8) prints the names
+	}
+}
+
+func sandboxChainName(id string) string { return "s_" + idHash(id) }
+func portChainName(id string) string    { return "p_" + idHash(id) }
+
+func ifname(n string) []byte {
+	b := make([]byte, 16)
+	copy(b, n)
+	return b
+}
+
+func cmpEq(data []byte) expr.Any {
+	return &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: data}
+}
+func cmpNeq(data []byte) expr.Any {
+	return &expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: data}
+}
+func meta(k expr.MetaKey) expr.Any { return &expr.Meta{Key: k, Register: 1} }
+
+func iif(name string, eq bool) []expr.Any {
+	if eq {
+		return []expr.Any{meta(expr.MetaKeyIIFNAME), cmpEq(ifname(name))}
+	}
+	return []expr.Any{meta(expr.MetaKeyIIFNAME), cmpNeq(ifname(name))}
+}
+
+func oif(name string, eq bool) []expr.Any {
+	if eq {
+		return []expr.Any{meta(expr.MetaKeyOIFNAME), cmpEq(ifname(name))}
+	}
+	return []expr.Any{meta(expr.MetaKeyOIFNAME), cmpNeq(ifname(name))}
+}
+
+func ipv4Only() []expr.Any {
+	return []expr.Any{meta(expr.MetaKeyNFPROTO), cmpEq([]byte{unix.NFPROTO_IPV4})}
+}
+
+func ctEstablished() []expr.Any {
+	return []expr.Any{
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED),
+			Xor:  binaryutil.NativeEndian.PutUint32(0)},
+		cmpNeq(binaryutil.NativeEndian.PutUint32(0)),
+	}
+}
+
+// ipMatch loads the IPv4 source (off 12) or destination (off 16) and compares
+// it against prefix p.
+func ipMatch(off uint32, p netip.Prefix) []expr.Any {
+	out := []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: 4}}
+	if p.Bits() < 32 {
+		m := make([]byte, 4)
+		for i := 0; i < p.Bits(); i++ {
+			m[i/8] |= 0x80 >> (i % 8)
+		}
+		out = append(out, &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: m, Xor: make([]byte, 4)})
+	}
+	return append(out, cmpEq(p.Masked().Addr().AsSlice()))
+}
+
+func verdict(k expr.VerdictKind) expr.Any { return &expr.Verdict{Kind: k} }
+
+func concat(parts ...[]expr.Any) []expr.Any {
+	var out []expr.Any
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+// addBase queues the tables, maps and base chains.
+func (l *Linux) addBase(c *nftables.Conn, t nftTables) error {
+	br := l.cfg.Bridge
+	accept := nftables.ChainPolicyAccept
+	c.AddTable(t.inet)
+	c.AddTable(t.bridge)
+	if err := c.AddSet(t.sbx, nil); err != nil {
+		return err
+	}
+	if err := c.AddSet(t.ports, nil); err != nil {
+		return err
+	}
+
+	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t.inet, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
+	c.AddRule(&nftables.Rule{Table: t.inet, Chain: fwd, Exprs: concat(oif(br, true), iif(br, false), ctEstablished(), []expr.Any{verdict(expr.VerdictAccept)})})
+	c.AddRule(&nftables.Rule{Table: t.inet, Chain: fwd, Exprs: concat(oif(br, true), iif(br, false), []expr.Any{verdict(expr.VerdictDrop)})})
+	c.AddRule(&nftables.Rule{Table: t.inet, Chain: fwd, Exprs: concat(iif(br, true), ipv4Only(), []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+		&expr.Lookup{SourceRegister: 1, DestRegister: 0, IsDestRegSet: true, SetName: t.sbx.Name, SetID: t.sbx.ID},
+	})})
+	c.AddRule(&nftables.Rule{Table: t.inet, Chain: fwd, Exprs: concat(iif(br, true), []expr.Any{verdict(expr.VerdictDrop)})})
+
+	in := c.AddChain(&nftables.Chain{Name: "input", Table: t.inet, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
+	c.AddRule(&nftables.Rule{Table: t.inet, Chain: in, Exprs: concat(iif(br, true), ctEstablished(), []expr.Any{verdict(expr.VerdictAccept)})})
+	c.AddRule(&nftables.Rule{Table: t.inet, Chain: in, Exprs: concat(iif(br, true), []expr.Any{verdict(expr.VerdictDrop)})})
+
+	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t.inet, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept})
+	egress := oif(br, false)
+	if l.cfg.EgressIface != "" {
+		egress = oif(l.cfg.EgressIface, true)
+	}
+	c.AddRule(&nftables.Rule{Table: t.inet, Chain: post, Exprs: concat(ipv4Only(), ipMatch(12, l.cfg.Pool), egress, []expr.Any{&expr.Masq{}})})
+
+	pre := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t.bridge, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityConntrack, Policy: &accept})
+	c.AddRule(&nftables.Rule{Table: t.bridge, Chain: pre, Exprs: []expr.Any{
+		meta(expr.MetaKeyIIFNAME),
+		&expr.Lookup{SourceRegister: 1, DestRegister: 0, IsDestRegSet: true, SetName: t.ports.Name, SetID: t.ports.ID},
+	}})
+	return nil
+}
+
+// addPolicyRules queues the rules of sandbox chain ch for policy p. The
+// policy is stored as JSON in the first rule's user data so a restarted
+// manager can rebuild the table with the same policies.
+func (l *Linux) addPolicyRules(c *nftables.Conn, t nftTables, ch *nftables.Chain, p Policy, allow, deny []netip.Prefix) {
+	ud, _ := json.Marshal(p)
+	// Sandbox to any other pool address (other sandboxes, via routing).
+	c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, UserData: ud,
+		Exprs: concat(ipMatch(16, l.cfg.Pool), []expr.Any{verdict(expr.VerdictDrop)})})
+	for _, a := range allow {
+		c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: concat(ipMatch(16, a), []expr.Any{verdict(expr.VerdictAccept)})})
+	}
+	for _, d := range deny {
+		c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: concat(ipMatch(16, d), []expr.Any{verdict(expr.VerdictDrop)})})
+	}
+	final := expr.VerdictDrop
+	if p.AllowInternet {
+		final = expr.VerdictAccept
+	}
+	c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: []expr.Any{verdict(final)}})
+}
+
+// addEndpoint queues everything nftables needs for one endpoint.
+func (l *Linux) addEndpoint(c *nftables.Conn, t nftTables, ep Endpoint, p Policy, allow, deny []netip.Prefix) error {
+	sc := c.AddChain(&nftables.Chain{Name: sandboxChainName(ep.ID), Table: t.inet})
+	l.addPolicyRules(c, t, sc, p, allow, deny)
+	if err := c.SetAddElements(t.sbx, []nftables.SetElement{{
+		Key: ep.Addr.AsSlice(), VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: sc.Name},
+	}}); err != nil {
+		return err
+	}
+
+	pc := c.AddChain(&nftables.Chain{Name: portChainName(ep.ID), Table: t.bridge})
+	addr := ep.Addr.AsSlice()
+	be16 := func(v uint16) []byte { return []byte{byte(v >> 8), byte(v)} }
+	// meta protocol is the ethertype in network byte order.
+	c.AddRule(&nftables.Rule{Table: t.bridge, Chain: pc, Exprs: []expr.Any{
+		meta(expr.MetaKeyPROTOCOL), cmpEq(be16(unix.ETH_P_IP)),
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+		cmpNeq(addr), verdict(expr.VerdictDrop)}})
+	// ARP sender protocol address sits at offset 14 for Ethernet/IPv4 ARP.
+	c.AddRule(&nftables.Rule{Table: t.bridge, Chain: pc, Exprs: []expr.Any{
+		meta(expr.MetaKeyPROTOCOL), cmpEq(be16(unix.ETH_P_ARP)),
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 14, Len: 4},
+		cmpNeq(addr), verdict(expr.VerdictDrop)}})
+	c.AddRule(&nftables.Rule{Table: t.bridge, Chain: pc, Exprs: []expr.Any{
+		meta(expr.MetaKeyPROTOCOL), cmpEq(be16(unix.ETH_P_IPV6)), verdict(expr.VerdictDrop)}})
+	return c.SetAddElements(t.ports, []nftables.SetElement{{
+		Key: ifname(ep.HostVeth), VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: pc.Name},
+	}})
+}
+
+// delEndpoint queues removal of one endpoint's nftables state.
+func (l *Linux) delEndpoint(c *nftables.Conn, t nftTables, ep Endpoint) error {
+	if err := c.SetDeleteElements(t.sbx, []nftables.SetElement{{Key: ep.Addr.AsSlice()}}); err != nil {
+		return err
+	}
+	if err := c.SetDeleteElements(t.ports, []nftables.SetElement{{Key: ifname(ep.HostVeth)}}); err != nil {
+		return err
+	}
+	c.FlushChain(&nftables.Chain{Name: sandboxChainName(ep.ID), Table: t.inet})
+	c.DelChain(&nftables.Chain{Name: sandboxChainName(ep.ID), Table: t.inet})
+	c.FlushChain(&nftables.Chain{Name: portChainName(ep.ID), Table: t.bridge})
+	c.DelChain(&nftables.Chain{Name: portChainName(ep.ID), Table: t.bridge})
+	return nil
+}
+
+// storedPolicies reads the policy of every sandbox chain in an existing
+// table, keyed by chain name.
+func storedPolicies(c *nftables.Conn, inet *nftables.Table) map[string]Policy {
+	out := map[string]Policy{}
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return out
+	}
+	for _, ch := range chains {
+		if ch.Table.Name != inet.Name || len(ch.Name) < 3 || ch.Name[:2] != "s_" {
+			continue
+		}
+		rules, err := c.GetRules(inet, ch)
+		if err != nil || len(rules) == 0 {
+			continue
+		}
+		var p Policy
+		if json.Unmarshal(rules[0].UserData, &p) == nil {
+			out[ch.Name] = p
+		}
+	}
+	return out
+}
+
+func tableExists(c *nftables.Conn, name string, fam nftables.TableFamily) bool {
+	t, err := c.ListTableOfFamily(name, fam)
+	return err == nil && t != nil
+}

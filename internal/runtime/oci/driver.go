@@ -1,0 +1,635 @@
+// Package oci implements runtime.Driver by exec'ing an OCI runtime binary
+// (runc, crun or gVisor's runsc) against bundles it generates itself.
+package oci
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/runtime"
+)
+
+// Errors specific to this driver (the runtime.Err* sentinels are used too).
+var (
+	ErrInvalidSpec = errors.New("oci: invalid sandbox spec")
+	ErrCommand     = errors.New("oci: runtime command failed")
+	ErrConfig      = errors.New("oci: invalid driver config")
+)
+
+// Config configures a Driver.
+type Config struct {
+	// Runtime is "runc", "runsc" or "crun".
+	Runtime string
+	// BinaryPath of the runtime; default: Runtime looked up in PATH.
+	BinaryPath string
+	// StateDir is passed as --root so we only ever see our own containers
+	// (e.g. <data>/run/<runtime>).
+	StateDir string
+	// SandboxDir holds the per-sandbox dirs (e.g. <data>/sandboxes).
+	SandboxDir string
+	// CgroupParent is the cgroup every sandbox lives under: /<parent>/<id>.
+	// Default "cubicle".
+	CgroupParent string
+	// RunscFlags are extra global flags for runsc, appended after the
+	// defaults (--platform=systrap --overlay2=none --oci-seccomp), so they win.
+	RunscFlags []string
+	// RunscPauseMode: "checkpoint" (default; checkpoint to disk, kill, restore
+	// on resume) or "pause" (runsc pause/resume, memory stays resident).
+	RunscPauseMode string
+	// CommandTimeout bounds every runtime invocation. Default 60s.
+	CommandTimeout time.Duration
+}
+
+// Driver is an OCI runtime driver. Safe for concurrent use.
+type Driver struct {
+	cfg      Config
+	bin      string
+	cgroupNS bool
+
+	mu    sync.Mutex
+	locks map[string]*idLock
+}
+
+type idLock struct {
+	mu   sync.Mutex
+	refs int
+}
+
+var _ runtime.Driver = (*Driver)(nil)
+
+var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+
+// New validates cfg, resolves the binary and creates StateDir/SandboxDir.
+func New(cfg Config) (*Driver, error) {
+	switch cfg.Runtime {
+	case "runc", "runsc", "crun":
+	default:
+		return nil, fmt.Errorf("%w: runtime %q", ErrConfig, cfg.Runtime)
+	}
+	if cfg.StateDir == "" || cfg.SandboxDir == "" {
+		return nil, fmt.Errorf("%w: StateDir and SandboxDir are required", ErrConfig)
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = "cubicle"
+	}
+	cfg.CgroupParent = strings.Trim(cfg.CgroupParent, "/")
+	if cfg.RunscPauseMode == "" {
+		cfg.RunscPauseMode = "checkpoint"
+	}
+	if cfg.RunscPauseMode != "checkpoint" && cfg.RunscPauseMode != "pause" {
+		return nil, fmt.Errorf("%w: RunscPauseMode %q", ErrConfig, cfg.RunscPauseMode)
+	}
+	if cfg.CommandTimeout <= 0 {
+		cfg.CommandTimeout = 60 * time.Second
+	}
+	bin := cfg.BinaryPath
+	if bin == "" {
+		bin = cfg.Runtime
+	}
+	p, err := exec.LookPath(bin)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	for _, d := range []string{cfg.StateDir, cfg.SandboxDir} {
+		if !filepath.IsAbs(d) {
+			return nil, fmt.Errorf("%w: %q is not absolute", ErrConfig, d)
+		}
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return nil, err
+		}
+	}
+	_, nsErr := os.Stat("/proc/self/ns/cgroup")
+	return &Driver{cfg: cfg, bin: p, cgroupNS: nsErr == nil, locks: map[string]*idLock{}}, nil
+}
+
+// Name implements runtime.Driver.
+func (d *Driver) Name() string { return d.cfg.Runtime }
+
+// Config returns the effective configuration (defaults filled in).
+func (d *Driver) Config() Config { return d.cfg }
+
+func (d *Driver) lock(id string) func() {
+	d.mu.Lock()
+	l := d.locks[id]
+	if l == nil {
+		l = &idLock{}
+		d.locks[id] = l
+	}
+	l.refs++
+	d.mu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		d.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(d.locks, id)
+		}
+		d.mu.Unlock()
+	}
+}
+
+func (d *Driver) dir(id string) string { return filepath.Join(d.cfg.SandboxDir, id) }
+
+func (d *Driver) globalArgs() []string {
+	a := []string{"--root", d.cfg.StateDir}
+	if d.cfg.Runtime == "runsc" {
+		// overlay2=none: writes must reach our host overlay upper dir, not a
+		// gVisor-internal overlay. oci-seccomp: enforce the spec's profile
+		// inside the sentry (ignored otherwise).
+		a = append(a, "--platform=systrap", "--overlay2=none", "--oci-seccomp")
+		a = append(a, d.cfg.RunscFlags...)
+	}
+	return a
+}
+
+// command builds a runtime invocation. Runtimes run in their own process
+// group so signals aimed at cubicle's group never reach sandboxes.
+func (d *Driver) command(ctx context.Context, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, d.bin, append(d.globalArgs(), args...)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.WaitDelay = 2 * time.Second
+	return cmd
+}
+
+// run executes a short runtime command and returns stdout.
+func (d *Driver) run(ctx context.Context, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.CommandTimeout)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	cmd := d.command(ctx, args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.Bytes(), fmt.Errorf("%w: %s %s: %v: %s", ErrCommand, d.cfg.Runtime,
+			strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return stdout.Bytes(), nil
+}
+
+// runWithConsole runs a command whose children become the sandbox (create,
+// restore): they inherit the console log as stdio, so no pipe outlives us.
+func (d *Driver) runWithConsole(ctx context.Context, id string, args ...string) error {
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.CommandTimeout)
+	defer cancel()
+	logPath := filepath.Join(d.dir(id), "console.log")
+	f, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		return err
+	}
+	defer devnull.Close()
+	st, _ := f.Stat()
+	cmd := d.command(ctx, args...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, f, f
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%w: %s %s: %v: %s", ErrCommand, d.cfg.Runtime,
+			strings.Join(args, " "), err, tailFrom(logPath, st.Size()))
+	}
+	return nil
+}
+
+func tailFrom(path string, off int64) string {
+	b, err := os.ReadFile(path)
+	if err != nil || off > int64(len(b)) {
+		return ""
+	}
+	b = b[off:]
+	if len(b) > 2048 {
+		b = b[len(b)-2048:]
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// ociState is the subset of `<runtime> state` / `list --format json` we use.
+type ociState struct {
+	ID      string    `json:"id"`
+	Pid     int       `json:"pid"`
+	Status  string    `json:"status"`
+	Created time.Time `json:"created"`
+}
+
+// state returns the runtime's view of id; ok=false when the runtime has no
+// container with that id.
+func (d *Driver) state(ctx context.Context, id string) (ociState, bool, error) {
+	out, err := d.run(ctx, "state", id)
+	if err == nil {
+		var s ociState
+		if jerr := json.Unmarshal(out, &s); jerr != nil {
+			return s, false, fmt.Errorf("%w: state %s: %v", ErrCommand, id, jerr)
+		}
+		return s, true, nil
+	}
+	// `state` fails both for unknown ids and for real errors; decide which by
+	// listing instead of parsing the error text.
+	all, lerr := d.list(ctx)
+	if lerr != nil {
+		return ociState{}, false, errors.Join(err, lerr)
+	}
+	for _, s := range all {
+		if s.ID == id {
+			return ociState{}, false, err // exists, but state failed
+		}
+	}
+	return ociState{}, false, nil
+}
+
+func (d *Driver) list(ctx context.Context) ([]ociState, error) {
+	out, err := d.run(ctx, "list", "--format", "json")
+	if err != nil {
+		return nil, err
+	}
+	var l []ociState
+	if len(bytes.TrimSpace(out)) == 0 {
+		return nil, nil
+	}
+	if err := json.Unmarshal(out, &l); err != nil {
+		return nil, fmt.Errorf("%w: list: %v", ErrCommand, err)
+	}
+	return l, nil
+}
+
+func mapState(status string) runtime.State {
+	switch status {
+	case "running":
+		return runtime.StateRunning
+	case "paused":
+		return runtime.StatePaused
+	default: // created, stopped, creating
+		return runtime.StateStopped
+	}
+}
+
+// Create implements runtime.Driver.
+func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Info, err error) {
+	if !idRE.MatchString(spec.ID) {
+		return runtime.Info{}, fmt.Errorf("%w: id %q", ErrInvalidSpec, spec.ID)
+	}
+	if len(spec.Layers) == 0 || len(spec.Args) == 0 {
+		return runtime.Info{}, fmt.Errorf("%w: need at least one layer and Args", ErrInvalidSpec)
+	}
+	for _, m := range spec.Mounts {
+		if !filepath.IsAbs(m.Destination) || !filepath.IsAbs(m.Source) {
+			return runtime.Info{}, fmt.Errorf("%w: mount %s -> %s must be absolute", ErrInvalidSpec, m.Source, m.Destination)
+		}
+	}
+	unlock := d.lock(spec.ID)
+	defer unlock()
+
+	dir := d.dir(spec.ID)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return runtime.Info{}, fmt.Errorf("%w: %s", runtime.ErrAlreadyExists, spec.ID)
+		}
+		return runtime.Info{}, err
+	}
+	// A runtime container without our dir is a leftover we must not clobber.
+	if _, exists, serr := d.state(ctx, spec.ID); serr != nil || exists {
+		os.Remove(dir)
+		if serr != nil {
+			return runtime.Info{}, serr
+		}
+		return runtime.Info{}, fmt.Errorf("%w: %s (runtime state)", runtime.ErrAlreadyExists, spec.ID)
+	}
+	defer func() {
+		if err != nil {
+			// Fresh context: cleanup must run even if ctx is what failed.
+			cctx, cancel := context.WithTimeout(context.Background(), 2*d.cfg.CommandTimeout)
+			defer cancel()
+			if derr := d.destroy(cctx, spec.ID); derr != nil {
+				err = errors.Join(err, derr)
+			}
+		}
+	}()
+
+	rootfs := filepath.Join(dir, "rootfs")
+	bundle := filepath.Join(dir, "bundle")
+	for _, sub := range []string{"upper", "work", "rootfs", "bundle"} {
+		if err := os.Mkdir(filepath.Join(dir, sub), 0o755); err != nil {
+			return runtime.Info{}, err
+		}
+	}
+	if err := mountOverlay(spec.Layers, filepath.Join(dir, "upper"), filepath.Join(dir, "work"), rootfs); err != nil {
+		return runtime.Info{}, err
+	}
+	if err := prepareRootfs(rootfs, spec.Mounts); err != nil {
+		return runtime.Info{}, err
+	}
+	b, err := json.MarshalIndent(d.buildSpec(spec, rootfs), "", "  ")
+	if err != nil {
+		return runtime.Info{}, err
+	}
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600); err != nil {
+		return runtime.Info{}, err
+	}
+	if d.cfg.Runtime == "runsc" && spec.NetNSPath != "" {
+		if err := saveNetns(spec.NetNSPath, filepath.Join(dir, "netns.json")); err != nil {
+			return runtime.Info{}, err
+		}
+	}
+	if err := d.runWithConsole(ctx, spec.ID, "create", "--bundle", bundle,
+		"--pid-file", filepath.Join(bundle, "pid"), spec.ID); err != nil {
+		return runtime.Info{}, err
+	}
+	if _, err := d.run(ctx, "start", spec.ID); err != nil {
+		return runtime.Info{}, err
+	}
+	return d.inspectLocked(ctx, spec.ID)
+}
+
+// Delete implements runtime.Driver.
+func (d *Driver) Delete(ctx context.Context, id string) error {
+	if !idRE.MatchString(id) {
+		return nil // cannot exist
+	}
+	unlock := d.lock(id)
+	defer unlock()
+	return d.destroy(ctx, id)
+}
+
+// destroy removes everything for id; it tries every step and reports all
+// failures, so a retry can finish the job.
+func (d *Driver) destroy(ctx context.Context, id string) error {
+	var errs []error
+	st, exists, err := d.state(ctx, id)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if exists {
+		// runsc's delete --force SIGKILLs the sandbox and waits for it in
+		// ~30ms; its kill+state path only reports "stopped" after ~1.5s.
+		if st.Status != "stopped" && d.cfg.Runtime != "runsc" {
+			// Errors ignored: the container may exit between state and kill;
+			// delete --force below is the authoritative step.
+			_, _ = d.run(ctx, "kill", id, "KILL")
+			d.waitStopped(ctx, id, 5*time.Second)
+		}
+		if _, err := d.run(ctx, "delete", "--force", id); err != nil {
+			if _, still, _ := d.state(ctx, id); still {
+				errs = append(errs, err)
+			}
+		}
+	}
+	dir := d.dir(id)
+	if err := unmountUnder(dir); err != nil {
+		errs = append(errs, err)
+	}
+	if err := removeCgroups(d.cfg.CgroupParent, id); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		if err := os.RemoveAll(dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (d *Driver) waitStopped(ctx context.Context, id string, max time.Duration) {
+	deadline := time.Now().Add(max)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		st, exists, err := d.state(ctx, id)
+		if err != nil || !exists || st.Status == "stopped" {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (d *Driver) pausedMarker(id string) string {
+	return filepath.Join(d.dir(id), "checkpoint", "complete")
+}
+
+func (d *Driver) exists(id string) bool {
+	_, err := os.Stat(d.dir(id))
+	return err == nil
+}
+
+// Pause implements runtime.Driver.
+func (d *Driver) Pause(ctx context.Context, id string) error {
+	unlock := d.lock(id)
+	defer unlock()
+	info, err := d.inspectLocked(ctx, id)
+	if err != nil {
+		return err
+	}
+	if info.State != runtime.StateRunning {
+		return fmt.Errorf("%w: %s is %s", runtime.ErrNotRunning, id, info.State)
+	}
+	if d.cfg.Runtime == "runsc" && d.cfg.RunscPauseMode == "checkpoint" {
+		return d.checkpoint(ctx, id)
+	}
+	_, err = d.run(ctx, "pause", id)
+	return err
+}
+
+// checkpoint saves the sandbox to <id>/checkpoint; runsc stops the container
+// afterwards, and we delete the runtime container (rootfs stays mounted) so
+// restore can reuse the id.
+func (d *Driver) checkpoint(ctx context.Context, id string) error {
+	img := filepath.Join(d.dir(id), "checkpoint")
+	if err := os.RemoveAll(img); err != nil {
+		return err
+	}
+	if err := os.Mkdir(img, 0o700); err != nil {
+		return err
+	}
+	if _, err := d.run(ctx, "checkpoint", "--image-path", img, id); err != nil {
+		os.RemoveAll(img)
+		return err
+	}
+	// No wait for "stopped": delete --force reaps the exiting sandbox itself.
+	if _, err := d.run(ctx, "delete", "--force", id); err != nil {
+		return err
+	}
+	return os.WriteFile(d.pausedMarker(id), nil, 0o600)
+}
+
+// Resume implements runtime.Driver.
+func (d *Driver) Resume(ctx context.Context, id string) error {
+	unlock := d.lock(id)
+	defer unlock()
+	info, err := d.inspectLocked(ctx, id)
+	if err != nil {
+		return err
+	}
+	if info.State != runtime.StatePaused {
+		return fmt.Errorf("%w: %s is %s", runtime.ErrNotPaused, id, info.State)
+	}
+	if d.cfg.Runtime == "runsc" && d.cfg.RunscPauseMode == "checkpoint" {
+		img := filepath.Join(d.dir(id), "checkpoint")
+		bundle := filepath.Join(d.dir(id), "bundle")
+		if err := d.restoreNetnsFor(id); err != nil {
+			return err
+		}
+		if err := d.runWithConsole(ctx, id, "restore", "--image-path", img, "--bundle", bundle,
+			"--pid-file", filepath.Join(bundle, "pid"), "--detach", id); err != nil {
+			return err
+		}
+		return os.RemoveAll(img)
+	}
+	_, err = d.run(ctx, "resume", id)
+	return err
+}
+
+// Inspect implements runtime.Driver.
+func (d *Driver) Inspect(ctx context.Context, id string) (runtime.Info, error) {
+	if !idRE.MatchString(id) {
+		return runtime.Info{}, fmt.Errorf("%w: %s", runtime.ErrNotFound, id)
+	}
+	unlock := d.lock(id)
+	defer unlock()
+	return d.inspectLocked(ctx, id)
+}
+
+func (d *Driver) inspectLocked(ctx context.Context, id string) (runtime.Info, error) {
+	st, exists, err := d.state(ctx, id)
+	if err != nil {
+		return runtime.Info{}, err
+	}
+	fi, dirErr := os.Stat(d.dir(id))
+	if !exists {
+		if dirErr != nil {
+			return runtime.Info{}, fmt.Errorf("%w: %s", runtime.ErrNotFound, id)
+		}
+		info := runtime.Info{ID: id, State: runtime.StateStopped, Created: fi.ModTime()}
+		if _, err := os.Stat(d.pausedMarker(id)); err == nil {
+			info.State = runtime.StatePaused
+		}
+		return info, nil
+	}
+	info := runtime.Info{ID: id, State: mapState(st.Status), Created: st.Created}
+	if info.State != runtime.StateStopped || st.Status == "created" {
+		info.Pid = st.Pid
+	}
+	return info, nil
+}
+
+// List implements runtime.Driver: the union of runtime containers under our
+// --root and sandbox dirs (so checkpointed or crashed sandboxes show up too).
+func (d *Driver) List(ctx context.Context) ([]runtime.Info, error) {
+	states, err := d.list(ctx)
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	var out []runtime.Info
+	for _, st := range states {
+		info := runtime.Info{ID: st.ID, State: mapState(st.Status), Created: st.Created}
+		if info.State != runtime.StateStopped {
+			info.Pid = st.Pid
+		}
+		seen[st.ID] = true
+		out = append(out, info)
+	}
+	ents, err := os.ReadDir(d.cfg.SandboxDir)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range ents {
+		if !e.IsDir() || seen[e.Name()] || !idRE.MatchString(e.Name()) {
+			continue
+		}
+		info := runtime.Info{ID: e.Name(), State: runtime.StateStopped}
+		if fi, err := e.Info(); err == nil {
+			info.Created = fi.ModTime()
+		}
+		if _, err := os.Stat(d.pausedMarker(e.Name())); err == nil {
+			info.State = runtime.StatePaused
+		}
+		out = append(out, info)
+	}
+	return out, nil
+}
+
+// Stats implements runtime.Driver from the sandbox's cgroup files.
+func (d *Driver) Stats(ctx context.Context, id string) (runtime.Stats, error) {
+	if !idRE.MatchString(id) || !d.exists(id) {
+		return runtime.Stats{}, fmt.Errorf("%w: %s", runtime.ErrNotFound, id)
+	}
+	return readStats(d.cfg.CgroupParent, id)
+}
+
+// CgroupFile reads a file of the sandbox's cgroup for controller (v1 name,
+// e.g. "memory", "pids"; on a pure cgroup v2 host the controller is ignored).
+// Used by tests and diagnostics.
+func (d *Driver) CgroupFile(id, controller, file string) ([]byte, error) {
+	return os.ReadFile(filepath.Join(cgroupDir(controller, d.cfg.CgroupParent, id), file))
+}
+
+// ConsoleLog is the file that receives PID 1's stdout/stderr (append-only,
+// survives pause/resume); the control plane serves it as sandbox logs.
+func (d *Driver) ConsoleLog(id string) string { return filepath.Join(d.dir(id), "console.log") }
+
+// UpperDir is the sandbox's writable overlay layer (what a snapshot keeps).
+func (d *Driver) UpperDir(id string) string { return filepath.Join(d.dir(id), "upper") }
+
+// CheckLeaks reports anything the driver may have left behind once every
+// sandbox is deleted: containers under --root, sandbox dirs, mounts under
+// SandboxDir and cgroups under CgroupParent. Used by tests and `cubicle doctor`.
+func (d *Driver) CheckLeaks(ctx context.Context) error {
+	var errs []error
+	if l, err := d.list(ctx); err != nil {
+		errs = append(errs, err)
+	} else if len(l) > 0 {
+		errs = append(errs, fmt.Errorf("oci: %d containers left under %s", len(l), d.cfg.StateDir))
+	}
+	if ents, err := os.ReadDir(d.cfg.SandboxDir); err != nil {
+		errs = append(errs, err)
+	} else if len(ents) > 0 {
+		errs = append(errs, fmt.Errorf("oci: %d entries left in %s", len(ents), d.cfg.SandboxDir))
+	}
+	if mps, err := mountsUnder(d.cfg.SandboxDir); err != nil {
+		errs = append(errs, err)
+	} else if len(mps) > 0 {
+		errs = append(errs, fmt.Errorf("oci: mounts left: %v", mps))
+	}
+	for _, h := range CgroupHierarchies() {
+		ents, err := os.ReadDir(filepath.Join(h, d.cfg.CgroupParent))
+		if err != nil {
+			continue // parent never created in this hierarchy
+		}
+		for _, e := range ents {
+			if e.IsDir() {
+				errs = append(errs, fmt.Errorf("oci: cgroup left: %s", filepath.Join(h, d.cfg.CgroupParent, e.Name())))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// restoreNetnsFor re-applies the saved netns config (see netsave.go), using
+// the netns path recorded in the bundle.
+func (d *Driver) restoreNetnsFor(id string) error {
+	b, err := os.ReadFile(filepath.Join(d.dir(id), "bundle", "config.json"))
+	if err != nil {
+		return err
+	}
+	var sp struct {
+		Linux struct {
+			Namespaces []struct{ Type, Path string } `json:"namespaces"`
+		} `json:"linux"`
+	}
+	if err := json.Unmarshal(b, &sp); err != nil {
+		return err
+	}
+	for _, n := range sp.Linux.Namespaces {
+		if n.Type == "network" && n.Path != "" {
+			return restoreNetns(n.Path, filepath.Join(d.dir(id), "netns.json"))
+		}
+	}
+	return nil
+}

@@ -1,0 +1,212 @@
+package oci
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/cubicle-dev/cubicle/internal/runtime"
+)
+
+// defaultCaps is Docker's default capability set; nothing else is granted.
+var defaultCaps = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
+	"CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
+	"CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+}
+
+// Docker's default masked / read-only paths.
+var (
+	maskedPaths = []string{
+		"/proc/asound", "/proc/acpi", "/proc/kcore", "/proc/keys",
+		"/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats",
+		"/proc/sched_debug", "/proc/scsi", "/sys/firmware",
+		"/sys/devices/virtual/powercap",
+	}
+	readonlyPaths = []string{
+		"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
+	}
+)
+
+const (
+	cpuPeriod   = 100000
+	nofileSoft  = 65536
+	nofileHard  = 1048576
+	defaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+// buildSpec generates the OCI config for a sandbox whose rootfs is already
+// mounted at rootfs.
+func (d *Driver) buildSpec(s runtime.Spec, rootfs string) *specs.Spec {
+	env := s.Env
+	if !hasEnv(env, "PATH") {
+		env = append([]string{defaultPath}, env...)
+	}
+	hostname := s.Hostname
+	if hostname == "" {
+		hostname = s.ID
+	}
+	caps := append([]string(nil), defaultCaps...)
+
+	nsList := []specs.LinuxNamespace{
+		{Type: specs.PIDNamespace},
+		{Type: specs.IPCNamespace},
+		{Type: specs.UTSNamespace},
+		{Type: specs.MountNamespace},
+		{Type: specs.NetworkNamespace, Path: s.NetNSPath},
+	}
+	// gVisor virtualises cgroups itself and rejects a cgroup namespace entry.
+	if d.cfg.Runtime != "runsc" && d.cgroupNS {
+		nsList = append(nsList, specs.LinuxNamespace{Type: specs.CgroupNamespace})
+	}
+
+	mounts := []specs.Mount{
+		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
+		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+		{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
+		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+	}
+	for _, m := range s.Mounts {
+		opts := []string{"rbind", "nosuid", "nodev"}
+		if m.ReadOnly {
+			opts = append(opts, "ro")
+		} else {
+			opts = append(opts, "rw")
+		}
+		mounts = append(mounts, specs.Mount{
+			Destination: filepath.Clean(m.Destination), Type: "bind", Source: m.Source, Options: opts,
+		})
+	}
+
+	if d.cfg.Runtime == "runsc" && !hasMountAt(s.Mounts, "/tmp") {
+		// gVisor mounts a private tmpfs over an empty /tmp; bind the rootfs'
+		// own /tmp onto itself so /tmp stays in the overlay upper dir.
+		mounts = append(mounts, specs.Mount{
+			Destination: "/tmp", Type: "bind", Source: filepath.Join(rootfs, "tmp"),
+			Options: []string{"rbind", "rw", "nosuid", "nodev"},
+		})
+	}
+
+	var res specs.LinuxResources
+	res.Devices = []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}}
+	for _, dev := range allowedDevices {
+		res.Devices = append(res.Devices, dev)
+	}
+	if s.Resources.CPUCount > 0 {
+		res.CPU = &specs.LinuxCPU{
+			Period: ptr(uint64(cpuPeriod)),
+			Quota:  ptr(int64(s.Resources.CPUCount) * cpuPeriod),
+		}
+	}
+	if s.Resources.MemoryMB > 0 {
+		b := int64(s.Resources.MemoryMB) << 20
+		// swap == limit means "no swap on top of memory" (memsw is mem+swap).
+		res.Memory = &specs.LinuxMemory{Limit: ptr(b), Swap: ptr(b)}
+	}
+	if s.Resources.PIDs > 0 {
+		limit := s.Resources.PIDs
+		if d.cfg.Runtime == "runsc" {
+			// The host cgroup also holds the sentry's and gofer's own threads.
+			limit += RunscPIDsOverhead
+		}
+		res.Pids = &specs.LinuxPids{Limit: ptr(limit)}
+	}
+
+	return &specs.Spec{
+		Version: specs.Version,
+		Root:    &specs.Root{Path: rootfs},
+		Process: &specs.Process{
+			Terminal: false,
+			User:     specs.User{UID: 0, GID: 0},
+			Args:     s.Args,
+			Env:      env,
+			Cwd:      "/",
+			Capabilities: &specs.LinuxCapabilities{
+				Bounding: caps, Effective: caps, Permitted: caps,
+			},
+			Rlimits: []specs.POSIXRlimit{nofileRlimit()},
+			// setuid binaries (su/sudo-like helpers used by the agent) need this off.
+			NoNewPrivileges: false,
+		},
+		Hostname: hostname,
+		Mounts:   mounts,
+		Linux: &specs.Linux{
+			CgroupsPath:   "/" + d.cfg.CgroupParent + "/" + s.ID,
+			Namespaces:    nsList,
+			Resources:     &res,
+			Seccomp:       DefaultSeccomp(),
+			MaskedPaths:   maskedPaths,
+			ReadonlyPaths: readonlyPaths,
+		},
+	}
+}
+
+// allowedDevices is the usual container device allow-list (null, zero, full,
+// tty, random, urandom, ptmx, pts).
+var allowedDevices = []specs.LinuxDeviceCgroup{
+	{Allow: true, Type: "c", Major: ptr(int64(1)), Minor: ptr(int64(3)), Access: "rwm"},
+	{Allow: true, Type: "c", Major: ptr(int64(1)), Minor: ptr(int64(5)), Access: "rwm"},
+	{Allow: true, Type: "c", Major: ptr(int64(1)), Minor: ptr(int64(7)), Access: "rwm"},
+	{Allow: true, Type: "c", Major: ptr(int64(1)), Minor: ptr(int64(8)), Access: "rwm"},
+	{Allow: true, Type: "c", Major: ptr(int64(1)), Minor: ptr(int64(9)), Access: "rwm"},
+	{Allow: true, Type: "c", Major: ptr(int64(5)), Minor: ptr(int64(0)), Access: "rwm"},
+	{Allow: true, Type: "c", Major: ptr(int64(5)), Minor: ptr(int64(2)), Access: "rwm"},
+	{Allow: true, Type: "c", Major: ptr(int64(136)), Access: "rwm"},
+}
+
+// RunscPIDsOverhead is added to the host pids limit of runsc sandboxes: the
+// sentry and gofer are Go programs whose threads count against pids.max.
+const RunscPIDsOverhead = 256
+
+func hasMountAt(ms []runtime.Mount, dst string) bool {
+	for _, m := range ms {
+		if filepath.Clean(m.Destination) == dst {
+			return true
+		}
+	}
+	return false
+}
+
+func hasEnv(env []string, key string) bool {
+	for _, e := range env {
+		if len(e) > len(key) && e[:len(key)] == key && e[len(key)] == '=' {
+			return true
+		}
+	}
+	return false
+}
+
+// nofileRlimit is 65536/1048576, capped at our own hard limit: without
+// CAP_SYS_RESOURCE (some hosts drop it) the runtime cannot raise it and
+// container init fails with EPERM.
+func nofileRlimit() specs.POSIXRlimit {
+	hard, soft := uint64(nofileHard), uint64(nofileSoft)
+	var cur unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &cur); err == nil && cur.Max < hard && !hasCapSysResource() {
+		hard = cur.Max
+	}
+	soft = min(soft, hard)
+	return specs.POSIXRlimit{Type: "RLIMIT_NOFILE", Hard: hard, Soft: soft}
+}
+
+func hasCapSysResource() bool {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return err == nil && n&(1<<unix.CAP_SYS_RESOURCE) != 0
+		}
+	}
+	return false
+}

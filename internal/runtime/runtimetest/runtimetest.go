@@ -1,0 +1,547 @@
+// Package runtimetest is the conformance suite every runtime.Driver runs.
+package runtimetest
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/runtime"
+)
+
+// Optional capabilities a driver may expose so the suite can look deeper.
+type (
+	// CgroupFiler reads a file of the sandbox cgroup (v1 controller name).
+	CgroupFiler interface {
+		CgroupFile(id, controller, file string) ([]byte, error)
+	}
+	// UpperDirer exposes the writable overlay layer.
+	UpperDirer interface{ UpperDir(id string) string }
+	// ConsoleLogger exposes the PID 1 stdout/stderr file.
+	ConsoleLogger interface{ ConsoleLog(id string) string }
+	// LeakChecker reports leftovers once every sandbox is deleted.
+	LeakChecker interface{ CheckLeaks(ctx context.Context) error }
+)
+
+// Options tune the suite.
+type Options struct {
+	// LeakCycles is the number of create/delete cycles of the leak test (default 50).
+	LeakCycles int
+	// Timeout bounds each wait for in-sandbox effects (default 30s).
+	Timeout time.Duration
+	// ScratchDir is where host dirs bind-mounted into sandboxes are made
+	// (default t.TempDir()).
+	ScratchDir string
+	// HostPIDsOverhead is what the driver adds to Resources.PIDs in the host
+	// pids cgroup (runsc: the sentry's own threads).
+	HostPIDsOverhead int64
+}
+
+// defaultCapMask is Docker's default capability set as a CapEff bitmask.
+const defaultCapMask = 1<<0 | 1<<1 | 1<<3 | 1<<4 | 1<<27 | 1<<13 | 1<<6 | 1<<7 |
+	1<<31 | 1<<8 | 1<<10 | 1<<18 | 1<<5 | 1<<29
+
+// NewID returns a random 20-char [a-z0-9] sandbox id.
+func NewID(t testing.TB) string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+	b := make([]byte, 20)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	for i := range b {
+		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	return string(b)
+}
+
+// BusyboxRootfs builds a minimal rootfs from the static /bin/busybox in a
+// temp dir: every applet as a symlink in /bin, root and user (1000) accounts.
+func BusyboxRootfs(t testing.TB) string {
+	t.Helper()
+	return BusyboxRootfsIn(t, t.TempDir())
+}
+
+// BusyboxRootfsIn is BusyboxRootfs under a caller-chosen (cleaned-up) dir.
+func BusyboxRootfsIn(t testing.TB, parent string) string {
+	t.Helper()
+	bb := busyboxPath()
+	root := filepath.Join(parent, "rootfs")
+	for _, d := range []string{"bin", "sbin", "usr/bin", "usr/sbin", "etc", "proc", "sys", "dev", "root", "home/user", "tmp", "var", "run"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.Chmod(filepath.Join(root, "tmp"), 0o1777)
+	data, err := os.ReadFile(bb)
+	if err != nil {
+		t.Fatalf("busybox: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "bin", "busybox"), data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(bb, "--list").Output()
+	if err != nil {
+		t.Fatalf("busybox --list: %v", err)
+	}
+	for _, applet := range strings.Fields(string(out)) {
+		if applet == "busybox" || strings.Contains(applet, "/") {
+			continue
+		}
+		if err := os.Symlink("busybox", filepath.Join(root, "bin", applet)); err != nil && !errors.Is(err, os.ErrExist) {
+			t.Fatal(err)
+		}
+	}
+	files := map[string]string{
+		"etc/passwd":   "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/home/user:/bin/sh\n",
+		"etc/group":    "root:x:0:\nuser:x:1000:\n",
+		"etc/hostname": "sandbox\n",
+	}
+	for p, c := range files {
+		if err := os.WriteFile(filepath.Join(root, p), []byte(c), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.Chown(filepath.Join(root, "home/user"), 1000, 1000)
+	return root
+}
+
+func busyboxPath() string {
+	if p, err := exec.LookPath("busybox"); err == nil {
+		if abs, err := filepath.Abs(p); err == nil {
+			return abs
+		}
+	}
+	return "/bin/busybox"
+}
+
+func waitFile(t testing.TB, path string, timeout time.Duration) []byte {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		b, err := os.ReadFile(path)
+		if err == nil && len(b) > 0 {
+			return b
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, path)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func readInt(t testing.TB, path string) int {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatalf("%s: %q: %v", path, b, err)
+	}
+	return n
+}
+
+// waitTickAbove waits until /out/tick holds a value > min.
+func waitTickAbove(t testing.TB, path string, min int, timeout time.Duration) int {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		if b, err := os.ReadFile(path); err == nil {
+			if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && n > min {
+				return n
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("tick in %s did not pass %d within %v", path, min, timeout)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// probeScript is PID 1 of the main test sandbox. It records what it sees
+// into /out and then ticks a counter once a second, so pause (tick stops)
+// and resume-with-memory (tick continues from where it was) are observable.
+const probeScript = `
+grep -E '^(CapEff|Seccomp):' /proc/1/status > /out/status
+if unshare -U true 2>/dev/null; then echo 0 > /out/unshare.rc; else echo 1 > /out/unshare.rc; fi
+if echo x > /ro/written 2>/dev/null; then echo 0 > /out/ro.rc; else echo 1 > /out/ro.rc; fi
+cat /ro/hello > /out/ro.content
+echo persisted > /tmp/persist
+hostname > /out/hostname
+/.cubicle/bb echo agent-ok > /out/agent
+echo hello-console
+echo ready > /out/ready
+i=0
+while [ $i -lt 100000 ]; do i=$((i+1)); echo $i > /out/tick.new; mv /out/tick.new /out/tick; sleep 1; done
+`
+
+// RunDriverSuite runs the conformance tests against d. layers are the
+// read-only lower dirs (e.g. BusyboxRootfs).
+func RunDriverSuite(t *testing.T, d runtime.Driver, layers []string) {
+	RunDriverSuiteWith(t, d, layers, Options{})
+}
+
+// RunDriverSuiteWith is RunDriverSuite with options.
+func RunDriverSuiteWith(t *testing.T, d runtime.Driver, layers []string, o Options) {
+	if o.LeakCycles == 0 {
+		o.LeakCycles = 50
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 30 * time.Second
+	}
+	scratch := func(t *testing.T) string {
+		if o.ScratchDir == "" {
+			return t.TempDir()
+		}
+		dir, err := os.MkdirTemp(o.ScratchDir, "scratch-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		return dir
+	}
+	ctx := context.Background()
+	cleanupDelete := func(t *testing.T, id string) {
+		t.Cleanup(func() {
+			if err := d.Delete(context.Background(), id); err != nil {
+				t.Errorf("cleanup delete %s: %v", id, err)
+			}
+		})
+	}
+
+	t.Run("DeleteUnknown", func(t *testing.T) {
+		if err := d.Delete(ctx, NewID(t)); err != nil {
+			t.Fatalf("Delete(unknown) = %v, want nil", err)
+		}
+		if _, err := d.Inspect(ctx, NewID(t)); !errors.Is(err, runtime.ErrNotFound) {
+			t.Fatalf("Inspect(unknown) = %v, want ErrNotFound", err)
+		}
+	})
+
+	t.Run("Lifecycle", func(t *testing.T) {
+		out, ro := scratch(t), scratch(t)
+		if err := os.WriteFile(filepath.Join(ro, "hello"), []byte("from-host\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		id := NewID(t)
+		spec := runtime.Spec{
+			ID: id, Layers: layers, Hostname: "probe-host",
+			Args: []string{"/bin/sh", "-c", probeScript},
+			Env:  []string{"PROBE=1"},
+			Mounts: []runtime.Mount{
+				{Source: out, Destination: "/out"},
+				{Source: ro, Destination: "/ro", ReadOnly: true},
+				// A single-file bind, as the agent binary is mounted.
+				{Source: busyboxPath(), Destination: "/.cubicle/bb", ReadOnly: true},
+			},
+			Resources: runtime.Resources{CPUCount: 1, MemoryMB: 64, PIDs: 100},
+		}
+		start := time.Now()
+		info, err := d.Create(ctx, spec)
+		cleanupDelete(t, id)
+		if err != nil {
+			t.Fatalf("Create: %v", err)
+		}
+		waitFile(t, filepath.Join(out, "ready"), o.Timeout)
+		t.Logf("%s: create -> PID 1 ready in %v", d.Name(), time.Since(start))
+		if info.ID != id || info.State != runtime.StateRunning || info.Pid <= 0 {
+			t.Fatalf("Create info = %+v", info)
+		}
+
+		info, err = d.Inspect(ctx, id)
+		if err != nil || info.State != runtime.StateRunning || info.Pid <= 0 {
+			t.Fatalf("Inspect = %+v, %v; want running with pid", info, err)
+		}
+		if got := strings.TrimSpace(string(waitFile(t, filepath.Join(out, "hostname"), o.Timeout))); got != "probe-host" {
+			t.Errorf("hostname = %q", got)
+		}
+
+		if got := strings.TrimSpace(string(waitFile(t, filepath.Join(out, "agent"), o.Timeout))); got != "agent-ok" {
+			t.Errorf("file bind mount: %q", got)
+		}
+
+		// Capabilities: nothing beyond Docker's default set.
+		status := string(waitFile(t, filepath.Join(out, "status"), o.Timeout))
+		var capEff uint64
+		for _, line := range strings.Split(status, "\n") {
+			if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+				capEff, err = strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+				if err != nil {
+					t.Fatalf("CapEff %q: %v", v, err)
+				}
+			}
+		}
+		if capEff&^uint64(defaultCapMask) != 0 || capEff == 0 {
+			t.Errorf("CapEff = %#x, want subset of %#x (non-empty)", capEff, uint64(defaultCapMask))
+		}
+		// Seccomp: user namespaces need no capability, so only the filter stops this.
+		if strings.Contains(status, "Seccomp:") && !strings.Contains(status, "Seccomp:\t2") {
+			t.Errorf("PID 1 not in seccomp filter mode: %q", status)
+		}
+		if rc := readInt(t, filepath.Join(out, "unshare.rc")); rc == 0 {
+			t.Errorf("unshare -U succeeded inside the sandbox; seccomp not applied (status: %q)", status)
+		}
+
+		// Read-only bind mount.
+		if rc := readInt(t, filepath.Join(out, "ro.rc")); rc == 0 {
+			t.Errorf("write to read-only mount succeeded")
+		}
+		if _, err := os.Stat(filepath.Join(ro, "written")); err == nil {
+			t.Errorf("file appeared in read-only host dir")
+		}
+		if got := strings.TrimSpace(string(waitFile(t, filepath.Join(out, "ro.content"), o.Timeout))); got != "from-host" {
+			t.Errorf("ro content = %q", got)
+		}
+
+		// Writes land in the upper dir, never in a lower layer.
+		for _, l := range layers {
+			if _, err := os.Stat(filepath.Join(l, "tmp", "persist")); err == nil {
+				t.Errorf("write leaked into lower layer %s", l)
+			}
+		}
+		if u, ok := d.(UpperDirer); ok {
+			b, err := os.ReadFile(filepath.Join(u.UpperDir(id), "tmp", "persist"))
+			if err != nil || strings.TrimSpace(string(b)) != "persisted" {
+				t.Errorf("upper/tmp/persist = %q, %v", b, err)
+			}
+		}
+		if c, ok := d.(ConsoleLogger); ok {
+			deadline := time.Now().Add(o.Timeout)
+			for {
+				b, _ := os.ReadFile(c.ConsoleLog(id))
+				if strings.Contains(string(b), "hello-console") {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Errorf("console log lacks PID 1 stdout: %q", b)
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+
+		// Stats and limits.
+		tick := filepath.Join(out, "tick")
+		waitTickAbove(t, tick, 1, o.Timeout) // some CPU has been used by now
+		st, err := d.Stats(ctx, id)
+		if err != nil {
+			t.Fatalf("Stats: %v", err)
+		}
+		if st.MemoryBytes == 0 || st.CPUUsageNanos == 0 || st.PIDs == 0 {
+			t.Errorf("Stats = %+v, want non-zero usage", st)
+		}
+		if st.MemoryLimit != 64<<20 {
+			t.Errorf("MemoryLimit = %d, want %d", st.MemoryLimit, 64<<20)
+		}
+		if cf, ok := d.(CgroupFiler); ok {
+			checkCgroup(t, cf, id, "pids", []string{"pids.max"}, strconv.FormatInt(100+o.HostPIDsOverhead, 10))
+			checkCgroup(t, cf, id, "memory", []string{"memory.limit_in_bytes", "memory.max"}, strconv.Itoa(64<<20))
+			checkCgroup(t, cf, id, "cpu", []string{"cpu.cfs_quota_us", "cpu.max"}, "100000")
+		}
+
+		// Pause keeps the process (and its memory); Resume continues it.
+		before := waitTickAbove(t, tick, 1, o.Timeout)
+		if err := d.Resume(ctx, id); !errors.Is(err, runtime.ErrNotPaused) {
+			t.Errorf("Resume(running) = %v, want ErrNotPaused", err)
+		}
+		pauseStart := time.Now()
+		if err := d.Pause(ctx, id); err != nil {
+			t.Fatalf("Pause: %v", err)
+		}
+		t.Logf("%s: pause took %v", d.Name(), time.Since(pauseStart))
+		info, err = d.Inspect(ctx, id)
+		if err != nil || info.State != runtime.StatePaused {
+			t.Fatalf("Inspect after pause = %+v, %v", info, err)
+		}
+		if err := d.Pause(ctx, id); !errors.Is(err, runtime.ErrNotRunning) {
+			t.Errorf("Pause(paused) = %v, want ErrNotRunning", err)
+		}
+		frozen := readInt(t, tick)
+		time.Sleep(2500 * time.Millisecond)
+		if now := readInt(t, tick); now != frozen {
+			t.Errorf("tick advanced while paused: %d -> %d", frozen, now)
+		}
+		resumeStart := time.Now()
+		if err := d.Resume(ctx, id); err != nil {
+			t.Fatalf("Resume: %v", err)
+		}
+		t.Logf("%s: resume took %v", d.Name(), time.Since(resumeStart))
+		info, err = d.Inspect(ctx, id)
+		if err != nil || info.State != runtime.StateRunning || info.Pid <= 0 {
+			t.Fatalf("Inspect after resume = %+v, %v", info, err)
+		}
+		// The counter continues from memory, not from a restart.
+		if after := waitTickAbove(t, tick, frozen, o.Timeout); after < before {
+			t.Errorf("tick went backwards after resume: %d -> %d (process restarted?)", before, after)
+		}
+		if u, ok := d.(UpperDirer); ok {
+			if _, err := os.Stat(filepath.Join(u.UpperDir(id), "tmp", "persist")); err != nil {
+				t.Errorf("rootfs write lost across pause/resume: %v", err)
+			}
+		}
+
+		found := false
+		l, err := d.List(ctx)
+		if err != nil {
+			t.Fatalf("List: %v", err)
+		}
+		for _, i := range l {
+			found = found || (i.ID == id && i.State == runtime.StateRunning)
+		}
+		if !found {
+			t.Errorf("List = %+v lacks running %s", l, id)
+		}
+
+		if err := d.Delete(ctx, id); err != nil {
+			t.Fatalf("Delete: %v", err)
+		}
+		if _, err := d.Inspect(ctx, id); !errors.Is(err, runtime.ErrNotFound) {
+			t.Fatalf("Inspect after delete = %v, want ErrNotFound", err)
+		}
+		if _, err := d.Stats(ctx, id); !errors.Is(err, runtime.ErrNotFound) {
+			t.Errorf("Stats after delete = %v, want ErrNotFound", err)
+		}
+		if err := d.Delete(ctx, id); err != nil {
+			t.Fatalf("second Delete = %v, want nil", err)
+		}
+	})
+
+	t.Run("AlreadyExists", func(t *testing.T) {
+		id := NewID(t)
+		spec := runtime.Spec{ID: id, Layers: layers, Args: []string{"/bin/sleep", "3600"}}
+		if _, err := d.Create(ctx, spec); err != nil {
+			cleanupDelete(t, id)
+			t.Fatalf("Create: %v", err)
+		}
+		cleanupDelete(t, id)
+		if _, err := d.Create(ctx, spec); !errors.Is(err, runtime.ErrAlreadyExists) {
+			t.Fatalf("second Create = %v, want ErrAlreadyExists", err)
+		}
+		// The failed Create must not have damaged the first sandbox.
+		if info, err := d.Inspect(ctx, id); err != nil || info.State != runtime.StateRunning {
+			t.Fatalf("Inspect after duplicate = %+v, %v", info, err)
+		}
+	})
+
+	t.Run("DeletePaused", func(t *testing.T) {
+		id := NewID(t)
+		if _, err := d.Create(ctx, runtime.Spec{ID: id, Layers: layers, Args: []string{"/bin/sleep", "3600"}}); err != nil {
+			cleanupDelete(t, id)
+			t.Fatalf("Create: %v", err)
+		}
+		cleanupDelete(t, id)
+		if err := d.Pause(ctx, id); err != nil {
+			t.Fatalf("Pause: %v", err)
+		}
+		if err := d.Delete(ctx, id); err != nil {
+			t.Fatalf("Delete(paused): %v", err)
+		}
+		if _, err := d.Inspect(ctx, id); !errors.Is(err, runtime.ErrNotFound) {
+			t.Fatalf("Inspect after delete = %v, want ErrNotFound", err)
+		}
+	})
+
+	t.Run("CreateFailureCleansUp", func(t *testing.T) {
+		id := NewID(t)
+		// A binary that does not exist makes the runtime fail at create/start.
+		_, err := d.Create(ctx, runtime.Spec{ID: id, Layers: layers, Args: []string{"/no/such/binary"}})
+		cleanupDelete(t, id)
+		if err == nil {
+			// Some runtimes report exec failure only as an exited PID 1.
+			return
+		}
+		if _, err := d.Inspect(ctx, id); !errors.Is(err, runtime.ErrNotFound) {
+			t.Fatalf("Inspect after failed Create = %v, want ErrNotFound", err)
+		}
+	})
+
+	t.Run("Concurrent", func(t *testing.T) {
+		// Different IDs in parallel must not interfere (per-ID locking only).
+		const n = 4
+		errs := make(chan error, n)
+		for i := 0; i < n; i++ {
+			go func() {
+				id := NewID(t)
+				if _, err := d.Create(ctx, runtime.Spec{ID: id, Layers: layers, Args: []string{"/bin/sleep", "3600"}}); err != nil {
+					d.Delete(ctx, id)
+					errs <- fmt.Errorf("create %s: %w", id, err)
+					return
+				}
+				if info, err := d.Inspect(ctx, id); err != nil || info.State != runtime.StateRunning {
+					d.Delete(ctx, id)
+					errs <- fmt.Errorf("inspect %s: %+v %v", id, info, err)
+					return
+				}
+				errs <- d.Delete(ctx, id)
+			}()
+		}
+		for i := 0; i < n; i++ {
+			select {
+			case err := <-errs:
+				if err != nil {
+					t.Error(err)
+				}
+			case <-time.After(4 * o.Timeout):
+				t.Fatal("concurrent create/delete timed out")
+			}
+		}
+	})
+
+	t.Run("Leak", func(t *testing.T) {
+		start := time.Now()
+		for i := 0; i < o.LeakCycles; i++ {
+			id := NewID(t)
+			_, err := d.Create(ctx, runtime.Spec{
+				ID: id, Layers: layers, Args: []string{"/bin/sleep", "3600"},
+				Resources: runtime.Resources{CPUCount: 1, MemoryMB: 64, PIDs: 16},
+			})
+			if err != nil {
+				d.Delete(ctx, id)
+				t.Fatalf("cycle %d: Create: %v", i, err)
+			}
+			if err := d.Delete(ctx, id); err != nil {
+				t.Fatalf("cycle %d: Delete: %v", i, err)
+			}
+		}
+		t.Logf("%s: %d create/delete cycles in %v (%v each)", d.Name(), o.LeakCycles,
+			time.Since(start), time.Since(start)/time.Duration(o.LeakCycles))
+		if lc, ok := d.(LeakChecker); ok {
+			if err := lc.CheckLeaks(ctx); err != nil {
+				t.Fatalf("leaks after %d cycles: %v", o.LeakCycles, err)
+			}
+		}
+		if l, err := d.List(ctx); err != nil || len(l) != 0 {
+			t.Fatalf("List after cycles = %+v, %v; want empty", l, err)
+		}
+	})
+}
+
+func checkCgroup(t *testing.T, cf CgroupFiler, id, ctrl string, files []string, want string) {
+	t.Helper()
+	var errs []string
+	for _, f := range files {
+		b, err := cf.CgroupFile(id, ctrl, f)
+		if err != nil {
+			errs = append(errs, err.Error())
+			continue
+		}
+		got := strings.TrimSpace(string(b))
+		if ctrl == "cpu" && f == "cpu.max" {
+			got, _, _ = strings.Cut(got, " ")
+		}
+		if got != want {
+			t.Errorf("cgroup %s/%s = %q, want %q", ctrl, f, got, want)
+		}
+		return
+	}
+	t.Errorf("cgroup %s: none of %v readable: %s", ctrl, files, fmt.Sprint(errs))
+}

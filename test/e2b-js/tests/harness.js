@@ -1,0 +1,245 @@
+'use strict'
+// Test harness: starts a real `cubicle serve` (../../bin/cubicle, built by `make build`)
+// on a free loopback port with its own data dir, bridge and address pool, creates an API
+// key, and points the unmodified e2b SDK at it through the documented env vars.
+// Everything it starts is stopped (by PID) and everything it creates is removed in stop().
+
+const { spawn, execFileSync, spawnSync } = require('node:child_process')
+const crypto = require('node:crypto')
+const fs = require('node:fs')
+const net = require('node:net')
+const os = require('node:os')
+const path = require('node:path')
+
+const REPO = path.resolve(__dirname, '..', '..', '..')
+const CUBICLE = process.env.CUBICLE_BIN || path.join(REPO, 'bin', 'cubicle')
+const IMAGES_DIR = process.env.CUBICLE_IMAGES_DIR || '/var/lib/cubicle/images'
+const RUNTIME = process.env.CUBICLE_RUNTIME || 'runc'
+const LOG_DIR = path.join(__dirname, '..', '.logs')
+const DOMAIN = 'cubicle.local'
+
+function sleep(ms) {
+  return new Promise((r) => setTimeout(r, ms))
+}
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const s = net.createServer()
+    s.unref()
+    s.on('error', reject)
+    s.listen(0, '127.0.0.1', () => {
+      const { port } = s.address()
+      s.close(() => resolve(port))
+    })
+  })
+}
+
+// waitFor polls fn until it returns a truthy value or the deadline passes.
+async function waitFor(fn, { timeoutMs = 10000, intervalMs = 100, what = 'condition' } = {}) {
+  const deadline = Date.now() + timeoutMs
+  let last
+  for (;;) {
+    try {
+      const v = await fn()
+      if (v) return v
+    } catch (e) {
+      last = e
+    }
+    if (Date.now() > deadline) {
+      throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${last ? `: ${last.message}` : ''}`)
+    }
+    await sleep(intervalMs)
+  }
+}
+
+function mountsUnder(dir) {
+  // /proc/self/mountinfo field 5 is the mount point (octal-escaped).
+  const out = []
+  for (const line of fs.readFileSync('/proc/self/mountinfo', 'utf8').split('\n')) {
+    const f = line.split(' ')
+    if (f.length < 5) continue
+    const mp = f[4].replace(/\\([0-7]{3})/g, (_, o) => String.fromCharCode(parseInt(o, 8)))
+    if (mp === dir || mp.startsWith(dir + '/')) out.push(mp)
+  }
+  return out.sort((a, b) => b.length - a.length)
+}
+
+function quiet(cmd, args) {
+  return spawnSync(cmd, args, { stdio: 'ignore', timeout: 15000 })
+}
+
+class Server {
+  constructor({ runtime = RUNTIME, imagesDir = IMAGES_DIR } = {}) {
+    this.runtime = runtime
+    this.imagesDir = imagesDir
+    this.proc = null
+    this.stderrTail = ''
+    this.sandboxes = []
+  }
+
+  // track registers an SDK sandbox so stop() kills it even when a test failed midway.
+  track(sbx) {
+    this.sandboxes.push(sbx)
+    return sbx
+  }
+
+  // ensure starts the server once; every caller gets the same promise. Test files call
+  // it at the top of their own before() hooks.
+  ensure(extraArgs = []) {
+    if (!this._started) this._started = this.start(extraArgs)
+    return this._started
+  }
+
+  async start(extraArgs = []) {
+    if (!fs.existsSync(CUBICLE)) {
+      throw new Error(`${CUBICLE} not found: run \`make build\` first`)
+    }
+    if (!fs.existsSync(path.join(this.imagesDir, 'base', 'rootfs'))) {
+      throw new Error(`${this.imagesDir}/base/rootfs not found: run \`scripts/install\` (or scripts/build-rootfs)`)
+    }
+    this.dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'cubicle-e2e-'))
+    this.port = await freePort()
+    const rand = crypto.randomBytes(3).toString('hex')
+    this.bridge = `cbe${rand}`
+    this.pool = `10.212.${crypto.randomInt(0, 256)}.0/24`
+    this.url = `http://127.0.0.1:${this.port}`
+
+    this.apiKey = execFileSync(CUBICLE, ['apikey', 'create', '--data-dir', this.dataDir, '--name', 'e2e'], {
+      encoding: 'utf8',
+      timeout: 30000,
+    }).trim()
+    if (!/^e2b_[0-9a-f]+$/.test(this.apiKey)) {
+      throw new Error(`cubicle apikey create printed ${JSON.stringify(this.apiKey)}, want e2b_<hex>`)
+    }
+
+    fs.mkdirSync(LOG_DIR, { recursive: true })
+    const testName = path.basename(process.argv[1] || 'test', '.js')
+    this.logPath = path.join(LOG_DIR, `${testName}.log`)
+    const logFd = fs.openSync(this.logPath, 'w')
+    const args = [
+      'serve',
+      '--data-dir', this.dataDir,
+      '--listen', `127.0.0.1:${this.port}`,
+      '--images-dir', this.imagesDir,
+      '--runtime', this.runtime,
+      '--domain', DOMAIN,
+      '--bridge', this.bridge,
+      '--pool', this.pool,
+      ...extraArgs,
+    ]
+    this.proc = spawn(CUBICLE, args, { stdio: ['ignore', 'pipe', 'pipe'] })
+    this.exited = new Promise((resolve) => this.proc.once('exit', (code, sig) => resolve({ code, sig })))
+    const onData = (chunk) => {
+      fs.writeSync(logFd, chunk)
+      this.stderrTail = (this.stderrTail + chunk.toString()).slice(-20000)
+    }
+    this.proc.stdout.on('data', onData)
+    this.proc.stderr.on('data', onData)
+    this.exited.then(() => fs.closeSync(logFd))
+    let dead = null
+    this.exited.then((r) => (dead = r))
+
+    await waitFor(
+      async () => {
+        if (dead) throw new Error(`cubicle serve exited early (${JSON.stringify(dead)}):\n${this.stderrTail}`)
+        const res = await fetch(`${this.url}/health`, { signal: AbortSignal.timeout(1000) })
+        return res.status === 200 || res.status === 204
+      },
+      { timeoutMs: 30000, intervalMs: 100, what: `GET ${this.url}/health` },
+    ).catch((e) => {
+      if (dead) throw new Error(`cubicle serve exited early (${JSON.stringify(dead)}):\n${this.stderrTail}`)
+      throw e
+    })
+
+    process.env.E2B_API_URL = this.url
+    process.env.E2B_SANDBOX_URL = this.url
+    process.env.E2B_API_KEY = this.apiKey
+    process.env.E2B_DOMAIN = DOMAIN
+    delete process.env.E2B_DEBUG
+    return this
+  }
+
+  // api is a raw-fetch helper for the control plane.
+  async api(method, p, { body, headers = {}, apiKey = this.apiKey, raw } = {}) {
+    const h = { ...headers }
+    if (apiKey !== null) h['X-API-KEY'] = apiKey
+    let payload
+    if (raw !== undefined) payload = raw
+    else if (body !== undefined) {
+      payload = JSON.stringify(body)
+      h['Content-Type'] = 'application/json'
+    }
+    const res = await fetch(this.url + p, { method, headers: h, body: payload, signal: AbortSignal.timeout(60000) })
+    const text = await res.text()
+    let json
+    try {
+      json = text ? JSON.parse(text) : undefined
+    } catch {
+      json = undefined
+    }
+    return { status: res.status, headers: res.headers, text, json }
+  }
+
+  tail(n = 4000) {
+    return this.stderrTail.slice(-n)
+  }
+
+  async stop() {
+    const alive = () => this.proc && this.proc.exitCode === null && this.proc.signalCode === null
+    if (alive() && this.sandboxes.length) {
+      await Promise.allSettled(this.sandboxes.map((s) => s.kill({ requestTimeoutMs: 20000 })))
+    }
+    if (this.proc && this.proc.exitCode === null && this.proc.signalCode === null) {
+      try {
+        process.kill(this.proc.pid, 'SIGTERM')
+      } catch {}
+      const t = await Promise.race([this.exited, sleep(15000).then(() => null)])
+      if (t === null) {
+        try {
+          process.kill(this.proc.pid, 'SIGKILL')
+        } catch {}
+        await Promise.race([this.exited, sleep(5000)])
+      }
+    }
+    if (!this.dataDir) return
+    // Belt and braces: remove any container the server left behind in its own state
+    // roots (<data>/run/<driver>), then our bridge, then mounts and the data dir.
+    for (const drv of ['runc', 'runsc']) {
+      const rootDir = path.join(this.dataDir, 'run', drv)
+      if (!fs.existsSync(rootDir)) continue
+      const bin = drv === 'runc' ? 'runc' : 'runsc'
+      const r = spawnSync(bin, ['--root', rootDir, 'list', '-q'], { encoding: 'utf8', timeout: 15000 })
+      for (const id of (r.stdout || '').split('\n').filter(Boolean)) {
+        quiet(bin, ['--root', rootDir, 'kill', id, 'KILL'])
+        quiet(bin, ['--root', rootDir, 'delete', '--force', id])
+      }
+    }
+    quiet('ip', ['link', 'del', this.bridge])
+    // netns bind mounts (default --netns-dir /run/cubicle/<bridge>/netns) and our data dir.
+    const runDir = path.join('/run/cubicle', this.bridge)
+    for (const mp of [...mountsUnder(runDir), ...mountsUnder(this.dataDir)]) quiet('umount', ['-l', mp])
+    fs.rmSync(runDir, { recursive: true, force: true })
+    // nftables tables this server created for its bridge (named cubicle_<bridge>).
+    const nft = spawnSync('nft', ['list', 'tables'], { encoding: 'utf8', timeout: 15000 })
+    for (const line of (nft.stdout || '').split('\n')) {
+      const m = /^table (\S+) (\S+)$/.exec(line.trim())
+      if (m && m[2].endsWith(`_${this.bridge}`)) quiet('nft', ['delete', 'table', m[1], m[2]])
+    }
+    fs.rmSync(this.dataDir, { recursive: true, force: true, maxRetries: 3 })
+    this.dataDir = null
+  }
+}
+
+// setup() registers before/after hooks on the calling test file and returns the server.
+function setup(t = require('node:test'), extraArgs = []) {
+  const srv = new Server()
+  t.before(async () => {
+    await srv.ensure(extraArgs)
+  })
+  t.after(async () => {
+    await srv.stop()
+  })
+  return srv
+}
+
+module.exports = { Server, setup, waitFor, sleep, freePort, REPO, IMAGES_DIR, DOMAIN }
