@@ -178,6 +178,7 @@ func (s *server) destroy() {
 	for _, ctrl := range []string{"cpu", "cpuacct", "memory", "pids", "freezer", "devices", "blkio", "cpuset", "systemd", "unified"} {
 		os.Remove(filepath.Join("/sys/fs/cgroup", ctrl, s.Cgroup))
 	}
+	unmountUnder(s.DataDir)
 	os.RemoveAll(filepath.Join("/run/cubicle", s.Bridge))
 	if s.t.Failed() {
 		s.t.Logf("server logs:\n%s", s.logs)
@@ -312,7 +313,13 @@ func (s *server) snapshot(t *testing.T) hostState {
 	if f, err := os.Open("/proc/self/mountinfo"); err == nil {
 		sc := bufio.NewScanner(f)
 		for sc.Scan() {
-			if strings.Contains(sc.Text(), s.DataDir) || strings.Contains(sc.Text(), "/run/cubicle/"+s.Bridge) {
+			line := sc.Text()
+			// runsc keeps one null-netns bind mount per state root; it is the
+			// runtime's, not a sandbox's.
+			if strings.Contains(line, filepath.Join(s.DataDir, "run")+"/") {
+				continue
+			}
+			if strings.Contains(line, s.DataDir) || strings.Contains(line, "/run/cubicle/"+s.Bridge) {
 				h.mounts++
 			}
 		}
@@ -337,4 +344,22 @@ func (s *server) snapshot(t *testing.T) hostState {
 		}
 	}
 	return h
+}
+
+// unmountUnder lazily unmounts every mount point below dir, deepest first.
+func unmountUnder(dir string) {
+	raw, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	var points []string
+	for _, line := range strings.Split(string(raw), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			points = append(points, f[4])
+		}
+	}
+	for i := len(points) - 1; i >= 0; i-- {
+		syscall.Unmount(points[i], syscall.MNT_DETACH)
+	}
 }
