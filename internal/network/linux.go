@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
@@ -266,6 +267,9 @@ func (l *Linux) inspect(id string, brIndex int) Endpoint {
 		}
 		ns.Close()
 	}
+	if !ep.Addr.IsValid() {
+		ep.Addr = l.recordedAddr(id)
+	}
 	hv, err := netlink.LinkByName(ep.HostVeth)
 	if err == nil && hv.Attrs().MasterIndex == brIndex && ep.Addr.IsValid() {
 		ep.Stale = false
@@ -392,6 +396,9 @@ func (l *Linux) Setup(ctx context.Context, id string, p Policy) (ep Endpoint, er
 	if err = l.wire(ep); err != nil {
 		return ep, err
 	}
+	if err = l.recordAddr(ep); err != nil {
+		return ep, err
+	}
 	c, err := nftables.New()
 	if err != nil {
 		return ep, fmt.Errorf("network: nftables: %w", err)
@@ -469,7 +476,31 @@ func (l *Linux) wire(ep Endpoint) error {
 	if err := h.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: ep.Gateway.AsSlice()}); err != nil {
 		return fmt.Errorf("network: default route: %w", err)
 	}
-	return nil
+	if err := waitOperUp(netlink.LinkByName, ep.HostVeth); err != nil {
+		return err
+	}
+	return waitOperUp(h.LinkByName, "eth0")
+}
+
+// waitOperUp waits (bounded) until the kernel's linkwatch has processed the
+// carrier change of a freshly created link: before that its qdisc is noop
+// and the bridge port is disabled, so the first packets (e.g. a SYN) are
+// silently dropped and a client only recovers on its 1 s retransmit.
+func waitOperUp(byName func(string) (netlink.Link, error), name string) error {
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		lk, err := byName(name)
+		if err != nil {
+			return fmt.Errorf("network: lookup %s: %w", name, err)
+		}
+		if lk.Attrs().OperState == netlink.OperUp {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("network: %s not operationally up after 3s (state %s)", name, lk.Attrs().OperState)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // cleanup removes whatever exists of ep; withNft also removes its rules.
@@ -488,7 +519,41 @@ func (l *Linux) cleanup(ep Endpoint, withNft bool) error {
 	if err := deleteNetns(ep.NetNSPath); err != nil {
 		errs = append(errs, err)
 	}
+	if err := os.Remove(l.addrFile(ep.ID)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
+}
+
+// addrFile records an endpoint's address beside its netns file. gVisor
+// (runsc) takes the addresses off the netns interfaces when it starts, so
+// after a restart the netns alone cannot tell which address is in use.
+// The ".addr" dir is skipped by recover: it is a directory and not a valid ID.
+func (l *Linux) addrFile(id string) string {
+	return filepath.Join(l.cfg.NetnsDir, ".addr", id)
+}
+
+func (l *Linux) recordAddr(ep Endpoint) error {
+	if err := os.MkdirAll(filepath.Dir(l.addrFile(ep.ID)), 0o755); err != nil {
+		return fmt.Errorf("network: record address: %w", err)
+	}
+	if err := os.WriteFile(l.addrFile(ep.ID), []byte(ep.Addr.String()), 0o644); err != nil {
+		return fmt.Errorf("network: record address: %w", err)
+	}
+	return nil
+}
+
+// recordedAddr returns the address written by recordAddr, if any.
+func (l *Linux) recordedAddr(id string) netip.Addr {
+	b, err := os.ReadFile(l.addrFile(id))
+	if err != nil {
+		return netip.Addr{}
+	}
+	a, err := netip.ParseAddr(strings.TrimSpace(string(b)))
+	if err != nil || !l.cfg.Pool.Contains(a) || !l.assignable(a) {
+		return netip.Addr{}
+	}
+	return a
 }
 
 // removeNft deletes ep's nftables state in one transaction. If that fails

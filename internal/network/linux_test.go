@@ -144,6 +144,12 @@ func newExtHost(t *testing.T) *extHost {
 	if err := h.LinkSetUp(eth); err != nil {
 		t.Fatal(err)
 	}
+	if err := waitOperUp(netlink.LinkByName, name); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitOperUp(h.LinkByName, "eth0"); err != nil {
+		t.Fatal(err)
+	}
 	return e
 }
 
@@ -181,10 +187,16 @@ func listen(t *testing.T, nsPath string, ip netip.Addr) string {
 
 // dial connects from nsPath ("" = host) to target, optionally from a given
 // local address, and returns the remote-address line the server sent.
+// Negative checks use a 1 s timeout (a dropped SYN never gets through);
+// positive ones 2 s, which covers one SYN retransmission on a loaded host.
 func dial(nsPath, target string, local netip.Addr) (string, error) {
+	return dialTimeout(nsPath, target, local, time.Second)
+}
+
+func dialTimeout(nsPath, target string, local netip.Addr, timeout time.Duration) (string, error) {
 	var line string
 	do := func() error {
-		d := net.Dialer{Timeout: 1 * time.Second}
+		d := net.Dialer{Timeout: timeout}
 		if local.IsValid() {
 			d.LocalAddr = &net.TCPAddr{IP: local.AsSlice()}
 		}
@@ -208,7 +220,7 @@ func dial(nsPath, target string, local netip.Addr) (string, error) {
 
 func mustConnect(t *testing.T, what, nsPath, target string) string {
 	t.Helper()
-	line, err := dial(nsPath, target, netip.Addr{})
+	line, err := dialTimeout(nsPath, target, netip.Addr{}, 2*time.Second)
 	if err != nil {
 		t.Fatalf("%s: expected connection to %s, got %v", what, target, err)
 	}
@@ -312,7 +324,7 @@ func TestConnectivityAndIsolation(t *testing.T) {
 	if line, err := dial(a.NetNSPath, extSrv, spoof); err == nil {
 		t.Fatalf("spoofed source reached external host (saw %s)", line)
 	}
-	if _, err := dial(a.NetNSPath, extSrv, a.Addr); err != nil {
+	if _, err := dialTimeout(a.NetNSPath, extSrv, a.Addr, 2*time.Second); err != nil {
 		t.Fatalf("real source from A stopped working: %v", err)
 	}
 }
@@ -440,7 +452,11 @@ func assertClean(t *testing.T, l *Linux) {
 			t.Errorf("leaked link %s", lk.Attrs().Name)
 		}
 	}
-	if ents, _ := os.ReadDir(l.cfg.NetnsDir); len(ents) != 0 {
+	if ents, _ := os.ReadDir(filepath.Join(l.cfg.NetnsDir, ".addr")); len(ents) != 0 {
+		t.Errorf("leaked address records: %d", len(ents))
+	}
+	ents, _ := os.ReadDir(l.cfg.NetnsDir)
+	if n := len(ents); n != 0 && !(n == 1 && ents[0].Name() == ".addr") {
 		t.Errorf("leaked netns files: %d", len(ents))
 	}
 	if len(l.used) != 0 || len(l.endpoints) != 0 {
@@ -521,7 +537,16 @@ func TestRestartRecovery(t *testing.T) {
 	extSrv := listen(t, ext.path, ext.ip)
 	a := setup(t, l1, "sbxreca", Policy{AllowInternet: false})
 	b := setup(t, l1, "sbxrecb", Policy{AllowInternet: true})
+	mustFail(t, "A denied", a.NetNSPath, extSrv)
+	mustConnect(t, "B allowed", b.NetNSPath, extSrv)
 	c := setup(t, l1, "sbxrecc", Policy{})
+	// Policies changed by UpdatePolicy must survive too (both directions).
+	if err := l1.UpdatePolicy(ctx, a.ID, Policy{AllowOut: []string{ext.ip.String()}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l1.UpdatePolicy(ctx, b.ID, Policy{AllowInternet: true, DenyOut: []string{ext.ip.String()}}); err != nil {
+		t.Fatal(err)
+	}
 	if err := l1.Teardown(ctx, c.ID); err != nil { // leaves a hole below b
 		t.Fatal(err)
 	}
@@ -558,8 +583,8 @@ func TestRestartRecovery(t *testing.T) {
 		t.Fatal("orphan veth not removed")
 	}
 	// Policies survive the rebuild.
-	mustFail(t, "A still denied after restart", a.NetNSPath, extSrv)
-	mustConnect(t, "B still allowed after restart", b.NetNSPath, extSrv)
+	mustConnect(t, "A allowOut kept after restart", a.NetNSPath, extSrv)
+	mustFail(t, "B denyOut kept after restart", b.NetNSPath, extSrv)
 	// New allocation does not collide: it takes the freed hole.
 	d := setup(t, l2, "sbxrecd", Policy{})
 	if d.Addr == a.Addr || d.Addr == b.Addr || d.Addr != c.Addr {
@@ -571,8 +596,8 @@ func TestRestartRecovery(t *testing.T) {
 	if _, err := os.Stat(stalePath); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("stale netns file still there: %v", err)
 	}
-	// l2 now owns everything; l1's cleanup Destroy then finds nothing of its own
-	// endpoints beyond what it recorded, which Teardown handles idempotently.
+	// l2 now owns everything; l1's Destroy at cleanup tears down endpoints
+	// l2 already removed, which must be a no-op.
 	for _, id := range []string{a.ID, b.ID, d.ID} {
 		if err := l2.Teardown(ctx, id); err != nil {
 			t.Fatal(err)
@@ -767,4 +792,50 @@ func TestBridgeMACStable(t *testing.T) {
 		t.Fatalf("bridge MAC changed %s -> %s", before, after)
 	}
 	mustConnect(t, "host->sandbox after teardowns", "", srv)
+}
+
+// gVisor removes the addresses from the netns interfaces once it starts; a
+// restarted manager must still know the endpoint's address.
+func TestRecoveryWithoutNetnsAddress(t *testing.T) {
+	cfg := testConfig(t, 24)
+	l := newTestManager(t, cfg)
+	ep := setup(t, l, "sbxgvisor", Policy{AllowInternet: true})
+	ns, err := netns.GetFromPath(ep.NetNSPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := netlink.NewHandleAt(ns)
+	ns.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	eth, err := h.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, _ := h.AddrList(eth, netlink.FAMILY_V4)
+	for _, a := range addrs {
+		if err := h.AddrDel(eth, &a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.Close()
+	l2, err := NewLinux(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := l2.Get(context.Background(), "sbxgvisor")
+	if err != nil || got.Stale || got.Addr != ep.Addr {
+		t.Fatalf("recovered endpoint %+v (err %v), want address %s and not stale", got, err, ep.Addr)
+	}
+	// The address stays allocated: a new endpoint gets a different one.
+	other := setup(t, l2, "sbxother", Policy{})
+	if other.Addr == ep.Addr {
+		t.Fatalf("address %s handed out twice", ep.Addr)
+	}
+	for _, id := range []string{"sbxgvisor", "sbxother"} {
+		if err := l2.Teardown(context.Background(), id); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

@@ -175,6 +175,7 @@ func (s *server) destroy() {
 	}
 	exec.Command("ip", "link", "del", s.Bridge).Run()
 	exec.Command("nft", "delete", "table", "inet", "cubicle_"+s.Bridge).Run()
+	exec.Command("nft", "delete", "table", "bridge", "cubicle_"+s.Bridge).Run()
 	for _, ctrl := range []string{"cpu", "cpuacct", "memory", "pids", "freezer", "devices", "blkio", "cpuset", "systemd", "unified"} {
 		os.Remove(filepath.Join("/sys/fs/cgroup", ctrl, s.Cgroup))
 	}
@@ -326,7 +327,13 @@ func (s *server) snapshot(t *testing.T) hostState {
 		f.Close()
 	}
 	ents, _ := os.ReadDir(filepath.Join("/run/cubicle", s.Bridge, "netns"))
-	h.netns = len(ents)
+	for _, e := range ents {
+		if e.Type().IsRegular() {
+			h.netns++
+		}
+	}
+	addrs, _ := os.ReadDir(filepath.Join("/run/cubicle", s.Bridge, "netns", ".addr"))
+	h.netns += len(addrs)
 	ents, _ = os.ReadDir(filepath.Join(s.DataDir, "sandboxes"))
 	h.sandboxDirs = len(ents)
 	if out, err := exec.Command("ip", "-o", "link", "show", "master", s.Bridge).Output(); err == nil {

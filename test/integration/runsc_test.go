@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -44,6 +45,13 @@ func TestRunscSandbox(t *testing.T) {
 	var a, b int
 	if _, err := fmt.Sscan(out, &a, &b); err != nil || a < atoi(before) || b <= a {
 		t.Fatalf("counter did not continue across checkpoint/restore: before %q after %q", before, out)
+	}
+	// gVisor strips the netns addresses on the host side; a restart must
+	// still find the sandbox's address and re-adopt it.
+	s.stop(syscall.SIGTERM)
+	s.start()
+	if out := s.mustRun(c, "echo readopted"); out != "readopted\n" {
+		t.Fatalf("after restart: %q", out)
 	}
 	if st := s.do("DELETE", "/sandboxes/"+c.SandboxID, nil, nil); st != http.StatusNoContent {
 		t.Fatalf("kill: %d", st)
