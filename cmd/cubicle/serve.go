@@ -115,7 +115,11 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err != nil {
 		return fmt.Errorf("network: %w", err)
 	}
-	nd, err := node.NewLocal(node.LocalConfig{ID: "local", Runtime: drv, Network: netm, AgentBin: o.agentBin, SandboxDir: sandboxDir})
+	resolv := filepath.Join(o.dataDir, "resolv.conf")
+	if err := node.WriteResolvConf("/etc/resolv.conf", resolv); err != nil {
+		return fmt.Errorf("resolv.conf: %w", err)
+	}
+	nd, err := node.NewLocal(node.LocalConfig{ID: "local", Runtime: drv, Network: netm, AgentBin: o.agentBin, SandboxDir: sandboxDir, ResolvConf: resolv})
 	if err != nil {
 		return err
 	}

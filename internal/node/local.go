@@ -32,6 +32,8 @@ type LocalConfig struct {
 	SandboxDir string // where the driver keeps per-sandbox dirs (for console.log)
 	// AgentReadyTimeout bounds how long Create waits for /health.
 	AgentReadyTimeout time.Duration
+	// ResolvConf, when set, is bind-mounted read-only at /etc/resolv.conf.
+	ResolvConf string
 	PIDsLimit         int64
 }
 
@@ -94,7 +96,11 @@ func (l *Local) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err e
 			_ = l.cfg.Network.Teardown(cctx, req.ID)
 		}
 	}()
-	mounts := append([]runtime.Mount{{Source: l.cfg.AgentBin, Destination: AgentPathInSandbox, ReadOnly: true}}, req.Mounts...)
+	mounts := []runtime.Mount{{Source: l.cfg.AgentBin, Destination: AgentPathInSandbox, ReadOnly: true}}
+	if l.cfg.ResolvConf != "" {
+		mounts = append(mounts, runtime.Mount{Source: l.cfg.ResolvConf, Destination: "/etc/resolv.conf", ReadOnly: true})
+	}
+	mounts = append(mounts, req.Mounts...)
 	info, err := l.cfg.Runtime.Create(ctx, runtime.Spec{
 		ID:        req.ID,
 		Layers:    req.Layers,

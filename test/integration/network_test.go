@@ -85,3 +85,12 @@ func TestHostServicesUnreachable(t *testing.T) {
 		t.Fatalf("allowInternetAccess not stored: %v", detail["allowInternetAccess"])
 	}
 }
+
+func TestResolvConfMounted(t *testing.T) {
+	s := startServer(t)
+	c := s.create(map[string]any{"templateID": "base"})
+	out := s.mustRun(c, "cat /etc/resolv.conf; (echo x > /etc/resolv.conf) 2>/dev/null && echo writable; true")
+	if !strings.Contains(out, "nameserver ") || strings.Contains(out, "writable") || strings.Contains(out, "127.0.0.") {
+		t.Fatalf("resolv.conf in sandbox: %q", out)
+	}
+}

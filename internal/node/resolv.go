@@ -1,0 +1,48 @@
+package node
+
+import (
+	"bufio"
+	"net/netip"
+	"os"
+	"strings"
+)
+
+// fallbackResolvers are used when the host only has loopback resolvers
+// (systemd-resolved, dnsmasq), which a sandbox cannot reach: the firewall
+// drops sandbox traffic to the host.
+var fallbackResolvers = []string{"1.1.1.1", "8.8.8.8"}
+
+// WriteResolvConf derives the sandboxes' resolv.conf from the host's: the
+// host's non-loopback IPv4 nameservers, else public fallbacks.
+func WriteResolvConf(hostPath, outPath string) error {
+	var servers []string
+	if f, err := os.Open(hostPath); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			fields := strings.Fields(sc.Text())
+			if len(fields) < 2 || fields[0] != "nameserver" {
+				continue
+			}
+			a, err := netip.ParseAddr(fields[1])
+			if err != nil || a.IsLoopback() || !a.Is4() || a.IsUnspecified() {
+				continue
+			}
+			servers = append(servers, a.String())
+		}
+		f.Close()
+	}
+	if len(servers) == 0 {
+		servers = fallbackResolvers
+	}
+	var b strings.Builder
+	b.WriteString("# written by cubicle from the host's resolvers\n")
+	for _, s := range servers {
+		b.WriteString("nameserver " + s + "\n")
+	}
+	b.WriteString("options timeout:2 attempts:2\n")
+	tmp := outPath + ".tmp"
+	if err := os.WriteFile(tmp, []byte(b.String()), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, outPath)
+}
