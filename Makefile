@@ -21,13 +21,13 @@ build:
 # Dependencies (apt packages, runsc, base image, node_modules): scripts/install, once.
 # The stamp is refreshed when the install script or the JS lockfile changes.
 $(STAMP): scripts/install scripts/build-rootfs test/e2b-js/package-lock.json
-	scripts/install $(INSTALL_FLAGS)
+	CUBICLE_DATA_DIR=$(DATA_DIR) scripts/install $(INSTALL_FLAGS)
 	@mkdir -p $(dir $(STAMP)) && touch $(STAMP)
 
 deps: $(STAMP)
 
 install:
-	scripts/install $(INSTALL_FLAGS)
+	CUBICLE_DATA_DIR=$(DATA_DIR) scripts/install $(INSTALL_FLAGS)
 	@mkdir -p $(dir $(STAMP)) && touch $(STAMP)
 
 run: deps build
@@ -35,7 +35,7 @@ run: deps build
 	@if [ ! -s $(DATA_DIR)/dev-api-key ]; then \
 		umask 077; bin/cubicle apikey create --data-dir $(DATA_DIR) --name dev > $(DATA_DIR)/dev-api-key.tmp \
 		&& mv $(DATA_DIR)/dev-api-key.tmp $(DATA_DIR)/dev-api-key; fi
-	@key=$$(cat $(DATA_DIR)/dev-api-key); port=$${LISTEN##*:}; \
+	@key=$$(cat $(DATA_DIR)/dev-api-key); port=$(lastword $(subst :, ,$(LISTEN))); \
 	echo; echo "Cubicle API key: $$key"; echo; \
 	echo "Point the e2b SDK at this server:"; \
 	echo "  export E2B_API_URL=http://127.0.0.1:$$port"; \
@@ -46,17 +46,17 @@ run: deps build
 test: deps build
 	$(GO) vet ./...
 	$(GO) test -count=1 -p 1 ./...
-	cd test/e2b-js && npm test
+	cd test/e2b-js && CUBICLE_IMAGES_DIR=$${CUBICLE_IMAGES_DIR:-$(DATA_DIR)/images} npm test
 
 test-unit: build
 	$(GO) vet ./...
 	$(GO) test -count=1 -p 1 ./...
 
 test-e2b: deps build
-	cd test/e2b-js && npm test
+	cd test/e2b-js && CUBICLE_IMAGES_DIR=$${CUBICLE_IMAGES_DIR:-$(DATA_DIR)/images} npm test
 
 bench: deps build
-	node bench/create/run.js $(BENCH_FLAGS)
+	CUBICLE_IMAGES_DIR=$${CUBICLE_IMAGES_DIR:-$(DATA_DIR)/images} node bench/create/run.js $(BENCH_FLAGS)
 
 proto:
 	scripts/gen-proto

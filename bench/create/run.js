@@ -24,6 +24,7 @@ const os = require('node:os')
 const { spawnSync, execFileSync } = require('node:child_process')
 
 const REPO = path.resolve(__dirname, '..', '..')
+process.env.CUBICLE_LOG_NAME = process.env.CUBICLE_LOG_NAME || 'bench-create'
 const E2B_DIR = path.join(REPO, 'test', 'e2b-js')
 const { Server } = require(path.join(E2B_DIR, 'tests', 'harness.js'))
 const { Sandbox } = require(require.resolve('e2b', { paths: [E2B_DIR] }))

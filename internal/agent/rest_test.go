@@ -535,3 +535,23 @@ func TestConnectEnvelopeRaw(t *testing.T) {
 	_ = pb.Signal_SIGNAL_SIGKILL
 	_ = connect.CodeNotFound
 }
+
+func TestFileErrStatus(t *testing.T) {
+	cases := []struct {
+		err  error
+		want int
+	}{
+		{fmt.Errorf("write: %w", &os.PathError{Op: "write", Path: "/x", Err: unix.ENOSPC}), http.StatusInsufficientStorage},
+		{&os.PathError{Op: "open", Path: "/x", Err: unix.EDQUOT}, http.StatusInsufficientStorage},
+		{&os.PathError{Op: "open", Path: "/x", Err: unix.ENOENT}, http.StatusNotFound},
+		{&os.PathError{Op: "open", Path: "/x", Err: unix.EACCES}, http.StatusForbidden},
+		{fmt.Errorf("%w: x", ErrIsDir), http.StatusBadRequest},
+		{fmt.Errorf("%w: x", ErrInvalidPath), http.StatusBadRequest},
+		{fmt.Errorf("other"), http.StatusInternalServerError},
+	}
+	for _, c := range cases {
+		if got := fileErrStatus(c.err); got != c.want {
+			t.Errorf("%v: %d want %d", c.err, got, c.want)
+		}
+	}
+}

@@ -202,15 +202,35 @@ func asUser(u *sysUser, fn func() error) error {
 			errc <- fmt.Errorf("setgroups: %w", err)
 			return
 		}
-		if err := unix.Setfsgid(int(u.GID)); err != nil {
-			errc <- fmt.Errorf("setfsgid: %w", err)
-			return
-		}
-		if err := unix.Setfsuid(int(u.UID)); err != nil {
-			errc <- fmt.Errorf("setfsuid: %w", err)
+		if err := setThreadFSIDs(u.UID, u.GID); err != nil {
+			errc <- err
 			return
 		}
 		errc <- fn()
 	}()
 	return <-errc
+}
+
+// setThreadFSIDs switches the calling thread's file-system identity. It uses
+// setfsgid/setfsuid and verifies the result (those calls report failure only
+// by returning the old id); where they are unavailable (some sandboxed
+// kernels) it falls back to per-thread raw setresgid/setresuid on the
+// effective ids, which the file-system ids follow. The caller discards the
+// thread afterwards, so neither needs undoing.
+func setThreadFSIDs(uid, gid uint32) error {
+	_, errG := unix.SetfsgidRetGid(int(gid))
+	_, errU := unix.SetfsuidRetUid(int(uid))
+	curG, _ := unix.SetfsgidRetGid(-1)
+	curU, _ := unix.SetfsuidRetUid(-1)
+	if errG == nil && errU == nil && curG == int(gid) && curU == int(uid) {
+		return nil
+	}
+	keep := ^uintptr(0) // -1: leave unchanged
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, keep, uintptr(gid), keep); e != 0 {
+		return fmt.Errorf("setresgid %d: %w", gid, e)
+	}
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, keep, uintptr(uid), keep); e != 0 {
+		return fmt.Errorf("setresuid %d: %w", uid, e)
+	}
+	return nil
 }

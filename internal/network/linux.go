@@ -466,6 +466,15 @@ func (l *Linux) wire(ep Endpoint) error {
 	if err != nil {
 		return fmt.Errorf("network: lookup eth0: %w", err)
 	}
+	// A MAC derived from the address (as Docker does) keeps the host's
+	// neighbour entry valid when an address is reused by the next sandbox;
+	// a random MAC would leave the host sending to the previous sandbox's
+	// MAC for as long as that entry stays REACHABLE (~30 s).
+	if err := h.LinkSetHardwareAddr(eth, macFor(ep.Addr)); err != nil {
+		return fmt.Errorf("network: eth0 mac: %w", err)
+	}
+	// Drop any entry left from before (e.g. from a build with random MACs).
+	_ = netlink.NeighDel(&netlink.Neigh{LinkIndex: br.Attrs().Index, IP: ep.Addr.AsSlice(), Family: netlink.FAMILY_V4})
 	addr := &netlink.Addr{IPNet: &net.IPNet{IP: ep.Addr.AsSlice(), Mask: net.CIDRMask(l.cfg.Pool.Bits(), 32)}}
 	if err := h.AddrAdd(eth, addr); err != nil {
 		return fmt.Errorf("network: eth0 address: %w", err)
@@ -711,4 +720,10 @@ func (l *Linux) Destroy(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// macFor is a locally administered unicast MAC 02:42:<IPv4>.
+func macFor(a netip.Addr) net.HardwareAddr {
+	b := a.As4()
+	return net.HardwareAddr{0x02, 0x42, b[0], b[1], b[2], b[3]}
 }

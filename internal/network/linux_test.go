@@ -839,3 +839,28 @@ func TestRecoveryWithoutNetnsAddress(t *testing.T) {
 		}
 	}
 }
+
+func TestMACFollowsAddress(t *testing.T) {
+	l := newTestManager(t, testConfig(t, 24))
+	ep := setup(t, l, "sbxmac", Policy{})
+	ns, err := netns.GetFromPath(ep.NetNSPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	eth, err := h.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := eth.Attrs().HardwareAddr.String(), macFor(ep.Addr).String(); got != want {
+		t.Fatalf("eth0 MAC %s, want %s derived from %s", got, want, ep.Addr)
+	}
+	if err := l.Teardown(context.Background(), "sbxmac"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -25,6 +25,8 @@ var (
 	ErrInvalidSpec = errors.New("oci: invalid sandbox spec")
 	ErrCommand     = errors.New("oci: runtime command failed")
 	ErrConfig      = errors.New("oci: invalid driver config")
+	// ErrHostUnsupported: this runtime cannot work on this host's setup.
+	ErrHostUnsupported = errors.New("oci: runtime not supported on this host")
 )
 
 // Config configures a Driver.
@@ -92,6 +94,11 @@ func New(cfg Config) (*Driver, error) {
 	}
 	if cfg.CommandTimeout <= 0 {
 		cfg.CommandTimeout = 60 * time.Second
+	}
+	if cfg.Runtime == "crun" && hybridWithV2Controllers() {
+		// crun refuses every create with "cgroups in hybrid mode not
+		// supported, drop all controllers from cgroupv2" (seen with 1.8.1).
+		return nil, fmt.Errorf("%w: crun needs pure cgroup v1/v2, not hybrid with v2 controllers", ErrHostUnsupported)
 	}
 	bin := cfg.BinaryPath
 	if bin == "" {
@@ -371,7 +378,10 @@ func (d *Driver) destroy(ctx context.Context, id string) error {
 	if exists {
 		// runsc's delete --force SIGKILLs the sandbox and waits for it in
 		// ~30ms; its kill+state path only reports "stopped" after ~1.5s.
-		if st.Status != "stopped" && d.cfg.Runtime != "runsc" {
+		// A paused (frozen) runc container cannot die until thawed, so it
+		// goes straight to delete --force, which thaws and kills.
+		running := st.Status == "running" || st.Status == "created"
+		if running && d.cfg.Runtime != "runsc" {
 			// Errors ignored: the container may exit between state and kill;
 			// delete --force below is the authoritative step.
 			_, _ = d.run(ctx, "kill", id, "KILL")
@@ -477,6 +487,13 @@ func (d *Driver) Resume(ctx context.Context, id string) error {
 		}
 		if err := d.runWithConsole(ctx, id, "restore", "--image-path", img, "--bundle", bundle,
 			"--pid-file", filepath.Join(bundle, "pid"), "--detach", id); err != nil {
+			// Drop the half-restored container so the sandbox reads as paused
+			// again (the checkpoint is kept) and Resume can be retried.
+			if _, derr := d.run(ctx, "delete", "--force", id); derr != nil {
+				if _, still, _ := d.state(ctx, id); still {
+					err = errors.Join(err, derr)
+				}
+			}
 			return err
 		}
 		return os.RemoveAll(img)

@@ -174,6 +174,16 @@ func isCgroup2Unified() bool {
 	return err == nil
 }
 
+// hybridWithV2Controllers: v1 controllers plus a unified hierarchy that
+// also has controllers available.
+func hybridWithV2Controllers() bool {
+	if isCgroup2Unified() {
+		return false
+	}
+	b, err := os.ReadFile(filepath.Join(cgroupRoot, "unified", "cgroup.controllers"))
+	return err == nil && len(strings.TrimSpace(string(b))) > 0
+}
+
 // cgroupDir is the sandbox cgroup for a v1 controller (or the v2 dir on a
 // pure-v2 host).
 func cgroupDir(controller, parent, id string) string {

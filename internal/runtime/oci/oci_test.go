@@ -2,6 +2,7 @@ package oci
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -47,6 +48,10 @@ func newTestEnv(tb testing.TB, rt string) *testEnv {
 		SandboxDir:   filepath.Join(base, "sandboxes"),
 		CgroupParent: parent,
 	})
+	if errors.Is(err, ErrHostUnsupported) {
+		os.RemoveAll(base)
+		tb.Skip(err)
+	}
 	if err != nil {
 		os.RemoveAll(base)
 		tb.Fatal(err)
@@ -80,6 +85,15 @@ func newTestEnv(tb testing.TB, rt string) *testEnv {
 
 func TestRuncSuite(t *testing.T) {
 	env := newTestEnv(t, "runc")
+	runtimetest.RunDriverSuite(t, env.d, env.layers)
+}
+
+// crun is optional everywhere (not required in CI).
+func TestCrunSuite(t *testing.T) {
+	if _, err := exec.LookPath("crun"); err != nil {
+		t.Skip("crun not installed")
+	}
+	env := newTestEnv(t, "crun")
 	runtimetest.RunDriverSuite(t, env.d, env.layers)
 }
 

@@ -32,6 +32,10 @@ var (
 	}
 )
 
+// ociVersion is the oldest spec version that has every field we use
+// (errnoRet arrived in 1.0.2); crun 1.8 rejects versions newer than it knows.
+const ociVersion = "1.0.2"
+
 const (
 	cpuPeriod   = 100000
 	nofileSoft  = 65536
@@ -121,7 +125,7 @@ func (d *Driver) buildSpec(s runtime.Spec, rootfs string) *specs.Spec {
 	}
 
 	return &specs.Spec{
-		Version: specs.Version,
+		Version: ociVersion,
 		Root:    &specs.Root{Path: rootfs},
 		Process: &specs.Process{
 			Terminal: false,

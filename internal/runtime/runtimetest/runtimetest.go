@@ -28,7 +28,9 @@ type (
 	// ConsoleLogger exposes the PID 1 stdout/stderr file.
 	ConsoleLogger interface{ ConsoleLog(id string) string }
 	// LeakChecker reports leftovers once every sandbox is deleted.
-	LeakChecker interface{ CheckLeaks(ctx context.Context) error }
+	LeakChecker interface {
+		CheckLeaks(ctx context.Context) error
+	}
 )
 
 // Options tune the suite.
@@ -177,7 +179,7 @@ if echo x > /ro/written 2>/dev/null; then echo 0 > /out/ro.rc; else echo 1 > /ou
 cat /ro/hello > /out/ro.content
 echo persisted > /tmp/persist
 hostname > /out/hostname
-/.cubicle/bb echo agent-ok > /out/agent
+/.cubicle/busybox echo agent-ok > /out/agent
 echo hello-console
 echo ready > /out/ready
 i=0
@@ -241,7 +243,7 @@ func RunDriverSuiteWith(t *testing.T, d runtime.Driver, layers []string, o Optio
 				{Source: out, Destination: "/out"},
 				{Source: ro, Destination: "/ro", ReadOnly: true},
 				// A single-file bind, as the agent binary is mounted.
-				{Source: busyboxPath(), Destination: "/.cubicle/bb", ReadOnly: true},
+				{Source: busyboxPath(), Destination: "/.cubicle/busybox", ReadOnly: true},
 			},
 			Resources: runtime.Resources{CPUCount: 1, MemoryMB: 64, PIDs: 100},
 		}

@@ -113,8 +113,15 @@ class Server {
     }
 
     fs.mkdirSync(LOG_DIR, { recursive: true })
-    const testName = path.basename(process.argv[1] || 'test', '.js')
-    this.logPath = path.join(LOG_DIR, `${testName}.log`)
+    const testName = process.env.CUBICLE_LOG_NAME || path.basename(process.argv[1] || 'test', '.js')
+    // One log per server (concurrent suites must not share a file); prune old ones.
+    for (const f of fs.readdirSync(LOG_DIR)) {
+      const fp = path.join(LOG_DIR, f)
+      try {
+        if (Date.now() - fs.statSync(fp).mtimeMs > 24 * 3600 * 1000) fs.rmSync(fp, { force: true })
+      } catch {}
+    }
+    this.logPath = path.join(LOG_DIR, `${testName}.${process.pid}.log`)
     const logFd = fs.openSync(this.logPath, 'w')
     const args = [
       'serve',
