@@ -29,7 +29,7 @@ type networkConfig struct {
 }
 
 type newSandbox struct {
-	TemplateID          string                  `json:"templateID"`
+	TemplateID          *string                 `json:"templateID"`
 	Timeout             *int64                  `json:"timeout"`
 	AutoPause           bool                    `json:"autoPause"`
 	AutoResume          *struct{ Enabled bool } `json:"autoResume"`
@@ -143,6 +143,11 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, v2 bool) {
 	if !s.decode(w, r, &req, false) {
 		return
 	}
+	if req.TemplateID == nil {
+		// Required by the spec; an explicit "" still means the base template.
+		writeError(w, http.StatusBadRequest, "templateID is required")
+		return
+	}
 	timeout := int64(15) // v1 spec default
 	if v2 {
 		timeout = int64(control.DefaultTimeout / time.Second)
@@ -165,7 +170,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, v2 bool) {
 		netw.AllowOut, netw.DenyOut, netw.MaskRequestHost = req.Network.AllowOut, req.Network.DenyOut, req.Network.MaskRequestHost
 	}
 	opts := control.CreateOptions{
-		TemplateID: req.TemplateID, Timeout: time.Duration(timeout) * time.Second,
+		TemplateID: *req.TemplateID, Timeout: time.Duration(timeout) * time.Second,
 		Metadata: req.Metadata, EnvVars: req.EnvVars, Network: netw, AutoPause: req.AutoPause,
 	}
 	if req.AutoResume != nil {

@@ -250,3 +250,17 @@ func TestCapacityLimitIs429WithRetryAfter(t *testing.T) {
 		t.Fatal("429 without Retry-After: the SDK will not retry it")
 	}
 }
+
+func TestTemplateIDRules(t *testing.T) {
+	s := startServer(t)
+	errShape(t, s, "POST", "/v2/sandboxes", map[string]any{"timeout": 10}, http.StatusBadRequest)
+	errShape(t, s, "POST", "/sandboxes", map[string]any{"timeout": 10}, http.StatusBadRequest)
+	for _, tpl := range []string{"", "python", "code-interpreter", "base:default"} {
+		c := s.create(map[string]any{"templateID": tpl})
+		if c.TemplateID != "base" {
+			t.Fatalf("templateID %q resolved to %q, want base", tpl, c.TemplateID)
+		}
+		s.do("DELETE", "/sandboxes/"+c.SandboxID, nil, nil)
+	}
+	errShape(t, s, "POST", "/v2/sandboxes", map[string]any{"templateID": "base:v9"}, http.StatusNotFound)
+}
