@@ -207,6 +207,13 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, sb *store.Sandbo
 		writeError(w, http.StatusBadGateway, "sandbox "+sb.ID+" has no address")
 		return
 	}
+	// The upstream may answer (and we flush) before the transport has read
+	// the request body to EOF; without full duplex the HTTP/1 server then
+	// closes the body under the transport, which kills the upstream
+	// connection mid-stream. HTTP/2 is always full duplex.
+	if r.ProtoMajor == 1 {
+		_ = http.NewResponseController(w).EnableFullDuplex()
+	}
 	ctx := context.WithValue(r.Context(), targetKey{}, target{addr: netip.AddrPortFrom(addr, uint16(port))})
 	p.rp.ServeHTTP(w, r.WithContext(ctx))
 }

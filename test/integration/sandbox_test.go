@@ -264,3 +264,31 @@ func TestTemplateIDRules(t *testing.T) {
 	}
 	errShape(t, s, "POST", "/v2/sandboxes", map[string]any{"templateID": "base:v9"}, http.StatusNotFound)
 }
+
+// Concurrent creates must all succeed (the runtime is asked about one
+// container while others are half created).
+func TestConcurrentCreates(t *testing.T) {
+	s := startServer(t)
+	const n = 20
+	errs := make(chan string, n)
+	for i := 0; i < n; i++ {
+		go func() {
+			var c created
+			st := s.do("POST", "/v2/sandboxes", map[string]any{"templateID": "base"}, &c)
+			if st != http.StatusCreated {
+				errs <- fmt.Sprintf("status %d", st)
+				return
+			}
+			if out, _, code, err := s.run(c, "echo ok"); err != nil || code != 0 || out != "ok\n" {
+				errs <- fmt.Sprintf("run: %q %d %v", out, code, err)
+				return
+			}
+			errs <- ""
+		}()
+	}
+	for i := 0; i < n; i++ {
+		if e := <-errs; e != "" {
+			t.Errorf("create %d: %s", i, e)
+		}
+	}
+}

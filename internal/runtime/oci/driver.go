@@ -240,9 +240,15 @@ func (d *Driver) state(ctx context.Context, id string) (ociState, bool, error) {
 		}
 		return s, true, nil
 	}
-	// `state` fails both for unknown ids and for real errors; decide which by
-	// listing instead of parsing the error text.
-	all, lerr := d.list(ctx)
+	// `state` fails both for unknown ids and for real errors; decide which
+	// without parsing the error text. runc keeps <root>/<id>/state.json, so
+	// its absence settles it; for other runtimes, list.
+	if d.cfg.Runtime == "runc" {
+		if _, serr := os.Stat(filepath.Join(d.cfg.StateDir, id, "state.json")); errors.Is(serr, os.ErrNotExist) {
+			return ociState{}, false, nil
+		}
+	}
+	all, lerr := d.listRetry(ctx)
 	if lerr != nil {
 		return ociState{}, false, errors.Join(err, lerr)
 	}
@@ -252,6 +258,22 @@ func (d *Driver) state(ctx context.Context, id string) (ociState, bool, error) {
 		}
 	}
 	return ociState{}, false, nil
+}
+
+// listRetry tolerates `list` failing while another container is half
+// created or deleted (it cannot load that one's state for a moment).
+func (d *Driver) listRetry(ctx context.Context) (l []ociState, err error) {
+	for i := 0; i < 5; i++ {
+		if l, err = d.list(ctx); err == nil {
+			return l, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(time.Duration(i+1) * 20 * time.Millisecond):
+		}
+	}
+	return nil, err
 }
 
 func (d *Driver) list(ctx context.Context) ([]ociState, error) {
@@ -538,7 +560,7 @@ func (d *Driver) inspectLocked(ctx context.Context, id string) (runtime.Info, er
 // List implements runtime.Driver: the union of runtime containers under our
 // --root and sandbox dirs (so checkpointed or crashed sandboxes show up too).
 func (d *Driver) List(ctx context.Context) ([]runtime.Info, error) {
-	states, err := d.list(ctx)
+	states, err := d.listRetry(ctx)
 	if err != nil {
 		return nil, err
 	}
