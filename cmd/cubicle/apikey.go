@@ -26,6 +26,16 @@ func openStore(dataDir string) (*sqlite.Store, error) {
 	return sqlite.Open(filepath.Join(dataDir, "cubicle.db"))
 }
 
+// withStore opens the data dir's database for one CLI command.
+func withStore(dataDir string, fn func(*sqlite.Store) error) error {
+	st, err := openStore(dataDir)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	return fn(st)
+}
+
 // newAPIKey makes a key shaped e2b_<hex> so older SDKs' format check passes.
 func newAPIKey() string {
 	b := make([]byte, 20)
@@ -43,20 +53,17 @@ func apikeyCmd() *cobra.Command {
 		Short: "Create an API key and print it (shown only once)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			st, err := openStore(dataDir)
-			if err != nil {
-				return err
-			}
-			defer st.Close()
-			key := newAPIKey()
-			idb := make([]byte, 8)
-			rand.Read(idb)
-			k := &store.APIKey{ID: "key_" + hex.EncodeToString(idb), Name: name, Hash: api.HashKey(key), Prefix: key[:10], CreatedAt: time.Now().UTC()}
-			if err := st.CreateAPIKey(context.Background(), k); err != nil {
-				return err
-			}
-			fmt.Fprintln(cmd.OutOrStdout(), key)
-			return nil
+			return withStore(dataDir, func(st *sqlite.Store) error {
+				key := newAPIKey()
+				idb := make([]byte, 8)
+				rand.Read(idb)
+				k := &store.APIKey{ID: "key_" + hex.EncodeToString(idb), Name: name, Hash: api.HashKey(key), Prefix: key[:10], CreatedAt: time.Now().UTC()}
+				if err := st.CreateAPIKey(context.Background(), k); err != nil {
+					return err
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), key)
+				return nil
+			})
 		},
 	}
 	create.Flags().StringVar(&name, "name", "default", "a label for the key")
@@ -65,25 +72,22 @@ func apikeyCmd() *cobra.Command {
 		Short: "List API keys",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			st, err := openStore(dataDir)
-			if err != nil {
-				return err
-			}
-			defer st.Close()
-			keys, err := st.ListAPIKeys(context.Background())
-			if err != nil {
-				return err
-			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tNAME\tPREFIX\tCREATED\tLAST USED")
-			for _, k := range keys {
-				used := "never"
-				if !k.LastUsed.IsZero() {
-					used = k.LastUsed.Format(time.RFC3339)
+			return withStore(dataDir, func(st *sqlite.Store) error {
+				keys, err := st.ListAPIKeys(context.Background())
+				if err != nil {
+					return err
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s…\t%s\t%s\n", k.ID, k.Name, k.Prefix, k.CreatedAt.Format(time.RFC3339), used)
-			}
-			return tw.Flush()
+				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "ID\tNAME\tPREFIX\tCREATED\tLAST USED")
+				for _, k := range keys {
+					used := "never"
+					if !k.LastUsed.IsZero() {
+						used = k.LastUsed.Format(time.RFC3339)
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s…\t%s\t%s\n", k.ID, k.Name, k.Prefix, k.CreatedAt.Format(time.RFC3339), used)
+				}
+				return tw.Flush()
+			})
 		},
 	}
 	del := &cobra.Command{
@@ -91,12 +95,9 @@ func apikeyCmd() *cobra.Command {
 		Short: "Revoke an API key",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			st, err := openStore(dataDir)
-			if err != nil {
-				return err
-			}
-			defer st.Close()
-			return st.DeleteAPIKey(context.Background(), args[0])
+			return withStore(dataDir, func(st *sqlite.Store) error {
+				return st.DeleteAPIKey(context.Background(), args[0])
+			})
 		},
 	}
 	cmd.AddCommand(create, list, del)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/store"
@@ -31,7 +32,7 @@ var (
 )
 
 // EnvdVersion is what every sandbox reports; the SDK gates features on it.
-const EnvdVersion = "0.6.13"
+const EnvdVersion = agent.EnvdVersion
 
 // Limits bound what a request may ask for.
 const (

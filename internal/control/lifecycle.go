@@ -21,13 +21,9 @@ func (m *Manager) Recover(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	onNode, err := m.node.List(ctx)
+	present, err := m.nodeSandboxes(ctx)
 	if err != nil {
 		return err
-	}
-	present := map[string]node.Sandbox{}
-	for _, s := range onNode {
-		present[s.ID] = s
 	}
 	owned := map[string]bool{}
 	for _, sb := range rows {
@@ -136,13 +132,9 @@ func (m *Manager) reapExpired(ctx context.Context) {
 // reconcile removes node leftovers of killed rows and kills rows whose
 // sandbox disappeared from the node (e.g. its agent crashed).
 func (m *Manager) reconcile(ctx context.Context) error {
-	onNode, err := m.node.List(ctx)
+	present, err := m.nodeSandboxes(ctx)
 	if err != nil {
 		return err
-	}
-	present := map[string]node.Sandbox{}
-	for _, s := range onNode {
-		present[s.ID] = s
 	}
 	rows, err := m.store.ListSandboxes(ctx, store.SandboxFilter{States: []store.SandboxState{store.StateRunning, store.StatePaused}})
 	if err != nil {
@@ -178,4 +170,17 @@ func (m *Manager) reconcile(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// nodeSandboxes indexes what the node currently holds by sandbox ID.
+func (m *Manager) nodeSandboxes(ctx context.Context) (map[string]node.Sandbox, error) {
+	onNode, err := m.node.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	present := make(map[string]node.Sandbox, len(onNode))
+	for _, s := range onNode {
+		present[s.ID] = s
+	}
+	return present, nil
 }

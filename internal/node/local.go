@@ -34,7 +34,7 @@ type LocalConfig struct {
 	AgentReadyTimeout time.Duration
 	// ResolvConf, when set, is bind-mounted read-only at /etc/resolv.conf.
 	ResolvConf string
-	PIDsLimit         int64
+	PIDsLimit  int64
 }
 
 // Local runs sandboxes on this machine.

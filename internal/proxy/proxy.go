@@ -6,9 +6,7 @@ package proxy
 
 import (
 	"context"
-	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -20,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/control"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/store"
@@ -218,16 +217,6 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, sb *store.Sandbo
 	p.rp.ServeHTTP(w, r.WithContext(ctx))
 }
 
-// Signature is the envd v1 file-URL signature.
-func Signature(path, op, user, token string, exp int64) string {
-	s := path + ":" + op + ":" + user + ":" + token
-	if exp > 0 {
-		s += ":" + strconv.FormatInt(exp, 10)
-	}
-	h := sha256.Sum256([]byte(s))
-	return "v1_" + base64.RawStdEncoding.EncodeToString(h[:])
-}
-
 func (p *Proxy) bySignature(r *http.Request) *store.Sandbox {
 	q := r.URL.Query()
 	op := "read"
@@ -244,7 +233,7 @@ func (p *Proxy) bySignature(r *http.Request) *store.Sandbox {
 	}
 	sig := []byte(q.Get("signature"))
 	for _, sb := range rows {
-		if subtle.ConstantTimeCompare(sig, []byte(Signature(q.Get("path"), op, q.Get("username"), sb.EnvdToken, exp))) == 1 {
+		if subtle.ConstantTimeCompare(sig, []byte(agent.Signature(q.Get("path"), op, q.Get("username"), sb.EnvdToken, exp))) == 1 {
 			return sb
 		}
 	}
