@@ -31,7 +31,8 @@ type serveOptions struct {
 	dataDir, imagesDir, listen, runtime, agentBin, domain string
 	pool, bridge, netnsDir, nftTable, cgroupParent        string
 	cpuCount, memoryMB, diskSizeMB, maxSandboxes          int
-	maxTimeout                                            time.Duration
+	maxCreates                                            int
+	maxTimeout, createWait                                time.Duration
 }
 
 func serveCmd() *cobra.Command {
@@ -61,6 +62,8 @@ func serveCmd() *cobra.Command {
 	f.IntVar(&o.diskSizeMB, "disk-size-mb", 1024, "disk size reported per sandbox in MiB")
 	f.IntVar(&o.maxSandboxes, "max-sandboxes", 0, "maximum live sandboxes (0 = unlimited); beyond it creates get 429")
 	f.DurationVar(&o.maxTimeout, "max-timeout", 24*time.Hour, "maximum sandbox timeout")
+	f.IntVar(&o.maxCreates, "max-concurrent-creates", 32, "sandboxes that may be starting at once")
+	f.DurationVar(&o.createWait, "create-queue-wait", 30*time.Second, "how long a create waits for a start slot before 503")
 	return cmd
 }
 
@@ -126,7 +129,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	images := &template.Images{Dir: o.imagesDir, CPUCount: o.cpuCount, MemoryMB: o.memoryMB, DiskSizeMB: o.diskSizeMB}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	mgr := control.New(control.Config{MaxSandboxes: o.maxSandboxes, MaxTimeout: o.maxTimeout, Logger: log, Registry: reg}, st, nd, images)
+	mgr := control.New(control.Config{MaxSandboxes: o.maxSandboxes, MaxTimeout: o.maxTimeout, MaxConcurrentCreates: o.maxCreates, CreateQueueWait: o.createWait, Logger: log, Registry: reg}, st, nd, images)
 
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

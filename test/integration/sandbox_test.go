@@ -292,3 +292,86 @@ func TestConcurrentCreates(t *testing.T) {
 		}
 	}
 }
+
+// Creates beyond the start slots wait briefly, then get 503 + Retry-After
+// (the SDK's ServiceBusyError).
+func TestBusyIs503(t *testing.T) {
+	s := startServer(t, "--max-concurrent-creates", "1", "--create-queue-wait", "1ms")
+	const n = 6
+	statuses := make(chan int, n)
+	headers := make(chan string, n)
+	for i := 0; i < n; i++ {
+		go func() {
+			req, _ := http.NewRequest("POST", s.URL+"/v2/sandboxes", strings.NewReader(`{"templateID":"base"}`))
+			req.Header.Set("X-API-Key", s.Key)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				statuses <- 0
+				headers <- ""
+				return
+			}
+			resp.Body.Close()
+			statuses <- resp.StatusCode
+			headers <- resp.Header.Get("Retry-After")
+		}()
+	}
+	busy := 0
+	for i := 0; i < n; i++ {
+		st, ra := <-statuses, <-headers
+		if st == http.StatusServiceUnavailable {
+			busy++
+			if ra == "" {
+				t.Error("503 without Retry-After")
+			}
+		} else if st != http.StatusCreated {
+			t.Errorf("unexpected status %d", st)
+		}
+	}
+	if busy == 0 {
+		t.Fatal("no create was refused with 503 although only one may start at a time")
+	}
+}
+
+func TestLegacyRoutesAndBearer(t *testing.T) {
+	s := startServer(t)
+	c := s.create(map[string]any{"templateID": "base", "timeout": 30})
+	var before, after map[string]any
+	s.do("GET", "/sandboxes/"+c.SandboxID, nil, &before)
+	if st := s.do("POST", "/sandboxes/"+c.SandboxID+"/refreshes", map[string]any{"duration": 600}, nil); st != http.StatusNoContent {
+		t.Fatalf("refreshes: %d", st)
+	}
+	s.do("GET", "/sandboxes/"+c.SandboxID, nil, &after)
+	if after["endAt"].(string) <= before["endAt"].(string) {
+		t.Fatalf("refresh did not extend: %v -> %v", before["endAt"], after["endAt"])
+	}
+	errShape(t, s, "POST", "/sandboxes/"+c.SandboxID+"/refreshes", map[string]any{"duration": 7200}, http.StatusBadRequest)
+	errShape(t, s, "POST", "/sandboxes/"+c.SandboxID+"/resume", map[string]any{}, http.StatusConflict)
+	if st := s.do("POST", "/sandboxes/"+c.SandboxID+"/pause", map[string]any{"memory": true}, nil); st != http.StatusNoContent {
+		t.Fatalf("pause: %d", st)
+	}
+	var resumed created
+	if st := s.do("POST", "/sandboxes/"+c.SandboxID+"/resume", map[string]any{"timeout": 60}, &resumed); st != http.StatusCreated || resumed.SandboxID != c.SandboxID {
+		t.Fatalf("deprecated resume: %d", st)
+	}
+	s.mustRun(c, "echo logged-line")
+	var logs struct {
+		Logs []struct {
+			Line string `json:"line"`
+		} `json:"logs"`
+		LogEntries []map[string]any `json:"logEntries"`
+	}
+	if st := s.do("GET", "/sandboxes/"+c.SandboxID+"/logs?limit=100", nil, &logs); st != 200 || len(logs.Logs) == 0 || len(logs.LogEntries) != len(logs.Logs) {
+		t.Fatalf("v1 logs: %d %+v", st, logs)
+	}
+	errShape(t, s, "GET", "/sandboxes/"+c.SandboxID+"/logs?start=abc", nil, http.StatusBadRequest)
+	errShape(t, s, "GET", "/v2/sandboxes/"+c.SandboxID+"/logs?direction=sideways", nil, http.StatusBadRequest)
+	errShape(t, s, "GET", "/sandboxes/"+c.SandboxID+"/metrics?start=20&end=10", nil, http.StatusBadRequest)
+	// Authorization: Bearer works like X-API-Key.
+	req, _ := http.NewRequest("GET", s.URL+"/sandboxes/"+c.SandboxID, nil)
+	req.Header.Set("Authorization", "Bearer "+s.Key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("bearer auth: %v %v", resp, err)
+	}
+	resp.Body.Close()
+}
