@@ -661,20 +661,7 @@ func TestAntiSpoofing(t *testing.T) {
 	mustFail(t, "A denied", a.NetNSPath, extSrv) // also resolves the gateway's MAC in A
 	mustConnect(t, "B allowed", b.NetNSPath, extSrv)
 
-	ns, err := netns.GetFromPath(a.NetNSPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	eth, err := h.LinkByName("eth0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	h, eth := eth0In(t, a.NetNSPath)
 	if err := h.AddrAdd(eth, &netlink.Addr{IPNet: &net.IPNet{IP: b.Addr.AsSlice(), Mask: net.CIDRMask(32, 32)}}); err != nil {
 		t.Fatal(err)
 	}
@@ -800,26 +787,13 @@ func TestRecoveryWithoutNetnsAddress(t *testing.T) {
 	cfg := testConfig(t, 24)
 	l := newTestManager(t, cfg)
 	ep := setup(t, l, "sbxgvisor", Policy{AllowInternet: true})
-	ns, err := netns.GetFromPath(ep.NetNSPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := netlink.NewHandleAt(ns)
-	ns.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	eth, err := h.LinkByName("eth0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	h, eth := eth0In(t, ep.NetNSPath)
 	addrs, _ := h.AddrList(eth, netlink.FAMILY_V4)
 	for _, a := range addrs {
 		if err := h.AddrDel(eth, &a); err != nil {
 			t.Fatal(err)
 		}
 	}
-	h.Close()
 	l2, err := NewLinux(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -843,24 +817,32 @@ func TestRecoveryWithoutNetnsAddress(t *testing.T) {
 func TestMACFollowsAddress(t *testing.T) {
 	l := newTestManager(t, testConfig(t, 24))
 	ep := setup(t, l, "sbxmac", Policy{})
-	ns, err := netns.GetFromPath(ep.NetNSPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	eth, err := h.LinkByName("eth0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, eth := eth0In(t, ep.NetNSPath)
 	if got, want := eth.Attrs().HardwareAddr.String(), macFor(ep.Addr).String(); got != want {
 		t.Fatalf("eth0 MAC %s, want %s derived from %s", got, want, ep.Addr)
 	}
 	if err := l.Teardown(context.Background(), "sbxmac"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// eth0In opens a netlink handle inside the netns at path (closed at test
+// end) and returns it with the sandbox's eth0.
+func eth0In(t *testing.T, path string) (*netlink.Handle, netlink.Link) {
+	t.Helper()
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := netlink.NewHandleAt(ns)
+	ns.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	eth, err := h.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h, eth
 }
