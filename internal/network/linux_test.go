@@ -52,7 +52,7 @@ func testConfig(t *testing.T, poolBits int) Config {
 		Pool:       netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 250, byte(third), 0}), poolBits),
 		NetnsDir:   filepath.Join(t.TempDir(), "netns"),
 		Table:      fmt.Sprintf("cubicle_test_%d_%d", os.Getpid(), n),
-		VethPrefix: "cbx",
+		VethPrefix: "x" + randHex(2), // per config, so concurrent test runs never share veth names
 	}
 }
 
