@@ -76,6 +76,7 @@ func New(cfg Config, mgr *control.Manager, st store.Store, api http.Handler) *Pr
 			pr.SetXForwarded()
 		},
 		Transport:     tr,
+		BufferPool:    newBufferPool(),
 		FlushInterval: -1, // flush every write: Connect streams and SSE must not be buffered
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if errors.Is(err, context.Canceled) {

@@ -243,3 +243,13 @@ func TestSignedURLFindsSandbox(t *testing.T) {
 	}
 	errBody(t, resp.StatusCode, body)
 }
+
+// The copy buffer size is load-bearing for SDK download speed (see buffers.go).
+func TestCopyBufferIs64KiB(t *testing.T) {
+	p := New(Config{}, nil, nil, nil)
+	b := p.rp.BufferPool.Get()
+	if len(b) < copyBufferSize || copyBufferSize < 64<<10 {
+		t.Fatalf("copy buffer %d bytes, want >= 64 KiB", len(b))
+	}
+	p.rp.BufferPool.Put(b)
+}
