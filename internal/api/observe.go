@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"net/http"
+	"net/url"
 	"sort"
 	"strconv"
 	"strings"
@@ -63,18 +64,28 @@ func logEntries(sb *store.Sandbox, console []byte, evs []*store.Event) []logEntr
 	return out
 }
 
+// unixMillisParam reads an optional unix-milliseconds query parameter,
+// answering 400 itself when it is malformed.
+func unixMillisParam(w http.ResponseWriter, q url.Values, name string) (time.Time, bool) {
+	v := q.Get(name)
+	if v == "" {
+		return time.Time{}, true
+	}
+	ms, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || ms < 0 {
+		writeError(w, http.StatusBadRequest, name+" must be a unix time in milliseconds")
+		return time.Time{}, false
+	}
+	return time.UnixMilli(ms), true
+}
+
 var levelRank = map[string]int{"debug": 0, "info": 1, "warn": 2, "error": 3}
 
 func (s *Server) logsV1(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	var since time.Time
-	if v := q.Get("start"); v != "" {
-		ms, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || ms < 0 {
-			writeError(w, http.StatusBadRequest, "start must be a unix time in milliseconds")
-			return
-		}
-		since = time.UnixMilli(ms)
+	since, ok := unixMillisParam(w, q, "start")
+	if !ok {
+		return
 	}
 	limit := 1000
 	if v := q.Get("limit"); v != "" {
@@ -110,14 +121,9 @@ func (s *Server) logsV1(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) logsV2(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	var cursor time.Time
-	if v := q.Get("cursor"); v != "" {
-		ms, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || ms < 0 {
-			writeError(w, http.StatusBadRequest, "cursor must be a unix time in milliseconds")
-			return
-		}
-		cursor = time.UnixMilli(ms)
+	cursor, ok := unixMillisParam(w, q, "cursor")
+	if !ok {
+		return
 	}
 	limit := 1000
 	if v := q.Get("limit"); v != "" {

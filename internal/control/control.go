@@ -302,10 +302,14 @@ func (m *Manager) List(ctx context.Context, f store.SandboxFilter) ([]*store.San
 }
 
 // Kill removes the sandbox from its node and marks it killed.
-func (m *Manager) Kill(ctx context.Context, id, reason string) (err error) {
-	defer m.metrics.observe("kill", time.Now(), &err)
+func (m *Manager) Kill(ctx context.Context, id, reason string) error {
 	unlock := m.lock(id)
 	defer unlock()
+	return m.killLocked(ctx, id, reason)
+}
+
+func (m *Manager) killLocked(ctx context.Context, id, reason string) (err error) {
+	defer m.metrics.observe("kill", time.Now(), &err)
 	sb, err := m.Get(ctx, id)
 	if err != nil {
 		return err

@@ -106,26 +106,28 @@ func (m *Manager) reapExpired(ctx context.Context) {
 		if now.Before(sb.EndAt) {
 			continue
 		}
-		if sb.AutoPause {
-			unlock := m.lock(sb.ID)
-			// Re-check under the lock: a setTimeout may have raced us.
-			if cur, err := m.store.GetSandbox(ctx, sb.ID); err == nil && cur.State == store.StateRunning && !now.Before(cur.EndAt) {
-				if err := m.pauseLocked(ctx, sb.ID, "paused on timeout"); err != nil {
-					m.log.Error("auto-pause", "sandbox", sb.ID, "err", err)
-				}
-			}
-			unlock()
-			continue
+		m.expire(ctx, sb.ID, now)
+	}
+}
+
+// expire pauses (autoPause) or kills a sandbox whose timeout passed. The
+// re-check and the action share one lock hold, so a concurrent setTimeout
+// either lands first (and saves the sandbox) or after (and finds it gone).
+func (m *Manager) expire(ctx context.Context, id string, now time.Time) {
+	unlock := m.lock(id)
+	defer unlock()
+	cur, err := m.store.GetSandbox(ctx, id)
+	if err != nil || cur.State != store.StateRunning || now.Before(cur.EndAt) {
+		return
+	}
+	if cur.AutoPause {
+		if err := m.pauseLocked(ctx, id, "paused on timeout"); err != nil {
+			m.log.Error("auto-pause", "sandbox", id, "err", err)
 		}
-		unlock := m.lock(sb.ID)
-		cur, err := m.store.GetSandbox(ctx, sb.ID)
-		stillExpired := err == nil && cur.State == store.StateRunning && !now.Before(cur.EndAt)
-		unlock()
-		if stillExpired {
-			if err := m.Kill(ctx, sb.ID, "timeout"); err != nil && !errors.Is(err, ErrNotFound) {
-				m.log.Error("reap", "sandbox", sb.ID, "err", err)
-			}
-		}
+		return
+	}
+	if err := m.killLocked(ctx, id, "timeout"); err != nil && !errors.Is(err, ErrNotFound) {
+		m.log.Error("reap", "sandbox", id, "err", err)
 	}
 }
 

@@ -375,3 +375,22 @@ func TestLegacyRoutesAndBearer(t *testing.T) {
 	}
 	resp.Body.Close()
 }
+
+// lifecycle.onTimeout=pause: the reaper pauses instead of killing.
+func TestTimeoutAutoPause(t *testing.T) {
+	s := startServer(t)
+	c := s.create(map[string]any{"templateID": "base", "timeout": 1, "autoPause": true})
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		var d map[string]any
+		if s.do("GET", "/sandboxes/"+c.SandboxID, nil, &d) == http.StatusOK && d["state"] == "paused" {
+			if st := s.do("POST", "/v2/sandboxes/"+c.SandboxID+"/connect", map[string]any{"timeout": 60}, nil); st != http.StatusCreated {
+				t.Fatalf("resume after auto-pause: %d", st)
+			}
+			s.mustRun(c, "true")
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatal("sandbox with autoPause and 1s timeout was not paused within 15s")
+}
