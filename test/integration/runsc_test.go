@@ -27,7 +27,7 @@ func TestRunscSandbox(t *testing.T) {
 	}
 	// A background loop keeps incrementing a counter held only in memory and
 	// writes it out; after restore it must continue, not restart from 0.
-	s.mustRun(c, "(i=0; while true; do i=$((i+1)); echo $i > /tmp/n; sleep 0.1; done) >/dev/null 2>&1 &")
+	s.mustRun(c, "(i=0; while true; do i=$((i+1)); echo $i > /tmp/n.tmp && mv /tmp/n.tmp /tmp/n; sleep 0.1; done) >/dev/null 2>&1 &")
 	s.mustRun(c, "sleep 0.5")
 	before := s.mustRun(c, "cat /tmp/n")
 	if st := s.do("POST", "/sandboxes/"+c.SandboxID+"/pause", map[string]any{}, nil); st != http.StatusNoContent {

@@ -43,7 +43,7 @@ func TestSandboxLifecycle(t *testing.T) {
 	}
 
 	// Pause keeps memory: a background counter continues from where it was.
-	s.mustRun(c, "echo before > /tmp/f; (i=0; while true; do i=$((i+1)); echo $i > /tmp/n; sleep 0.1; done) >/dev/null 2>&1 &")
+	s.mustRun(c, "echo before > /tmp/f; (i=0; while true; do i=$((i+1)); echo $i > /tmp/n.tmp && mv /tmp/n.tmp /tmp/n; sleep 0.1; done) >/dev/null 2>&1 &")
 	time.Sleep(300 * time.Millisecond)
 	if st := s.do("POST", "/sandboxes/"+c.SandboxID+"/pause", map[string]any{}, nil); st != http.StatusNoContent {
 		t.Fatalf("pause: %d", st)

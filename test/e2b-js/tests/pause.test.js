@@ -12,7 +12,8 @@ test('pause and resume keep files and running processes', { timeout: 180000 }, a
   const sbx = srv.track(await Sandbox.create('base', { metadata: { grp: tag }, timeoutMs: 300000 }))
   await sbx.files.write('/home/user/before-pause.txt', 'still here')
   // A background counter that keeps writing its progress to a file.
-  const bg = await sbx.commands.run('i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.2; done', {
+  // Written by rename so a reader never sees the file truncated mid-update.
+  const bg = await sbx.commands.run('i=0; while true; do i=$((i+1)); echo $i > /tmp/counter.tmp && mv /tmp/counter.tmp /tmp/counter; sleep 0.2; done', {
     background: true,
     timeoutMs: 0,
   })
