@@ -17,6 +17,7 @@ build:
 	@mkdir -p bin
 	CGO_ENABLED=0 $(GO) build -o bin/cubicle-agent ./cmd/cubicle-agent
 	$(GO) build -o bin/cubicle ./cmd/cubicle
+	CGO_ENABLED=0 $(GO) build -o bin/cubicle-volume-s3 ./cmd/cubicle-volume-s3
 
 # Dependencies (apt packages, runsc, base image, node_modules): scripts/install, once.
 # The stamp is refreshed when the install script or the JS lockfile changes.

@@ -86,6 +86,7 @@ func sandboxCmd() *cobra.Command {
 	cmd.PersistentFlags().BoolVar(&asJSON, "json", false, "print JSON")
 	var tpl string
 	var timeout int
+	var vols []string
 	create := &cobra.Command{
 		Use:   "create",
 		Short: "Create a sandbox",
@@ -95,8 +96,16 @@ func sandboxCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			body := map[string]any{"templateID": tpl, "timeout": timeout}
+			if len(vols) > 0 {
+				mounts, err := parseVolumeFlags(vols)
+				if err != nil {
+					return err
+				}
+				body["volumeMounts"] = mounts
+			}
 			var out map[string]any
-			if err := c.do(http.MethodPost, "/v2/sandboxes", map[string]any{"templateID": tpl, "timeout": timeout}, &out); err != nil {
+			if err := c.do(http.MethodPost, "/v2/sandboxes", body, &out); err != nil {
 				return err
 			}
 			if asJSON {
@@ -108,6 +117,7 @@ func sandboxCmd() *cobra.Command {
 	}
 	create.Flags().StringVarP(&tpl, "template", "t", "base", "template ID or alias")
 	create.Flags().IntVar(&timeout, "timeout", 300, "timeout in seconds")
+	create.Flags().StringArrayVarP(&vols, "volume", "v", nil, "mount a volume: NAME:/path[:ro] (repeatable)")
 	list := &cobra.Command{
 		Use:   "list",
 		Short: "List running and paused sandboxes",

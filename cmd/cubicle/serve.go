@@ -25,6 +25,8 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/proxy"
 	"github.com/cubicle-dev/cubicle/internal/runtime/oci"
 	"github.com/cubicle-dev/cubicle/internal/template"
+	"github.com/cubicle-dev/cubicle/internal/volume"
+	"github.com/cubicle-dev/cubicle/internal/volume/registry"
 )
 
 type serveOptions struct {
@@ -33,6 +35,8 @@ type serveOptions struct {
 	cpuCount, memoryMB, diskSizeMB, maxSandboxes          int
 	maxCreates                                            int
 	maxTimeout, createWait                                time.Duration
+	volumeConfig, nodeConfig, volumeBaseDir               string
+	contentIdle                                           time.Duration
 }
 
 func serveCmd() *cobra.Command {
@@ -64,6 +68,10 @@ func serveCmd() *cobra.Command {
 	f.DurationVar(&o.maxTimeout, "max-timeout", 24*time.Hour, "maximum sandbox timeout")
 	f.IntVar(&o.maxCreates, "max-concurrent-creates", 32, "sandboxes that may be starting at once")
 	f.DurationVar(&o.createWait, "create-queue-wait", 30*time.Second, "how long a create waits for a start slot before 503")
+	f.StringVar(&o.volumeConfig, "volume-config", "", "control-plane YAML with a volume_plugins: list (default: the built-in local plugin)")
+	f.StringVar(&o.nodeConfig, "node-config", "", "node TOML with the volume_plugins list and volume_plugin_base_dir (default: the built-in local plugin)")
+	f.DurationVar(&o.contentIdle, "volume-content-idle", 30*time.Second, "how long the volume-content API keeps a volume attached after its last request")
+	f.StringVar(&o.volumeBaseDir, "volume-base-dir", "", "volume_plugin_base_dir override (default: the node config's, else <data-dir>/volume-mounts)")
 	return cmd
 }
 
@@ -122,14 +130,35 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err := node.WriteResolvConf("/etc/resolv.conf", resolv); err != nil {
 		return fmt.Errorf("resolv.conf: %w", err)
 	}
-	nd, err := node.NewLocal(node.LocalConfig{ID: "local", Runtime: drv, Network: netm, AgentBin: o.agentBin, SandboxDir: sandboxDir, ResolvConf: resolv})
+	vc, err := loadVolumeConfig(o)
+	if err != nil {
+		return err
+	}
+	ctrlPlugins, err := registry.Open(vc.controller)
+	if err != nil {
+		return fmt.Errorf("control-plane volume plugins: %w", err)
+	}
+	defer ctrlPlugins.Close()
+	nodePlugins, err := registry.Open(vc.node.Plugins)
+	if err != nil {
+		return fmt.Errorf("node volume plugins: %w", err)
+	}
+	defer nodePlugins.Close()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	volMetrics := control.NewVolumeMetrics(reg)
+	nd, err := node.NewLocal(node.LocalConfig{
+		ID: "local", Runtime: drv, Network: netm, AgentBin: o.agentBin, SandboxDir: sandboxDir, ResolvConf: resolv,
+		VolumeDir: filepath.Join(o.dataDir, "node", "volumes"), VolumeBaseDir: vc.node.BaseDir,
+		VolumePlugin:  func(d string) (volume.Node, error) { return nodePlugins.Get(d) },
+		VolumeDrivers: nodePlugins.Names(), VolumeMetrics: volMetrics, Logger: log,
+	})
 	if err != nil {
 		return err
 	}
 	images := &template.Images{Dir: o.imagesDir, CPUCount: o.cpuCount, MemoryMB: o.memoryMB, DiskSizeMB: o.diskSizeMB}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	mgr := control.New(control.Config{MaxSandboxes: o.maxSandboxes, MaxTimeout: o.maxTimeout, MaxConcurrentCreates: o.maxCreates, CreateQueueWait: o.createWait, Logger: log, Registry: reg}, st, nd, images)
+	mgr := control.New(control.Config{MaxSandboxes: o.maxSandboxes, MaxTimeout: o.maxTimeout, MaxConcurrentCreates: o.maxCreates,
+		CreateQueueWait: o.createWait, Logger: log, Registry: reg, Volumes: ctrlPlugins, VolumeMetrics: volMetrics, ContentIdle: o.contentIdle}, st, nd, images)
 
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -153,7 +182,8 @@ func serve(ctx context.Context, o serveOptions) error {
 	srv.Protocols = new(http.Protocols)
 	srv.Protocols.SetHTTP1(true)
 	srv.Protocols.SetUnencryptedHTTP2(true)
-	log.Info("cubicle serving", "listen", ln.Addr().String(), "runtime", o.runtime, "data", o.dataDir, "images", o.imagesDir)
+	log.Info("cubicle serving", "listen", ln.Addr().String(), "runtime", o.runtime, "data", o.dataDir, "images", o.imagesDir,
+		"volume_drivers", ctrlPlugins.Names(), "volume_base_dir", vc.node.BaseDir)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -169,4 +199,52 @@ func serve(ctx context.Context, o serveOptions) error {
 	}
 	log.Info("cubicle stopped; sandboxes left running for re-adoption")
 	return nil
+}
+
+type volumeConfig struct {
+	controller []volume.PluginConfig
+	node       volume.NodeConfig
+}
+
+// loadVolumeConfig reads both halves of the plugin registration; without
+// files, both get the built-in local plugin. In embedded mode the control
+// plane and the node are one process, so their driver names must match.
+func loadVolumeConfig(o serveOptions) (volumeConfig, error) {
+	local := volume.PluginConfig{Name: "local", Type: volume.TypeLocal, Root: filepath.Join(o.dataDir, "volumes", "local")}
+	vc := volumeConfig{
+		controller: []volume.PluginConfig{local},
+		node:       volume.NodeConfig{BaseDir: filepath.Join(o.dataDir, "volume-mounts"), Plugins: []volume.PluginConfig{local}},
+	}
+	if o.volumeConfig != "" {
+		b, err := os.ReadFile(o.volumeConfig)
+		if err != nil {
+			return vc, fmt.Errorf("--volume-config: %w", err)
+		}
+		if vc.controller, err = volume.ParseControllerConfig(b); err != nil {
+			return vc, fmt.Errorf("--volume-config %s: %w", o.volumeConfig, err)
+		}
+	}
+	if o.nodeConfig != "" {
+		b, err := os.ReadFile(o.nodeConfig)
+		if err != nil {
+			return vc, fmt.Errorf("--node-config: %w", err)
+		}
+		if vc.node, err = volume.ParseNodeConfig(b); err != nil {
+			return vc, fmt.Errorf("--node-config %s: %w", o.nodeConfig, err)
+		}
+	}
+	if o.volumeBaseDir != "" {
+		vc.node.BaseDir = o.volumeBaseDir
+	}
+	for _, cfgs := range [][]volume.PluginConfig{vc.controller, vc.node.Plugins} {
+		for i := range cfgs {
+			if cfgs[i].Type == volume.TypeLocal && cfgs[i].Root == "" {
+				cfgs[i].Root = local.Root
+			}
+		}
+	}
+	if err := volume.CheckAligned(vc.controller, vc.node.Plugins); err != nil {
+		return vc, fmt.Errorf("volume plugins: --volume-config and --node-config must register the same driver names: %w", err)
+	}
+	return vc, nil
 }

@@ -9,6 +9,8 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/control"
 	"github.com/cubicle-dev/cubicle/internal/network"
+	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/volume"
 )
 
 // errorBody is e2b's error shape; code always equals the HTTP status because
@@ -31,12 +33,20 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 // statusOf maps typed control-plane errors to HTTP statuses.
 func statusOf(err error) int {
 	switch {
-	case errors.Is(err, control.ErrNotFound), errors.Is(err, control.ErrTemplateNotFound):
+	case errors.Is(err, control.ErrNotFound), errors.Is(err, control.ErrTemplateNotFound), errors.Is(err, control.ErrVolumeNotFound):
 		return http.StatusNotFound
-	case errors.Is(err, control.ErrInvalid), errors.Is(err, network.ErrInvalidPolicy):
+	case errors.Is(err, control.ErrInvalid), errors.Is(err, network.ErrInvalidPolicy), errors.Is(err, volume.ErrUnknownDriver),
+		errors.Is(err, node.ErrVolumeDriver):
 		return http.StatusBadRequest
-	case errors.Is(err, control.ErrConflict):
+	case errors.Is(err, control.ErrUnauthorized):
+		return http.StatusUnauthorized
+	case errors.Is(err, control.ErrConflict), errors.Is(err, control.ErrVolumeInUse):
 		return http.StatusConflict
+	case errors.Is(err, volume.ErrPluginTimeout):
+		// A volume plugin (the upstream of this request) did not answer in time.
+		return http.StatusGatewayTimeout
+	case errors.Is(err, volume.ErrPlugin), errors.Is(err, volume.ErrProtocol):
+		return http.StatusBadGateway
 	case errors.Is(err, control.ErrCapacity):
 		return http.StatusTooManyRequests
 	case errors.Is(err, control.ErrBusy), errors.Is(err, network.ErrPoolExhausted):
@@ -52,7 +62,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case http.StatusTooManyRequests, http.StatusServiceUnavailable:
 		// The JS SDK (2.49.1+) retries a 429 only when Retry-After is present.
 		w.Header().Set("Retry-After", strconv.Itoa(s.cfg.RetryAfterSeconds))
-	case http.StatusInternalServerError:
+	case http.StatusInternalServerError, http.StatusBadGateway, http.StatusGatewayTimeout:
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
 	writeError(w, st, err.Error())

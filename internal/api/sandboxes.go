@@ -41,7 +41,15 @@ type newSandbox struct {
 	VolumeMounts        []struct {
 		Name string `json:"name"`
 		Path string `json:"path"`
+		// ReadOnly is the Cubicle/CubeSandbox extension; e2b requests omit it.
+		ReadOnly bool `json:"readOnly"`
 	} `json:"volumeMounts"`
+}
+
+type volumeMountJSON struct {
+	Name     string `json:"name"`
+	Path     string `json:"path"`
+	ReadOnly bool   `json:"readOnly,omitempty"`
 }
 
 type sandboxJSON struct {
@@ -68,7 +76,7 @@ type listedSandbox struct {
 	Metadata     map[string]string `json:"metadata,omitempty"`
 	State        string            `json:"state"`
 	EnvdVersion  string            `json:"envdVersion"`
-	VolumeMounts []any             `json:"volumeMounts,omitempty"`
+	VolumeMounts []volumeMountJSON `json:"volumeMounts,omitempty"`
 }
 
 type sandboxDetail struct {
@@ -131,11 +139,15 @@ func listed(sb *store.Sandbox) listedSandbox {
 	if sb.State == store.StatePaused || sb.State == store.StatePausing {
 		state = "paused"
 	}
-	return listedSandbox{
+	ls := listedSandbox{
 		TemplateID: sb.TemplateID, Alias: sb.Alias, SandboxID: sb.ID, ClientID: clientID,
 		StartedAt: sb.StartedAt, EndAt: sb.EndAt, CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB,
 		DiskSizeMB: sb.DiskSizeMB, Metadata: sb.Metadata, State: state, EnvdVersion: control.EnvdVersion,
 	}
+	for _, vm := range sb.Volumes {
+		ls.VolumeMounts = append(ls.VolumeMounts, volumeMountJSON{Name: vm.VolumeID, Path: vm.Path, ReadOnly: vm.ReadOnly})
+	}
+	return ls
 }
 
 func (s *Server) create(w http.ResponseWriter, r *http.Request, v2 bool) {
@@ -180,7 +192,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, v2 bool) {
 		opts.APIKeyID = k.ID
 	}
 	for _, vm := range req.VolumeMounts {
-		opts.VolumeMounts = append(opts.VolumeMounts, control.VolumeMount{Name: vm.Name, Path: vm.Path})
+		opts.VolumeMounts = append(opts.VolumeMounts, control.VolumeMount{Name: vm.Name, Path: vm.Path, ReadOnly: vm.ReadOnly})
 	}
 	sb, err := s.mgr.Create(r.Context(), opts)
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/control"
 	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/internal/volume/content"
 )
 
 // Config configures the API server.
@@ -87,7 +88,13 @@ func New(cfg Config, mgr *control.Manager, st store.Store) *Server {
 		r.Get("/v2/sandboxes/{id}/logs", s.logsV2)
 		r.Get("/sandboxes/{id}/metrics", s.metricsOne)
 		r.Get("/sandboxes/metrics", s.metricsMany)
+		r.Post("/volumes", s.createVolume)
+		r.Get("/volumes", s.listVolumes)
+		r.Get("/volumes/{volumeID}", s.getVolume)
+		r.Delete("/volumes/{volumeID}", s.deleteVolume)
 	})
+	// Volume content authenticates with the volume's own token, not an API key.
+	r.Handle("/volumecontent/*", content.NewHandler(contentResolver{mgr}, cfg.Logger))
 	s.router = r
 	return s
 }

@@ -55,6 +55,12 @@ type Config struct {
 	CreateQueueWait      time.Duration // how long a create waits for a slot before 503
 	Logger               *slog.Logger
 	Registry             prometheus.Registerer // optional
+	// Volumes routes driver names to controller plugins; nil = no volumes.
+	Volumes       VolumeRegistry
+	VolumeMetrics *VolumeMetrics // shared with the node; optional
+	// ContentIdle is how long the volume-content API keeps a volume
+	// attached after its last request (default 30s).
+	ContentIdle time.Duration
 }
 
 // Manager is the control plane.
@@ -69,6 +75,9 @@ type Manager struct {
 	locks       sync.Map // id -> *sync.Mutex; serialises lifecycle ops per sandbox
 	samples     sampler
 	metrics     *opMetrics
+	volumes     VolumeRegistry
+	volMetrics  *VolumeMetrics
+	leases      *leases
 }
 
 // New builds a manager; call Recover before serving and Run in the background.
@@ -85,8 +94,17 @@ func New(cfg Config, st store.Store, n node.Node, tr template.Resolver) *Manager
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Manager{cfg: cfg, store: st, node: n, templates: tr, log: cfg.Logger,
-		createSlots: make(chan struct{}, cfg.MaxConcurrentCreates), metrics: newOpMetrics(cfg.Registry)}
+	if cfg.VolumeMetrics == nil {
+		cfg.VolumeMetrics = NewVolumeMetrics(cfg.Registry)
+	}
+	if cfg.ContentIdle == 0 {
+		cfg.ContentIdle = 30 * time.Second
+	}
+	m := &Manager{cfg: cfg, store: st, node: n, templates: tr, log: cfg.Logger,
+		createSlots: make(chan struct{}, cfg.MaxConcurrentCreates), metrics: newOpMetrics(cfg.Registry),
+		volumes: cfg.Volumes, volMetrics: cfg.VolumeMetrics}
+	m.leases = newLeases(m, cfg.ContentIdle)
+	return m
 }
 
 func (m *Manager) lock(id string) func() {
@@ -125,8 +143,12 @@ type CreateOptions struct {
 	VolumeMounts []VolumeMount
 }
 
-// VolumeMount is a requested volume attachment.
-type VolumeMount struct{ Name, Path string }
+// VolumeMount is a requested volume attachment. Name is the volume's ID
+// (which equals its name).
+type VolumeMount struct {
+	Name, Path string
+	ReadOnly   bool
+}
 
 func invalid(format string, a ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, a...))
@@ -182,9 +204,6 @@ func (m *Manager) validate(o *CreateOptions) error {
 			}
 		}
 	}
-	if len(o.VolumeMounts) > 0 {
-		return invalid("volumeMounts: volumes are not available on this server yet")
-	}
 	if err := network.ValidatePolicy(policyOf(o.Network)); err != nil {
 		return invalid("network: %v", err)
 	}
@@ -239,15 +258,22 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ *store.Sandbox
 	}
 	defer func() { <-m.createSlots }()
 
+	mounts, attachments, err := m.resolveMounts(ctx, o.VolumeMounts)
+	if err != nil {
+		return nil, err
+	}
 	now := time.Now().UTC()
 	sb := &store.Sandbox{
 		ID: NewID(), TemplateID: tpl.ID, Alias: tpl.Alias, State: store.StateCreating, Node: m.node.ID(),
 		Metadata: o.Metadata, EnvVars: o.EnvVars, EnvdToken: token(16), TrafficToken: token(16),
 		CPUCount: tpl.CPUCount, MemoryMB: tpl.MemoryMB, DiskSizeMB: tpl.DiskSizeMB,
 		Network: o.Network, AutoPause: o.AutoPause, AutoResume: o.AutoResume, APIKeyID: o.APIKeyID,
-		StartedAt: now, EndAt: now.Add(o.Timeout),
+		StartedAt: now, EndAt: now.Add(o.Timeout), Volumes: mounts,
 	}
 	if err := m.store.CreateSandbox(ctx, sb); err != nil {
+		if errors.Is(err, store.ErrConflict) && len(mounts) > 0 {
+			return nil, fmt.Errorf("%w: %v", ErrConflict, err)
+		}
 		return nil, err
 	}
 	unlock := m.lock(sb.ID)
@@ -255,10 +281,18 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ *store.Sandbox
 	// The node work must not be abandoned half way because the client went away.
 	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
-	placed, err := m.node.Create(nctx, m.nodeRequest(sb, tpl.Layers))
+	req := m.nodeRequest(sb, tpl.Layers)
+	req.Volumes = attachments
+	placed, err := m.node.Create(nctx, req)
 	if err != nil {
-		m.markKilled(nctx, sb, "create failed: "+err.Error())
+		// Delete again: the node's own rollback may have failed to detach,
+		// and the attachment rows may only go once the node confirmed it.
+		derr := m.node.Delete(nctx, sb.ID)
+		m.markKilled(nctx, sb, "create failed: "+err.Error(), derr)
 		return nil, fmt.Errorf("create sandbox: %w", err)
+	}
+	for _, va := range attachments {
+		m.volumeEvent(ctx, va.VolumeID, sb.ID, "volume.attached", "info", "attached to sandbox %s at %s (read-only %v)", sb.ID, va.Path, va.ReadOnly)
 	}
 	sb.Addr = placed.Addr.String()
 	sb.State = store.StateRunning
@@ -277,7 +311,10 @@ func (m *Manager) nodeRequest(sb *store.Sandbox, layers []string) node.CreateReq
 	}
 }
 
-func (m *Manager) markKilled(ctx context.Context, sb *store.Sandbox, reason string) {
+// markKilled records the kill. The sandbox's volume references go only when
+// the node confirmed its cleanup (nodeErr == nil); otherwise the reconciler
+// retries the node cleanup and drops them then.
+func (m *Manager) markKilled(ctx context.Context, sb *store.Sandbox, reason string, nodeErr error) {
 	sb.State = store.StateKilled
 	sb.KilledAt = time.Now().UTC()
 	sb.KillReason = reason
@@ -285,6 +322,9 @@ func (m *Manager) markKilled(ctx context.Context, sb *store.Sandbox, reason stri
 		m.log.Error("mark killed", "sandbox", sb.ID, "err", err)
 	}
 	m.event(ctx, sb.ID, "killed", "info", "%s", reason)
+	if nodeErr == nil && len(sb.Volumes) > 0 {
+		m.dropAttachments(ctx, sb)
+	}
 }
 
 // Get returns a live sandbox; killed ones are NotFound, as in e2b.
@@ -316,13 +356,14 @@ func (m *Manager) killLocked(ctx context.Context, id, reason string) (err error)
 	}
 	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
-	if err := m.node.Delete(nctx, id); err != nil {
+	nerr := m.node.Delete(nctx, id)
+	if nerr != nil {
 		// The row still goes to killed; the reconciler retries the node cleanup
 		// because the node keeps listing the leftover.
-		m.log.Error("node delete", "sandbox", id, "err", err)
-		reason += " (node cleanup pending: " + err.Error() + ")"
+		m.log.Error("node delete", "sandbox", id, "err", nerr)
+		reason += " (node cleanup pending: " + nerr.Error() + ")"
 	}
-	m.markKilled(nctx, sb, reason)
+	m.markKilled(nctx, sb, reason, nerr)
 	return nil
 }
 

@@ -60,14 +60,18 @@ func (m *Manager) Recover(ctx context.Context) error {
 			}
 		}
 	}
+	if err := m.reconcileVolumes(ctx, true); err != nil {
+		// Not fatal: the periodic reconciler keeps retrying.
+		m.log.Error("recover volumes", "err", err)
+	}
 	return nil
 }
 
 func (m *Manager) reapLost(ctx context.Context, sb *store.Sandbox, reason string) {
 	unlock := m.lock(sb.ID)
 	defer unlock()
-	_ = m.node.Delete(ctx, sb.ID)
-	m.markKilled(ctx, sb, reason)
+	derr := m.node.Delete(ctx, sb.ID)
+	m.markKilled(ctx, sb, reason, derr)
 }
 
 // Run enforces timeouts and repairs drift until ctx ends.
@@ -151,8 +155,8 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			cur, err := m.store.GetSandbox(ctx, sb.ID)
 			if err == nil && (cur.State == store.StateRunning || cur.State == store.StatePaused) {
 				if again, err := m.node.Get(ctx, sb.ID); err != nil || again.State == runtime.StateStopped {
-					_ = m.node.Delete(ctx, sb.ID)
-					m.markKilled(ctx, cur, "sandbox exited unexpectedly")
+					derr := m.node.Delete(ctx, sb.ID)
+					m.markKilled(ctx, cur, "sandbox exited unexpectedly", derr)
 				}
 			}
 			unlock()
@@ -171,7 +175,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			_ = m.node.Delete(ctx, id)
 		}
 	}
-	return nil
+	return m.reconcileVolumes(ctx, false)
 }
 
 // nodeSandboxes indexes what the node currently holds by sandbox ID.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/internal/volume"
 )
 
 // AgentPathInSandbox is where the agent binary is bind-mounted.
@@ -35,6 +37,16 @@ type LocalConfig struct {
 	// ResolvConf, when set, is bind-mounted read-only at /etc/resolv.conf.
 	ResolvConf string
 	PIDsLimit  int64
+
+	// VolumeDir keeps the durable per-(volume, holder) references.
+	VolumeDir string
+	// VolumeBaseDir is volume_plugin_base_dir: every plugin host_path must be inside it.
+	VolumeBaseDir string
+	// VolumePlugin returns the node half of a driver's plugin.
+	VolumePlugin  func(driver string) (volume.Node, error)
+	VolumeDrivers []string
+	VolumeMetrics VolumeMetrics
+	Logger        *slog.Logger
 }
 
 // Local runs sandboxes on this machine.
@@ -44,6 +56,7 @@ type Local struct {
 
 	mu      sync.Mutex
 	lastCPU map[string]cpuSample
+	vols    *volumes
 }
 
 type cpuSample struct {
@@ -70,12 +83,31 @@ func NewLocal(cfg LocalConfig) (*Local, error) {
 	if cfg.PIDsLimit == 0 {
 		cfg.PIDsLimit = 4096
 	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.VolumePlugin == nil {
+		cfg.VolumePlugin = func(d string) (volume.Node, error) { return nil, fmt.Errorf("no volume plugins configured") }
+	}
+	if cfg.VolumeDir == "" {
+		return nil, errors.New("node: VolumeDir is required")
+	}
+	if cfg.VolumeBaseDir == "" {
+		cfg.VolumeBaseDir = volume.DefaultBaseDir
+	}
+	if err := os.MkdirAll(cfg.VolumeBaseDir, 0o755); err != nil {
+		return nil, fmt.Errorf("node: volume base dir: %w", err)
+	}
+	if err := os.MkdirAll(cfg.VolumeDir, 0o700); err != nil {
+		return nil, fmt.Errorf("node: volume ref dir: %w", err)
+	}
 	tr := &http.Transport{
 		DialContext:         (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
 		MaxIdleConnsPerHost: 4,
 		IdleConnTimeout:     30 * time.Second,
 	}
-	return &Local{cfg: cfg, client: &http.Client{Transport: tr}, lastCPU: map[string]cpuSample{}}, nil
+	vols := &volumes{dir: cfg.VolumeDir, baseDir: cfg.VolumeBaseDir, plugins: cfg.VolumePlugin, log: cfg.Logger, metrics: cfg.VolumeMetrics}
+	return &Local{cfg: cfg, client: &http.Client{Transport: tr}, lastCPU: map[string]cpuSample{}, vols: vols}, nil
 }
 
 // ID names the node.
@@ -101,6 +133,27 @@ func (l *Local) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err e
 		mounts = append(mounts, runtime.Mount{Source: l.cfg.ResolvConf, Destination: "/etc/resolv.conf", ReadOnly: true})
 	}
 	mounts = append(mounts, req.Mounts...)
+	if len(req.Volumes) > 0 {
+		defer func() {
+			if err != nil {
+				// After the runtime is gone (the deferred Delete above runs
+				// later, so undo here only what the runtime never saw).
+				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+				defer cancel()
+				_ = l.cfg.Runtime.Delete(cctx, req.ID)
+				if derr := l.vols.detachHolder(cctx, req.ID); derr != nil {
+					l.cfg.Logger.Error("volume rollback", "sandbox", req.ID, "err", derr)
+				}
+			}
+		}()
+		for _, va := range req.Volumes {
+			hp, aerr := l.vols.attach(ctx, req.ID, HolderSandbox, va)
+			if aerr != nil {
+				return Sandbox{}, aerr
+			}
+			mounts = append(mounts, runtime.Mount{Source: hp, Destination: va.Path, ReadOnly: va.ReadOnly})
+		}
+	}
 	info, err := l.cfg.Runtime.Create(ctx, runtime.Spec{
 		ID:        req.ID,
 		Layers:    req.Layers,
@@ -182,8 +235,29 @@ func (l *Local) Delete(ctx context.Context, id string) error {
 	l.mu.Unlock()
 	rerr := l.cfg.Runtime.Delete(ctx, id)
 	nerr := l.cfg.Network.Teardown(ctx, id)
-	return errors.Join(rerr, nerr)
+	var verr error
+	if rerr == nil {
+		// Only once no process can use the mounts any more.
+		verr = l.vols.detachHolder(ctx, id)
+	}
+	return errors.Join(rerr, nerr, verr)
 }
+
+// AttachVolume implements Node.
+func (l *Local) AttachVolume(ctx context.Context, holder string, v VolumeAttachment) (string, error) {
+	return l.vols.attach(ctx, holder, HolderContent, v)
+}
+
+// DetachVolume implements Node.
+func (l *Local) DetachVolume(ctx context.Context, holder, volumeID string) error {
+	return l.vols.detach(ctx, holder, volumeID)
+}
+
+// VolumeRefs implements Node.
+func (l *Local) VolumeRefs(ctx context.Context) ([]VolumeRef, error) { return l.vols.list() }
+
+// VolumeDrivers implements Node.
+func (l *Local) VolumeDrivers() []string { return append([]string(nil), l.cfg.VolumeDrivers...) }
 
 func (l *Local) notFound(err error) error {
 	if errors.Is(err, runtime.ErrNotFound) || errors.Is(err, network.ErrNotFound) {
@@ -243,6 +317,17 @@ func (l *Local) List(ctx context.Context) ([]Sandbox, error) {
 			s.Addr = ep.Addr
 		} else {
 			byID[ep.ID] = &Sandbox{ID: ep.ID, Addr: ep.Addr, State: runtime.StateStopped}
+		}
+	}
+	// Volume refs of a sandbox that never got (or lost) its runtime half,
+	// e.g. a crash during Attach, so recovery's Delete detaches them.
+	holders, err := l.vols.sandboxHolders()
+	if err != nil {
+		return nil, err
+	}
+	for id := range holders {
+		if _, ok := byID[id]; !ok {
+			byID[id] = &Sandbox{ID: id, State: runtime.StateStopped}
 		}
 	}
 	for _, s := range byID {

@@ -32,6 +32,9 @@ type CreateRequest struct {
 	MemoryMB    int
 	Policy      network.Policy
 	Mounts      []runtime.Mount
+	// Volumes are attached through their plugins before the runtime starts
+	// and bind-mounted at their Path; Delete detaches them.
+	Volumes []VolumeAttachment
 }
 
 // Sandbox is the node's view of a sandbox.
@@ -70,4 +73,14 @@ type Node interface {
 	UpdatePolicy(ctx context.Context, id string, p network.Policy) error
 	// Logs returns the sandbox's console output (PID 1 stdout/stderr).
 	Logs(ctx context.Context, id string) ([]byte, error)
+
+	// AttachVolume takes a reference on a volume for a holder that is not a
+	// sandbox (the volume-content API) and returns its host path.
+	AttachVolume(ctx context.Context, holder string, v VolumeAttachment) (string, error)
+	// DetachVolume drops holder's reference; unknown references are a no-op.
+	DetachVolume(ctx context.Context, holder, volumeID string) error
+	// VolumeRefs lists the node's durable volume references.
+	VolumeRefs(ctx context.Context) ([]VolumeRef, error)
+	// VolumeDrivers names the volume plugins this node has, in order.
+	VolumeDrivers() []string
 }

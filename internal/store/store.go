@@ -61,6 +61,50 @@ type Sandbox struct {
 	UpdatedAt    time.Time
 	KilledAt     time.Time
 	KillReason   string
+	// Volumes are the sandbox's volume mounts; CreateSandbox records one
+	// attachment row per entry in the same transaction.
+	Volumes []VolumeMount
+}
+
+// VolumeMount is one volume mounted into a sandbox.
+type VolumeMount struct {
+	VolumeID string `json:"volumeID"`
+	Path     string `json:"path"`
+	ReadOnly bool   `json:"readOnly,omitempty"`
+}
+
+// VolumeState is the control-plane state of a volume.
+type VolumeState string
+
+const (
+	// VolumeCreating: row written, plugin Create not yet confirmed.
+	VolumeCreating VolumeState = "creating"
+	VolumeReady    VolumeState = "ready"
+	// VolumeDeleting: delete guard passed, plugin Destroy not yet confirmed.
+	VolumeDeleting VolumeState = "deleting"
+)
+
+// Volume is one volume row. PrivateData is the plugin's opaque blob; it is
+// never returned to API clients.
+type Volume struct {
+	ID          string
+	Name        string
+	Driver      string
+	State       VolumeState
+	Token       string
+	PrivateData string
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+}
+
+// VolumeAttachment is a durable reference from a sandbox to a volume.
+type VolumeAttachment struct {
+	VolumeID  string
+	SandboxID string
+	Node      string
+	Path      string
+	ReadOnly  bool
+	CreatedAt time.Time
 }
 
 // SandboxFilter selects sandboxes in List. Zero values match everything.
@@ -91,6 +135,7 @@ type APIKey struct {
 type Event struct {
 	ID        int64
 	SandboxID string
+	VolumeID  string
 	Type      string
 	Level     string
 	Message   string
@@ -115,7 +160,26 @@ type Store interface {
 	DeleteAPIKey(ctx context.Context, id string) error
 	TouchAPIKey(ctx context.Context, id string, t time.Time) error
 
+	// CreateVolume inserts a row; ErrConflict if the ID or name exists.
+	CreateVolume(ctx context.Context, v *Volume) error
+	GetVolume(ctx context.Context, id string) (*Volume, error)
+	ListVolumes(ctx context.Context) ([]*Volume, error)
+	// UpdateVolume writes every field of v. ErrNotFound if missing.
+	UpdateVolume(ctx context.Context, v *Volume) error
+	// MarkVolumeDeleting moves a ready volume with no attachment rows to
+	// deleting in one transaction: the delete guard. ErrConflict when it
+	// is referenced or not ready, ErrNotFound when missing.
+	MarkVolumeDeleting(ctx context.Context, id string) (*Volume, error)
+	// DeleteVolume removes the row; ErrConflict while attachment rows exist.
+	DeleteVolume(ctx context.Context, id string) error
+	// ListVolumeAttachments returns attachment rows; empty filter fields match all.
+	ListVolumeAttachments(ctx context.Context, volumeID, sandboxID string) ([]*VolumeAttachment, error)
+	// DeleteVolumeAttachments removes a sandbox's rows once its node confirmed the detach.
+	DeleteVolumeAttachments(ctx context.Context, sandboxID string) error
+
 	AppendEvent(ctx context.Context, e *Event) error
+	// ListVolumeEvents returns a volume's events, oldest first.
+	ListVolumeEvents(ctx context.Context, volumeID string, limit int) ([]*Event, error)
 	ListEvents(ctx context.Context, sandboxID string, since time.Time, limit int) ([]*Event, error)
 
 	Close() error

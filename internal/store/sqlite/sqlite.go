@@ -117,13 +117,20 @@ func js(v any) string {
 
 const sandboxCols = `id, template_id, alias, state, node, metadata, env_vars, envd_token, traffic_token,
 cpu_count, memory_mb, disk_size_mb, network, auto_pause, auto_resume, addr, api_key_id,
-started_at, end_at, updated_at, killed_at, kill_reason`
+started_at, end_at, updated_at, killed_at, kill_reason, volumes`
 
 func sandboxArgs(sb *store.Sandbox) []any {
 	return []any{sb.ID, sb.TemplateID, sb.Alias, string(sb.State), sb.Node, js(orEmpty(sb.Metadata)), js(orEmpty(sb.EnvVars)),
 		sb.EnvdToken, sb.TrafficToken, sb.CPUCount, sb.MemoryMB, sb.DiskSizeMB, js(sb.Network),
 		sb.AutoPause, sb.AutoResume, sb.Addr, sb.APIKeyID, ts(sb.StartedAt), ts(sb.EndAt), ts(sb.UpdatedAt),
-		ts(sb.KilledAt), sb.KillReason}
+		ts(sb.KilledAt), sb.KillReason, js(mountsOrEmpty(sb.Volumes))}
+}
+
+func mountsOrEmpty(m []store.VolumeMount) []store.VolumeMount {
+	if m == nil {
+		return []store.VolumeMount{}
+	}
+	return m
 }
 
 func orEmpty(m map[string]string) map[string]string {
@@ -137,11 +144,11 @@ type scanner interface{ Scan(...any) error }
 
 func scanSandbox(r scanner) (*store.Sandbox, error) {
 	var sb store.Sandbox
-	var state, meta, envs, network string
+	var state, meta, envs, network, vols string
 	var started, end, updated, killed int64
 	if err := r.Scan(&sb.ID, &sb.TemplateID, &sb.Alias, &state, &sb.Node, &meta, &envs, &sb.EnvdToken, &sb.TrafficToken,
 		&sb.CPUCount, &sb.MemoryMB, &sb.DiskSizeMB, &network, &sb.AutoPause, &sb.AutoResume, &sb.Addr, &sb.APIKeyID,
-		&started, &end, &updated, &killed, &sb.KillReason); err != nil {
+		&started, &end, &updated, &killed, &sb.KillReason, &vols); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil, store.ErrNotFound
 		}
@@ -157,20 +164,51 @@ func scanSandbox(r scanner) (*store.Sandbox, error) {
 	if err := json.Unmarshal([]byte(network), &sb.Network); err != nil {
 		return nil, err
 	}
+	if err := json.Unmarshal([]byte(vols), &sb.Volumes); err != nil {
+		return nil, err
+	}
+	if len(sb.Volumes) == 0 {
+		sb.Volumes = nil
+	}
 	sb.StartedAt, sb.EndAt, sb.UpdatedAt, sb.KilledAt = fromTS(started), fromTS(end), fromTS(updated), fromTS(killed)
 	return &sb, nil
 }
 
-// CreateSandbox inserts a new row; ErrConflict if the ID exists.
+// CreateSandbox inserts a new row and its volume attachment rows in one
+// transaction; ErrConflict if the ID exists or a volume is not ready.
 func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	if sb.UpdatedAt.IsZero() {
 		sb.UpdatedAt = time.Now()
 	}
-	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, sandboxArgs(sb)...)
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	_, err = tx.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, sandboxArgs(sb)...)
 	if isConstraint(err) {
 		return fmt.Errorf("%w: sandbox %s exists", store.ErrConflict, sb.ID)
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	for _, vm := range sb.Volumes {
+		// Guarded insert: only a ready volume can gain a reference, which
+		// closes the race with MarkVolumeDeleting.
+		res, err := tx.ExecContext(ctx, `INSERT INTO volume_attachments(volume_id, sandbox_id, node, path, read_only, created_at)
+SELECT ?,?,?,?,?,? WHERE EXISTS (SELECT 1 FROM volumes WHERE id=? AND state=?)`,
+			vm.VolumeID, sb.ID, sb.Node, vm.Path, vm.ReadOnly, ts(sb.UpdatedAt), vm.VolumeID, string(store.VolumeReady))
+		if isConstraint(err) {
+			return fmt.Errorf("%w: volume %s is mounted twice", store.ErrConflict, vm.VolumeID)
+		}
+		if err != nil {
+			return err
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return fmt.Errorf("%w: volume %s does not exist or is not ready", store.ErrConflict, vm.VolumeID)
+		}
+	}
+	return tx.Commit()
 }
 
 // GetSandbox returns ErrNotFound for unknown IDs.
@@ -184,7 +222,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	args := sandboxArgs(sb)
 	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET template_id=?, alias=?, state=?, node=?, metadata=?, env_vars=?, envd_token=?, traffic_token=?,
 cpu_count=?, memory_mb=?, disk_size_mb=?, network=?, auto_pause=?, auto_resume=?, addr=?, api_key_id=?,
-started_at=?, end_at=?, updated_at=?, killed_at=?, kill_reason=? WHERE id=?`, append(args[1:], sb.ID)...)
+started_at=?, end_at=?, updated_at=?, killed_at=?, kill_reason=?, volumes=? WHERE id=?`, append(args[1:], sb.ID)...)
 	if err != nil {
 		return err
 	}
@@ -365,8 +403,8 @@ func (s *Store) AppendEvent(ctx context.Context, e *store.Event) error {
 	if e.Level == "" {
 		e.Level = "info"
 	}
-	res, err := s.db.ExecContext(ctx, `INSERT INTO events(sandbox_id, type, level, message, time) VALUES(?,?,?,?,?)`,
-		e.SandboxID, e.Type, e.Level, e.Message, ts(e.Time))
+	res, err := s.db.ExecContext(ctx, `INSERT INTO events(sandbox_id, volume_id, type, level, message, time) VALUES(?,?,?,?,?,?)`,
+		e.SandboxID, e.VolumeID, e.Type, e.Level, e.Message, ts(e.Time))
 	if err != nil {
 		return err
 	}
@@ -379,17 +417,34 @@ func (s *Store) ListEvents(ctx context.Context, sandboxID string, since time.Tim
 	if limit <= 0 {
 		limit = 1000
 	}
-	rows, err := s.db.QueryContext(ctx, `SELECT id, sandbox_id, type, level, message, time FROM events WHERE sandbox_id=? AND time>=? ORDER BY time, id LIMIT ?`,
+	rows, err := s.db.QueryContext(ctx, `SELECT id, sandbox_id, volume_id, type, level, message, time FROM events WHERE sandbox_id=? AND time>=? ORDER BY time, id LIMIT ?`,
 		sandboxID, ts(since), limit)
 	if err != nil {
 		return nil, err
 	}
+	return scanEvents(rows)
+}
+
+// ListVolumeEvents returns a volume's events, oldest first.
+func (s *Store) ListVolumeEvents(ctx context.Context, volumeID string, limit int) ([]*store.Event, error) {
+	if limit <= 0 {
+		limit = 1000
+	}
+	rows, err := s.db.QueryContext(ctx, `SELECT id, sandbox_id, volume_id, type, level, message, time FROM events WHERE volume_id=? ORDER BY time, id LIMIT ?`,
+		volumeID, limit)
+	if err != nil {
+		return nil, err
+	}
+	return scanEvents(rows)
+}
+
+func scanEvents(rows *sql.Rows) ([]*store.Event, error) {
 	defer rows.Close()
 	var out []*store.Event
 	for rows.Next() {
 		var e store.Event
 		var t int64
-		if err := rows.Scan(&e.ID, &e.SandboxID, &e.Type, &e.Level, &e.Message, &t); err != nil {
+		if err := rows.Scan(&e.ID, &e.SandboxID, &e.VolumeID, &e.Type, &e.Level, &e.Message, &t); err != nil {
 			return nil, err
 		}
 		e.Time = fromTS(t)

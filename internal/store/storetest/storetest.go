@@ -19,6 +19,8 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 	t.Run("CompareAndSetState", func(t *testing.T) { testCAS(t, open(t)) })
 	t.Run("APIKeys", func(t *testing.T) { testKeys(t, open(t)) })
 	t.Run("Events", func(t *testing.T) { testEvents(t, open(t)) })
+	t.Run("Volumes", func(t *testing.T) { testVolumes(t, open(t)) })
+	t.Run("VolumeDeleteGuardRace", func(t *testing.T) { testVolumeGuardRace(t, open(t)) })
 }
 
 func sample(id string, started time.Time) *store.Sandbox {

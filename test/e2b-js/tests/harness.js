@@ -162,6 +162,8 @@ class Server {
     process.env.E2B_SANDBOX_URL = this.url
     process.env.E2B_API_KEY = this.apiKey
     process.env.E2B_DOMAIN = DOMAIN
+    // The volume-content API is served by the same listener.
+    process.env.E2B_VOLUME_API_URL = this.url
     delete process.env.E2B_DEBUG
     return this
   }

@@ -1,0 +1,141 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/store"
+)
+
+// ContentHolder is the node holder name of volume-content API attachments.
+const ContentHolder = "volume-content"
+
+// leases keeps a volume attached on the node while the volume-content API
+// uses it, so an unmounted volume can be read and written, and detaches it
+// after an idle period.
+type leases struct {
+	m    *Manager
+	idle time.Duration
+
+	mu sync.Mutex
+	by map[string]*lease
+}
+
+type lease struct {
+	mu       sync.Mutex // held while attaching/detaching
+	hostPath string
+	users    int
+	timer    *time.Timer
+	gen      int // bumps on every acquire so a stale timer does nothing
+}
+
+func newLeases(m *Manager, idle time.Duration) *leases {
+	return &leases{m: m, idle: idle, by: map[string]*lease{}}
+}
+
+func (l *leases) holds(volID string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, ok := l.by[volID]
+	return ok
+}
+
+func (l *leases) acquire(ctx context.Context, v *store.Volume) (string, func(), error) {
+	l.mu.Lock()
+	ls, ok := l.by[v.ID]
+	if !ok {
+		ls = &lease{}
+		l.by[v.ID] = ls
+	}
+	ls.users++
+	ls.gen++
+	if ls.timer != nil {
+		ls.timer.Stop()
+		ls.timer = nil
+	}
+	l.mu.Unlock()
+
+	ls.mu.Lock()
+	if ls.hostPath == "" {
+		hp, err := l.m.node.AttachVolume(context.WithoutCancel(ctx), ContentHolder,
+			node.VolumeAttachment{VolumeID: v.ID, Driver: v.Driver, PrivateData: v.PrivateData})
+		if err != nil {
+			ls.mu.Unlock()
+			l.release(v.ID, ls)
+			return "", nil, fmt.Errorf("attach volume '%s' for file access: %w", v.ID, err)
+		}
+		ls.hostPath = hp
+	}
+	hp := ls.hostPath
+	ls.mu.Unlock()
+	var once sync.Once
+	return hp, func() { once.Do(func() { l.release(v.ID, ls) }) }, nil
+}
+
+func (l *leases) release(volID string, ls *lease) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ls.users--
+	if ls.users > 0 {
+		return
+	}
+	gen := ls.gen
+	ls.timer = time.AfterFunc(l.idle, func() { l.expire(volID, ls, gen) })
+}
+
+func (l *leases) expire(volID string, ls *lease, gen int) {
+	l.mu.Lock()
+	if ls.users > 0 || ls.gen != gen || l.by[volID] != ls {
+		l.mu.Unlock()
+		return
+	}
+	delete(l.by, volID)
+	l.mu.Unlock()
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.hostPath == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := l.m.node.DetachVolume(ctx, ContentHolder, volID); err != nil {
+		// The node keeps the ref; the reconciler retries since no lease holds it.
+		l.m.log.Error("detach idle volume-content attachment", "volume", volID, "err", err)
+	}
+	ls.hostPath = ""
+}
+
+var errLeaseBusy = errors.New("file operations on the volume are still in progress")
+
+// drop detaches the volume now for a delete; it waits briefly for requests
+// in flight (new ones are refused because the volume is already deleting).
+func (l *leases) drop(ctx context.Context, volID string) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		l.mu.Lock()
+		ls, ok := l.by[volID]
+		if !ok {
+			l.mu.Unlock()
+			break
+		}
+		if ls.users == 0 {
+			if ls.timer != nil {
+				ls.timer.Stop()
+			}
+			delete(l.by, volID)
+			l.mu.Unlock()
+			break
+		}
+		l.mu.Unlock()
+		if time.Now().After(deadline) {
+			return errLeaseBusy
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// Also covers a ref left by a previous process.
+	return l.m.node.DetachVolume(ctx, ContentHolder, volID)
+}

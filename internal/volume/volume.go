@@ -1,0 +1,147 @@
+// Package volume holds the volume plugin protocol shared by the control plane
+// (Controller hooks: Create/Destroy) and the node (Node hooks: Attach/Detach),
+// and the registries that route a driver name to a plugin. Field names and
+// semantics follow the CubeSandbox volume plugin protocol, so plugins written
+// for it run unmodified.
+package volume
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strings"
+)
+
+// Typed errors; the API maps them to HTTP statuses.
+var (
+	// ErrUnknownDriver: no plugin registered under that name (400 at the API).
+	ErrUnknownDriver = errors.New("volume: unknown driver")
+	// ErrPlugin: the plugin ran and reported failure (non-zero exit, "error"
+	// field, gRPC error status, crash).
+	ErrPlugin = errors.New("volume: plugin failed")
+	// ErrPluginTimeout: the hook did not finish within the plugin's timeout.
+	ErrPluginTimeout = errors.New("volume: plugin timed out")
+	// ErrProtocol: the plugin answered but broke the protocol (bad JSON,
+	// private_data over MaxPrivateData, host_path outside the base dir, …).
+	ErrProtocol = errors.New("volume: plugin protocol violation")
+	// ErrConfig: a plugin list failed validation at start.
+	ErrConfig = errors.New("volume: invalid plugin configuration")
+)
+
+// MaxPrivateData bounds the opaque blob Create may return.
+const MaxPrivateData = 1024
+
+// Namespace is what Attach/Detach receive as `namespace` (containerd's
+// namespace in CubeSandbox); Cubicle has one.
+const Namespace = "cubicle"
+
+// DefaultBaseDir is the node's volume_plugin_base_dir when unset.
+const DefaultBaseDir = "/data/cube-shared/volume"
+
+// CreateRequest is the Create hook input.
+type CreateRequest struct {
+	VolumeID string
+	Name     string
+}
+
+// CreateResult is the Create hook output.
+type CreateResult struct {
+	Token       string
+	PrivateData string
+}
+
+// DestroyRequest is the Destroy hook input.
+type DestroyRequest struct {
+	VolumeID string
+}
+
+// AttachRequest is the Attach hook input. RefCount is the number of holders
+// on this node before this attach (0 = first: mount the backend).
+type AttachRequest struct {
+	SandboxID     string
+	Namespace     string
+	VolumeID      string
+	RefCount      int64
+	VolumeBaseDir string
+	PrivateData   string
+}
+
+// AttachResult is the Attach hook output; Metadata is echoed to Detach.
+type AttachResult struct {
+	HostPath string
+	Metadata map[string]string
+}
+
+// DetachRequest is the Detach hook input. RefCount is the number of holders
+// on this node after this detach (0 = last: tear the backend mount down).
+type DetachRequest struct {
+	SandboxID string
+	Namespace string
+	VolumeID  string
+	RefCount  int64
+	Metadata  map[string]string
+}
+
+// Controller is the control-plane half of a plugin.
+type Controller interface {
+	Create(ctx context.Context, req CreateRequest) (CreateResult, error)
+	Destroy(ctx context.Context, req DestroyRequest) error
+}
+
+// Node is the node half of a plugin.
+type Node interface {
+	Attach(ctx context.Context, req AttachRequest) (AttachResult, error)
+	Detach(ctx context.Context, req DetachRequest) error
+}
+
+// Plugin implements both halves (every driver in this module does).
+type Plugin interface {
+	Controller
+	Node
+}
+
+var nameRE = regexp.MustCompile(`^[a-zA-Z0-9_-]+$`)
+
+// MaxNameLen bounds volume names.
+const MaxNameLen = 128
+
+// ValidateName enforces the e2b volume name rule.
+func ValidateName(name string) error {
+	if name == "" {
+		return errors.New("volume name must not be empty")
+	}
+	if len(name) > MaxNameLen {
+		return fmt.Errorf("volume name is %d characters, at most %d allowed", len(name), MaxNameLen)
+	}
+	if !nameRE.MatchString(name) {
+		return fmt.Errorf("volume name %q must match ^[a-zA-Z0-9_-]+$", name)
+	}
+	return nil
+}
+
+// CheckHostPath verifies that hostPath is an absolute path strictly inside
+// baseDir, after resolving symlinks on both sides, so a plugin cannot expose
+// an arbitrary host directory to a sandbox.
+func CheckHostPath(baseDir, hostPath string) error {
+	if hostPath == "" {
+		return fmt.Errorf("%w: attach returned an empty host_path", ErrProtocol)
+	}
+	if !filepath.IsAbs(hostPath) {
+		return fmt.Errorf("%w: host_path %q is not absolute", ErrProtocol, hostPath)
+	}
+	base, err := filepath.EvalSymlinks(baseDir)
+	if err != nil {
+		return fmt.Errorf("volume base dir: %w", err)
+	}
+	hp, err := filepath.EvalSymlinks(hostPath)
+	if err != nil {
+		return fmt.Errorf("%w: host_path %q: %v", ErrProtocol, hostPath, err)
+	}
+	rel, err := filepath.Rel(base, hp)
+	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, "../") || filepath.IsAbs(rel) {
+		return fmt.Errorf("%w: host_path %q is not inside volume_base_dir %q", ErrProtocol, hostPath, baseDir)
+	}
+	return nil
+}
