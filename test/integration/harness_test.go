@@ -51,6 +51,7 @@ func TestMain(m *testing.M) {
 	}
 	build(nil, "cubicle", "github.com/cubicle-dev/cubicle/cmd/cubicle")
 	build([]string{"CGO_ENABLED=0"}, "cubicle-agent", "github.com/cubicle-dev/cubicle/cmd/cubicle-agent")
+	build(nil, "cubicle-volume-s3", "github.com/cubicle-dev/cubicle/cmd/cubicle-volume-s3")
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
@@ -77,6 +78,7 @@ type server struct {
 	Bridge   string
 	Cgroup   string
 	args     []string
+	env      []string // extra environment (binary volume plugins inherit it)
 	cmd      *exec.Cmd
 	logs     *bytes.Buffer
 	client   *http.Client
@@ -89,6 +91,11 @@ var poolCounter = 0
 
 func startServer(t *testing.T, extra ...string) *server {
 	t.Helper()
+	return startServerEnv(t, nil, extra...)
+}
+
+func startServerEnv(t *testing.T, env []string, extra ...string) *server {
+	t.Helper()
 	data, err := os.MkdirTemp("/var/tmp", "cubicle-it-data-")
 	if err != nil {
 		t.Fatal(err)
@@ -97,7 +104,7 @@ func startServer(t *testing.T, extra ...string) *server {
 	rand.Read(b)
 	suffix := hex.EncodeToString(b)
 	poolCounter++
-	s := &server{t: t, DataDir: data, Bridge: "cbi" + suffix, Cgroup: "cubicle-it-" + suffix, client: &http.Client{Timeout: 2 * time.Minute}}
+	s := &server{t: t, DataDir: data, Bridge: "cbi" + suffix, Cgroup: "cubicle-it-" + suffix, client: &http.Client{Timeout: 2 * time.Minute}, env: env}
 	out, err := exec.Command(filepath.Join(binDir, "cubicle"), "apikey", "create", "--data-dir", data).Output()
 	if err != nil {
 		t.Fatalf("apikey create: %v", err)
@@ -123,6 +130,7 @@ func (s *server) start() {
 	s.t.Helper()
 	s.logs = &bytes.Buffer{}
 	s.cmd = exec.Command(filepath.Join(binDir, "cubicle"), s.args...)
+	s.cmd.Env = append(os.Environ(), s.env...)
 	s.cmd.Stdout, s.cmd.Stderr = s.logs, s.logs
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatal(err)

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -538,5 +539,29 @@ func TestVolumeRunsc(t *testing.T) {
 	}
 	if h := s.snapshot(t); h.mounts != 0 {
 		t.Fatalf("mounts left: %+v", h)
+	}
+}
+
+// `cubicle volume plugin-test` passes a conformant plugin and reports the
+// violations of a broken one with exit status 1.
+func TestVolumePluginTestCommand(t *testing.T) {
+	_, dir, base := faultPlugin(t, "5s")
+	bin := filepath.Join(dir, "fault-plugin.sh")
+	run := func(vol string) (string, error) {
+		out, err := exec.Command(filepath.Join(binDir, "cubicle"), "volume", "plugin-test", "--binary", bin, "--base-dir", base, "--volume-id", vol, "--timeout", "5s").CombinedOutput()
+		return string(out), err
+	}
+	if out, err := run("good-pt"); err != nil || !strings.Contains(out, "PASS") {
+		t.Fatalf("conformant plugin: %v\n%s", err, out)
+	}
+	for vol, want := range map[string]string{"escape-pt": "not inside volume_base_dir", "bigpd-pt": "private_data of 2000 bytes", "crash-pt": "SIGSEGV"} {
+		out, err := run(vol)
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(out, want) {
+			t.Fatalf("%s: want exit 1 reporting %q, got %v\n%s", vol, want, err, out)
+		}
+	}
+	if m := mountsUnder(base); len(m) != 0 {
+		t.Fatalf("plugin-test left mounts: %v", m)
 	}
 }

@@ -51,7 +51,7 @@ case "$op" in
   attach)
     case "$vid" in
       fail-*) echo '{"error":"backend is down"}'; exit 1 ;;
-      escape-*) mkdir -p /var/tmp/fault-escape; echo '{"host_path":"/var/tmp/fault-escape","metadata":{},"error":""}'; exit 0 ;;
+      escape-*) mkdir -p "$here/escape"; echo "{\"host_path\":\"$here/escape\",\"metadata\":{},\"error\":\"\"}"; exit 0 ;;
     esac
     [ "$ref" = 0 ] && mountit
     case "$vid" in
