@@ -565,3 +565,40 @@ func TestVolumePluginTestCommand(t *testing.T) {
 		t.Fatalf("plugin-test left mounts: %v", m)
 	}
 }
+
+func TestVolumeCLI(t *testing.T) {
+	s := startServer(t)
+	cli := func(args ...string) (string, error) {
+		cmd := exec.Command(filepath.Join(binDir, "cubicle"), args...)
+		cmd.Env = append(os.Environ(), "CUBICLE_API_URL="+s.URL, "CUBICLE_API_KEY="+s.Key)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	if out, err := cli("volume", "create", "cli-vol"); err != nil || strings.TrimSpace(out) != "cli-vol" {
+		t.Fatalf("volume create: %v %q", err, out)
+	}
+	if out, err := cli("volume", "list"); err != nil || !strings.Contains(out, "cli-vol") || !strings.Contains(out, "local") {
+		t.Fatalf("volume list: %v %q", err, out)
+	}
+	id, err := cli("sandbox", "create", "-v", "cli-vol:/v:ro")
+	if err != nil {
+		t.Fatalf("sandbox create: %v %q", err, id)
+	}
+	id = strings.TrimSpace(id)
+	out, err := cli("volume", "get", "cli-vol")
+	if err != nil || !strings.Contains(out, id) || !strings.Contains(out, `"readOnly": true`) {
+		t.Fatalf("volume get: %v %q", err, out)
+	}
+	if out, err := cli("volume", "delete", "cli-vol"); err == nil || !strings.Contains(out, "409") {
+		t.Fatalf("delete while mounted: %v %q", err, out)
+	}
+	if out, err := cli("sandbox", "create", "-v", "cli-vol"); err == nil || !strings.Contains(out, "NAME:/path") {
+		t.Fatalf("bad -v: %v %q", err, out)
+	}
+	if out, err := cli("sandbox", "kill", id); err != nil {
+		t.Fatalf("kill: %v %q", err, out)
+	}
+	if out, err := cli("volume", "delete", "cli-vol"); err != nil {
+		t.Fatalf("delete: %v %q", err, out)
+	}
+}

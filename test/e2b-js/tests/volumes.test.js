@@ -58,7 +58,13 @@ test('volumeMounts: write in A, read in B, data outlives both, delete guard', { 
 
   const c = srv.track(await Sandbox.create('base', { volumeMounts: { '/data': vol } }))
   assert.equal(await c.files.read('/data/hello.txt'), 'from A\nfrom B\n')
-  await c.kill()
+  // A paused sandbox keeps its attachment; after resume it sees current data.
+  assert.equal(await c.pause(), true)
+  await assert.rejects(Volume.destroy(vol.volumeId), (e) => e instanceof VolumeError && /409/.test(e.message))
+  await vol.writeFile('/while-paused.txt', 'written while paused')
+  const resumed = srv.track(await Sandbox.connect(c.sandboxId))
+  assert.equal(await resumed.files.read('/data/while-paused.txt'), 'written while paused')
+  await resumed.kill()
 
   assert.equal(await Volume.destroy(vol.volumeId), true)
   assert.equal(await Volume.destroy(vol.volumeId), false)
