@@ -16,7 +16,7 @@ const ContentHolder = "volume-content"
 
 // leases keeps a volume attached on the node while the volume-content API
 // uses it, so an unmounted volume can be read and written, and detaches it
-// after an idle period.
+// after an idle period. The node holds one ref per volume for all of them.
 type leases struct {
 	m    *Manager
 	idle time.Duration
@@ -26,9 +26,8 @@ type leases struct {
 }
 
 type lease struct {
-	mu       sync.Mutex // held while attaching/detaching
-	hostPath string
-	users    int
+	hostPath string // guarded by the volume's content lock
+	users    int    // guarded by leases.mu
 	timer    *time.Timer
 	gen      int // bumps on every acquire so a stale timer does nothing
 }
@@ -36,6 +35,10 @@ type lease struct {
 func newLeases(m *Manager, idle time.Duration) *leases {
 	return &leases{m: m, idle: idle, by: map[string]*lease{}}
 }
+
+// volLock serialises attach/detach of one volume's content ref, so an
+// expiring lease cannot detach the ref a newer lease just reused.
+func (l *leases) volLock(volID string) func() { return l.m.lock("volume-content/" + volID) }
 
 func (l *leases) holds(volID string) bool {
 	l.mu.Lock()
@@ -59,19 +62,19 @@ func (l *leases) acquire(ctx context.Context, v *store.Volume) (string, func(), 
 	}
 	l.mu.Unlock()
 
-	ls.mu.Lock()
+	unlock := l.volLock(v.ID)
 	if ls.hostPath == "" {
 		hp, err := l.m.node.AttachVolume(context.WithoutCancel(ctx), ContentHolder,
 			node.VolumeAttachment{VolumeID: v.ID, Driver: v.Driver, PrivateData: v.PrivateData})
 		if err != nil {
-			ls.mu.Unlock()
+			unlock()
 			l.release(v.ID, ls)
 			return "", nil, fmt.Errorf("attach volume '%s' for file access: %w", v.ID, err)
 		}
 		ls.hostPath = hp
 	}
 	hp := ls.hostPath
-	ls.mu.Unlock()
+	unlock()
 	var once sync.Once
 	return hp, func() { once.Do(func() { l.release(v.ID, ls) }) }, nil
 }
@@ -88,6 +91,8 @@ func (l *leases) release(volID string, ls *lease) {
 }
 
 func (l *leases) expire(volID string, ls *lease, gen int) {
+	unlock := l.volLock(volID)
+	defer unlock()
 	l.mu.Lock()
 	if ls.users > 0 || ls.gen != gen || l.by[volID] != ls {
 		l.mu.Unlock()
@@ -95,8 +100,6 @@ func (l *leases) expire(volID string, ls *lease, gen int) {
 	}
 	delete(l.by, volID)
 	l.mu.Unlock()
-	ls.mu.Lock()
-	defer ls.mu.Unlock()
 	if ls.hostPath == "" {
 		return
 	}
@@ -118,15 +121,13 @@ func (l *leases) drop(ctx context.Context, volID string) error {
 	for {
 		l.mu.Lock()
 		ls, ok := l.by[volID]
-		if !ok {
-			l.mu.Unlock()
-			break
-		}
-		if ls.users == 0 {
-			if ls.timer != nil {
-				ls.timer.Stop()
+		if !ok || ls.users == 0 {
+			if ok {
+				if ls.timer != nil {
+					ls.timer.Stop()
+				}
+				delete(l.by, volID)
 			}
-			delete(l.by, volID)
 			l.mu.Unlock()
 			break
 		}
@@ -136,6 +137,8 @@ func (l *leases) drop(ctx context.Context, volID string) error {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	unlock := l.volLock(volID)
+	defer unlock()
 	// Also covers a ref left by a previous process.
 	return l.m.node.DetachVolume(ctx, ContentHolder, volID)
 }

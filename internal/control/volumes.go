@@ -294,7 +294,10 @@ func (m *Manager) reconcileVolumes(ctx context.Context, startup bool) error {
 		done[a.SandboxID] = true
 		unlock := m.lock(a.SandboxID)
 		sb, err := m.store.GetSandbox(ctx, a.SandboxID)
-		if err == nil && sb.State.Live() {
+		if (err == nil && sb.State.Live()) || (err != nil && !errors.Is(err, store.ErrNotFound)) {
+			if err != nil {
+				errs = append(errs, err)
+			}
 			unlock()
 			continue
 		}
