@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -248,7 +247,7 @@ func (p *Plugin) S3FSArgs(prefix, dir, passwd, logFile string) []string {
 		// Objects written by other S3 clients have no x-amz-meta-mode;
 		// without this they show up as mode 0000.
 		"complement_stat",
-		// Fail fast on a dead endpoint (default 5 retries, ~10 s each)
+		// Fail fast on a dead endpoint (s3fs defaults to 5 retries)
 		// so the mount timeout is what bounds Attach.
 		"retries=2",
 		"connect_timeout=10",
@@ -347,14 +346,33 @@ func (p *Plugin) mount(ctx context.Context, dir, prefix, id string) (err error) 
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if err := probe(dir, time.Until(dl)); err != nil {
-		if errors.Is(err, errProbeTimeout) {
-			return fmt.Errorf("%w: %s did not answer within %s: %s", ErrMountTimeout, dir, timeout, tail(logPath))
+	check := func() error {
+		if err := probe(dir, time.Until(dl)); err != nil {
+			if errors.Is(err, errProbeTimeout) {
+				return fmt.Errorf("%w: %s did not answer within %s: %s", ErrMountTimeout, dir, timeout, tail(logPath))
+			}
+			return fmt.Errorf("%w: %s: %v: %s", ErrMount, dir, err, tail(logPath))
 		}
-		return fmt.Errorf("%w: %s: %v: %s", ErrMount, dir, err, tail(logPath))
+		return nil
 	}
-	return nil
+	if err := check(); err != nil {
+		return err
+	}
+	// s3fs checks the bucket and keys in its FUSE init and, on failure,
+	// stops its loop; a request already queued can still be answered (and
+	// s3fs answers a 403 lookup with ENOENT), so a first probe can pass on
+	// a mount that is about to go away. Give it time to go, then look again.
+	time.Sleep(settleDelay)
+	if mounted, err := isMounted(dir); err != nil {
+		return err
+	} else if !mounted || len(s3fsPIDs(dir)) == 0 {
+		return fmt.Errorf("%w: s3fs exited right after mounting %s: %s", ErrMount, dir, tail(logPath))
+	}
+	return check()
 }
+
+// settleDelay is how long a fresh mount must stay up before Attach trusts it.
+const settleDelay = 150 * time.Millisecond
 
 // cleanupFailedMount removes whatever a failed mount left: a lingering
 // (possibly still retrying) mount, its daemon, and the mount point.
@@ -362,32 +380,49 @@ func (p *Plugin) cleanupFailedMount(dir string) {
 	if mounted, _ := isMounted(dir); mounted {
 		_ = syscall.Unmount(dir, syscall.MNT_DETACH)
 	}
-	for _, pid := range s3fsPIDs(dir) {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
+	// Kill, then wait for it to go: a signalled process still shows its
+	// command line until it has died.
+	for dl := time.Now().Add(2 * time.Second); time.Now().Before(dl); time.Sleep(20 * time.Millisecond) {
+		pids := s3fsPIDs(dir)
+		if len(pids) == 0 {
+			break
+		}
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
 	}
 	_ = os.Remove(dir)
 }
 
 var errProbeTimeout = errors.New("mount did not answer")
 
-// probe stats the mount root, bounded by d. A hung FUSE stat cannot be
-// cancelled, so it runs in a goroutine that is abandoned on timeout (it
-// returns once the mount is torn down).
+// probe checks that the mount answers with the backend's authority: it
+// looks up a name that cannot exist, which s3fs turns into HEAD requests.
+// Only ENOENT (the server said 404) counts as healthy: a dead s3fs gives
+// ENOTCONN/ECONNABORTED, wrong keys EPERM/EACCES, an unreachable endpoint
+// EIO. (Listing the root would prove less and cost a HEAD per entry.) A hung
+// FUSE call cannot be cancelled, so it runs in a goroutine that is
+// abandoned on timeout; it returns once the mount is torn down.
 func probe(dir string, d time.Duration) error {
 	if d <= 0 {
 		d = time.Second
 	}
+	name := filepath.Join(dir, ".cubicle-probe-"+strconv.FormatInt(time.Now().UnixNano(), 36))
 	done := make(chan error, 1)
 	go func() {
-		f, err := os.Open(dir)
-		if err == nil {
-			_, err = f.Readdirnames(1)
-			if err == io.EOF {
-				err = nil
-			}
-			f.Close()
+		if _, err := os.Stat(dir); err != nil {
+			done <- err
+			return
 		}
-		done <- err
+		_, err := os.Lstat(name)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			done <- nil
+		case err == nil:
+			done <- fmt.Errorf("probe name %s unexpectedly exists", name)
+		default:
+			done <- err
+		}
 	}()
 	select {
 	case err := <-done:

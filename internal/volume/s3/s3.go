@@ -120,6 +120,11 @@ func (p *Plugin) Create(ctx context.Context, req volume.CreateRequest) (volume.C
 	_, err := p.client.PutObject(ctx, p.cfg.Bucket, key, strings.NewReader(""), 0, minio.PutObjectOptions{
 		ContentType:  "application/x-directory",
 		UserMetadata: map[string]string{"mode": "16895"}, // S_IFDIR|0777
+		// Over http minio-go sends an empty body as one aws-chunked frame,
+		// which some servers (versitygw) leave half-read on a kept-alive
+		// connection, breaking the next request. An empty body has
+		// nothing to sign anyway.
+		DisableContentSha256: true,
 	})
 	if err != nil {
 		return volume.CreateResult{}, fmt.Errorf("%w: put marker s3://%s/%s: %v", ErrBackend, p.cfg.Bucket, key, err)

@@ -462,6 +462,11 @@ func TestAttachBadCredentialsFailsCleanly(t *testing.T) {
 		SandboxID: "sb", Namespace: volume.Namespace, VolumeID: "v", VolumeBaseDir: e.base,
 	})
 	t.Logf("attach with a wrong secret: %v", err)
+	if err == nil {
+		log, _ := os.ReadFile(filepath.Join(e.stateDir, "logs", "s3fs-v.log"))
+		mi, _ := os.ReadFile("/proc/self/mountinfo")
+		t.Logf("s3fs log:\n%s\nmountinfo:\n%s\npids %v", log, mi, s3fsPIDs(filepath.Join(e.base, "s3-v")))
+	}
 	if !errors.Is(err, ErrMount) {
 		t.Fatalf("err = %v, want ErrMount", err)
 	}

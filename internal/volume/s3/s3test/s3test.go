@@ -132,7 +132,9 @@ func (s *Server) start(bin, logPath string) error {
 		return err
 	}
 	defer logf.Close()
-	cmd := exec.Command(bin, "--port", addr, "--quiet", "posix", s.Root)
+	// --keep-alive: without it versitygw drops connections after each
+	// response without saying so, and a client reusing one gets EPIPE.
+	cmd := exec.Command(bin, "--port", addr, "--quiet", "--keep-alive", "posix", s.Root)
 	cmd.Env = append(os.Environ(),
 		"ROOT_ACCESS_KEY="+s.AccessKey,
 		"ROOT_SECRET_KEY="+s.SecretKey,
