@@ -106,6 +106,22 @@ func serve(ctx context.Context, o serveOptions) error {
 			filepath.Join(o.imagesDir, template.BaseTemplate, "rootfs"), err)
 	}
 
+	// Configuration errors first, before anything touches the host.
+	vc, err := loadVolumeConfig(o)
+	if err != nil {
+		return err
+	}
+	ctrlPlugins, err := registry.Open(vc.controller)
+	if err != nil {
+		return fmt.Errorf("control-plane volume plugins: %w", err)
+	}
+	defer ctrlPlugins.Close()
+	nodePlugins, err := registry.Open(vc.node.Plugins)
+	if err != nil {
+		return fmt.Errorf("node volume plugins: %w", err)
+	}
+	defer nodePlugins.Close()
+
 	st, err := openStore(o.dataDir)
 	if err != nil {
 		return err
@@ -130,20 +146,6 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err := node.WriteResolvConf("/etc/resolv.conf", resolv); err != nil {
 		return fmt.Errorf("resolv.conf: %w", err)
 	}
-	vc, err := loadVolumeConfig(o)
-	if err != nil {
-		return err
-	}
-	ctrlPlugins, err := registry.Open(vc.controller)
-	if err != nil {
-		return fmt.Errorf("control-plane volume plugins: %w", err)
-	}
-	defer ctrlPlugins.Close()
-	nodePlugins, err := registry.Open(vc.node.Plugins)
-	if err != nil {
-		return fmt.Errorf("node volume plugins: %w", err)
-	}
-	defer nodePlugins.Close()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	volMetrics := control.NewVolumeMetrics(reg)

@@ -89,6 +89,20 @@ type server struct {
 
 var poolCounter = 0
 
+// freePool picks a 10.213.X.0/24 no interface on the host uses (another
+// suite, or a leftover of a crashed run, may hold one).
+func freePool() string {
+	out, _ := exec.Command("ip", "-o", "-4", "addr", "show").Output()
+	for i := 0; i < 250; i++ {
+		x := (os.Getpid() + poolCounter + i) % 250
+		if !strings.Contains(string(out), fmt.Sprintf(" 10.213.%d.", x)) {
+			poolCounter += i
+			return fmt.Sprintf("10.213.%d.0/24", x)
+		}
+	}
+	return fmt.Sprintf("10.213.%d.0/24", (os.Getpid()+poolCounter)%250)
+}
+
 func startServer(t *testing.T, extra ...string) *server {
 	t.Helper()
 	return startServerEnv(t, nil, extra...)
@@ -118,11 +132,12 @@ func startServerEnv(t *testing.T, env []string, extra ...string) *server {
 	ln.Close()
 	s.URL = "http://" + s.listenOn
 	s.args = []string{"serve", "--data-dir", data, "--listen", s.listenOn, "--images-dir", imagesDir(t),
-		"--bridge", s.Bridge, "--pool", fmt.Sprintf("10.213.%d.0/24", (os.Getpid()+poolCounter)%250),
+		"--bridge", s.Bridge, "--pool", freePool(),
 		"--cgroup-parent", s.Cgroup, "--agent-bin", filepath.Join(binDir, "cubicle-agent"), "--memory-mb", "256"}
 	s.args = append(s.args, extra...)
-	s.start()
+	// Registered first: a server that fails to start must still be cleaned up.
 	t.Cleanup(s.destroy)
+	s.start()
 	return s
 }
 
