@@ -602,3 +602,34 @@ func TestVolumeCLI(t *testing.T) {
 		t.Fatalf("delete: %v %q", err, out)
 	}
 }
+
+// Bad plugin registrations stop `serve` at start, before it touches the host.
+func TestVolumeConfigRejectedAtStart(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		os.WriteFile(p, []byte(body), 0o644)
+		return p
+	}
+	okNode := write("ok.toml", "[storage]\n[[storage.volume_plugins]]\n  name = \"local\"\n  type = \"local\"\n")
+	for name, tc := range map[string]struct{ yaml, toml, want string }{
+		"duplicate": {"volume_plugins:\n  - {name: local, type: local}\n  - {name: local, type: local}\n", okNode, "unique"},
+		"empty":     {"volume_plugins:\n  - {name: '', type: local}\n", okNode, "name is required"},
+		"mismatch":  {"volume_plugins:\n  - {name: other, type: local}\n", okNode, "same driver names"},
+		"bad type":  {"volume_plugins:\n  - {name: local, type: nfs}\n", okNode, "unknown type"},
+		"no binary": {"volume_plugins:\n  - {name: x, type: binary, binary_path: /nonexistent}\n", okNode, "binary_path"},
+	} {
+		bridge := "cbx" + strings.ReplaceAll(name, " ", "")[:3]
+		cmd := exec.Command(filepath.Join(binDir, "cubicle"), "serve", "--data-dir", filepath.Join(dir, "data-"+bridge), "--listen", "127.0.0.1:0",
+			"--images-dir", imagesDir(t), "--bridge", bridge, "--agent-bin", filepath.Join(binDir, "cubicle-agent"),
+			"--volume-config", write(bridge+".yaml", tc.yaml), "--node-config", tc.toml)
+		out, err := cmd.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), tc.want) {
+			t.Fatalf("%s: want a start failure mentioning %q, got %v\n%s", name, tc.want, err, out)
+		}
+		if exec.Command("ip", "link", "show", bridge).Run() == nil {
+			exec.Command("ip", "link", "del", bridge).Run()
+			t.Fatalf("%s: serve created bridge %s before rejecting its config", name, bridge)
+		}
+	}
+}
