@@ -136,8 +136,9 @@ func (l *Local) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err e
 	if len(req.Volumes) > 0 {
 		defer func() {
 			if err != nil {
-				// After the runtime is gone (the deferred Delete above runs
-				// later, so undo here only what the runtime never saw).
+				// Defers run last-in first-out, so this runs before the
+				// network teardown above: the container must be gone
+				// before its volumes are detached.
 				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 				defer cancel()
 				_ = l.cfg.Runtime.Delete(cctx, req.ID)

@@ -128,13 +128,30 @@ func (p *Plugin) Detach(_ context.Context, req volume.DetachRequest) error {
 	}
 	target := req.Metadata[MetadataMountDir]
 	if target == "" {
-		return fail("detach", fmt.Errorf("metadata has no %q", MetadataMountDir))
+		// No metadata: the attach never got recorded (a crash mid-attach).
+		// Detach has no base dir, so find this volume's mount points by name.
+		mps, err := mountinfo.Mountpoints()
+		if err != nil {
+			return fail("detach", err)
+		}
+		var errs []error
+		for _, mp := range mps {
+			if filepath.Base(mp) == dirPrefix+req.VolumeID {
+				errs = append(errs, unmountDir(mp))
+			}
+		}
+		return errors.Join(errs...)
 	}
 	// Metadata travels through the caller; only ever unmount a path this
 	// plugin could have produced for this volume.
 	if !filepath.IsAbs(target) || filepath.Base(target) != dirPrefix+req.VolumeID {
 		return fail("detach", fmt.Errorf("%s %q is not a local attach directory for volume %q", MetadataMountDir, target, req.VolumeID))
 	}
+	return unmountDir(target)
+}
+
+// unmountDir removes every bind mount stacked on target, then target.
+func unmountDir(target string) error {
 	// Loop: attach races can stack more than one bind mount on the path.
 	for range 16 {
 		mounted, err := mountinfo.IsMountpoint(target)

@@ -153,10 +153,27 @@ func TestRejects(t *testing.T) {
 		t.Errorf("attach of missing volume: %v", err)
 	}
 	// Detach must not unmount a path that is not this volume's attach dir.
-	for _, md := range []map[string]string{nil, {"mount_dir": "/"}, {"mount_dir": filepath.Join(base, "local-other")}, {"mount_dir": "local-v"}} {
+	for _, md := range []map[string]string{{"mount_dir": "/"}, {"mount_dir": filepath.Join(base, "local-other")}, {"mount_dir": "local-v"}} {
 		if err := p.Detach(ctx, volume.DetachRequest{VolumeID: "v", Metadata: md}); !errors.Is(err, volume.ErrPlugin) {
 			t.Errorf("detach with metadata %v: %v", md, err)
 		}
+	}
+	// Without metadata (a crash before the attach was recorded) Detach finds
+	// the volume's mount by name, and is a no-op when there is none.
+	if _, err := p.Create(ctx, volume.CreateRequest{VolumeID: "v"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Attach(ctx, volume.AttachRequest{VolumeID: "v", VolumeBaseDir: base}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Detach(ctx, volume.DetachRequest{VolumeID: "v"}); err != nil {
+		t.Fatalf("detach without metadata: %v", err)
+	}
+	if _, err := os.Lstat(filepath.Join(base, "local-v")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("detach without metadata left the mount dir: %v", err)
+	}
+	if err := p.Detach(ctx, volume.DetachRequest{VolumeID: "v"}); err != nil {
+		t.Fatalf("second detach without metadata: %v", err)
 	}
 }
 
