@@ -5,7 +5,7 @@
 //   node bench/create/run.js [--samples N] [--concurrency 1,10,50] [--idle K]
 //                            [--baseline N] [--runtime runc|runsc]
 //                            [--cgroup-path '/sys/fs/cgroup/memory/cubicle/{id}']
-//                            [--max-seconds S] [--json]
+//                            [--max-seconds S] [--no-volumes] [--json]
 //
 // It starts its own `cubicle serve` (like the JS test harness: temp data dir, free
 // loopback port, own bridge and pool) and measures, with the unmodified e2b SDK, the
@@ -27,7 +27,7 @@ const REPO = path.resolve(__dirname, '..', '..')
 process.env.CUBICLE_LOG_NAME = process.env.CUBICLE_LOG_NAME || 'bench-create'
 const E2B_DIR = path.join(REPO, 'test', 'e2b-js')
 const { Server } = require(path.join(E2B_DIR, 'tests', 'harness.js'))
-const { Sandbox } = require(require.resolve('e2b', { paths: [E2B_DIR] }))
+const { Sandbox, Volume } = require(require.resolve('e2b', { paths: [E2B_DIR] }))
 
 function parseArgs(argv) {
   const o = {
@@ -39,6 +39,7 @@ function parseArgs(argv) {
     cgroupPath: '/sys/fs/cgroup/memory/cubicle/{id}',
     maxSeconds: 900,
     json: false,
+    volumes: true,
   }
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i]
@@ -55,6 +56,7 @@ function parseArgs(argv) {
       case '--cgroup-path': o.cgroupPath = next(); break
       case '--max-seconds': o.maxSeconds = Number(next()); break
       case '--json': o.json = true; break
+      case '--no-volumes': o.volumes = false; break
       case '-h': case '--help':
         console.log(fs.readFileSync(__filename, 'utf8').split('\n').slice(2, 20).map((l) => l.replace(/^\/\/ ?/, '')).join('\n'))
         process.exit(0)
@@ -79,7 +81,7 @@ function line(name, st) {
 }
 
 // ---- SDK create → first command ------------------------------------------------------
-async function createLatency(srv, c, total, deadline) {
+async function createLatency(srv, c, total, deadline, createOpts = {}) {
   const samples = []
   const errors = []
   let started = 0
@@ -89,7 +91,7 @@ async function createLatency(srv, c, total, deadline) {
       const t0 = process.hrtime.bigint()
       let sbx
       try {
-        sbx = await Sandbox.create('base', { timeoutMs: 120000, requestTimeoutMs: 120000 })
+        sbx = await Sandbox.create('base', { timeoutMs: 120000, requestTimeoutMs: 120000, ...createOpts })
         await sbx.commands.run('true', { requestTimeoutMs: 60000 })
         samples.push(Number(process.hrtime.bigint() - t0) / 1e6)
       } catch (e) {
@@ -217,6 +219,25 @@ async function main() {
       const st = summary(samples)
       results.levels[c] = { ...st, errors: errors.length, wallMs: Date.now() - t0, firstErrors: errors.slice(0, 3) }
       console.log(line(`create→run c=${c}`, st) + (errors.length ? `  errors=${errors.length} (${errors[0]})` : ''))
+    }
+
+    if (o.volumes) {
+      // Same invocation, c=1: the cost of attaching a (local) volume, as the
+      // only holder (Attach mounts) and while another sandbox holds it (reuse).
+      const vol = await Volume.create(`bench-${Date.now()}`)
+      const withVol = { volumeMounts: { '/data': vol } }
+      const first = await createLatency(srv, 1, o.samples, deadline, withVol)
+      const holder = await Sandbox.create('base', { timeoutMs: 600000, ...withVol })
+      const shared = await createLatency(srv, 1, o.samples, deadline, withVol)
+      await holder.kill()
+      await Volume.destroy(vol.volumeId)
+      const base = results.levels[1] || results.levels[o.concurrency[0]]
+      results.volume = { first: summary(first.samples), shared: summary(shared.samples) }
+      console.log(line('create→run +volume (mount)', results.volume.first) + (first.errors.length ? `  errors=${first.errors.length} (${first.errors[0]})` : ''))
+      console.log(line('create→run +volume (shared)', results.volume.shared) + (shared.errors.length ? `  errors=${shared.errors.length} (${shared.errors[0]})` : ''))
+      if (base) {
+        console.log(`ratio (+volume mount / no volume, c=1)  p50=${(results.volume.first.p50 / base.p50).toFixed(2)}x  p95=${(results.volume.first.p95 / base.p95).toFixed(2)}x`)
+      }
     }
 
     const rootfs = path.join(srv.imagesDir, 'base', 'rootfs')
