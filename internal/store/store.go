@@ -177,10 +177,116 @@ type Store interface {
 	// DeleteVolumeAttachments removes a sandbox's rows once its node confirmed the detach.
 	DeleteVolumeAttachments(ctx context.Context, sandboxID string) error
 
+	TemplateStore
+
 	AppendEvent(ctx context.Context, e *Event) error
 	// ListVolumeEvents returns a volume's events, oldest first.
 	ListVolumeEvents(ctx context.Context, volumeID string, limit int) ([]*Event, error)
 	ListEvents(ctx context.Context, sandboxID string, since time.Time, limit int) ([]*Event, error)
 
 	Close() error
+}
+
+// Template build statuses (the e2b enum plus the internal uploaded phase,
+// which the API reports as building).
+const (
+	BuildWaiting  = "waiting"
+	BuildBuilding = "building"
+	BuildUploaded = "uploaded"
+	BuildReady    = "ready"
+	BuildError    = "error"
+)
+
+// Template is one catalog row. ReadyImage is what sandboxes boot; it only
+// changes when a later build reaches ready.
+type Template struct {
+	ID            string
+	PrimaryName   string
+	Names         []string // primary name and name:tag entries (loaded by Get/List)
+	Public        bool
+	CPUCount      int
+	MemoryMB      int
+	DiskSizeMB    int
+	StartCmd      string
+	ReadyCmd      string
+	RunAs         string // USER of the last build: "", "1000", "0", "1000:1000" or a name
+	Workdir       string
+	ReadyBuildID  string
+	ReadyImage    string
+	LatestBuildID string
+	BuildStatus   string
+	BuildCount    int64
+	SpawnCount    int64
+	LastSpawnedAt time.Time
+	PoolSize      int
+	CreatedAt     time.Time
+	UpdatedAt     time.Time
+}
+
+// TemplateBuild is one build of a template.
+type TemplateBuild struct {
+	ID         string
+	TemplateID string
+	Status     string
+	CPUCount   int
+	MemoryMB   int
+	DiskSizeMB int
+	Image      string
+	Reason     string
+	Step       string
+	Spec       string // the start request (JSON), credentials removed
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
+	FinishedAt time.Time
+}
+
+// BuildLog is one build log entry; Seq counts from 0 per build.
+type BuildLog struct {
+	Seq     int
+	Time    time.Time
+	Level   string
+	Message string
+	Step    string
+}
+
+// TemplateTag points a tag of a template at a build.
+type TemplateTag struct {
+	Tag       string
+	BuildID   string
+	CreatedAt time.Time
+}
+
+// Idempotency is a stored response for an Idempotency-Key.
+type Idempotency struct {
+	Key, BodyHash, Response string
+	CreatedAt               time.Time
+}
+
+// TemplateStore is the template catalog's persistence.
+type TemplateStore interface {
+	// CreateTemplate inserts the template, its names and its first build in
+	// one transaction; ErrConflict when the ID or any name is taken.
+	CreateTemplate(ctx context.Context, t *Template, b *TemplateBuild) error
+	GetTemplate(ctx context.Context, id string) (*Template, error)
+	// TemplateByName looks a template up by any of its names.
+	TemplateByName(ctx context.Context, name string) (*Template, error)
+	// ListTemplates pages in creation order after afterID (exclusive).
+	ListTemplates(ctx context.Context, afterID string, limit int) ([]*Template, error)
+	UpdateTemplate(ctx context.Context, t *Template) error
+	// AddTemplateBuild records a new build and makes it the latest one.
+	AddTemplateBuild(ctx context.Context, t *Template, b *TemplateBuild) error
+	DeleteTemplate(ctx context.Context, id string) error
+	SetTemplateNames(ctx context.Context, id string, names []string) error
+	GetTemplateBuild(ctx context.Context, id string) (*TemplateBuild, error)
+	ListTemplateBuilds(ctx context.Context, templateID string) ([]*TemplateBuild, error)
+	UpdateTemplateBuild(ctx context.Context, b *TemplateBuild) error
+	AppendBuildLogs(ctx context.Context, buildID string, logs []BuildLog) error
+	ListBuildLogs(ctx context.Context, buildID string, offset, limit int) ([]BuildLog, error)
+	SetTemplateTag(ctx context.Context, templateID, tag, buildID string) error
+	DeleteTemplateTag(ctx context.Context, templateID, tag string) error
+	ListTemplateTags(ctx context.Context, templateID string) ([]TemplateTag, error)
+	RecordSpawn(ctx context.Context, id string, at time.Time) error
+	// PutIdempotency stores a response under key unless one exists, in which
+	// case the existing one is returned.
+	PutIdempotency(ctx context.Context, k *Idempotency) (*Idempotency, error)
 }

@@ -21,6 +21,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 	t.Run("Events", func(t *testing.T) { testEvents(t, open(t)) })
 	t.Run("Volumes", func(t *testing.T) { testVolumes(t, open(t)) })
 	t.Run("VolumeDeleteGuardRace", func(t *testing.T) { testVolumeGuardRace(t, open(t)) })
+	t.Run("Templates", func(t *testing.T) { testTemplates(t, open(t)) })
 }
 
 func sample(id string, started time.Time) *store.Sandbox {

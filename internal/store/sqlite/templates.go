@@ -1,0 +1,387 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/store"
+)
+
+var _ store.TemplateStore = (*Store)(nil)
+
+const templateCols = `id, primary_name, public, cpu_count, memory_mb, disk_size_mb, start_cmd, ready_cmd, run_as, workdir,
+ready_build_id, ready_image, latest_build_id, build_status, build_count, spawn_count, last_spawned_at, pool_size, created_at, updated_at`
+
+func scanTemplate(r scanner) (*store.Template, error) {
+	var t store.Template
+	var spawned, created, updated int64
+	if err := r.Scan(&t.ID, &t.PrimaryName, &t.Public, &t.CPUCount, &t.MemoryMB, &t.DiskSizeMB, &t.StartCmd, &t.ReadyCmd, &t.RunAs, &t.Workdir,
+		&t.ReadyBuildID, &t.ReadyImage, &t.LatestBuildID, &t.BuildStatus, &t.BuildCount, &t.SpawnCount, &spawned, &t.PoolSize, &created, &updated); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, store.ErrNotFound
+		}
+		return nil, err
+	}
+	t.LastSpawnedAt, t.CreatedAt, t.UpdatedAt = fromTS(spawned), fromTS(created), fromTS(updated)
+	return &t, nil
+}
+
+func templateArgs(t *store.Template) []any {
+	return []any{t.ID, t.PrimaryName, t.Public, t.CPUCount, t.MemoryMB, t.DiskSizeMB, t.StartCmd, t.ReadyCmd, t.RunAs, t.Workdir,
+		t.ReadyBuildID, t.ReadyImage, t.LatestBuildID, t.BuildStatus, t.BuildCount, t.SpawnCount, ts(t.LastSpawnedAt), t.PoolSize, ts(t.CreatedAt), ts(t.UpdatedAt)}
+}
+
+const buildCols = `id, template_id, status, cpu_count, memory_mb, disk_size_mb, image, reason, step, spec, created_at, updated_at, finished_at`
+
+func scanBuild(r scanner) (*store.TemplateBuild, error) {
+	var b store.TemplateBuild
+	var created, updated, finished int64
+	if err := r.Scan(&b.ID, &b.TemplateID, &b.Status, &b.CPUCount, &b.MemoryMB, &b.DiskSizeMB, &b.Image, &b.Reason, &b.Step, &b.Spec, &created, &updated, &finished); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, store.ErrNotFound
+		}
+		return nil, err
+	}
+	b.CreatedAt, b.UpdatedAt, b.FinishedAt = fromTS(created), fromTS(updated), fromTS(finished)
+	return &b, nil
+}
+
+func buildArgs(b *store.TemplateBuild) []any {
+	return []any{b.ID, b.TemplateID, b.Status, b.CPUCount, b.MemoryMB, b.DiskSizeMB, b.Image, b.Reason, b.Step, b.Spec, ts(b.CreatedAt), ts(b.UpdatedAt), ts(b.FinishedAt)}
+}
+
+func insertNames(ctx context.Context, tx *sql.Tx, id string, names []string) error {
+	for _, n := range names {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO template_names(name, template_id) VALUES(?,?)`, n, id); err != nil {
+			if isConstraint(err) {
+				return fmt.Errorf("%w: template name %q is taken", store.ErrConflict, n)
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// CreateTemplate inserts template, names and first build atomically.
+func (s *Store) CreateTemplate(ctx context.Context, t *store.Template, b *store.TemplateBuild) error {
+	now := time.Now().UTC()
+	t.CreatedAt, t.UpdatedAt = now, now
+	b.CreatedAt, b.UpdatedAt = now, now
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, `INSERT INTO templates(`+templateCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, templateArgs(t)...); err != nil {
+		if isConstraint(err) {
+			return fmt.Errorf("%w: template %s (%s) exists", store.ErrConflict, t.ID, t.PrimaryName)
+		}
+		return err
+	}
+	if err := insertNames(ctx, tx, t.ID, t.Names); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO template_builds(`+buildCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)`, buildArgs(b)...); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+func (s *Store) loadNames(ctx context.Context, t *store.Template) error {
+	rows, err := s.db.QueryContext(ctx, `SELECT name FROM template_names WHERE template_id=? ORDER BY name`, t.ID)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	t.Names = []string{t.PrimaryName}
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			return err
+		}
+		if n != t.PrimaryName {
+			t.Names = append(t.Names, n)
+		}
+	}
+	return rows.Err()
+}
+
+// GetTemplate returns ErrNotFound for unknown IDs.
+func (s *Store) GetTemplate(ctx context.Context, id string) (*store.Template, error) {
+	t, err := scanTemplate(s.db.QueryRowContext(ctx, `SELECT `+templateCols+` FROM templates WHERE id=?`, id))
+	if err != nil {
+		return nil, err
+	}
+	return t, s.loadNames(ctx, t)
+}
+
+// TemplateByName resolves any registered name.
+func (s *Store) TemplateByName(ctx context.Context, name string) (*store.Template, error) {
+	var id string
+	if err := s.db.QueryRowContext(ctx, `SELECT template_id FROM template_names WHERE name=?`, name).Scan(&id); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, store.ErrNotFound
+		}
+		return nil, err
+	}
+	return s.GetTemplate(ctx, id)
+}
+
+// ListTemplates pages by (created_at, id).
+func (s *Store) ListTemplates(ctx context.Context, afterID string, limit int) ([]*store.Template, error) {
+	q := `SELECT ` + templateCols + ` FROM templates`
+	var args []any
+	if afterID != "" {
+		q += ` WHERE (created_at, id) > (SELECT created_at, id FROM templates WHERE id=?)`
+		args = append(args, afterID)
+	}
+	q += ` ORDER BY created_at, id`
+	if limit > 0 {
+		q += fmt.Sprintf(` LIMIT %d`, limit)
+	}
+	rows, err := s.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	var out []*store.Template
+	for rows.Next() {
+		t, err := scanTemplate(rows)
+		if err != nil {
+			rows.Close()
+			return nil, err
+		}
+		out = append(out, t)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	for _, t := range out {
+		if err := s.loadNames(ctx, t); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// UpdateTemplate writes every column but the ID and creation time.
+func (s *Store) UpdateTemplate(ctx context.Context, t *store.Template) error {
+	t.UpdatedAt = time.Now().UTC()
+	a := templateArgs(t)
+	res, err := s.db.ExecContext(ctx, `UPDATE templates SET primary_name=?, public=?, cpu_count=?, memory_mb=?, disk_size_mb=?, start_cmd=?, ready_cmd=?, run_as=?, workdir=?,
+ready_build_id=?, ready_image=?, latest_build_id=?, build_status=?, build_count=?, spawn_count=?, last_spawned_at=?, pool_size=?, updated_at=? WHERE id=?`,
+		append(append(a[1:18:18], a[19]), t.ID)...)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return store.ErrNotFound
+	}
+	return nil
+}
+
+// AddTemplateBuild inserts b and updates t in one transaction.
+func (s *Store) AddTemplateBuild(ctx context.Context, t *store.Template, b *store.TemplateBuild) error {
+	now := time.Now().UTC()
+	b.CreatedAt, b.UpdatedAt = now, now
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, `INSERT INTO template_builds(`+buildCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)`, buildArgs(b)...); err != nil {
+		return err
+	}
+	t.UpdatedAt = now
+	a := templateArgs(t)
+	if _, err := tx.ExecContext(ctx, `UPDATE templates SET primary_name=?, public=?, cpu_count=?, memory_mb=?, disk_size_mb=?, start_cmd=?, ready_cmd=?, run_as=?, workdir=?,
+ready_build_id=?, ready_image=?, latest_build_id=?, build_status=?, build_count=?, spawn_count=?, last_spawned_at=?, pool_size=?, updated_at=? WHERE id=?`,
+		append(append(a[1:18:18], a[19]), t.ID)...); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// DeleteTemplate removes the template with its names, builds, logs and tags.
+func (s *Store) DeleteTemplate(ctx context.Context, id string) error {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM templates WHERE id=?`, id)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return store.ErrNotFound
+	}
+	return nil
+}
+
+// SetTemplateNames replaces the template's names (the primary name stays).
+func (s *Store) SetTemplateNames(ctx context.Context, id string, names []string) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, `DELETE FROM template_names WHERE template_id=?`, id); err != nil {
+		return err
+	}
+	if err := insertNames(ctx, tx, id, names); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// GetTemplateBuild returns ErrNotFound for unknown builds.
+func (s *Store) GetTemplateBuild(ctx context.Context, id string) (*store.TemplateBuild, error) {
+	return scanBuild(s.db.QueryRowContext(ctx, `SELECT `+buildCols+` FROM template_builds WHERE id=?`, id))
+}
+
+// ListTemplateBuilds returns a template's builds, newest first.
+func (s *Store) ListTemplateBuilds(ctx context.Context, templateID string) ([]*store.TemplateBuild, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT `+buildCols+` FROM template_builds WHERE template_id=? ORDER BY created_at DESC, id DESC`, templateID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*store.TemplateBuild
+	for rows.Next() {
+		b, err := scanBuild(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, b)
+	}
+	return out, rows.Err()
+}
+
+// UpdateTemplateBuild writes every mutable column.
+func (s *Store) UpdateTemplateBuild(ctx context.Context, b *store.TemplateBuild) error {
+	b.UpdatedAt = time.Now().UTC()
+	res, err := s.db.ExecContext(ctx, `UPDATE template_builds SET status=?, cpu_count=?, memory_mb=?, disk_size_mb=?, image=?, reason=?, step=?, spec=?, updated_at=?, finished_at=? WHERE id=?`,
+		b.Status, b.CPUCount, b.MemoryMB, b.DiskSizeMB, b.Image, b.Reason, b.Step, b.Spec, ts(b.UpdatedAt), ts(b.FinishedAt), b.ID)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return store.ErrNotFound
+	}
+	return nil
+}
+
+// AppendBuildLogs numbers entries after the build's last one.
+func (s *Store) AppendBuildLogs(ctx context.Context, buildID string, logs []store.BuildLog) error {
+	if len(logs) == 0 {
+		return nil
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	var next int
+	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(seq)+1, 0) FROM template_build_logs WHERE build_id=?`, buildID).Scan(&next); err != nil {
+		return err
+	}
+	for _, l := range logs {
+		if l.Time.IsZero() {
+			l.Time = time.Now().UTC()
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO template_build_logs(build_id, seq, time, level, message, step) VALUES(?,?,?,?,?,?)`,
+			buildID, next, ts(l.Time), l.Level, l.Message, l.Step); err != nil {
+			return err
+		}
+		next++
+	}
+	return tx.Commit()
+}
+
+// ListBuildLogs returns entries with seq >= offset, at most limit.
+func (s *Store) ListBuildLogs(ctx context.Context, buildID string, offset, limit int) ([]store.BuildLog, error) {
+	if limit <= 0 {
+		limit = 100
+	}
+	rows, err := s.db.QueryContext(ctx, `SELECT seq, time, level, message, step FROM template_build_logs WHERE build_id=? AND seq>=? ORDER BY seq LIMIT ?`, buildID, offset, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []store.BuildLog
+	for rows.Next() {
+		var l store.BuildLog
+		var t int64
+		if err := rows.Scan(&l.Seq, &t, &l.Level, &l.Message, &l.Step); err != nil {
+			return nil, err
+		}
+		l.Time = fromTS(t)
+		out = append(out, l)
+	}
+	return out, rows.Err()
+}
+
+// SetTemplateTag points tag at buildID (insert or move).
+func (s *Store) SetTemplateTag(ctx context.Context, templateID, tag, buildID string) error {
+	_, err := s.db.ExecContext(ctx, `INSERT INTO template_tags(template_id, tag, build_id, created_at) VALUES(?,?,?,?)
+ON CONFLICT(template_id, tag) DO UPDATE SET build_id=excluded.build_id, created_at=excluded.created_at`, templateID, tag, buildID, ts(time.Now()))
+	return err
+}
+
+// DeleteTemplateTag removes a tag; ErrNotFound when absent.
+func (s *Store) DeleteTemplateTag(ctx context.Context, templateID, tag string) error {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM template_tags WHERE template_id=? AND tag=?`, templateID, tag)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return store.ErrNotFound
+	}
+	return nil
+}
+
+// ListTemplateTags returns the template's tags by name.
+func (s *Store) ListTemplateTags(ctx context.Context, templateID string) ([]store.TemplateTag, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT tag, build_id, created_at FROM template_tags WHERE template_id=? ORDER BY tag`, templateID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []store.TemplateTag
+	for rows.Next() {
+		var tg store.TemplateTag
+		var c int64
+		if err := rows.Scan(&tg.Tag, &tg.BuildID, &c); err != nil {
+			return nil, err
+		}
+		tg.CreatedAt = fromTS(c)
+		out = append(out, tg)
+	}
+	return out, rows.Err()
+}
+
+// RecordSpawn bumps the spawn counter atomically.
+func (s *Store) RecordSpawn(ctx context.Context, id string, at time.Time) error {
+	_, err := s.db.ExecContext(ctx, `UPDATE templates SET spawn_count=spawn_count+1, last_spawned_at=? WHERE id=?`, ts(at), id)
+	return err
+}
+
+// PutIdempotency keeps the first response stored under a key.
+func (s *Store) PutIdempotency(ctx context.Context, k *store.Idempotency) (*store.Idempotency, error) {
+	if k.CreatedAt.IsZero() {
+		k.CreatedAt = time.Now().UTC()
+	}
+	_, err := s.db.ExecContext(ctx, `INSERT INTO idempotency_keys(key, body_hash, response, created_at) VALUES(?,?,?,?)`, k.Key, k.BodyHash, k.Response, ts(k.CreatedAt))
+	if err == nil {
+		return k, nil
+	}
+	if !isConstraint(err) {
+		return nil, err
+	}
+	var got store.Idempotency
+	var c int64
+	if err := s.db.QueryRowContext(ctx, `SELECT key, body_hash, response, created_at FROM idempotency_keys WHERE key=?`, k.Key).Scan(&got.Key, &got.BodyHash, &got.Response, &c); err != nil {
+		return nil, err
+	}
+	got.CreatedAt = fromTS(c)
+	return &got, nil
+}
