@@ -24,7 +24,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(serveCmd(), apikeyCmd(), sandboxCmd(), volumeCmd(), versionCmd())
+	root.AddCommand(serveCmd(), apikeyCmd(), sandboxCmd(), volumeCmd(), imageCmd(), versionCmd())
 	return root
 }
 

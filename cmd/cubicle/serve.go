@@ -37,6 +37,8 @@ type serveOptions struct {
 	maxTimeout, createWait                                time.Duration
 	volumeConfig, nodeConfig, volumeBaseDir               string
 	contentIdle                                           time.Duration
+	registryListen, buildkitd                             string
+	readyTimeout                                          time.Duration
 }
 
 func serveCmd() *cobra.Command {
@@ -70,6 +72,9 @@ func serveCmd() *cobra.Command {
 	f.DurationVar(&o.createWait, "create-queue-wait", 30*time.Second, "how long a create waits for a start slot before 503")
 	f.StringVar(&o.volumeConfig, "volume-config", "", "control-plane YAML with a volume_plugins: list (default: the built-in local plugin)")
 	f.StringVar(&o.nodeConfig, "node-config", "", "node TOML with the volume_plugins list and volume_plugin_base_dir (default: the built-in local plugin)")
+	f.StringVar(&o.registryListen, "registry-listen", "127.0.0.1:0", "loopback address of the local OCI registry BuildKit pulls from and pushes to")
+	f.StringVar(&o.buildkitd, "buildkitd", "", "buildkitd binary for template builds (default: next to this binary; off disables builds with steps)")
+	f.DurationVar(&o.readyTimeout, "ready-timeout", 120*time.Second, "how long a template's ready command may take at sandbox create")
 	f.DurationVar(&o.contentIdle, "volume-content-idle", 30*time.Second, "how long the volume-content API keeps a volume attached after its last request")
 	f.StringVar(&o.volumeBaseDir, "volume-base-dir", "", "volume_plugin_base_dir override (default: the node config's, else <data-dir>/volume-mounts)")
 	return cmd
@@ -158,12 +163,20 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err != nil {
 		return err
 	}
-	images := &template.Images{Dir: o.imagesDir, CPUCount: o.cpuCount, MemoryMB: o.memoryMB, DiskSizeMB: o.diskSizeMB}
-	mgr := control.New(control.Config{MaxSandboxes: o.maxSandboxes, MaxTimeout: o.maxTimeout, MaxConcurrentCreates: o.maxCreates,
-		CreateQueueWait: o.createWait, Logger: log, Registry: reg, Volumes: ctrlPlugins, VolumeMetrics: volMetrics, ContentIdle: o.contentIdle}, st, nd, images)
-
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	tpls, err := setupTemplates(ctx, o, st, reg, log)
+	if err != nil {
+		return err
+	}
+	defer tpls.Close()
+	mgr := control.New(control.Config{MaxSandboxes: o.maxSandboxes, MaxTimeout: o.maxTimeout, MaxConcurrentCreates: o.maxCreates,
+		CreateQueueWait: o.createWait, Logger: log, Registry: reg, Volumes: ctrlPlugins, VolumeMetrics: volMetrics, ContentIdle: o.contentIdle,
+		ReadyTimeout: o.readyTimeout}, st, nd, tpls.catalog)
+	tpls.catalog.SetProber(mgr)
+	if err := tpls.catalog.Start(ctx); err != nil {
+		return fmt.Errorf("template catalog: %w", err)
+	}
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	if err := mgr.Recover(rctx); err != nil {
 		cancel()
@@ -172,7 +185,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	cancel()
 	go mgr.Run(ctx)
 
-	apiSrv := api.New(api.Config{Domain: o.domain, Logger: log, Registry: reg}, mgr, st)
+	apiSrv := api.New(api.Config{Domain: o.domain, Logger: log, Registry: reg, Templates: tpls.api, Images: tpls.images}, mgr, st)
 	handler := proxy.New(proxy.Config{Domain: o.domain, Logger: log}, mgr, st, apiSrv)
 
 	ln, err := net.Listen("tcp", o.listen)

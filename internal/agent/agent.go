@@ -59,6 +59,9 @@ type Config struct {
 	DefaultUser    string
 	DefaultWorkdir string
 	EnvVars        map[string]string
+	// LogDir holds the template start command's log and status files
+	// (default DefaultLogDir).
+	LogDir string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -74,6 +77,10 @@ type Agent struct {
 	defaultUser    string
 	defaultWorkdir string
 	envVars        map[string]string
+	// startClaimed is set once a start command was started (or found already
+	// started this boot); later /init calls never start one again.
+	startClaimed bool
+	startProc    *startProc
 
 	procs    *processTable
 	watchers *watcherTable
@@ -158,7 +165,18 @@ func EnableH2C(srv *http.Server) {
 // a bounded grace) and closes all watchers.
 func (a *Agent) Shutdown() {
 	a.watchers.closeAll()
+	a.mu.RLock()
+	sp := a.startProc
+	a.mu.RUnlock()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if sp != nil {
+			sp.terminate()
+		}
+	}()
 	a.procs.terminateAll()
+	<-done
 }
 
 func corsMiddleware(next http.Handler) http.Handler {

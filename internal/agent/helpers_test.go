@@ -62,7 +62,8 @@ func newTestEnv(t *testing.T, token string) *testEnv {
 	writeFileT(t, passwd, fmt.Sprintf("root:x:0:0:root:%s:/bin/bash\nuser:x:1000:1000:User:%s:/bin/bash\n", rootHome, home))
 	writeFileT(t, group, "root:x:0:\nuser:x:1000:\nextra:x:1500:user\n")
 
-	a := New(Config{PasswdPath: passwd, GroupPath: group, AccessToken: token})
+	// LogDir: tests must never write the real /var/log/cubicle.
+	a := New(Config{PasswdPath: passwd, GroupPath: group, AccessToken: token, LogDir: filepath.Join(base, "log")})
 	srv := httptest.NewUnstartedServer(a.Handler())
 	EnableH2C(srv.Config)
 	srv.Start()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -256,20 +257,23 @@ func timeoutFromHeader(h http.Header) (time.Duration, error) {
 }
 
 func (a *Agent) buildEnv(u *sysUser, extra map[string]string) []string {
+	a.mu.RLock()
+	vars := maps.Clone(a.envVars)
+	a.mu.RUnlock()
+	return userEnv(u, vars, extra)
+}
+
+// userEnv is a child's environment: the user's identity, then the sandbox
+// env vars, then extra; later ones win.
+func userEnv(u *sysUser, vars, extra map[string]string) []string {
 	env := map[string]string{
 		"PATH":    defaultPath,
 		"HOME":    u.Home,
 		"USER":    u.Name,
 		"LOGNAME": u.Name,
 	}
-	a.mu.RLock()
-	for k, v := range a.envVars {
-		env[k] = v
-	}
-	a.mu.RUnlock()
-	for k, v := range extra {
-		env[k] = v
-	}
+	maps.Copy(env, vars)
+	maps.Copy(env, extra)
 	out := make([]string, 0, len(env))
 	for k, v := range env {
 		out = append(out, k+"="+v)

@@ -20,6 +20,14 @@ import (
 const reaperHelperEnv = "CUBICLE_AGENT_REAPER_HELPER"
 
 func TestMain(m *testing.M) {
+	if os.Getenv(reaperHelperEnv) == startCmdScenarioName {
+		if err := startCmdReapScenario(); err != nil {
+			fmt.Println("REAPER-FAIL:", err)
+			os.Exit(1)
+		}
+		fmt.Println("REAPER-OK")
+		os.Exit(0)
+	}
 	if os.Getenv(reaperHelperEnv) == "1" {
 		if err := reaperScenario(); err != nil {
 			fmt.Println("REAPER-FAIL:", err)

@@ -3,6 +3,7 @@ package agent
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"io"
 	"maps"
 	"net/http"
@@ -17,12 +18,21 @@ import (
 
 // initRequest is the body of POST /init. Fields the agent does not act on
 // (volumeMounts, hyperloopIP, lifecycleID, caBundle) are accepted and ignored.
+//
+// StartCmd, StartUser and StartWorkdir are Cubicle's template start command
+// (see startcmd.go): the first /init with a non-empty startCmd starts it, as
+// startUser (a name, "uid" or "uid:gid"; empty: the default user after this
+// /init), in startWorkdir (empty: the user's home). Later ones ignore all
+// three.
 type initRequest struct {
 	AccessToken    *string           `json:"accessToken"`
 	EnvVars        map[string]string `json:"envVars"`
 	DefaultUser    *string           `json:"defaultUser"`
 	DefaultWorkdir *string           `json:"defaultWorkdir"`
 	Timestamp      *time.Time        `json:"timestamp"`
+	StartCmd       string            `json:"startCmd"`
+	StartUser      string            `json:"startUser"`
+	StartWorkdir   string            `json:"startWorkdir"`
 }
 
 // handleInit applies /init. It is idempotent. Who may change the token:
@@ -35,6 +45,10 @@ type initRequest struct {
 //
 // The timestamp is not used to set the clock: in a container the clock is the
 // host's.
+//
+// A start command is validated and forked before any other field is applied,
+// so a 400 (bad startUser/startWorkdir) or 500 (could not start it) leaves the
+// agent unchanged and nothing running; /init does not wait for it to finish.
 func (a *Agent) handleInit(w http.ResponseWriter, r *http.Request) {
 	var req initRequest
 	if r.Body != nil {
@@ -66,6 +80,19 @@ func (a *Agent) handleInit(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	if strings.TrimSpace(req.StartCmd) != "" && !a.startClaimed {
+		if a.startStatusFromThisBoot() {
+			a.startClaimed = true
+			a.log.Info("start command already started this boot; not starting it again")
+		} else {
+			sp, status, err := a.startFromInit(&req)
+			if err != nil {
+				writeJSONError(w, status, err.Error())
+				return
+			}
+			a.startClaimed, a.startProc = true, sp
+		}
+	}
 	if req.AccessToken != nil {
 		a.token = *req.AccessToken
 	}
@@ -80,6 +107,37 @@ func (a *Agent) handleInit(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// startFromInit starts req's start command with the environment this /init
+// is about to establish. It runs with a.mu held (hence no buildEnv). On error
+// it returns the HTTP status to answer.
+func (a *Agent) startFromInit(req *initRequest) (*startProc, int, error) {
+	spec := req.StartUser
+	if spec == "" {
+		spec = a.defaultUser
+		if req.DefaultUser != nil && *req.DefaultUser != "" {
+			spec = *req.DefaultUser
+		}
+		if spec == "" {
+			spec = "user"
+		}
+	}
+	u, err := a.resolveUserSpec(spec)
+	if err != nil {
+		return nil, http.StatusBadRequest, fmt.Errorf("invalid startUser %q: %w", spec, err)
+	}
+	cwd, err := startCmdCwd(u, req.StartWorkdir)
+	if err != nil {
+		return nil, http.StatusBadRequest, fmt.Errorf("invalid startWorkdir %q: %w", req.StartWorkdir, err)
+	}
+	vars := maps.Clone(a.envVars)
+	maps.Copy(vars, req.EnvVars)
+	sp, err := a.launchStartCmd(u, req.StartCmd, cwd, userEnv(u, vars, nil))
+	if err != nil {
+		return nil, http.StatusInternalServerError, err
+	}
+	return sp, 0, nil
 }
 
 func (a *Agent) handleEnvs(w http.ResponseWriter, r *http.Request) {

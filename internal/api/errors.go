@@ -10,6 +10,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/control"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/template/catalog"
 	"github.com/cubicle-dev/cubicle/internal/volume"
 )
 
@@ -33,8 +34,15 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 // statusOf maps typed control-plane errors to HTTP statuses.
 func statusOf(err error) int {
 	switch {
-	case errors.Is(err, control.ErrNotFound), errors.Is(err, control.ErrTemplateNotFound), errors.Is(err, control.ErrVolumeNotFound):
+	case errors.Is(err, control.ErrNotFound), errors.Is(err, control.ErrTemplateNotFound), errors.Is(err, control.ErrVolumeNotFound),
+		errors.Is(err, catalog.ErrNotFound), errors.Is(err, catalog.ErrBuildNotFound):
 		return http.StatusNotFound
+	case errors.Is(err, catalog.ErrInvalid):
+		return http.StatusBadRequest
+	case errors.Is(err, catalog.ErrConflict):
+		return http.StatusConflict
+	case errors.Is(err, catalog.ErrNotImplemented):
+		return http.StatusNotImplemented
 	case errors.Is(err, control.ErrInvalid), errors.Is(err, network.ErrInvalidPolicy), errors.Is(err, volume.ErrUnknownDriver),
 		errors.Is(err, node.ErrVolumeDriver):
 		return http.StatusBadRequest

@@ -195,6 +195,13 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, v2 bool) {
 		opts.VolumeMounts = append(opts.VolumeMounts, control.VolumeMount{Name: vm.Name, Path: vm.Path, ReadOnly: vm.ReadOnly})
 	}
 	sb, err := s.mgr.Create(r.Context(), opts)
+	var rt *control.ReadyTimeoutError
+	if errors.As(err, &rt) {
+		// The CEP's body: the sandbox stays so its start-command log can be read.
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"code": http.StatusServiceUnavailable,
+			"message": "template ready command timed out: " + rt.Err.Error(), "sandboxID": rt.SandboxID, "logPath": rt.LogPath})
+		return
+	}
 	if err != nil {
 		s.fail(w, r, err)
 		return

@@ -28,6 +28,10 @@ type Config struct {
 	MaxBodyBytes      int64
 	Logger            *slog.Logger
 	Registry          *prometheus.Registry
+	// Templates enables the template catalog routes.
+	Templates *Templates
+	// Images is the local image store (cubicle image import).
+	Images Images
 }
 
 // Server is the REST API.
@@ -38,6 +42,7 @@ type Server struct {
 	log     *slog.Logger
 	router  chi.Router
 	metrics *metrics
+	uploads uploads
 }
 
 type ctxKey int
@@ -92,7 +97,13 @@ func New(cfg Config, mgr *control.Manager, st store.Store) *Server {
 		r.Get("/volumes", s.listVolumes)
 		r.Get("/volumes/{volumeID}", s.getVolume)
 		r.Delete("/volumes/{volumeID}", s.deleteVolume)
+		s.templateRoutes(r)
+		r.Post("/images", s.importImage)
+		r.Get("/images", s.listImages)
+		r.Delete("/images", s.deleteImage)
 	})
+	// The SDK uploads build contexts without an API key; the URL carries a token.
+	r.Put("/template-uploads/{hash}", s.uploadContext)
 	// Volume content authenticates with the volume's own token, not an API key.
 	r.Handle("/volumecontent/*", content.NewHandler(contentResolver{mgr}, cfg.Logger))
 	s.router = r

@@ -61,6 +61,8 @@ type Config struct {
 	// ContentIdle is how long the volume-content API keeps a volume
 	// attached after its last request (default 30s).
 	ContentIdle time.Duration
+	// ReadyTimeout bounds a template's ready command at create (default 120s).
+	ReadyTimeout time.Duration
 }
 
 // Manager is the control plane.
@@ -99,6 +101,9 @@ func New(cfg Config, st store.Store, n node.Node, tr template.Resolver) *Manager
 	}
 	if cfg.ContentIdle == 0 {
 		cfg.ContentIdle = 30 * time.Second
+	}
+	if cfg.ReadyTimeout == 0 {
+		cfg.ReadyTimeout = 120 * time.Second
 	}
 	m := &Manager{cfg: cfg, store: st, node: n, templates: tr, log: cfg.Logger,
 		createSlots: make(chan struct{}, cfg.MaxConcurrentCreates), metrics: newOpMetrics(cfg.Registry),
@@ -238,6 +243,47 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ *store.Sandbox
 		}
 		return nil, err
 	}
+	sb, err := m.createFrom(ctx, o, tpl)
+	if err != nil {
+		return sb, err
+	}
+	if sp, ok := m.templates.(interface{ Spawned(context.Context, string) }); ok {
+		sp.Spawned(ctx, tpl.ID)
+	}
+	return sb, nil
+}
+
+// ReadyTimeoutError: the template's ready command did not succeed in time.
+// The sandbox is kept (running) so its start-command log can be read.
+type ReadyTimeoutError struct {
+	SandboxID string
+	LogPath   string
+	Err       error
+}
+
+func (e *ReadyTimeoutError) Error() string {
+	return fmt.Sprintf("template ready command timed out (sandbox %s, log %s): %v", e.SandboxID, e.LogPath, e.Err)
+}
+func (e *ReadyTimeoutError) Unwrap() error { return ErrReadyTimeout }
+
+// ErrReadyTimeout is what ReadyTimeoutError matches with errors.Is.
+var ErrReadyTimeout = errors.New("template ready command timed out")
+
+// StartCmdLog is where the agent writes a template start command's output.
+const StartCmdLog = "/var/log/cubicle/start-cmd.log"
+
+// templateUser maps a template USER onto the agent's default user.
+func templateUser(runAs string) string {
+	switch runAs {
+	case "", "1000", "1000:1000":
+		return defaultUser
+	case "0", "0:0":
+		return "root"
+	}
+	return runAs
+}
+
+func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.Template) (_ *store.Sandbox, err error) {
 	if m.cfg.MaxSandboxes > 0 {
 		n, err := m.store.CountSandboxes(ctx, []store.SandboxState{store.StateCreating, store.StateRunning, store.StatePausing, store.StateResuming})
 		if err != nil {
@@ -256,7 +302,14 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ *store.Sandbox
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-	defer func() { <-m.createSlots }()
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			<-m.createSlots
+		}
+	}
+	defer release()
 
 	mounts, attachments, err := m.resolveMounts(ctx, o.VolumeMounts)
 	if err != nil {
@@ -268,7 +321,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ *store.Sandbox
 		Metadata: o.Metadata, EnvVars: o.EnvVars, EnvdToken: token(16), TrafficToken: token(16),
 		CPUCount: tpl.CPUCount, MemoryMB: tpl.MemoryMB, DiskSizeMB: tpl.DiskSizeMB,
 		Network: o.Network, AutoPause: o.AutoPause, AutoResume: o.AutoResume, APIKeyID: o.APIKeyID,
-		StartedAt: now, EndAt: now.Add(o.Timeout), Volumes: mounts,
+		StartedAt: now, EndAt: now.Add(o.Timeout), Volumes: mounts, DefaultUser: templateUser(tpl.RunAs),
 	}
 	if err := m.store.CreateSandbox(ctx, sb); err != nil {
 		if errors.Is(err, store.ErrConflict) && len(mounts) > 0 {
@@ -283,6 +336,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ *store.Sandbox
 	defer cancel()
 	req := m.nodeRequest(sb, tpl.Layers)
 	req.Volumes = attachments
+	req.StartCmd, req.StartUser, req.StartWorkdir, req.DefaultWorkdir = tpl.StartCmd, sb.DefaultUser, tpl.Workdir, tpl.Workdir
 	placed, err := m.node.Create(nctx, req)
 	if err != nil {
 		// Delete again: the node's own rollback may have failed to detach,
@@ -301,12 +355,58 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ *store.Sandbox
 		return nil, err
 	}
 	m.event(ctx, sb.ID, "created", "info", "sandbox created from template %s on node %s", sb.TemplateID, sb.Node)
+	// The start slot is for booting; waiting on a slow ready command must
+	// not hold up other creates.
+	release()
+	if tpl.ReadyCmd != "" {
+		if err := m.waitReady(ctx, sb, tpl.ReadyCmd); err != nil {
+			m.event(ctx, sb.ID, "ready-timeout", "error", "ready command %q did not succeed: %v", tpl.ReadyCmd, err)
+			return sb, &ReadyTimeoutError{SandboxID: sb.ID, LogPath: StartCmdLog, Err: err}
+		}
+	}
 	return sb, nil
+}
+
+// waitReady polls the template's ready command until it exits 0.
+func (m *Manager) waitReady(ctx context.Context, sb *store.Sandbox, cmd string) error {
+	deadline := time.Now().Add(m.cfg.ReadyTimeout)
+	var last error
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		code, err := m.node.Run(rctx, sb.ID, sb.EnvdToken, sb.DefaultUser, cmd)
+		cancel()
+		if err == nil && code == 0 {
+			return nil
+		}
+		last = err
+		if err == nil {
+			last = fmt.Errorf("exit status %d", code)
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("after %s: %w", m.cfg.ReadyTimeout, last)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// Probe runs a build's ready command in a throwaway sandbox of its rootfs
+// (catalog.Prober).
+func (m *Manager) Probe(ctx context.Context, rootfs string, t template.Template) error {
+	t.Layers = []string{rootfs}
+	sb, err := m.createFrom(ctx, CreateOptions{Timeout: m.cfg.ReadyTimeout + time.Minute, Metadata: map[string]string{"cubicle.template-probe": t.ID},
+		Network: store.Network{AllowInternet: true}}, t)
+	if sb != nil {
+		defer m.Kill(context.WithoutCancel(ctx), sb.ID, "template ready probe finished")
+	}
+	return err
 }
 
 func (m *Manager) nodeRequest(sb *store.Sandbox, layers []string) node.CreateRequest {
 	return node.CreateRequest{
-		ID: sb.ID, Layers: layers, EnvdToken: sb.EnvdToken, EnvVars: sb.EnvVars, DefaultUser: defaultUser,
+		ID: sb.ID, Layers: layers, EnvdToken: sb.EnvdToken, EnvVars: sb.EnvVars, DefaultUser: orDefault(sb.DefaultUser),
 		CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, Policy: policyOf(sb.Network),
 	}
 }
@@ -314,6 +414,13 @@ func (m *Manager) nodeRequest(sb *store.Sandbox, layers []string) node.CreateReq
 // markKilled records the kill. The sandbox's volume references go only when
 // the node confirmed its cleanup (nodeErr == nil); otherwise the reconciler
 // retries the node cleanup and drops them then.
+func orDefault(u string) string {
+	if u == "" {
+		return defaultUser
+	}
+	return u
+}
+
 func (m *Manager) markKilled(ctx context.Context, sb *store.Sandbox, reason string, nodeErr error) {
 	sb.State = store.StateKilled
 	sb.KilledAt = time.Now().UTC()

@@ -206,12 +206,21 @@ func (l *Local) initAgent(ctx context.Context, addr netip.Addr, req CreateReques
 			delay *= 2
 		}
 	}
-	body, _ := json.Marshal(map[string]any{
+	initBody := map[string]any{
 		"accessToken": req.EnvdToken,
 		"envVars":     req.EnvVars,
 		"defaultUser": req.DefaultUser,
 		"timestamp":   time.Now().UTC().Format(time.RFC3339Nano),
-	})
+	}
+	// The agent runs the start command only once per boot, so re-sending
+	// it on resume is harmless.
+	for k, v := range startFields(req) {
+		initBody[k] = v
+	}
+	if req.DefaultWorkdir != "" {
+		initBody["defaultWorkdir"] = req.DefaultWorkdir
+	}
+	body, _ := json.Marshal(initBody)
 	r, _ := http.NewRequestWithContext(ctx, http.MethodPost, agentURL(addr, "/init"), bytes.NewReader(body))
 	r.Header.Set("Content-Type", "application/json")
 	if currentToken != "" {

@@ -35,6 +35,14 @@ type CreateRequest struct {
 	// Volumes are attached through their plugins before the runtime starts
 	// and bind-mounted at their Path; Delete detaches them.
 	Volumes []VolumeAttachment
+	// StartCmd is a template's start command, run once by the agent as
+	// StartUser in StartWorkdir (logged to /var/log/cubicle/start-cmd.log).
+	StartCmd     string
+	StartUser    string
+	StartWorkdir string
+	// DefaultWorkdir is where commands and relative file paths start (a
+	// template's WORKDIR).
+	DefaultWorkdir string
 }
 
 // Sandbox is the node's view of a sandbox.
@@ -83,4 +91,6 @@ type Node interface {
 	VolumeRefs(ctx context.Context) ([]VolumeRef, error)
 	// VolumeDrivers names the volume plugins this node has, in order.
 	VolumeDrivers() []string
+	// Run executes bash -l -c cmd in the sandbox as user; returns the exit code.
+	Run(ctx context.Context, id, token, user, cmd string) (int, error)
 }

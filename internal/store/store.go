@@ -64,6 +64,8 @@ type Sandbox struct {
 	// Volumes are the sandbox's volume mounts; CreateSandbox records one
 	// attachment row per entry in the same transaction.
 	Volumes []VolumeMount
+	// DefaultUser is the agent's default user ("" = user), from the template.
+	DefaultUser string
 }
 
 // VolumeMount is one volume mounted into a sandbox.
@@ -231,7 +233,8 @@ type TemplateBuild struct {
 	CPUCount   int
 	MemoryMB   int
 	DiskSizeMB int
-	Image      string
+	Image      string // image reference in the local image store
+	Rootfs     string // unpacked filesystem the runtime uses as the lower layer
 	Reason     string
 	Step       string
 	Spec       string // the start request (JSON), credentials removed
@@ -289,4 +292,6 @@ type TemplateStore interface {
 	// PutIdempotency stores a response under key unless one exists, in which
 	// case the existing one is returned.
 	PutIdempotency(ctx context.Context, k *Idempotency) (*Idempotency, error)
+	// SetIdempotencyResponse records the response of a stored key.
+	SetIdempotencyResponse(ctx context.Context, key, response string) error
 }

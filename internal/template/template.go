@@ -25,6 +25,13 @@ type Template struct {
 	CPUCount   int
 	MemoryMB   int
 	DiskSizeMB int
+	// StartCmd runs once at boot as RunAs; ReadyCmd is polled until it
+	// exits 0 before the create answers. Both empty for plain images.
+	StartCmd string
+	ReadyCmd string
+	RunAs    string // "" = the default user
+	Workdir  string
+	BuildID  string // the build the layers come from (warm pools compare it)
 }
 
 // Resolver turns a templateID (ID, alias, name:tag) into a Template.

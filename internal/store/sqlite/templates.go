@@ -34,12 +34,12 @@ func templateArgs(t *store.Template) []any {
 		t.ReadyBuildID, t.ReadyImage, t.LatestBuildID, t.BuildStatus, t.BuildCount, t.SpawnCount, ts(t.LastSpawnedAt), t.PoolSize, ts(t.CreatedAt), ts(t.UpdatedAt)}
 }
 
-const buildCols = `id, template_id, status, cpu_count, memory_mb, disk_size_mb, image, reason, step, spec, created_at, updated_at, finished_at`
+const buildCols = `id, template_id, status, cpu_count, memory_mb, disk_size_mb, image, rootfs, reason, step, spec, created_at, updated_at, finished_at`
 
 func scanBuild(r scanner) (*store.TemplateBuild, error) {
 	var b store.TemplateBuild
 	var created, updated, finished int64
-	if err := r.Scan(&b.ID, &b.TemplateID, &b.Status, &b.CPUCount, &b.MemoryMB, &b.DiskSizeMB, &b.Image, &b.Reason, &b.Step, &b.Spec, &created, &updated, &finished); err != nil {
+	if err := r.Scan(&b.ID, &b.TemplateID, &b.Status, &b.CPUCount, &b.MemoryMB, &b.DiskSizeMB, &b.Image, &b.Rootfs, &b.Reason, &b.Step, &b.Spec, &created, &updated, &finished); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil, store.ErrNotFound
 		}
@@ -50,7 +50,7 @@ func scanBuild(r scanner) (*store.TemplateBuild, error) {
 }
 
 func buildArgs(b *store.TemplateBuild) []any {
-	return []any{b.ID, b.TemplateID, b.Status, b.CPUCount, b.MemoryMB, b.DiskSizeMB, b.Image, b.Reason, b.Step, b.Spec, ts(b.CreatedAt), ts(b.UpdatedAt), ts(b.FinishedAt)}
+	return []any{b.ID, b.TemplateID, b.Status, b.CPUCount, b.MemoryMB, b.DiskSizeMB, b.Image, b.Rootfs, b.Reason, b.Step, b.Spec, ts(b.CreatedAt), ts(b.UpdatedAt), ts(b.FinishedAt)}
 }
 
 func insertNames(ctx context.Context, tx *sql.Tx, id string, names []string) error {
@@ -84,7 +84,7 @@ func (s *Store) CreateTemplate(ctx context.Context, t *store.Template, b *store.
 	if err := insertNames(ctx, tx, t.ID, t.Names); err != nil {
 		return err
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO template_builds(`+buildCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)`, buildArgs(b)...); err != nil {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO template_builds(`+buildCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, buildArgs(b)...); err != nil {
 		return err
 	}
 	return tx.Commit()
@@ -192,7 +192,7 @@ func (s *Store) AddTemplateBuild(ctx context.Context, t *store.Template, b *stor
 		return err
 	}
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, `INSERT INTO template_builds(`+buildCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)`, buildArgs(b)...); err != nil {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO template_builds(`+buildCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, buildArgs(b)...); err != nil {
 		return err
 	}
 	t.UpdatedAt = now
@@ -259,8 +259,8 @@ func (s *Store) ListTemplateBuilds(ctx context.Context, templateID string) ([]*s
 // UpdateTemplateBuild writes every mutable column.
 func (s *Store) UpdateTemplateBuild(ctx context.Context, b *store.TemplateBuild) error {
 	b.UpdatedAt = time.Now().UTC()
-	res, err := s.db.ExecContext(ctx, `UPDATE template_builds SET status=?, cpu_count=?, memory_mb=?, disk_size_mb=?, image=?, reason=?, step=?, spec=?, updated_at=?, finished_at=? WHERE id=?`,
-		b.Status, b.CPUCount, b.MemoryMB, b.DiskSizeMB, b.Image, b.Reason, b.Step, b.Spec, ts(b.UpdatedAt), ts(b.FinishedAt), b.ID)
+	res, err := s.db.ExecContext(ctx, `UPDATE template_builds SET status=?, cpu_count=?, memory_mb=?, disk_size_mb=?, image=?, rootfs=?, reason=?, step=?, spec=?, updated_at=?, finished_at=? WHERE id=?`,
+		b.Status, b.CPUCount, b.MemoryMB, b.DiskSizeMB, b.Image, b.Rootfs, b.Reason, b.Step, b.Spec, ts(b.UpdatedAt), ts(b.FinishedAt), b.ID)
 	if err != nil {
 		return err
 	}
@@ -384,4 +384,10 @@ func (s *Store) PutIdempotency(ctx context.Context, k *store.Idempotency) (*stor
 	}
 	got.CreatedAt = fromTS(c)
 	return &got, nil
+}
+
+// SetIdempotencyResponse fills in the response once the request finished.
+func (s *Store) SetIdempotencyResponse(ctx context.Context, key, response string) error {
+	_, err := s.db.ExecContext(ctx, `UPDATE idempotency_keys SET response=? WHERE key=?`, response, key)
+	return err
 }

@@ -38,6 +38,7 @@ CREATE TABLE template_builds (
   memory_mb INTEGER NOT NULL,
   disk_size_mb INTEGER NOT NULL,
   image TEXT NOT NULL DEFAULT '',
+  rootfs TEXT NOT NULL DEFAULT '',
   reason TEXT NOT NULL DEFAULT '',
   step TEXT NOT NULL DEFAULT '',
   spec TEXT NOT NULL DEFAULT '',
@@ -71,3 +72,6 @@ CREATE TABLE idempotency_keys (
   response TEXT NOT NULL,
   created_at INTEGER NOT NULL
 );
+
+-- The user a sandbox's agent defaults to (a template's USER), kept for resume.
+ALTER TABLE sandboxes ADD COLUMN default_user TEXT NOT NULL DEFAULT '';

@@ -1,0 +1,131 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cubicle-dev/cubicle/internal/api"
+	"github.com/cubicle-dev/cubicle/internal/image"
+	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/internal/template"
+	"github.com/cubicle-dev/cubicle/internal/template/buildkit"
+	"github.com/cubicle-dev/cubicle/internal/template/builder"
+	"github.com/cubicle-dev/cubicle/internal/template/catalog"
+	"github.com/cubicle-dev/cubicle/internal/template/contextstore"
+)
+
+// templateStack is everything the template catalog runs on.
+type templateStack struct {
+	catalog  *catalog.Catalog
+	api      *api.Templates
+	images   *image.Store
+	registry string // host:port of the local registry
+	closers  []func()
+}
+
+func (t *templateStack) Close() {
+	for i := len(t.closers) - 1; i >= 0; i-- {
+		t.closers[i]()
+	}
+}
+
+// setupTemplates opens the local image store and its registry, the build
+// context store, BuildKit (when available) and the catalog.
+func setupTemplates(ctx context.Context, o serveOptions, st store.Store, reg prometheus.Registerer, log *slog.Logger) (*templateStack, error) {
+	ts := &templateStack{}
+	imgs, err := image.Open(filepath.Join(o.dataDir, "oci"))
+	if err != nil {
+		return nil, fmt.Errorf("image store: %w", err)
+	}
+	ts.images = imgs
+	ln, err := net.Listen("tcp", o.registryListen)
+	if err != nil {
+		return nil, fmt.Errorf("--registry-listen: %w", err)
+	}
+	ts.registry = ln.Addr().String()
+	rsrv := &http.Server{Handler: image.NewRegistry(imgs), ReadHeaderTimeout: 30 * time.Second}
+	go rsrv.Serve(ln)
+	ts.closers = append(ts.closers, func() { rsrv.Close() })
+
+	ctxs, err := contextstore.Open(filepath.Join(o.dataDir, "template-context"), 512<<20)
+	if err != nil {
+		ts.Close()
+		return nil, fmt.Errorf("context store: %w", err)
+	}
+	solver, closeSolver, err := startSolver(ctx, o, ts.registry, log)
+	if err != nil {
+		log.Warn("BuildKit unavailable: template builds with steps are disabled", "err", err)
+	} else if closeSolver != nil {
+		ts.closers = append(ts.closers, closeSolver)
+	}
+	bld, err := builder.New(builder.Config{Images: imgs, Contexts: ctxs, Registry: ts.registry, Solver: solver,
+		RootfsDir: filepath.Join(o.imagesDir, "builds"), WorkDir: filepath.Join(o.dataDir, "build-work")})
+	if err != nil {
+		ts.Close()
+		return nil, err
+	}
+	ts.catalog = catalog.New(catalog.Config{Store: st, Builder: bld, BaseRootfs: filepath.Join(o.imagesDir, template.BaseTemplate, "rootfs"),
+		CPUCount: o.cpuCount, MemoryMB: o.memoryMB, DiskSizeMB: o.diskSizeMB, Logger: log, Registry: reg})
+	ts.catalog.SetFallback(&template.Images{Dir: o.imagesDir, CPUCount: o.cpuCount, MemoryMB: o.memoryMB, DiskSizeMB: o.diskSizeMB})
+	ts.api = &api.Templates{Catalog: ts.catalog, Contexts: ctxs, Errors: api.ContextErrors{
+		Conflict: contextstore.ErrConflict, TooLarge: contextstore.ErrTooLarge, BadArchive: contextstore.ErrBadArchive,
+		UnsafePath: contextstore.ErrUnsafePath, InvalidHash: contextstore.ErrInvalidHash}}
+	ts.api.InUse = func(ctx context.Context, id string) (string, error) {
+		rows, err := st.ListSandboxes(ctx, store.SandboxFilter{Template: id, Limit: 1,
+			States: []store.SandboxState{store.StateCreating, store.StateRunning, store.StatePausing, store.StatePaused, store.StateResuming}})
+		if err != nil {
+			return "", err
+		}
+		if len(rows) > 0 {
+			return "sandbox " + rows[0].ID + " uses it", nil
+		}
+		return "", nil
+	}
+	if err := os.MkdirAll(filepath.Join(o.imagesDir, "builds"), 0o755); err != nil {
+		ts.Close()
+		return nil, err
+	}
+	return ts, nil
+}
+
+// bkSolver adapts the supervised buildkitd to builder.Solver.
+type bkSolver struct{ d *buildkit.Daemon }
+
+func (s bkSolver) Solve(ctx context.Context, dockerfile []byte, contextDir string, noCache bool, push string, secrets map[string][]byte,
+	log func(level, msg string, line int)) error {
+	_, err := s.d.Build(ctx, buildkit.BuildRequest{Dockerfile: dockerfile, ContextDir: contextDir, NoCache: noCache, Push: push, Secrets: secrets},
+		func(l buildkit.Log) { log(l.Level, l.Message, l.Step) })
+	return err
+}
+
+// startSolver starts buildkitd when its binary is present (next to this
+// binary, or --buildkitd).
+func startSolver(ctx context.Context, o serveOptions, registry string, log *slog.Logger) (builder.Solver, func(), error) {
+	if o.buildkitd == "off" {
+		return nil, nil, fmt.Errorf("disabled by --buildkitd=off")
+	}
+	bin := o.buildkitd
+	if bin == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, nil, err
+		}
+		bin = filepath.Join(filepath.Dir(exe), "buildkitd")
+	}
+	if _, err := os.Stat(bin); err != nil {
+		return nil, nil, fmt.Errorf("buildkitd binary: %w (make build produces bin/buildkitd)", err)
+	}
+	d, err := buildkit.Start(ctx, buildkit.Config{Binary: bin, Root: filepath.Join(o.dataDir, "buildkit"), InsecureRegistries: []string{registry}, Logger: log})
+	if err != nil {
+		return nil, nil, err
+	}
+	return bkSolver{d}, func() { d.Close() }, nil
+}

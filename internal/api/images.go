@@ -1,0 +1,89 @@
+package api
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"os"
+
+	"github.com/cubicle-dev/cubicle/internal/image"
+)
+
+// Images is the local image store the API imports into.
+type Images interface {
+	ImportTar(ref, path string) error
+	List() ([]image.Entry, error)
+	Delete(ref string) error
+	Dir() string
+}
+
+// importImage takes a rootfs tar(.gz), an OCI layout tar or a docker-save
+// tar as the body and stores it as ?ref=.
+func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Images == nil {
+		writeError(w, http.StatusNotImplemented, "the image store is not enabled on this server")
+		return
+	}
+	ref := r.URL.Query().Get("ref")
+	if _, err := image.NormalizeRef(ref); err != nil {
+		writeError(w, http.StatusBadRequest, "ref: "+err.Error())
+		return
+	}
+	tmp, err := os.CreateTemp(s.cfg.Images.Dir(), ".import-")
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	defer os.Remove(tmp.Name())
+	defer tmp.Close()
+	if _, err := io.Copy(tmp, r.Body); err != nil {
+		writeError(w, http.StatusBadRequest, "reading the image body: "+err.Error())
+		return
+	}
+	if err := s.cfg.Images.ImportTar(ref, tmp.Name()); err != nil {
+		if errors.Is(err, image.ErrInvalidRef) || errors.Is(err, image.ErrNotFound) {
+			writeError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		writeError(w, http.StatusBadRequest, "import: "+err.Error())
+		return
+	}
+	ref, _ = image.NormalizeRef(ref)
+	writeJSON(w, http.StatusCreated, map[string]any{"ref": ref})
+}
+
+func (s *Server) listImages(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Images == nil {
+		writeError(w, http.StatusNotImplemented, "the image store is not enabled on this server")
+		return
+	}
+	es, err := s.cfg.Images.List()
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if es == nil {
+		es = []image.Entry{}
+	}
+	writeJSON(w, http.StatusOK, es)
+}
+
+func (s *Server) deleteImage(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Images == nil {
+		writeError(w, http.StatusNotImplemented, "the image store is not enabled on this server")
+		return
+	}
+	if err := s.cfg.Images.Delete(r.URL.Query().Get("ref")); err != nil {
+		if errors.Is(err, image.ErrNotFound) {
+			writeError(w, http.StatusNotFound, err.Error())
+			return
+		}
+		if errors.Is(err, image.ErrInvalidRef) {
+			writeError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

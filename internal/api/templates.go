@@ -1,0 +1,527 @@
+package api
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/cubicle-dev/cubicle/internal/agent"
+	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/internal/template/catalog"
+)
+
+// ContextStore holds uploaded build-context tars by filesHash.
+type ContextStore interface {
+	Has(hash string) bool
+	Put(hash string, body io.Reader) error
+}
+
+// Context store errors the upload route maps.
+type ContextErrors struct {
+	Conflict, TooLarge, BadArchive, UnsafePath, InvalidHash error
+}
+
+// Templates wires the template routes; nil Catalog disables them.
+type Templates struct {
+	Catalog  *catalog.Catalog
+	Contexts ContextStore
+	Errors   ContextErrors
+	// InUse says why a template may not be deleted ("" = it may).
+	InUse catalog.InUse
+}
+
+type templateJSON struct {
+	TemplateID    string     `json:"templateID"`
+	BuildID       string     `json:"buildID"`
+	CPUCount      int        `json:"cpuCount"`
+	MemoryMB      int        `json:"memoryMB"`
+	DiskSizeMB    int        `json:"diskSizeMB"`
+	Public        bool       `json:"public"`
+	Aliases       []string   `json:"aliases"`
+	Names         []string   `json:"names"`
+	CreatedAt     time.Time  `json:"createdAt"`
+	UpdatedAt     time.Time  `json:"updatedAt"`
+	CreatedBy     *struct{}  `json:"createdBy"`
+	LastSpawnedAt *time.Time `json:"lastSpawnedAt"`
+	SpawnCount    int64      `json:"spawnCount"`
+	BuildCount    int64      `json:"buildCount"`
+	EnvdVersion   string     `json:"envdVersion"`
+	BuildStatus   string     `json:"buildStatus"`
+	PoolSize      int        `json:"poolSize"`
+}
+
+type buildJSON struct {
+	BuildID     string     `json:"buildID"`
+	Status      string     `json:"status"`
+	CreatedAt   time.Time  `json:"createdAt"`
+	UpdatedAt   time.Time  `json:"updatedAt"`
+	FinishedAt  *time.Time `json:"finishedAt,omitempty"`
+	CPUCount    int        `json:"cpuCount"`
+	MemoryMB    int        `json:"memoryMB"`
+	DiskSizeMB  int        `json:"diskSizeMB"`
+	EnvdVersion string     `json:"envdVersion"`
+}
+
+func templateOut(t *store.Template) templateJSON {
+	out := templateJSON{TemplateID: t.ID, BuildID: t.LatestBuildID, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskSizeMB,
+		Public: t.Public, Aliases: append([]string{}, t.Names...), Names: append([]string{}, t.Names...), CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt,
+		SpawnCount: t.SpawnCount, BuildCount: t.BuildCount, EnvdVersion: agent.EnvdVersion, BuildStatus: catalog.APIStatus(t.BuildStatus), PoolSize: t.PoolSize}
+	if t.ReadyBuildID != "" {
+		out.BuildID = t.ReadyBuildID
+	}
+	if !t.LastSpawnedAt.IsZero() {
+		ls := t.LastSpawnedAt
+		out.LastSpawnedAt = &ls
+	}
+	return out
+}
+
+func (s *Server) templateRoutes(r chi.Router) {
+	r.Get("/templates", s.listTemplatesV1)
+	r.Get("/v2/templates", s.listTemplatesV2)
+	r.Post("/templates", s.createTemplate)
+	r.Post("/v2/templates", s.createTemplate)
+	r.Post("/v3/templates", s.createTemplate)
+	r.Get("/templates/aliases/{alias}", s.templateAlias)
+	r.Post("/templates/tags", s.assignTags)
+	r.Delete("/templates/tags", s.removeTags)
+	r.Get("/templates/{id}", s.getTemplate)
+	r.Delete("/templates/{id}", s.deleteTemplate)
+	r.Patch("/templates/{id}", s.patchTemplate)
+	r.Patch("/v2/templates/{id}", s.patchTemplate)
+	r.Get("/templates/{id}/tags", s.listTags)
+	r.Get("/templates/{id}/files/{hash}", s.templateFile)
+	r.Post("/v2/templates/{id}/builds/{buildID}", s.startBuild)
+	r.Get("/templates/{id}/builds/{buildID}/status", s.buildStatus)
+	r.Get("/templates/{id}/builds/{buildID}/logs", s.buildLogs)
+}
+
+func (s *Server) catalog(w http.ResponseWriter) *catalog.Catalog {
+	if s.cfg.Templates == nil || s.cfg.Templates.Catalog == nil {
+		writeError(w, http.StatusNotImplemented, "templates are not enabled on this server")
+		return nil
+	}
+	return s.cfg.Templates.Catalog
+}
+
+const maxV1Templates = 5000
+
+func (s *Server) listTemplatesV1(w http.ResponseWriter, r *http.Request) {
+	c := s.catalog(w)
+	if c == nil {
+		return
+	}
+	ts, err := c.List(r.Context(), "", maxV1Templates+1)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if len(ts) > maxV1Templates {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("more than %d templates; use GET /v2/templates", maxV1Templates))
+		return
+	}
+	out := make([]templateJSON, 0, len(ts))
+	for _, t := range ts {
+		out = append(out, templateOut(t))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) listTemplatesV2(w http.ResponseWriter, r *http.Request) {
+	c := s.catalog(w)
+	if c == nil {
+		return
+	}
+	limit := 100
+	if v := r.URL.Query().Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 100 {
+			writeError(w, http.StatusBadRequest, "limit must be between 1 and 100")
+			return
+		}
+		limit = n
+	}
+	ts, err := c.List(r.Context(), r.URL.Query().Get("nextToken"), limit+1)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if len(ts) > limit {
+		ts = ts[:limit]
+		w.Header().Set("X-Next-Token", ts[limit-1].ID)
+	}
+	out := make([]templateJSON, 0, len(ts))
+	for _, t := range ts {
+		out = append(out, templateOut(t))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) createTemplate(w http.ResponseWriter, r *http.Request) {
+	c := s.catalog(w)
+	if c == nil {
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err != nil {
+		writeError(w, http.StatusRequestEntityTooLarge, "request body too large")
+		return
+	}
+	var req catalog.CreateRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		writeError(w, http.StatusBadRequest, "malformed JSON body: "+err.Error())
+		return
+	}
+	resp, err := c.Create(r.Context(), req, r.Header.Get("Idempotency-Key"), body)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusAccepted, resp)
+}
+
+func (s *Server) templateAlias(w http.ResponseWriter, r *http.Request) {
+	c := s.catalog(w)
+	if c == nil {
+		return
+	}
+	t, err := c.Get(r.Context(), chi.URLParam(r, "alias"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, templateOut(t))
+}
+
+func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request) {
+	c := s.catalog(w)
+	if c == nil {
+		return
+	}
+	t, err := c.Get(r.Context(), chi.URLParam(r, "id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	builds, err := c.Builds(r.Context(), t.ID)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := struct {
+		templateJSON
+		Builds []buildJSON `json:"builds"`
+	}{templateJSON: templateOut(t), Builds: []buildJSON{}}
+	for _, b := range builds {
+		bj := buildJSON{BuildID: b.ID, Status: catalog.APIStatus(b.Status), CreatedAt: b.CreatedAt, UpdatedAt: b.UpdatedAt,
+			CPUCount: b.CPUCount, MemoryMB: b.MemoryMB, DiskSizeMB: b.DiskSizeMB, EnvdVersion: agent.EnvdVersion}
+		if !b.FinishedAt.IsZero() {
+			f := b.FinishedAt
+			bj.FinishedAt = &f
+		}
+		out.Builds = append(out.Builds, bj)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
+	c := s.catalog(w)
+	if c == nil {
+		return
+	}
+	force, _ := strconv.ParseBool(r.URL.Query().Get("force"))
+	if err := c.Delete(r.Context(), chi.URLParam(r, "id"), force, s.cfg.Templates.InUse); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) patchTemplate(w http.ResponseWriter, r *http.Request) {
+	c := s.catalog(w)
+	if c == nil {
+		return
+	}
+	var req struct {
+		Public *bool `json:"public"`
+	}
+	if !s.decode(w, r, &req, false) {
+		return
+	}
+	if req.Public == nil {
+		writeError(w, http.StatusBadRequest, "public is required")
+		return
+	}
+	t, err := c.SetPublic(r.Context(), chi.URLParam(r, "id"), *req.Public)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"names": t.Names})
+}
+
+func (s *Server) listTags(w http.ResponseWriter, r *http.Request) {
+	c := s.catalog(w)
+	if c == nil {
+		return
+	}
+	tags, err := c.Tags(r.Context(), chi.URLParam(r, "id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	type tagJSON struct {
+		Tag       string    `json:"tag"`
+		BuildID   string    `json:"buildID"`
+		CreatedAt time.Time `json:"createdAt"`
+	}
+	out := []tagJSON{}
+	for _, t := range tags {
+		out = append(out, tagJSON{Tag: t.Tag, BuildID: t.BuildID, CreatedAt: t.CreatedAt})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) assignTags(w http.ResponseWriter, r *http.Request) {
+	c := s.catalog(w)
+	if c == nil {
+		return
+	}
+	var req struct {
+		Target string   `json:"target"`
+		Tags   []string `json:"tags"`
+	}
+	if !s.decode(w, r, &req, false) {
+		return
+	}
+	buildID, err := c.AssignTags(r.Context(), req.Target, req.Tags)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, map[string]any{"tags": req.Tags, "buildID": buildID})
+}
+
+func (s *Server) removeTags(w http.ResponseWriter, r *http.Request) {
+	c := s.catalog(w)
+	if c == nil {
+		return
+	}
+	var req struct {
+		Name string   `json:"name"`
+		Tags []string `json:"tags"`
+	}
+	if !s.decode(w, r, &req, false) {
+		return
+	}
+	if err := c.RemoveTags(r.Context(), req.Name, req.Tags); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// uploads hands out one-time upload URLs: the SDK PUTs without an API key,
+// so the URL itself carries the authorisation.
+type uploads struct {
+	mu     sync.Mutex
+	tokens map[string]uploadGrant
+}
+
+type uploadGrant struct {
+	hash    string
+	expires time.Time
+}
+
+func (u *uploads) grant(hash string) string {
+	b := make([]byte, 16)
+	rand.Read(b)
+	tok := hex.EncodeToString(b)
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.tokens == nil {
+		u.tokens = map[string]uploadGrant{}
+	}
+	now := time.Now()
+	for k, g := range u.tokens {
+		if now.After(g.expires) {
+			delete(u.tokens, k)
+		}
+	}
+	u.tokens[tok] = uploadGrant{hash: hash, expires: now.Add(time.Hour)}
+	return tok
+}
+
+func (u *uploads) check(tok, hash string) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	g, ok := u.tokens[tok]
+	return ok && g.hash == hash && time.Now().Before(g.expires)
+}
+
+func (s *Server) baseURL(r *http.Request) string {
+	scheme := "http"
+	if r.TLS != nil || strings.EqualFold(r.Header.Get("X-Forwarded-Proto"), "https") {
+		scheme = "https"
+	}
+	return scheme + "://" + r.Host
+}
+
+func (s *Server) templateFile(w http.ResponseWriter, r *http.Request) {
+	c := s.catalog(w)
+	if c == nil {
+		return
+	}
+	id, hash := chi.URLParam(r, "id"), chi.URLParam(r, "hash")
+	if !validHash(hash) {
+		writeError(w, http.StatusBadRequest, "hash must be 64 lowercase hex characters")
+		return
+	}
+	if _, err := c.Get(r.Context(), id); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	ctxs := s.cfg.Templates.Contexts
+	present := ctxs.Has(hash)
+	resp := map[string]any{"present": present, "headers": map[string]string{}}
+	if !present {
+		resp["url"] = fmt.Sprintf("%s/template-uploads/%s?token=%s", s.baseURL(r), hash, s.uploads.grant(hash))
+	}
+	writeJSON(w, http.StatusCreated, resp)
+}
+
+func validHash(h string) bool {
+	if len(h) != 64 {
+		return false
+	}
+	for _, c := range h {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// uploadContext is the PUT target of the URL templateFile returned.
+func (s *Server) uploadContext(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Templates == nil || s.cfg.Templates.Contexts == nil {
+		writeError(w, http.StatusNotImplemented, "templates are not enabled on this server")
+		return
+	}
+	hash := chi.URLParam(r, "hash")
+	if !s.uploads.check(r.URL.Query().Get("token"), hash) {
+		writeError(w, http.StatusUnauthorized, "invalid or expired upload URL; ask GET /templates/{id}/files/{hash} for a new one")
+		return
+	}
+	te := s.cfg.Templates.Errors
+	err := s.cfg.Templates.Contexts.Put(hash, r.Body)
+	switch {
+	case err == nil:
+		w.WriteHeader(http.StatusCreated)
+	case te.Conflict != nil && errors.Is(err, te.Conflict):
+		writeError(w, http.StatusConflict, err.Error())
+	case te.TooLarge != nil && errors.Is(err, te.TooLarge):
+		writeError(w, http.StatusRequestEntityTooLarge, err.Error())
+	case (te.BadArchive != nil && errors.Is(err, te.BadArchive)) || (te.UnsafePath != nil && errors.Is(err, te.UnsafePath)) ||
+		(te.InvalidHash != nil && errors.Is(err, te.InvalidHash)):
+		writeError(w, http.StatusBadRequest, err.Error())
+	default:
+		s.fail(w, r, err)
+	}
+}
+
+func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
+	c := s.catalog(w)
+	if c == nil {
+		return
+	}
+	var req catalog.StartRequest
+	if !s.decode(w, r, &req, false) {
+		return
+	}
+	if err := c.StartBuild(r.Context(), chi.URLParam(r, "id"), chi.URLParam(r, "buildID"), req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusAccepted)
+}
+
+func (s *Server) buildStatus(w http.ResponseWriter, r *http.Request) {
+	c := s.catalog(w)
+	if c == nil {
+		return
+	}
+	q := r.URL.Query()
+	offset, limit := 0, 100
+	if v := q.Get("logsOffset"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			writeError(w, http.StatusBadRequest, "logsOffset must be a non-negative integer")
+			return
+		}
+		offset = n
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > 100 {
+			writeError(w, http.StatusBadRequest, "limit must be between 0 and 100")
+			return
+		}
+		if n > 0 {
+			limit = n
+		}
+	}
+	st, err := c.BuildStatus(r.Context(), chi.URLParam(r, "id"), chi.URLParam(r, "buildID"), offset, limit, q.Get("level"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+func (s *Server) buildLogs(w http.ResponseWriter, r *http.Request) {
+	c := s.catalog(w)
+	if c == nil {
+		return
+	}
+	q := r.URL.Query()
+	var cursor time.Time
+	if v := q.Get("cursor"); v != "" {
+		ms, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "cursor must be a unix time in milliseconds")
+			return
+		}
+		cursor = time.UnixMilli(ms)
+	}
+	limit := 100
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 100 {
+			writeError(w, http.StatusBadRequest, "limit must be between 1 and 100")
+			return
+		}
+		limit = n
+	}
+	dir := q.Get("direction")
+	if dir != "" && dir != "forward" && dir != "backward" {
+		writeError(w, http.StatusBadRequest, "direction must be forward or backward")
+		return
+	}
+	logs, err := c.BuildLogs(r.Context(), chi.URLParam(r, "id"), chi.URLParam(r, "buildID"), cursor, limit, dir == "backward", q.Get("level"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"logs": logs})
+}

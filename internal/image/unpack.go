@@ -1,0 +1,359 @@
+package image
+
+import (
+	"archive/tar"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"golang.org/x/sys/unix"
+)
+
+const (
+	whiteoutPrefix = ".wh."
+	whiteoutOpaque = ".wh..wh..opq"
+)
+
+// Unpack extracts the flattened filesystem of image ref into dest. It builds
+// dest+".tmp" first and swaps it in with one rename, so a crash leaves either
+// the old dest or the new one, never a half-written tree.
+func (s *Store) Unpack(ref, dest string) error {
+	img, err := s.Get(ref)
+	if err != nil {
+		return err
+	}
+	return UnpackImage(img, dest)
+}
+
+// UnpackImage is Unpack for any v1.Image.
+func UnpackImage(img v1.Image, dest string) error {
+	dest = filepath.Clean(dest)
+	tmp := dest + ".tmp"
+	if err := os.RemoveAll(tmp); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(dest), 0o755); err != nil {
+		return err
+	}
+	if err := os.Mkdir(tmp, 0o755); err != nil {
+		return err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			os.RemoveAll(tmp)
+		}
+	}()
+	layers, err := img.Layers()
+	if err != nil {
+		return err
+	}
+	for i, l := range layers {
+		rc, err := l.Uncompressed()
+		if err != nil {
+			return fmt.Errorf("image: layer %d: %w", i, err)
+		}
+		err = applyLayer(tmp, rc)
+		rc.Close()
+		if err != nil {
+			return fmt.Errorf("image: layer %d: %w", i, err)
+		}
+	}
+	if _, err := os.Lstat(dest); err == nil {
+		// Atomic swap, then drop the old tree (now at tmp).
+		err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, dest, unix.RENAME_EXCHANGE)
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
+			// No RENAME_EXCHANGE on this fs: two renames, brief gap.
+			old := dest + ".old"
+			if err := os.RemoveAll(old); err != nil {
+				return err
+			}
+			if err := os.Rename(dest, old); err != nil {
+				return err
+			}
+			if err := os.Rename(tmp, dest); err != nil {
+				os.Rename(old, dest)
+				return err
+			}
+			ok = true
+			return os.RemoveAll(old)
+		}
+		if err != nil {
+			return fmt.Errorf("image: swap %s: %w", dest, err)
+		}
+		ok = true
+		return os.RemoveAll(tmp)
+	}
+	if err := os.Rename(tmp, dest); err != nil {
+		return err
+	}
+	ok = true
+	return nil
+}
+
+// ApplyLayer applies one uncompressed layer tar onto root, honouring OCI
+// whiteouts. Exported for callers that stack layers themselves.
+func ApplyLayer(root string, r io.Reader) error { return applyLayer(root, r) }
+
+type dirTimes struct {
+	path  string
+	mtime time.Time
+}
+
+func applyLayer(root string, r io.Reader) error {
+	tr := tar.NewReader(r)
+	// Paths written by this layer: an opaque marker hides only lower layers,
+	// and tar order does not promise the marker comes before its siblings.
+	written := map[string]bool{}
+	var opaque []string
+	var dirs []dirTimes
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		rel, err := cleanEntry(hdr.Name)
+		if err != nil {
+			return err
+		}
+		if rel == "" {
+			continue // "./" itself
+		}
+		dir, base := path.Split(rel)
+		parent, err := resolveParent(root, dir)
+		if err != nil {
+			return err
+		}
+		if base == whiteoutOpaque {
+			opaque = append(opaque, strings.TrimSuffix(dir, "/"))
+			continue
+		}
+		if strings.HasPrefix(base, whiteoutPrefix) {
+			if err := os.RemoveAll(filepath.Join(parent, strings.TrimPrefix(base, whiteoutPrefix))); err != nil {
+				return err
+			}
+			continue
+		}
+		target := filepath.Join(parent, base)
+		written[rel] = true
+		if err := writeEntry(root, target, hdr, tr); err != nil {
+			return fmt.Errorf("%s: %w", rel, err)
+		}
+		if hdr.Typeflag == tar.TypeDir {
+			dirs = append(dirs, dirTimes{target, hdr.ModTime})
+		}
+	}
+	for _, d := range opaque {
+		p, err := resolveParent(root, d)
+		if err != nil {
+			return err
+		}
+		ents, err := os.ReadDir(p)
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				continue
+			}
+			return err
+		}
+		for _, e := range ents {
+			child := e.Name()
+			if d != "" {
+				child = d + "/" + child
+			}
+			if !writtenUnder(written, child) {
+				if err := os.RemoveAll(filepath.Join(p, e.Name())); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	// Directory mtimes last: creating children changes them.
+	for i := len(dirs) - 1; i >= 0; i-- {
+		d := dirs[i]
+		os.Chtimes(d.path, d.mtime, d.mtime)
+	}
+	return nil
+}
+
+// writtenUnder reports whether this layer wrote p or anything below it.
+func writtenUnder(written map[string]bool, p string) bool {
+	if written[p] {
+		return true
+	}
+	prefix := p + "/"
+	for w := range written {
+		if strings.HasPrefix(w, prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// cleanEntry returns the entry's path relative to the root, or ErrUnsafePath
+// if it climbs out. Leading "/" and "./" are tolerated, as tar allows them.
+func cleanEntry(name string) (string, error) {
+	n := strings.TrimLeft(name, "/")
+	c := path.Clean(n)
+	if c == "." {
+		return "", nil
+	}
+	if c == ".." || strings.HasPrefix(c, "../") {
+		return "", fmt.Errorf("%w: %q", ErrUnsafePath, name)
+	}
+	return c, nil
+}
+
+// resolveParent returns the host path of dir (relative, "/"-separated) inside
+// root, following symlinks in it as if root were "/": a lower layer may have
+// made /lib a link to usr/lib. The result never leaves root.
+func resolveParent(root, dir string) (string, error) {
+	cur := ""
+	parts := strings.Split(strings.Trim(dir, "/"), "/")
+	links := 0
+	for len(parts) > 0 {
+		p := parts[0]
+		parts = parts[1:]
+		switch p {
+		case "", ".":
+			continue
+		case "..":
+			cur = path.Dir(cur)
+			if cur == "." || cur == "/" {
+				cur = ""
+			}
+			continue
+		}
+		next := path.Join(cur, p)
+		fi, err := os.Lstat(filepath.Join(root, next))
+		if err != nil || fi.Mode()&os.ModeSymlink == 0 {
+			cur = next
+			continue
+		}
+		if links++; links > 40 {
+			return "", fmt.Errorf("%w: too many symlinks under %q", ErrUnsafePath, dir)
+		}
+		dst, err := os.Readlink(filepath.Join(root, next))
+		if err != nil {
+			return "", err
+		}
+		if strings.HasPrefix(dst, "/") {
+			cur = ""
+		}
+		parts = append(strings.Split(dst, "/"), parts...)
+	}
+	return filepath.Join(root, cur), nil
+}
+
+func writeEntry(root, target string, hdr *tar.Header, r io.Reader) error {
+	fi, statErr := os.Lstat(target)
+	exists := statErr == nil
+	// Replace anything in the way, except a directory replaced by a directory
+	// (which keeps its lower-layer children).
+	if exists && !(fi.IsDir() && hdr.Typeflag == tar.TypeDir) {
+		if err := os.RemoveAll(target); err != nil {
+			return err
+		}
+	}
+	if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+		return err
+	}
+	mode := uint32(hdr.Mode & 0o7777)
+	switch hdr.Typeflag {
+	case tar.TypeDir:
+		if !exists || !fi.IsDir() {
+			if err := os.Mkdir(target, 0o755); err != nil {
+				return err
+			}
+		}
+	case tar.TypeReg, tar.TypeRegA:
+		f, err := os.OpenFile(target, os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o600)
+		if err != nil {
+			return err
+		}
+		_, err = io.Copy(f, r)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+	case tar.TypeSymlink:
+		if err := os.Symlink(hdr.Linkname, target); err != nil {
+			return err
+		}
+	case tar.TypeLink:
+		ln, err := cleanEntry(hdr.Linkname)
+		if err != nil || ln == "" {
+			return fmt.Errorf("%w: hardlink to %q", ErrUnsafePath, hdr.Linkname)
+		}
+		ldir, lbase := path.Split(ln)
+		lp, err := resolveParent(root, ldir)
+		if err != nil {
+			return err
+		}
+		// Link the entry itself, not what it may point at.
+		return os.Link(filepath.Join(lp, lbase), target)
+	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
+		dev := int(unix.Mkdev(uint32(hdr.Devmajor), uint32(hdr.Devminor)))
+		kind := uint32(unix.S_IFIFO)
+		switch hdr.Typeflag {
+		case tar.TypeChar:
+			kind = unix.S_IFCHR
+		case tar.TypeBlock:
+			kind = unix.S_IFBLK
+		}
+		if err := unix.Mknod(target, kind|mode, dev); err != nil {
+			// Unprivileged callers cannot make devices; the sandbox runtime
+			// mounts its own /dev anyway.
+			if errors.Is(err, unix.EPERM) {
+				return nil
+			}
+			return err
+		}
+	default:
+		return nil // sockets, GNU sparse extensions, etc.: not filesystem content we need
+	}
+	if err := os.Lchown(target, hdr.Uid, hdr.Gid); err != nil && !errors.Is(err, unix.EPERM) {
+		return err
+	}
+	for k, v := range hdr.PAXRecords {
+		if name, ok := strings.CutPrefix(k, "SCHILY.xattr."); ok {
+			unix.Lsetxattr(target, name, []byte(v), 0) // best effort: fs may not support it
+		}
+	}
+	if hdr.Typeflag != tar.TypeSymlink {
+		// After chown, which clears setuid/setgid.
+		if err := os.Chmod(target, os.FileMode(mode&0o777)|modeBits(mode)); err != nil {
+			return err
+		}
+	}
+	ts := []unix.Timespec{unix.NsecToTimespec(hdr.ModTime.UnixNano()), unix.NsecToTimespec(hdr.ModTime.UnixNano())}
+	if !hdr.AccessTime.IsZero() {
+		ts[0] = unix.NsecToTimespec(hdr.AccessTime.UnixNano())
+	}
+	unix.UtimesNanoAt(unix.AT_FDCWD, target, ts, unix.AT_SYMLINK_NOFOLLOW)
+	return nil
+}
+
+func modeBits(mode uint32) os.FileMode {
+	var m os.FileMode
+	if mode&unix.S_ISUID != 0 {
+		m |= os.ModeSetuid
+	}
+	if mode&unix.S_ISGID != 0 {
+		m |= os.ModeSetgid
+	}
+	if mode&unix.S_ISVTX != 0 {
+		m |= os.ModeSticky
+	}
+	return m
+}

@@ -1,0 +1,190 @@
+// Package builder turns template build requests into images and rootfs
+// directories: a request without steps is a pull/unpack of its base from the
+// local image store (or fromTemplate's rootfs); one with steps is rendered
+// to a Dockerfile and solved by BuildKit against the local registry.
+package builder
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"github.com/cubicle-dev/cubicle/internal/image"
+	"github.com/cubicle-dev/cubicle/internal/template/catalog"
+	"github.com/cubicle-dev/cubicle/internal/template/contextstore"
+	"github.com/cubicle-dev/cubicle/internal/template/recipe"
+)
+
+// Solver runs a Dockerfile build and pushes the result (BuildKit).
+type Solver interface {
+	Solve(ctx context.Context, dockerfile []byte, contextDir string, noCache bool, push string, secrets map[string][]byte,
+		log func(level, msg string, line int)) error
+}
+
+// Config wires the builder.
+type Config struct {
+	Images   *image.Store
+	Contexts *contextstore.Store
+	// Registry is host:port of the registry view of Images that the
+	// Solver pulls FROM and pushes to.
+	Registry  string
+	Solver    Solver // nil: recipes with steps are refused (501)
+	RootfsDir string // <dir>/<buildID>/rootfs
+	WorkDir   string // scratch for build contexts
+}
+
+// Builder implements catalog.Builder.
+type Builder struct{ cfg Config }
+
+var _ catalog.Builder = (*Builder)(nil)
+
+// New validates the config.
+func New(cfg Config) (*Builder, error) {
+	if cfg.Images == nil || cfg.RootfsDir == "" || cfg.WorkDir == "" {
+		return nil, errors.New("builder: Images, RootfsDir and WorkDir are required")
+	}
+	for _, d := range []string{cfg.RootfsDir, cfg.WorkDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	return &Builder{cfg: cfg}, nil
+}
+
+func (b *Builder) haveTar(h string) bool { return b.cfg.Contexts != nil && b.cfg.Contexts.Has(h) }
+
+func steps(job catalog.Job) recipe.BuildStart {
+	req := recipe.BuildStart{FromImage: job.Start.FromImage, FromTemplate: job.Start.FromTemplate, Force: job.Start.Force,
+		StartCmd: job.Start.StartCmd, ReadyCmd: job.Start.ReadyCmd}
+	for _, s := range job.Start.Steps {
+		req.Steps = append(req.Steps, recipe.Step{Type: s.Type, Args: s.Args, FilesHash: s.FilesHash, Force: s.Force})
+	}
+	return req
+}
+
+// localRef is the base image's name in the local store, or "" when absent.
+func (b *Builder) localRef(ref string) string {
+	name, err := image.NormalizeRef(ref)
+	if err != nil {
+		return ""
+	}
+	if _, err := b.cfg.Images.Get(name); err != nil {
+		return ""
+	}
+	return name
+}
+
+// Validate rejects what would fail before any work: a bad recipe, a missing
+// context, a base image that is nowhere, or steps without a builder.
+func (b *Builder) Validate(ctx context.Context, job catalog.Job) error {
+	if len(job.Start.Steps) == 0 {
+		if job.FromRootfs != "" || b.localRef(job.FromImage) != "" || b.cfg.Solver != nil {
+			return nil
+		}
+		return fmt.Errorf("%w: image %q is not in the local image store (add it with `cubicle image import`)", catalog.ErrInvalid, job.FromImage)
+	}
+	if b.cfg.Solver == nil {
+		return fmt.Errorf("%w: builds with steps need BuildKit, which is not running on this server", catalog.ErrNotImplemented)
+	}
+	if _, err := recipe.Render(steps(job), "base", job.BuildID, b.haveTar); err != nil {
+		return fmt.Errorf("%w: %v", catalog.ErrInvalid, err)
+	}
+	return nil
+}
+
+// Build implements catalog.Builder.
+func (b *Builder) Build(ctx context.Context, job catalog.Job, log catalog.LogFunc) (catalog.Output, error) {
+	dest := filepath.Join(b.cfg.RootfsDir, job.BuildID, "rootfs")
+	if err := os.MkdirAll(filepath.Dir(dest), 0o755); err != nil {
+		return catalog.Output{}, err
+	}
+	if len(job.Start.Steps) == 0 {
+		return b.noSteps(ctx, job, dest, log)
+	}
+	return b.withSteps(ctx, job, dest, log)
+}
+
+func (b *Builder) noSteps(ctx context.Context, job catalog.Job, dest string, log catalog.LogFunc) (catalog.Output, error) {
+	if job.FromRootfs != "" {
+		// Same filesystem as the source template's ready build: share it.
+		log("info", "using the ready image of template "+job.Start.FromTemplate, "base")
+		return catalog.Output{Image: job.FromImage, Rootfs: job.FromRootfs}, nil
+	}
+	ref := b.localRef(job.FromImage)
+	if ref == "" {
+		if b.cfg.Solver == nil {
+			return catalog.Output{}, &catalog.BuildError{Step: "base", Err: fmt.Errorf("image %q is not in the local image store", job.FromImage)}
+		}
+		// Let BuildKit pull it from its registry.
+		return b.withSteps(ctx, job, dest, log)
+	}
+	log("info", "unpacking image "+ref, "base")
+	if err := b.cfg.Images.Unpack(ref, dest); err != nil {
+		return catalog.Output{}, &catalog.BuildError{Step: "base", Err: fmt.Errorf("unpack %s: %v", ref, err)}
+	}
+	return catalog.Output{Image: ref, Rootfs: dest}, nil
+}
+
+func (b *Builder) withSteps(ctx context.Context, job catalog.Job, dest string, log catalog.LogFunc) (catalog.Output, error) {
+	if b.cfg.Solver == nil {
+		return catalog.Output{}, &catalog.BuildError{Step: "base", Err: errors.New("BuildKit is not running on this server")}
+	}
+	base := job.FromImage
+	if base == "" && job.FromRootfs != "" {
+		// fromTemplate of a template that has a rootfs but no image (the
+		// seeded base): make it an image once so BuildKit can start FROM it.
+		ref := "cubicle/rootfs-" + filepath.Base(filepath.Dir(job.FromRootfs)) + ":latest"
+		if b.localRef(ref) == "" {
+			log("info", "importing the base rootfs into the image store", "base")
+			if err := b.cfg.Images.ImportRootfs(ref, job.FromRootfs); err != nil {
+				return catalog.Output{}, &catalog.BuildError{Step: "base", Err: fmt.Errorf("import %s: %v", job.FromRootfs, err)}
+			}
+		}
+		base = ref
+	}
+	if ref := b.localRef(base); ref != "" {
+		base = b.cfg.Registry + "/" + ref
+	}
+	res, err := recipe.Render(steps(job), base, job.BuildID, b.haveTar)
+	if err != nil {
+		return catalog.Output{}, &catalog.BuildError{Step: "base", Err: err}
+	}
+	work := filepath.Join(b.cfg.WorkDir, job.BuildID)
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return catalog.Output{}, err
+	}
+	defer os.RemoveAll(work)
+	for _, h := range res.Hashes {
+		if err := b.cfg.Contexts.Extract(h, work); err != nil {
+			return catalog.Output{}, &catalog.BuildError{Step: "base", Err: fmt.Errorf("unpack build context %s: %v", h, err)}
+		}
+	}
+	push := fmt.Sprintf("%s/cubicle/%s:%s", b.cfg.Registry, job.TemplateID, job.BuildID)
+	secrets := map[string][]byte{}
+	if r := job.Start.FromImageRegistry; r != nil && r.Username != "" {
+		secrets["registry-username"], secrets["registry-password"] = []byte(r.Username), []byte(r.Password)
+	}
+	log("info", "building with BuildKit", "base")
+	lastStep := "base"
+	err = b.cfg.Solver.Solve(ctx, res.Dockerfile, work, res.NoCache, push, secrets, func(level, msg string, line int) {
+		step := ""
+		if i, ok := res.StepOfLine[line]; ok {
+			step = strconv.Itoa(i)
+			lastStep = step
+		}
+		log(level, msg, step)
+	})
+	if err != nil {
+		return catalog.Output{}, &catalog.BuildError{Step: lastStep, Err: err}
+	}
+	name, _ := image.NormalizeRef(push)
+	log("info", "unpacking the built image", "finalize")
+	if err := b.cfg.Images.Unpack(name, dest); err != nil {
+		return catalog.Output{}, &catalog.BuildError{Step: "finalize", Err: fmt.Errorf("unpack %s: %v", name, err)}
+	}
+	runAs := res.User
+	return catalog.Output{Image: name, Rootfs: dest, RunAs: runAs, Workdir: res.Workdir}, nil
+}

@@ -1,0 +1,472 @@
+// Package buildkit supervises a private buildkitd and builds template
+// Dockerfiles with it, pushing the result into Cubicle's local registry
+// (internal/image).
+//
+// buildkitd is built from the module pinned in go.mod (pure Go, CGO not
+// needed):
+//
+//	CGO_ENABLED=0 go build -o bin/buildkitd github.com/moby/buildkit/cmd/buildkitd
+//
+// The command line Daemon runs (verified as root on Debian 12, runc 1.1.5,
+// cgroup v1 hybrid, overlayfs available):
+//
+//	buildkitd --config <root>/buildkitd.toml --root <root> \
+//	  --addr unix://<socket> --otel-socket-path <root>/otel-grpc.sock \
+//	  --oci-worker=true --oci-worker-binary=/usr/sbin/runc \
+//	  --oci-worker-snapshotter=overlayfs --oci-worker-net=host \
+//	  --containerd-worker=false --cdi-disabled
+//
+// with buildkitd.toml holding one block per insecure registry:
+//
+//	[registry."127.0.0.1:PORT"]
+//	  http = true
+//	  insecure = true
+//
+// Notes from getting it to run:
+//   - Without --otel-socket-path buildkitd creates /run/buildkit/otel-grpc.sock
+//     even when --root and --addr point elsewhere; the flag keeps every file
+//     under <root>.
+//   - Without --config it reads /etc/buildkit/buildkitd.toml; without
+//     --cdi-disabled it watches /etc/cdi and /var/run/cdi (warnings only).
+//   - --oci-worker-net=host: the default ("auto") wants CNI plugins, which are
+//     not installed; build steps share the host network, like `docker build`
+//     with the default bridge would give them outbound access anyway.
+//   - The process sandbox (own PID namespace per RUN) works as root, so
+//     --oci-worker-no-process-sandbox is not used.
+//   - The dockerfile frontend is built in ("dockerfile.v0"), so no frontend
+//     image is pulled and no registry other than ours is contacted.
+package buildkit
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	bkclient "github.com/moby/buildkit/client"
+	"golang.org/x/sys/unix"
+)
+
+var (
+	// ErrNotRunning: the daemon is closed or has not come up.
+	ErrNotRunning = errors.New("buildkit: daemon not running")
+	// ErrStartTimeout: buildkitd did not accept connections in time.
+	ErrStartTimeout = errors.New("buildkit: daemon did not become ready")
+)
+
+// Config says how to run buildkitd.
+type Config struct {
+	Binary string // path to buildkitd; default "buildkitd" on PATH
+	Root   string // state dir; everything buildkitd writes stays under it
+	Socket string // unix socket path; default <Root>/buildkitd.sock
+	// InsecureRegistries are host:port names reached over plain HTTP (the
+	// local image registry).
+	InsecureRegistries []string
+	// OCIBinary is the runc binary; default /usr/sbin/runc if present.
+	OCIBinary string
+	// Snapshotter: "overlayfs" (default) or "native" where overlay mounts are
+	// not allowed.
+	Snapshotter string
+	// ReadyTimeout bounds each wait for the socket; default 30s.
+	ReadyTimeout time.Duration
+	Logger       *slog.Logger
+}
+
+// Daemon is a supervised buildkitd child process.
+type Daemon struct {
+	cfg    Config
+	args   []string
+	log    *slog.Logger
+	addr   string
+	stopCh chan struct{}
+	done   chan struct{}
+
+	mu      sync.Mutex
+	proc    *os.Process // current child; nil between restarts
+	exited  chan struct{}
+	closed  bool
+	starts  int
+	readyCh chan struct{} // closed when the current child answers
+}
+
+const (
+	backoffMin = 500 * time.Millisecond
+	backoffMax = 30 * time.Second
+	stopGrace  = 10 * time.Second
+)
+
+// Start launches buildkitd and waits until a client can talk to it. The child
+// is restarted (with backoff) if it dies, until Close.
+func Start(ctx context.Context, cfg Config) (*Daemon, error) {
+	if cfg.Root == "" {
+		return nil, errors.New("buildkit: Config.Root is required")
+	}
+	root, err := filepath.Abs(cfg.Root)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Root = root
+	if cfg.Binary == "" {
+		cfg.Binary = "buildkitd"
+	}
+	if cfg.Socket == "" {
+		cfg.Socket = filepath.Join(root, "buildkitd.sock")
+	}
+	if cfg.OCIBinary == "" {
+		cfg.OCIBinary = "runc"
+		if _, err := os.Stat("/usr/sbin/runc"); err == nil {
+			cfg.OCIBinary = "/usr/sbin/runc"
+		}
+	}
+	if cfg.Snapshotter == "" {
+		cfg.Snapshotter = "overlayfs"
+	}
+	if cfg.ReadyTimeout == 0 {
+		cfg.ReadyTimeout = 30 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	bin, err := exec.LookPath(cfg.Binary)
+	if err != nil {
+		return nil, fmt.Errorf("buildkit: %w", err)
+	}
+	cfg.Binary = bin
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return nil, err
+	}
+	conf := filepath.Join(root, "buildkitd.toml")
+	if err := os.WriteFile(conf, []byte(renderConfig(cfg.InsecureRegistries)), 0o600); err != nil {
+		return nil, err
+	}
+	d := &Daemon{
+		cfg:    cfg,
+		log:    cfg.Logger.With("component", "buildkitd"),
+		addr:   "unix://" + cfg.Socket,
+		stopCh: make(chan struct{}),
+		done:   make(chan struct{}),
+		args: []string{
+			"--config", conf,
+			"--root", root,
+			"--addr", "unix://" + cfg.Socket,
+			"--otel-socket-path", filepath.Join(root, "otel-grpc.sock"),
+			"--oci-worker=true",
+			"--oci-worker-binary=" + cfg.OCIBinary,
+			"--oci-worker-snapshotter=" + cfg.Snapshotter,
+			"--oci-worker-net=host",
+			"--containerd-worker=false",
+			"--cdi-disabled",
+		},
+		readyCh: make(chan struct{}),
+	}
+	started := make(chan error, 1)
+	go d.supervise(started)
+	if err := <-started; err != nil {
+		<-d.done
+		return nil, err
+	}
+	wctx, cancel := context.WithTimeout(ctx, cfg.ReadyTimeout)
+	defer cancel()
+	if err := d.waitReady(wctx); err != nil {
+		d.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+func renderConfig(regs []string) string {
+	var b strings.Builder
+	b.WriteString("# Written by cubicle; regenerated on every start.\n")
+	for _, r := range regs {
+		fmt.Fprintf(&b, "[registry.%q]\n  http = true\n  insecure = true\n", r)
+	}
+	return b.String()
+}
+
+// Address is the buildkit client address (unix://...).
+func (d *Daemon) Address() string { return d.addr }
+
+// Args is the command line buildkitd runs with (without the binary).
+func (d *Daemon) Args() []string { return append([]string(nil), d.args...) }
+
+// PID is the current child's pid, or 0 between restarts.
+func (d *Daemon) PID() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.proc == nil {
+		return 0
+	}
+	return d.proc.Pid
+}
+
+// Starts counts how many times buildkitd was launched (1 + restarts).
+func (d *Daemon) Starts() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.starts
+}
+
+// supervise runs on one locked OS thread for its whole life: Pdeathsig is
+// delivered when the *thread* that forked the child exits, so the thread must
+// outlive every child it starts.
+func (d *Daemon) supervise(started chan<- error) {
+	runtime.LockOSThread()
+	defer close(d.done)
+	backoff := backoffMin
+	first := true
+	for {
+		t0 := time.Now()
+		cmd, err := d.spawn()
+		if first {
+			started <- err
+			first = false
+			if err != nil {
+				return
+			}
+		}
+		if err == nil {
+			waitErr := cmd.Wait()
+			d.mu.Lock()
+			d.proc = nil
+			close(d.exited)
+			d.readyCh = make(chan struct{})
+			closed := d.closed
+			d.mu.Unlock()
+			if closed {
+				return
+			}
+			d.log.Warn("buildkitd exited; restarting", "err", waitErr, "after", backoff)
+			if time.Since(t0) > 2*backoffMax {
+				backoff = backoffMin // it ran fine for a while: not a crash loop
+			}
+		} else {
+			d.log.Error("buildkitd failed to start", "err", err)
+		}
+		select {
+		case <-d.stopCh:
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, backoffMax)
+		go d.markReadyWhenUp()
+	}
+}
+
+func (d *Daemon) spawn() (*exec.Cmd, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, ErrNotRunning
+	}
+	// A stale socket from a killed child would make the readiness probe race.
+	os.Remove(d.cfg.Socket)
+	cmd := exec.Command(d.cfg.Binary, d.args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(d.cfg.OCIBinary)+":"+os.Getenv("PATH"))
+	// A plain pipe rather than StdoutPipe: Wait must not race the reader,
+	// and the reader ends on EOF when the last holder of the write end exits.
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stdout, cmd.Stderr = pw, pw
+	err = cmd.Start()
+	pw.Close()
+	if err != nil {
+		pr.Close()
+		return nil, fmt.Errorf("buildkit: start %s: %w", d.cfg.Binary, err)
+	}
+	d.proc = cmd.Process
+	d.exited = make(chan struct{})
+	d.starts++
+	go d.pump(pr)
+	return cmd, nil
+}
+
+// pump forwards buildkitd's own log lines to the logger.
+func (d *Daemon) pump(r io.ReadCloser) {
+	defer r.Close()
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		d.log.Debug(sc.Text())
+	}
+}
+
+func (d *Daemon) markReadyWhenUp() {
+	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.ReadyTimeout)
+	defer cancel()
+	d.waitReady(ctx)
+}
+
+// waitReady polls until the current child answers ListWorkers.
+func (d *Daemon) waitReady(ctx context.Context) error {
+	for {
+		d.mu.Lock()
+		ready, closed := d.readyCh, d.closed
+		d.mu.Unlock()
+		if closed {
+			return ErrNotRunning
+		}
+		select {
+		case <-ready:
+			return nil
+		default:
+		}
+		if d.ping(ctx) == nil {
+			d.mu.Lock()
+			if d.readyCh == ready && d.proc != nil {
+				select {
+				case <-ready:
+				default:
+					close(ready)
+				}
+			}
+			d.mu.Unlock()
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: %s: %v", ErrStartTimeout, d.addr, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (d *Daemon) ping(ctx context.Context) error {
+	if _, err := os.Stat(d.cfg.Socket); err != nil {
+		return err
+	}
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	c, err := bkclient.New(pctx, d.addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ws, err := c.ListWorkers(pctx)
+	if err != nil {
+		return err
+	}
+	if len(ws) == 0 {
+		return errors.New("no workers")
+	}
+	return nil
+}
+
+// client returns a connected client, waiting (bounded by ctx) for a restart
+// in progress.
+func (d *Daemon) client(ctx context.Context) (*bkclient.Client, error) {
+	wctx, cancel := context.WithTimeout(ctx, d.cfg.ReadyTimeout)
+	defer cancel()
+	if err := d.waitReady(wctx); err != nil {
+		return nil, err
+	}
+	return bkclient.New(ctx, d.addr)
+}
+
+// Close stops buildkitd (SIGTERM, then SIGKILL after a grace period), waits
+// for it, and lazily unmounts anything it left mounted under Root. It signals
+// only the pid it started.
+func (d *Daemon) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		<-d.done
+		return nil
+	}
+	d.closed = true
+	close(d.stopCh)
+	proc, exited := d.proc, d.exited
+	d.mu.Unlock()
+	if proc != nil {
+		proc.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(stopGrace):
+			d.log.Warn("buildkitd ignored SIGTERM; killing", "pid", proc.Pid)
+			proc.Kill()
+			<-exited
+		}
+	}
+	<-d.done
+	os.Remove(d.cfg.Socket)
+	return UnmountUnder(d.cfg.Root)
+}
+
+// UnmountUnder lazily unmounts every mount point at or below dir, deepest
+// first. buildkitd unmounts its snapshots on a clean exit; this covers a
+// SIGKILL mid-build.
+func UnmountUnder(dir string) error {
+	dir = filepath.Clean(dir)
+	mps, err := mountsUnder(dir)
+	if err != nil {
+		return err
+	}
+	var first error
+	for i := len(mps) - 1; i >= 0; i-- {
+		if err := unix.Unmount(mps[i], unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) && first == nil {
+			first = fmt.Errorf("buildkit: unmount %s: %w", mps[i], err)
+		}
+	}
+	return first
+}
+
+// mountsUnder lists mount points at or below dir in mount order.
+func mountsUnder(dir string) ([]string, error) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		mp := unescapeMount(f[4])
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			out = append(out, mp)
+		}
+	}
+	return out, nil
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for space etc.).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			var v byte
+			ok := true
+			for j := 1; j <= 3; j++ {
+				c := s[i+j]
+				if c < '0' || c > '7' {
+					ok = false
+					break
+				}
+				v = v*8 + (c - '0')
+			}
+			if ok {
+				b.WriteByte(v)
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}

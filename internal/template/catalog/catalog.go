@@ -1,0 +1,854 @@
+// Package catalog is the e2b template catalog: templates, names and tags,
+// builds and their logs, on top of the store. Builds run in the background
+// through a Builder; sandboxes resolve templates through Resolve.
+package catalog
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/internal/template"
+)
+
+// Typed errors, mapped to HTTP statuses by the API.
+var (
+	ErrNotFound       = errors.New("template not found")
+	ErrBuildNotFound  = errors.New("template build not found")
+	ErrInvalid        = errors.New("invalid template request")
+	ErrConflict       = errors.New("template conflict")
+	ErrNotImplemented = errors.New("not implemented")
+)
+
+// BaseID is the seeded template every empty templateID means.
+const BaseID = template.BaseTemplate
+
+// builtinNames resolve to the base template (e2b's default aliases).
+var builtinNames = []string{"base", "code-interpreter", "code-interpreter-v1", "python"}
+
+var (
+	nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,127}$`)
+	tagRE  = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,127}$`)
+	hashRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
+)
+
+// Job is one build for the Builder.
+type Job struct {
+	TemplateID string
+	BuildID    string
+	Start      StartRequest
+	// FromImage is the base image reference (fromImage, or the ready image
+	// of fromTemplate); FromRootfs is fromTemplate's unpacked rootfs.
+	FromImage  string
+	FromRootfs string
+}
+
+// Output is what a successful build produced.
+type Output struct {
+	Image   string // reference in the local image store
+	Rootfs  string // unpacked lower layer for the runtime
+	RunAs   string
+	Workdir string
+}
+
+// LogFunc receives build log lines.
+type LogFunc func(level, message, step string)
+
+// Builder turns a build request into an image and a rootfs.
+type Builder interface {
+	// Validate rejects a request synchronously (wrap ErrInvalid).
+	Validate(ctx context.Context, job Job) error
+	Build(ctx context.Context, job Job, log LogFunc) (Output, error)
+}
+
+// Prober runs a template's readyCmd against a fresh sandbox of a build.
+type Prober interface {
+	Probe(ctx context.Context, rootfs string, t template.Template) error
+}
+
+// Config wires the catalog.
+type Config struct {
+	Store      store.Store
+	Builder    Builder
+	BaseRootfs string // the seeded base template's rootfs
+	CPUCount   int
+	MemoryMB   int
+	DiskSizeMB int
+	Logger     *slog.Logger
+	Registry   prometheus.Registerer
+}
+
+// Catalog is the template service.
+type Catalog struct {
+	cfg   Config
+	st    store.Store
+	log   *slog.Logger
+	queue chan string
+
+	mu       sync.Mutex
+	prober   Prober
+	secrets  map[string][]string // buildID -> strings to scrub from logs
+	pending  sync.Map            // buildID -> *Registry (pull credentials, memory only)
+	metrics  *metrics
+	hooks    []ReadyHook
+	fallback template.Resolver
+}
+
+// New builds the catalog; call Start before serving.
+func New(cfg Config) *Catalog {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.CPUCount == 0 {
+		cfg.CPUCount = 2
+	}
+	if cfg.MemoryMB == 0 {
+		cfg.MemoryMB = 512
+	}
+	if cfg.DiskSizeMB == 0 {
+		cfg.DiskSizeMB = 1024
+	}
+	return &Catalog{cfg: cfg, st: cfg.Store, log: cfg.Logger, queue: make(chan string, 256), secrets: map[string][]string{},
+		metrics: newMetrics(cfg.Registry, cfg.Store)}
+}
+
+// SetProber installs the readyCmd prober (the control plane, which is built
+// after the catalog).
+func (c *Catalog) SetProber(p Prober) {
+	c.mu.Lock()
+	c.prober = p
+	c.mu.Unlock()
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// NewTemplateID and NewBuildID follow the CEP: tpl_/bld_ + 8 hex chars.
+func NewTemplateID() string { return "tpl_" + randHex(4) }
+func NewBuildID() string    { return "bld_" + randHex(4) }
+
+func invalid(format string, a ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, a...))
+}
+
+// Start seeds the base template, fails builds a previous process left
+// running and starts the build worker.
+func (c *Catalog) Start(ctx context.Context) error {
+	if err := c.seedBase(ctx); err != nil {
+		return err
+	}
+	if err := c.recover(ctx); err != nil {
+		return err
+	}
+	go c.worker(ctx)
+	return nil
+}
+
+func (c *Catalog) seedBase(ctx context.Context) error {
+	if c.cfg.BaseRootfs == "" {
+		return nil
+	}
+	t, err := c.st.GetTemplate(ctx, BaseID)
+	if err == nil {
+		// Keep the row the operator may have edited; only repoint the seeded build.
+		if b, err := c.st.GetTemplateBuild(ctx, t.ReadyBuildID); err == nil && b.Rootfs != c.cfg.BaseRootfs && t.ReadyBuildID == "bld_base" {
+			b.Rootfs = c.cfg.BaseRootfs
+			return c.st.UpdateTemplateBuild(ctx, b)
+		}
+		return nil
+	}
+	if !errors.Is(err, store.ErrNotFound) {
+		return err
+	}
+	now := time.Now().UTC()
+	t = &store.Template{ID: BaseID, PrimaryName: "base", Names: builtinNames, CPUCount: c.cfg.CPUCount, MemoryMB: c.cfg.MemoryMB,
+		DiskSizeMB: c.cfg.DiskSizeMB, ReadyBuildID: "bld_base", LatestBuildID: "bld_base", BuildStatus: store.BuildReady, BuildCount: 1, Public: true}
+	b := &store.TemplateBuild{ID: "bld_base", TemplateID: BaseID, Status: store.BuildReady, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB,
+		DiskSizeMB: t.DiskSizeMB, Rootfs: c.cfg.BaseRootfs, FinishedAt: now}
+	err = c.st.CreateTemplate(ctx, t, b)
+	if errors.Is(err, store.ErrConflict) {
+		return fmt.Errorf("seeding the base template: a template already uses one of the names %v: %w", builtinNames, err)
+	}
+	return err
+}
+
+// recover: a build that was running when the process died cannot be
+// adopted (the builder session is gone), so it fails with a clear reason;
+// the template keeps its previous ready image.
+func (c *Catalog) recover(ctx context.Context) error {
+	var after string
+	for {
+		ts, err := c.st.ListTemplates(ctx, after, 500)
+		if err != nil {
+			return err
+		}
+		if len(ts) == 0 {
+			return nil
+		}
+		for _, t := range ts {
+			after = t.ID
+			builds, err := c.st.ListTemplateBuilds(ctx, t.ID)
+			if err != nil {
+				return err
+			}
+			for _, b := range builds {
+				switch b.Status {
+				case store.BuildBuilding, store.BuildUploaded:
+					c.finish(ctx, t.ID, b.ID, nil, errors.New("builder disappeared"), "")
+				case store.BuildWaiting:
+					if b.Spec != "" {
+						// Start was accepted but not begun: run it now.
+						c.queue <- b.ID
+					}
+				}
+			}
+		}
+	}
+}
+
+// ---- create / rebuild -----------------------------------------------------
+
+// CreateRequest is POST /v3/templates (and the older /templates, /v2/templates).
+type CreateRequest struct {
+	Name          string   `json:"name"`
+	Tags          []string `json:"tags"`
+	Alias         string   `json:"alias"`
+	TeamID        string   `json:"teamID"`
+	CPUCount      *int     `json:"cpuCount"`
+	MemoryMB      *int     `json:"memoryMB"`
+	MinFreeDiskMB *int     `json:"minFreeDiskMb"`
+}
+
+// CreateResponse is e2b's TemplateRequestResponseV3.
+type CreateResponse struct {
+	TemplateID string   `json:"templateID"`
+	BuildID    string   `json:"buildID"`
+	Public     bool     `json:"public"`
+	Aliases    []string `json:"aliases"`
+	Names      []string `json:"names"`
+	Tags       []string `json:"tags"`
+}
+
+func splitName(req CreateRequest) (string, []string, error) {
+	name := req.Name
+	if name == "" {
+		name = req.Alias
+	}
+	if name == "" {
+		return "", nil, invalid("name is required")
+	}
+	var tags []string
+	if n, tag, ok := strings.Cut(name, ":"); ok {
+		if strings.Contains(tag, ":") {
+			return "", nil, invalid("name %q may contain one ':' tag", name)
+		}
+		name = n
+		tags = append(tags, tag)
+	}
+	tags = append(tags, req.Tags...)
+	if !nameRE.MatchString(name) {
+		return "", nil, invalid("name %q must match %s", name, nameRE)
+	}
+	seen := map[string]bool{}
+	var out []string
+	for _, t := range tags {
+		if !tagRE.MatchString(t) {
+			return "", nil, invalid("tag %q must match %s", t, tagRE)
+		}
+		if !seen[t] {
+			seen[t] = true
+			out = append(out, t)
+		}
+	}
+	if len(out) == 0 {
+		out = []string{"default"}
+	}
+	return name, out, nil
+}
+
+func (c *Catalog) sizes(req CreateRequest, t *store.Template) (cpu, mem, disk int, err error) {
+	cpu, mem, disk = c.cfg.CPUCount, c.cfg.MemoryMB, c.cfg.DiskSizeMB
+	if t != nil {
+		cpu, mem, disk = t.CPUCount, t.MemoryMB, t.DiskSizeMB
+	}
+	if req.CPUCount != nil {
+		if *req.CPUCount < 1 || *req.CPUCount > 64 {
+			return 0, 0, 0, invalid("cpuCount must be between 1 and 64")
+		}
+		cpu = *req.CPUCount
+	}
+	if req.MemoryMB != nil {
+		if *req.MemoryMB < 128 || *req.MemoryMB > 1<<20 {
+			return 0, 0, 0, invalid("memoryMB must be at least 128")
+		}
+		mem = *req.MemoryMB
+	}
+	if req.MinFreeDiskMB != nil {
+		if *req.MinFreeDiskMB < 0 {
+			return 0, 0, 0, invalid("minFreeDiskMb must be >= 0")
+		}
+		if *req.MinFreeDiskMB > disk {
+			disk = *req.MinFreeDiskMB
+		}
+	}
+	return cpu, mem, disk, nil
+}
+
+func names(primary string, tags []string) []string {
+	out := []string{primary}
+	for _, t := range tags {
+		if t != "default" {
+			out = append(out, primary+":"+t)
+		}
+	}
+	return out
+}
+
+// Create registers a template, or a rebuild of the template with the same
+// primary name (same templateID, new buildID). idemKey, when set, replays
+// the first response for the same body.
+func (c *Catalog) Create(ctx context.Context, req CreateRequest, idemKey string, body []byte) (*CreateResponse, error) {
+	if idemKey == "" {
+		return c.create(ctx, req)
+	}
+	sum := sha256.Sum256(body)
+	hash := hex.EncodeToString(sum[:])
+	key := "templates:" + idemKey
+	prev, err := c.st.PutIdempotency(ctx, &store.Idempotency{Key: key, BodyHash: hash})
+	if err != nil {
+		return nil, err
+	}
+	if prev.BodyHash != hash {
+		return nil, fmt.Errorf("%w: Idempotency-Key %q was used with a different body", ErrConflict, idemKey)
+	}
+	if prev.Response != "" {
+		var r CreateResponse
+		if err := json.Unmarshal([]byte(prev.Response), &r); err == nil {
+			return &r, nil
+		}
+	}
+	resp, err := c.create(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	js, _ := json.Marshal(resp)
+	if err := c.st.SetIdempotencyResponse(ctx, key, string(js)); err != nil {
+		c.log.Warn("store idempotent response", "err", err)
+	}
+	return resp, nil
+}
+
+func (c *Catalog) create(ctx context.Context, req CreateRequest) (*CreateResponse, error) {
+	name, tags, err := splitName(req)
+	if err != nil {
+		return nil, err
+	}
+	existing, err := c.st.TemplateByName(ctx, name)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return nil, err
+	}
+	if existing != nil && existing.PrimaryName != name {
+		return nil, fmt.Errorf("%w: name %q belongs to template %s", ErrConflict, name, existing.ID)
+	}
+	if existing != nil && existing.ID == BaseID {
+		return nil, fmt.Errorf("%w: %q is the built-in base template", ErrConflict, name)
+	}
+	cpu, mem, disk, err := c.sizes(req, existing)
+	if err != nil {
+		return nil, err
+	}
+	b := &store.TemplateBuild{ID: NewBuildID(), Status: store.BuildWaiting, CPUCount: cpu, MemoryMB: mem, DiskSizeMB: disk}
+	if existing == nil {
+		t := &store.Template{ID: NewTemplateID(), PrimaryName: name, Names: names(name, tags), CPUCount: cpu, MemoryMB: mem, DiskSizeMB: disk,
+			LatestBuildID: b.ID, BuildStatus: store.BuildWaiting, BuildCount: 1}
+		b.TemplateID = t.ID
+		if err := c.st.CreateTemplate(ctx, t, b); err != nil {
+			if errors.Is(err, store.ErrConflict) {
+				return nil, fmt.Errorf("%w: %v", ErrConflict, err)
+			}
+			return nil, err
+		}
+		for _, tag := range tags {
+			_ = c.st.SetTemplateTag(ctx, t.ID, tag, b.ID)
+		}
+		return c.response(t, b.ID, tags), nil
+	}
+	t := existing
+	if t.BuildStatus == store.BuildBuilding || t.BuildStatus == store.BuildUploaded {
+		return nil, fmt.Errorf("%w: template %s is already building (build %s)", ErrConflict, t.ID, t.LatestBuildID)
+	}
+	if t.BuildStatus == store.BuildWaiting && t.LatestBuildID != "" {
+		// An abandoned waiting build is superseded, not left dangling.
+		if old, err := c.st.GetTemplateBuild(ctx, t.LatestBuildID); err == nil && old.Status == store.BuildWaiting {
+			old.Status, old.Reason, old.FinishedAt = store.BuildError, "superseded by build "+b.ID, time.Now().UTC()
+			_ = c.st.UpdateTemplateBuild(ctx, old)
+		}
+	}
+	b.TemplateID = t.ID
+	t.LatestBuildID, t.BuildStatus, t.BuildCount = b.ID, store.BuildWaiting, t.BuildCount+1
+	t.CPUCount, t.MemoryMB, t.DiskSizeMB = cpu, mem, disk
+	if err := c.st.AddTemplateBuild(ctx, t, b); err != nil {
+		return nil, err
+	}
+	all := append([]string{}, t.Names...)
+	for _, n := range names(name, tags) {
+		if !contains(all, n) {
+			all = append(all, n)
+		}
+	}
+	if err := c.st.SetTemplateNames(ctx, t.ID, all); err != nil {
+		if errors.Is(err, store.ErrConflict) {
+			return nil, fmt.Errorf("%w: %v", ErrConflict, err)
+		}
+		return nil, err
+	}
+	for _, tag := range tags {
+		_ = c.st.SetTemplateTag(ctx, t.ID, tag, b.ID)
+	}
+	return c.response(t, b.ID, tags), nil
+}
+
+func contains(ss []string, s string) bool {
+	for _, x := range ss {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *Catalog) response(t *store.Template, buildID string, tags []string) *CreateResponse {
+	return &CreateResponse{TemplateID: t.ID, BuildID: buildID, Public: t.Public, Aliases: []string{t.PrimaryName},
+		Names: names(t.PrimaryName, tags), Tags: tags}
+}
+
+// ---- lookups ------------------------------------------------------------------
+
+// Get finds a template by ID or any name.
+func (c *Catalog) Get(ctx context.Context, ref string) (*store.Template, error) {
+	t, err := c.st.GetTemplate(ctx, ref)
+	if errors.Is(err, store.ErrNotFound) {
+		t, err = c.st.TemplateByName(ctx, ref)
+	}
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("%w: '%s'", ErrNotFound, ref)
+	}
+	return t, err
+}
+
+// List pages templates in creation order.
+func (c *Catalog) List(ctx context.Context, after string, limit int) ([]*store.Template, error) {
+	return c.st.ListTemplates(ctx, after, limit)
+}
+
+// Builds lists a template's builds, newest first.
+func (c *Catalog) Builds(ctx context.Context, id string) ([]*store.TemplateBuild, error) {
+	return c.st.ListTemplateBuilds(ctx, id)
+}
+
+// SetPublic implements PATCH.
+func (c *Catalog) SetPublic(ctx context.Context, ref string, public bool) (*store.Template, error) {
+	t, err := c.Get(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	t.Public = public
+	return t, c.st.UpdateTemplate(ctx, t)
+}
+
+// InUse reports what keeps a template from being deleted.
+type InUse func(ctx context.Context, templateID string) (string, error)
+
+// Delete removes a template unless it is building or in use; force skips
+// both checks. Rootfs dirs of its builds are left to the caller's GC.
+func (c *Catalog) Delete(ctx context.Context, ref string, force bool, inUse InUse) error {
+	t, err := c.Get(ctx, ref)
+	if err != nil {
+		return err
+	}
+	if t.ID == BaseID && !force {
+		return fmt.Errorf("%w: the base template cannot be deleted", ErrConflict)
+	}
+	if !force {
+		if t.BuildStatus == store.BuildBuilding || t.BuildStatus == store.BuildUploaded {
+			return fmt.Errorf("%w: template %s is building", ErrConflict, t.ID)
+		}
+		if t.PoolSize > 0 {
+			return fmt.Errorf("%w: template %s has a warm pool of %d; set it to 0 first", ErrConflict, t.ID, t.PoolSize)
+		}
+		if inUse != nil {
+			why, err := inUse(ctx, t.ID)
+			if err != nil {
+				return err
+			}
+			if why != "" {
+				return fmt.Errorf("%w: template %s is in use: %s", ErrConflict, t.ID, why)
+			}
+		}
+	}
+	return c.st.DeleteTemplate(ctx, t.ID)
+}
+
+// ---- builds -----------------------------------------------------------------------
+
+// Registry is fromImageRegistry (credentials for the base image pull).
+type Registry struct {
+	Type               string `json:"type"`
+	Username           string `json:"username,omitempty"`
+	Password           string `json:"password,omitempty"`
+	AWSAccessKeyID     string `json:"awsAccessKeyId,omitempty"`
+	AWSSecretAccessKey string `json:"awsSecretAccessKey,omitempty"`
+	AWSRegion          string `json:"awsRegion,omitempty"`
+	ServiceAccountJSON string `json:"serviceAccountJson,omitempty"`
+}
+
+// Step is TemplateStep; unknown keys are ignored.
+type Step struct {
+	Type      string   `json:"type"`
+	Args      []string `json:"args"`
+	FilesHash string   `json:"filesHash,omitempty"`
+	Force     bool     `json:"force"`
+}
+
+// StartRequest is TemplateBuildStartV2.
+type StartRequest struct {
+	FromImage         string    `json:"fromImage,omitempty"`
+	FromTemplate      string    `json:"fromTemplate,omitempty"`
+	FromImageRegistry *Registry `json:"fromImageRegistry,omitempty"`
+	Force             bool      `json:"force"`
+	Steps             []Step    `json:"steps"`
+	StartCmd          string    `json:"startCmd,omitempty"`
+	ReadyCmd          string    `json:"readyCmd,omitempty"`
+}
+
+func (r *Registry) secrets() []string {
+	if r == nil {
+		return nil
+	}
+	var out []string
+	for _, s := range []string{r.Password, r.AWSSecretAccessKey, r.ServiceAccountJSON, r.AWSAccessKeyID} {
+		if len(s) >= 4 {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// StartBuild validates and queues a build (202 at the API).
+func (c *Catalog) StartBuild(ctx context.Context, templateID, buildID string, req StartRequest) error {
+	t, err := c.st.GetTemplate(ctx, templateID)
+	if errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("%w: '%s'", ErrNotFound, templateID)
+	}
+	if err != nil {
+		return err
+	}
+	b, err := c.st.GetTemplateBuild(ctx, buildID)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && b.TemplateID != t.ID) {
+		return fmt.Errorf("%w: build '%s' of template '%s'", ErrBuildNotFound, buildID, templateID)
+	}
+	if err != nil {
+		return err
+	}
+	if b.Status != store.BuildWaiting || b.Spec != "" {
+		return fmt.Errorf("%w: build %s is %s", ErrConflict, buildID, b.Status)
+	}
+	if (req.FromImage == "") == (req.FromTemplate == "") {
+		return invalid("exactly one of fromImage and fromTemplate must be set")
+	}
+	if isE2BBase(req.FromImage) {
+		// The SDK's default base (fromBaseImage) is e2b's own image; here
+		// the base template plays that role.
+		req.FromImage, req.FromTemplate = "", BaseID
+	}
+	job := Job{TemplateID: t.ID, BuildID: b.ID, Start: req}
+	if req.FromTemplate != "" {
+		src, err := c.readyBuildOf(ctx, req.FromTemplate)
+		if err != nil {
+			return err
+		}
+		job.FromImage, job.FromRootfs = src.Image, src.Rootfs
+	} else {
+		job.FromImage = req.FromImage
+	}
+	if c.cfg.Builder == nil {
+		return fmt.Errorf("%w: template builds are not enabled on this server", ErrNotImplemented)
+	}
+	if err := c.cfg.Builder.Validate(ctx, job); err != nil {
+		return err
+	}
+	// Credentials never reach the store: only the scrubbed spec is kept.
+	c.mu.Lock()
+	c.secrets[b.ID] = req.FromImageRegistry.secrets()
+	c.mu.Unlock()
+	spec := req
+	spec.FromImageRegistry = nil
+	js, _ := json.Marshal(spec)
+	b.Spec = string(js)
+	if err := c.st.UpdateTemplateBuild(ctx, b); err != nil {
+		return err
+	}
+	c.pending.Store(b.ID, req.FromImageRegistry)
+	select {
+	case c.queue <- b.ID:
+	default:
+		return fmt.Errorf("%w: too many queued builds", ErrConflict)
+	}
+	return nil
+}
+
+// readyBuildOf resolves fromTemplate to its ready build.
+func (c *Catalog) readyBuildOf(ctx context.Context, ref string) (*store.TemplateBuild, error) {
+	name, tag, hasTag := strings.Cut(ref, ":")
+	t, err := c.Get(ctx, name)
+	if err != nil {
+		return nil, invalid("fromTemplate %q: %v", ref, err)
+	}
+	id := t.ReadyBuildID
+	if hasTag && tag != "default" && tag != "latest" {
+		tags, err := c.st.ListTemplateTags(ctx, t.ID)
+		if err != nil {
+			return nil, err
+		}
+		id = ""
+		for _, tg := range tags {
+			if tg.Tag == tag {
+				id = tg.BuildID
+			}
+		}
+	}
+	if id == "" {
+		return nil, invalid("fromTemplate %q is not ready", ref)
+	}
+	b, err := c.st.GetTemplateBuild(ctx, id)
+	if err != nil || b.Status != store.BuildReady {
+		return nil, invalid("fromTemplate %q is not ready", ref)
+	}
+	return b, nil
+}
+
+// Status is TemplateBuildInfo.
+type Status struct {
+	TemplateID string               `json:"templateID"`
+	BuildID    string               `json:"buildID"`
+	Status     string               `json:"status"`
+	Logs       []string             `json:"logs"`
+	LogEntries []LogEntry           `json:"logEntries"`
+	Reason     *StatusReason        `json:"reason,omitempty"`
+	Build      *store.TemplateBuild `json:"-"`
+}
+
+// LogEntry is BuildLogEntry.
+type LogEntry struct {
+	Timestamp time.Time `json:"timestamp"`
+	Message   string    `json:"message"`
+	Level     string    `json:"level"`
+	Step      string    `json:"step,omitempty"`
+}
+
+// StatusReason is BuildStatusReason.
+type StatusReason struct {
+	Message    string     `json:"message"`
+	Step       string     `json:"step,omitempty"`
+	LogEntries []LogEntry `json:"logEntries"`
+}
+
+var levelRank = map[string]int{"debug": 0, "info": 1, "warn": 2, "error": 3}
+
+// APIStatus maps the internal uploaded phase to building: the SDK stops
+// polling on any status but waiting/building.
+func APIStatus(s string) string {
+	if s == store.BuildUploaded {
+		return store.BuildBuilding
+	}
+	return s
+}
+
+// BuildStatus returns status plus log entries from offset.
+func (c *Catalog) BuildStatus(ctx context.Context, templateID, buildID string, offset, limit int, level string) (*Status, error) {
+	b, err := c.st.GetTemplateBuild(ctx, buildID)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && b.TemplateID != templateID) {
+		if _, terr := c.st.GetTemplate(ctx, templateID); errors.Is(terr, store.ErrNotFound) {
+			return nil, fmt.Errorf("%w: '%s'", ErrNotFound, templateID)
+		}
+		return nil, fmt.Errorf("%w: build '%s' of template '%s'", ErrBuildNotFound, buildID, templateID)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if offset < 0 {
+		return nil, invalid("logsOffset must be >= 0")
+	}
+	if limit <= 0 || limit > 100 {
+		limit = 100
+	}
+	min, ok := levelRank[level]
+	if level != "" && !ok {
+		return nil, invalid("level must be one of debug, info, warn, error")
+	}
+	logs, err := c.st.ListBuildLogs(ctx, buildID, offset, limit)
+	if err != nil {
+		return nil, err
+	}
+	st := &Status{TemplateID: templateID, BuildID: buildID, Status: APIStatus(b.Status), Logs: []string{}, LogEntries: []LogEntry{}, Build: b}
+	for _, l := range logs {
+		// Entries below the level still count for logsOffset (it is an
+		// entry index), so filtered ones are skipped, not renumbered.
+		if levelRank[l.Level] < min {
+			continue
+		}
+		e := LogEntry{Timestamp: l.Time, Message: l.Message, Level: l.Level, Step: l.Step}
+		st.LogEntries = append(st.LogEntries, e)
+		st.Logs = append(st.Logs, fmt.Sprintf("[%s] %s", l.Time.Format(time.RFC3339), l.Message))
+	}
+	if b.Status == store.BuildError {
+		st.Reason = &StatusReason{Message: b.Reason, Step: b.Step, LogEntries: []LogEntry{}}
+	}
+	return st, nil
+}
+
+// BuildLogs is GET .../logs (cursor = ms timestamp; direction forward|backward).
+func (c *Catalog) BuildLogs(ctx context.Context, templateID, buildID string, cursor time.Time, limit int, backward bool, level string) ([]LogEntry, error) {
+	st, err := c.BuildStatus(ctx, templateID, buildID, 0, 100, level)
+	if err != nil {
+		return nil, err
+	}
+	if limit <= 0 || limit > 100 {
+		limit = 100
+	}
+	var all []LogEntry
+	for off := 0; ; off += 100 {
+		logs, err := c.st.ListBuildLogs(ctx, buildID, off, 100)
+		if err != nil {
+			return nil, err
+		}
+		for _, l := range logs {
+			if levelRank[l.Level] < levelRank[level] {
+				continue
+			}
+			if !cursor.IsZero() && ((!backward && l.Time.Before(cursor)) || (backward && l.Time.After(cursor))) {
+				continue
+			}
+			all = append(all, LogEntry{Timestamp: l.Time, Message: l.Message, Level: l.Level, Step: l.Step})
+		}
+		if len(logs) < 100 {
+			break
+		}
+	}
+	_ = st
+	if backward {
+		sort.SliceStable(all, func(i, j int) bool { return all[i].Timestamp.After(all[j].Timestamp) })
+	}
+	if len(all) > limit {
+		all = all[:limit]
+	}
+	if all == nil {
+		all = []LogEntry{}
+	}
+	return all, nil
+}
+
+// Tags lists a template's tags.
+func (c *Catalog) Tags(ctx context.Context, ref string) ([]store.TemplateTag, error) {
+	t, err := c.Get(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	return c.st.ListTemplateTags(ctx, t.ID)
+}
+
+// AssignTags points tags at the build target ("name:tag" or "name") names.
+func (c *Catalog) AssignTags(ctx context.Context, target string, tags []string) (string, error) {
+	name, tag, _ := strings.Cut(target, ":")
+	t, err := c.Get(ctx, name)
+	if err != nil {
+		return "", err
+	}
+	if len(tags) == 0 {
+		return "", invalid("tags must not be empty")
+	}
+	buildID := t.ReadyBuildID
+	if tag != "" && tag != "default" {
+		cur, err := c.st.ListTemplateTags(ctx, t.ID)
+		if err != nil {
+			return "", err
+		}
+		buildID = ""
+		for _, tg := range cur {
+			if tg.Tag == tag {
+				buildID = tg.BuildID
+			}
+		}
+	}
+	if buildID == "" {
+		return "", fmt.Errorf("%w: '%s' has no build to tag", ErrNotFound, target)
+	}
+	all := append([]string{}, t.Names...)
+	for _, tg := range tags {
+		if !tagRE.MatchString(tg) {
+			return "", invalid("tag %q must match %s", tg, tagRE)
+		}
+		if err := c.st.SetTemplateTag(ctx, t.ID, tg, buildID); err != nil {
+			return "", err
+		}
+		if n := t.PrimaryName + ":" + tg; tg != "default" && !contains(all, n) {
+			all = append(all, n)
+		}
+	}
+	if err := c.st.SetTemplateNames(ctx, t.ID, all); err != nil {
+		if errors.Is(err, store.ErrConflict) {
+			return "", fmt.Errorf("%w: %v", ErrConflict, err)
+		}
+		return "", err
+	}
+	return buildID, nil
+}
+
+// RemoveTags deletes tags of the template called name.
+func (c *Catalog) RemoveTags(ctx context.Context, name string, tags []string) error {
+	t, err := c.Get(ctx, name)
+	if err != nil {
+		return err
+	}
+	var keep []string
+	for _, n := range t.Names {
+		drop := false
+		for _, tg := range tags {
+			if n == t.PrimaryName+":"+tg {
+				drop = true
+			}
+		}
+		if !drop {
+			keep = append(keep, n)
+		}
+	}
+	for _, tg := range tags {
+		if err := c.st.DeleteTemplateTag(ctx, t.ID, tg); err != nil && !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
+	}
+	return c.st.SetTemplateNames(ctx, t.ID, keep)
+}
+
+// isE2BBase matches e2b's default base image reference.
+func isE2BBase(ref string) bool {
+	ref = strings.TrimPrefix(ref, "docker.io/")
+	name, _, _ := strings.Cut(ref, ":")
+	return name == "e2bdev/base"
+}

@@ -1,0 +1,315 @@
+package catalog
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/internal/template"
+)
+
+// BuildError is a failed build with the step it failed at ("base",
+// "finalize" or a step index) for the SDK's stack trace.
+type BuildError struct {
+	Step string
+	Err  error
+}
+
+func (e *BuildError) Error() string { return e.Err.Error() }
+func (e *BuildError) Unwrap() error { return e.Err }
+
+// worker runs one build at a time: builds are CPU- and disk-heavy and a
+// small node should not run several at once.
+func (c *Catalog) worker(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case id := <-c.queue:
+			c.run(ctx, id)
+		}
+	}
+}
+
+func (c *Catalog) scrub(buildID, msg string) string {
+	c.mu.Lock()
+	secrets := c.secrets[buildID]
+	c.mu.Unlock()
+	for _, s := range secrets {
+		msg = strings.ReplaceAll(msg, s, "***")
+	}
+	// Header values never belong in logs.
+	for _, h := range []string{"Authorization:", "authorization:", "X-Registry-Auth:"} {
+		if i := strings.Index(msg, h); i >= 0 {
+			msg = msg[:i+len(h)] + " ***"
+		}
+	}
+	return msg
+}
+
+func (c *Catalog) logf(ctx context.Context, buildID, level, step, format string, a ...any) {
+	msg := c.scrub(buildID, fmt.Sprintf(format, a...))
+	if err := c.st.AppendBuildLogs(context.WithoutCancel(ctx), buildID, []store.BuildLog{{Time: time.Now().UTC(), Level: level, Message: msg, Step: step}}); err != nil {
+		c.log.Warn("append build log", "build", buildID, "err", err)
+	}
+}
+
+func (c *Catalog) run(ctx context.Context, buildID string) {
+	start := time.Now()
+	b, err := c.st.GetTemplateBuild(ctx, buildID)
+	if err != nil || b.Status != store.BuildWaiting {
+		return
+	}
+	t, err := c.st.GetTemplate(ctx, b.TemplateID)
+	if err != nil {
+		return
+	}
+	var req StartRequest
+	if err := json.Unmarshal([]byte(b.Spec), &req); err != nil {
+		c.finish(ctx, t.ID, b.ID, nil, &BuildError{Step: "base", Err: fmt.Errorf("stored build request unreadable: %v", err)}, "")
+		return
+	}
+	if v, ok := c.pending.LoadAndDelete(b.ID); ok {
+		req.FromImageRegistry, _ = v.(*Registry)
+	}
+	b.Status = store.BuildBuilding
+	if err := c.st.UpdateTemplateBuild(ctx, b); err != nil {
+		return
+	}
+	if t.LatestBuildID == b.ID {
+		t.BuildStatus = store.BuildBuilding
+		_ = c.st.UpdateTemplate(ctx, t)
+	}
+	c.logf(ctx, b.ID, "info", "base", "build %s of template %s (%s) started", b.ID, t.ID, t.PrimaryName)
+	job := Job{TemplateID: t.ID, BuildID: b.ID, Start: req}
+	if req.FromTemplate != "" {
+		src, err := c.readyBuildOf(ctx, req.FromTemplate)
+		if err != nil {
+			c.finish(ctx, t.ID, b.ID, nil, &BuildError{Step: "base", Err: err}, "")
+			return
+		}
+		job.FromImage, job.FromRootfs = src.Image, src.Rootfs
+	} else {
+		job.FromImage = req.FromImage
+	}
+	out, err := c.cfg.Builder.Build(ctx, job, func(level, msg, step string) { c.logf(ctx, b.ID, level, step, "%s", msg) })
+	if err != nil {
+		c.finish(ctx, t.ID, b.ID, nil, err, "")
+		c.metrics.observe("error", start)
+		return
+	}
+	// The image exists; the readyCmd probe decides (uploaded is internal).
+	b.Status, b.Image, b.Rootfs = store.BuildUploaded, out.Image, out.Rootfs
+	_ = c.st.UpdateTemplateBuild(ctx, b)
+	if req.ReadyCmd != "" {
+		c.mu.Lock()
+		p := c.prober
+		c.mu.Unlock()
+		if p != nil {
+			c.logf(ctx, b.ID, "info", "finalize", "waiting for the ready command: %s", req.ReadyCmd)
+			pt := template.Template{ID: t.ID, Layers: []string{out.Rootfs}, CPUCount: b.CPUCount, MemoryMB: b.MemoryMB, DiskSizeMB: b.DiskSizeMB,
+				StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd, RunAs: out.RunAs, Workdir: out.Workdir}
+			if err := p.Probe(ctx, out.Rootfs, pt); err != nil {
+				c.finish(ctx, t.ID, b.ID, nil, &BuildError{Step: "finalize", Err: fmt.Errorf("ready command failed: %v", err)}, "")
+				c.metrics.observe("error", start)
+				return
+			}
+		}
+	}
+	c.finish(ctx, t.ID, b.ID, &out, nil, req.StartCmd+"\x00"+req.ReadyCmd)
+	c.metrics.observe("ready", start)
+}
+
+// finish records the outcome. Only a ready build touches the template's
+// ready image; a failed one leaves the previous ready build serving.
+func (c *Catalog) finish(ctx context.Context, templateID, buildID string, out *Output, berr error, cmds string) {
+	ctx = context.WithoutCancel(ctx)
+	defer func() {
+		c.mu.Lock()
+		delete(c.secrets, buildID)
+		c.mu.Unlock()
+	}()
+	b, err := c.st.GetTemplateBuild(ctx, buildID)
+	if err != nil {
+		return
+	}
+	t, err := c.st.GetTemplate(ctx, templateID)
+	if err != nil {
+		return
+	}
+	b.FinishedAt = time.Now().UTC()
+	if berr != nil {
+		step := "base"
+		var be *BuildError
+		if errors.As(berr, &be) && be.Step != "" {
+			step = be.Step
+		}
+		b.Status, b.Reason, b.Step = store.BuildError, c.scrub(buildID, berr.Error()), step
+		c.logf(ctx, buildID, "error", step, "build failed: %s", b.Reason)
+		c.log.Info("template build finished", "templateID", templateID, "buildID", buildID, "result", "error")
+	} else {
+		b.Status = store.BuildReady
+		c.logf(ctx, buildID, "info", "finalize", "build %s is ready", buildID)
+		c.log.Info("template build finished", "templateID", templateID, "buildID", buildID, "result", "ready")
+	}
+	_ = c.st.UpdateTemplateBuild(ctx, b)
+	if t.LatestBuildID == buildID {
+		t.BuildStatus = b.Status
+	}
+	if out != nil {
+		start, ready, _ := strings.Cut(cmds, "\x00")
+		t.ReadyBuildID, t.ReadyImage = b.ID, out.Image
+		t.StartCmd, t.ReadyCmd, t.RunAs, t.Workdir = start, ready, out.RunAs, out.Workdir
+		t.CPUCount, t.MemoryMB, t.DiskSizeMB = b.CPUCount, b.MemoryMB, b.DiskSizeMB
+	}
+	if err := c.st.UpdateTemplate(ctx, t); err != nil {
+		c.log.Error("update template after build", "template", templateID, "err", err)
+	}
+	if out != nil {
+		c.notifyReady(templateID)
+	}
+}
+
+// ---- resolution for sandbox create ------------------------------------------
+
+// ReadyHook is told when a template's ready build changes (warm pools
+// retire standbys of the previous image).
+type ReadyHook func(templateID string)
+
+func (c *Catalog) notifyReady(id string) {
+	c.mu.Lock()
+	hooks := append([]ReadyHook(nil), c.hooks...)
+	c.mu.Unlock()
+	for _, h := range hooks {
+		h(id)
+	}
+}
+
+// OnReady registers a hook.
+func (c *Catalog) OnReady(h ReadyHook) {
+	c.mu.Lock()
+	c.hooks = append(c.hooks, h)
+	c.mu.Unlock()
+}
+
+// Resolve implements template.Resolver in the CEP's order: "" → base; a
+// name, name:tag or ID of a catalog template → its ready build (409 while
+// none); otherwise the fallback resolver (image dirs / local images); else
+// not found.
+func (c *Catalog) Resolve(ctx context.Context, ref string) (template.Template, error) {
+	if ref == "" {
+		ref = BaseID
+	}
+	name, tag, hasTag := strings.Cut(ref, ":")
+	t, err := c.st.GetTemplate(ctx, ref)
+	if errors.Is(err, store.ErrNotFound) {
+		t, err = c.st.TemplateByName(ctx, ref)
+	}
+	if errors.Is(err, store.ErrNotFound) && hasTag {
+		// name:default and name:latest mean the ready build.
+		t, err = c.st.TemplateByName(ctx, name)
+		if err == nil && tag != "default" && tag != "latest" {
+			t, err = nil, store.ErrNotFound
+		}
+	}
+	if errors.Is(err, store.ErrNotFound) {
+		if c.fallback != nil {
+			return c.fallback.Resolve(ctx, ref)
+		}
+		return template.Template{}, fmt.Errorf("%w: %q", template.ErrNotFound, ref)
+	}
+	if err != nil {
+		return template.Template{}, err
+	}
+	buildID := t.ReadyBuildID
+	if hasTag && tag != "default" && tag != "latest" {
+		tags, err := c.st.ListTemplateTags(ctx, t.ID)
+		if err != nil {
+			return template.Template{}, err
+		}
+		buildID = ""
+		for _, tg := range tags {
+			if tg.Tag == tag {
+				buildID = tg.BuildID
+			}
+		}
+	}
+	if buildID == "" {
+		return template.Template{}, fmt.Errorf("%w: %q (build status %s)", template.ErrNotReady, ref, APIStatus(t.BuildStatus))
+	}
+	b, err := c.st.GetTemplateBuild(ctx, buildID)
+	if err != nil || b.Status != store.BuildReady || b.Rootfs == "" {
+		return template.Template{}, fmt.Errorf("%w: %q", template.ErrNotReady, ref)
+	}
+	alias := name
+	if t.ID == BaseID {
+		alias = name
+	}
+	return template.Template{ID: t.ID, Alias: alias, Layers: []string{b.Rootfs}, CPUCount: b.CPUCount, MemoryMB: b.MemoryMB,
+		DiskSizeMB: b.DiskSizeMB, StartCmd: t.StartCmd, ReadyCmd: t.ReadyCmd, RunAs: t.RunAs, Workdir: t.Workdir, BuildID: b.ID}, nil
+}
+
+// SetFallback resolves references that are not catalog templates.
+func (c *Catalog) SetFallback(r template.Resolver) { c.fallback = r }
+
+// Spawned records a sandbox created from the template.
+func (c *Catalog) Spawned(ctx context.Context, id string) {
+	if err := c.st.RecordSpawn(ctx, id, time.Now().UTC()); err != nil {
+		c.log.Warn("record spawn", "template", id, "err", err)
+	}
+}
+
+// ---- metrics --------------------------------------------------------------------
+
+type metrics struct {
+	builds   *prometheus.CounterVec
+	duration prometheus.Histogram
+}
+
+type templatesCollector struct {
+	st   store.Store
+	desc *prometheus.Desc
+}
+
+func (tc templatesCollector) Describe(ch chan<- *prometheus.Desc) { ch <- tc.desc }
+func (tc templatesCollector) Collect(ch chan<- prometheus.Metric) {
+	counts := map[string]float64{store.BuildWaiting: 0, store.BuildBuilding: 0, store.BuildReady: 0, store.BuildError: 0}
+	var after string
+	for i := 0; i < 100; i++ {
+		ts, err := tc.st.ListTemplates(context.Background(), after, 500)
+		if err != nil || len(ts) == 0 {
+			break
+		}
+		for _, t := range ts {
+			counts[APIStatus(t.BuildStatus)]++
+			after = t.ID
+		}
+	}
+	for s, n := range counts {
+		ch <- prometheus.MustNewConstMetric(tc.desc, prometheus.GaugeValue, n, s)
+	}
+}
+
+func newMetrics(reg prometheus.Registerer, st store.Store) *metrics {
+	m := &metrics{
+		builds: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cubicle_template_builds_total", Help: "Finished template builds by result."}, []string{"result"}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "cubicle_template_build_duration_seconds", Help: "Template build duration.",
+			Buckets: prometheus.ExponentialBuckets(0.5, 2, 12)}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.builds, m.duration, templatesCollector{st: st,
+			desc: prometheus.NewDesc("cubicle_templates", "Templates by the status of their latest build.", []string{"status"}, nil)})
+	}
+	return m
+}
+
+func (m *metrics) observe(result string, start time.Time) {
+	m.builds.WithLabelValues(result).Inc()
+	m.duration.Observe(time.Since(start).Seconds())
+}
