@@ -16,8 +16,8 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/image"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/template"
-	"github.com/cubicle-dev/cubicle/internal/template/buildkit"
 	"github.com/cubicle-dev/cubicle/internal/template/builder"
+	"github.com/cubicle-dev/cubicle/internal/template/buildkit"
 	"github.com/cubicle-dev/cubicle/internal/template/catalog"
 	"github.com/cubicle-dev/cubicle/internal/template/contextstore"
 )
