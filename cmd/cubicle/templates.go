@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -101,8 +102,14 @@ type bkSolver struct{ d *buildkit.Daemon }
 
 func (s bkSolver) Solve(ctx context.Context, dockerfile []byte, contextDir string, noCache bool, push string, secrets map[string][]byte,
 	log func(level, msg string, line int)) error {
+	// The renderer writes one instruction per line, so BuildKit's
+	// instruction index k is Dockerfile line k+1.
 	_, err := s.d.Build(ctx, buildkit.BuildRequest{Dockerfile: dockerfile, ContextDir: contextDir, NoCache: noCache, Push: push, Secrets: secrets},
-		func(l buildkit.Log) { log(l.Level, l.Message, l.Step) })
+		func(l buildkit.Log) { log(l.Level, l.Message, l.Step+1) })
+	var be *buildkit.BuildError
+	if errors.As(err, &be) {
+		return &builder.SolveError{Line: be.Step + 1, Err: err}
+	}
 	return err
 }
 

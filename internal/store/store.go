@@ -121,7 +121,17 @@ type SandboxFilter struct {
 	Ascending    bool
 	StartedAfter time.Time
 	Limit        int
+	// ExcludeMetadataKey drops rows whose metadata has this key (the API
+	// hides warm-pool standbys this way).
+	ExcludeMetadataKey string
 }
+
+// Warm-pool standbys are ordinary rows marked with these metadata keys;
+// ClaimPoolSandbox removes both when it hands one out.
+const (
+	PoolMetadataKey      = "cubicle.pool"       // template ID
+	PoolBuildMetadataKey = "cubicle.pool.build" // the template build it runs
+)
 
 // APIKey is a stored key; only the hash of the secret is kept.
 type APIKey struct {
@@ -155,6 +165,11 @@ type Store interface {
 	CompareAndSetState(ctx context.Context, id string, from []SandboxState, to SandboxState) (*Sandbox, error)
 	ListSandboxes(ctx context.Context, f SandboxFilter) ([]*Sandbox, error)
 	CountSandboxes(ctx context.Context, states []SandboxState) (int, error)
+	// ClaimPoolSandbox atomically picks the oldest running standby of
+	// templateID on buildID, removes its pool metadata keys and returns it,
+	// so two concurrent claims never get the same row. ErrNotFound when
+	// there is none.
+	ClaimPoolSandbox(ctx context.Context, templateID, buildID string) (*Sandbox, error)
 
 	CreateAPIKey(ctx context.Context, k *APIKey) error
 	APIKeyByHash(ctx context.Context, hash string) (*APIKey, error)

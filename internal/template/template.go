@@ -32,6 +32,7 @@ type Template struct {
 	RunAs    string // "" = the default user
 	Workdir  string
 	BuildID  string // the build the layers come from (warm pools compare it)
+	PoolSize int    // warm-pool standbys the template keeps (0 = no pool)
 }
 
 // Resolver turns a templateID (ID, alias, name:tag) into a Template.

@@ -52,6 +52,15 @@ func TestMain(m *testing.M) {
 	build(nil, "cubicle", "github.com/cubicle-dev/cubicle/cmd/cubicle")
 	build([]string{"CGO_ENABLED=0"}, "cubicle-agent", "github.com/cubicle-dev/cubicle/cmd/cubicle-agent")
 	build(nil, "cubicle-volume-s3", "github.com/cubicle-dev/cubicle/cmd/cubicle-volume-s3")
+	// Template builds need buildkitd next to cubicle. `make build` makes it
+	// (minutes cold), so reuse that one when it is there.
+	if bk, err := filepath.Abs("../../bin/buildkitd"); err == nil {
+		if _, err := os.Stat(bk); err == nil {
+			os.Symlink(bk, filepath.Join(dir, "buildkitd"))
+		} else {
+			build([]string{"CGO_ENABLED=0"}, "buildkitd", "github.com/moby/buildkit/cmd/buildkitd")
+		}
+	}
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)

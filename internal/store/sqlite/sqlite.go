@@ -275,6 +275,10 @@ func (s *Store) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]*st
 		where = append(where, `EXISTS (SELECT 1 FROM json_each(sandboxes.metadata) WHERE json_each.key = ? AND json_each.value = ?)`)
 		args = append(args, k, f.Metadata[k])
 	}
+	if f.ExcludeMetadataKey != "" {
+		where = append(where, `NOT EXISTS (SELECT 1 FROM json_each(sandboxes.metadata) WHERE json_each.key = ?)`)
+		args = append(args, f.ExcludeMetadataKey)
+	}
 	if f.Template != "" {
 		where = append(where, `(template_id = ? OR alias = ?)`)
 		args = append(args, f.Template, f.Template)
@@ -314,6 +318,27 @@ func (s *Store) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]*st
 		out = append(out, sb)
 	}
 	return out, rows.Err()
+}
+
+// poolPath is the JSON path of a metadata key (quoted: the keys contain dots).
+func poolPath(key string) string { return `$."` + key + `"` }
+
+// ClaimPoolSandbox is one UPDATE, so the pick and the unmarking cannot
+// interleave with another claim.
+func (s *Store) ClaimPoolSandbox(ctx context.Context, templateID, buildID string) (*store.Sandbox, error) {
+	pk, bk := poolPath(store.PoolMetadataKey), poolPath(store.PoolBuildMetadataKey)
+	var id string
+	err := s.db.QueryRowContext(ctx, `UPDATE sandboxes SET metadata = json_remove(metadata, ?, ?), updated_at = ?
+WHERE id = (SELECT id FROM sandboxes WHERE state = ? AND json_extract(metadata, ?) = ? AND json_extract(metadata, ?) = ?
+ORDER BY started_at ASC, id ASC LIMIT 1) RETURNING id`,
+		pk, bk, time.Now().UnixNano(), string(store.StateRunning), pk, templateID, bk, buildID).Scan(&id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("%w: no standby of template %s on build %s", store.ErrNotFound, templateID, buildID)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return s.GetSandbox(ctx, id)
 }
 
 // CountSandboxes counts rows in the given states (all when empty).

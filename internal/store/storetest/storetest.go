@@ -22,6 +22,106 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 	t.Run("Volumes", func(t *testing.T) { testVolumes(t, open(t)) })
 	t.Run("VolumeDeleteGuardRace", func(t *testing.T) { testVolumeGuardRace(t, open(t)) })
 	t.Run("Templates", func(t *testing.T) { testTemplates(t, open(t)) })
+	t.Run("PoolClaimAndExclude", func(t *testing.T) { testPoolClaim(t, open(t)) })
+	t.Run("PoolClaimRace", func(t *testing.T) { testPoolClaimRace(t, open(t)) })
+}
+
+func standby(id, tpl, build string, started time.Time) *store.Sandbox {
+	sb := sample(id, started)
+	sb.Metadata = map[string]string{store.PoolMetadataKey: tpl, store.PoolBuildMetadataKey: build}
+	return sb
+}
+
+func testPoolClaim(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	now := time.Now().Truncate(time.Microsecond)
+	paused := standby("dddddddddddddddddddd", "t1", "b1", now.Add(-time.Hour))
+	paused.State = store.StatePaused
+	for _, sb := range []*store.Sandbox{
+		standby("bbbbbbbbbbbbbbbbbbbb", "t1", "b1", now.Add(time.Second)),
+		standby("aaaaaaaaaaaaaaaaaaaa", "t1", "b1", now),
+		standby("cccccccccccccccccccc", "t1", "b0", now.Add(-time.Minute)), // stale build
+		standby("ffffffffffffffffffff", "t2", "b1", now.Add(-time.Minute)), // other template
+		paused,
+		sample("eeeeeeeeeeeeeeeeeeee", now),
+	} {
+		if err := s.CreateSandbox(ctx, sb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := s.ClaimPoolSandbox(ctx, "t1", "b1")
+	if err != nil || got.ID != "aaaaaaaaaaaaaaaaaaaa" {
+		t.Fatalf("first claim: want the oldest standby, got %v, %v", got, err)
+	}
+	if _, ok := got.Metadata[store.PoolMetadataKey]; ok || len(got.Metadata) != 0 {
+		t.Fatalf("claimed row keeps pool metadata: %v", got.Metadata)
+	}
+	if again, _ := s.GetSandbox(ctx, got.ID); len(again.Metadata) != 0 {
+		t.Fatalf("stored row keeps pool metadata: %v", again.Metadata)
+	}
+	if got, err = s.ClaimPoolSandbox(ctx, "t1", "b1"); err != nil || got.ID != "bbbbbbbbbbbbbbbbbbbb" {
+		t.Fatalf("second claim: %v, %v", got, err)
+	}
+	// Only the stale-build, other-template and paused standbys are left.
+	if got, err := s.ClaimPoolSandbox(ctx, "t1", "b1"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("third claim: want ErrNotFound, got %v, %v", got, err)
+	}
+	rows, err := s.ListSandboxes(ctx, store.SandboxFilter{ExcludeMetadataKey: store.PoolMetadataKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, r := range rows {
+		ids = append(ids, r.ID)
+	}
+	want := fmt.Sprint([]string{"bbbbbbbbbbbbbbbbbbbb", "eeeeeeeeeeeeeeeeeeee", "aaaaaaaaaaaaaaaaaaaa"}) // started_at desc, then id desc
+	if fmt.Sprint(ids) != want {
+		t.Fatalf("ExcludeMetadataKey: got %v, want %v", ids, want)
+	}
+	if rows, _ := s.ListSandboxes(ctx, store.SandboxFilter{}); len(rows) != 6 {
+		t.Fatalf("unfiltered list: %d rows, want 6", len(rows))
+	}
+}
+
+func testPoolClaimRace(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	now := time.Now().Truncate(time.Microsecond)
+	const standbys, claimers = 5, 20
+	for i := 0; i < standbys; i++ {
+		if err := s.CreateSandbox(ctx, standby(fmt.Sprintf("pool%016d", i), "t1", "b1", now.Add(time.Duration(i)*time.Millisecond))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	seen := map[string]int{}
+	misses := 0
+	var wg sync.WaitGroup
+	for i := 0; i < claimers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sb, err := s.ClaimPoolSandbox(ctx, "t1", "b1")
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				seen[sb.ID]++
+			case errors.Is(err, store.ErrNotFound):
+				misses++
+			default:
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if len(seen) != standbys || misses != claimers-standbys {
+		t.Fatalf("claims: %d distinct, %d misses; want %d and %d", len(seen), misses, standbys, claimers-standbys)
+	}
+	for id, n := range seen {
+		if n != 1 {
+			t.Fatalf("standby %s claimed %d times", id, n)
+		}
+	}
 }
 
 func sample(id string, started time.Time) *store.Sandbox {

@@ -18,7 +18,17 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/template/recipe"
 )
 
-// Solver runs a Dockerfile build and pushes the result (BuildKit).
+// SolveError is a failed build at a Dockerfile line (1-based; 0 unknown).
+type SolveError struct {
+	Line int
+	Err  error
+}
+
+func (e *SolveError) Error() string { return e.Err.Error() }
+func (e *SolveError) Unwrap() error { return e.Err }
+
+// Solver runs a Dockerfile build and pushes the result (BuildKit). log
+// gets the Dockerfile line (1-based, 0 unknown) each message belongs to.
 type Solver interface {
 	Solve(ctx context.Context, dockerfile []byte, contextDir string, noCache bool, push string, secrets map[string][]byte,
 		log func(level, msg string, line int)) error
@@ -178,6 +188,12 @@ func (b *Builder) withSteps(ctx context.Context, job catalog.Job, dest string, l
 		log(level, msg, step)
 	})
 	if err != nil {
+		var se *SolveError
+		if errors.As(err, &se) {
+			if i, ok := res.StepOfLine[se.Line]; ok {
+				lastStep = strconv.Itoa(i)
+			}
+		}
 		return catalog.Output{}, &catalog.BuildError{Step: lastStep, Err: err}
 	}
 	name, _ := image.NormalizeRef(push)

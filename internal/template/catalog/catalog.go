@@ -394,7 +394,11 @@ func (c *Catalog) create(ctx context.Context, req CreateRequest) (*CreateRespons
 		return nil, fmt.Errorf("%w: template %s is already building (build %s)", ErrConflict, t.ID, t.LatestBuildID)
 	}
 	if t.BuildStatus == store.BuildWaiting && t.LatestBuildID != "" {
-		// An abandoned waiting build is superseded, not left dangling.
+		// A waiting build whose start was accepted is queued: as good as
+		// building. One that was never started is superseded.
+		if old, err := c.st.GetTemplateBuild(ctx, t.LatestBuildID); err == nil && old.Status == store.BuildWaiting && old.Spec != "" {
+			return nil, fmt.Errorf("%w: template %s has a queued build (%s)", ErrConflict, t.ID, old.ID)
+		}
 		if old, err := c.st.GetTemplateBuild(ctx, t.LatestBuildID); err == nil && old.Status == store.BuildWaiting {
 			old.Status, old.Reason, old.FinishedAt = store.BuildError, "superseded by build "+b.ID, time.Now().UTC()
 			_ = c.st.UpdateTemplateBuild(ctx, old)
@@ -470,6 +474,30 @@ func (c *Catalog) SetPublic(ctx context.Context, ref string, public bool) (*stor
 	}
 	t.Public = public
 	return t, c.st.UpdateTemplate(ctx, t)
+}
+
+// MaxPoolSize bounds a template's warm pool: standbys hold node resources.
+const MaxPoolSize = 64
+
+// SetPoolSize sets how many idle standbys the warm pool keeps for the
+// template. The size is durable (it survives restarts); the ready hooks are
+// told so the pool reconciler acts now rather than on its next tick.
+func (c *Catalog) SetPoolSize(ctx context.Context, ref string, n int) (*store.Template, error) {
+	if n < 0 || n > MaxPoolSize {
+		return nil, invalid("pool size must be between 0 and %d, got %d", MaxPoolSize, n)
+	}
+	t, err := c.Get(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	if t.PoolSize != n {
+		t.PoolSize = n
+		if err := c.st.UpdateTemplate(ctx, t); err != nil {
+			return nil, err
+		}
+	}
+	c.notifyReady(t.ID)
+	return t, nil
 }
 
 // InUse reports what keeps a template from being deleted.

@@ -252,7 +252,7 @@ func (c *Catalog) Resolve(ctx context.Context, ref string) (template.Template, e
 		alias = name
 	}
 	return template.Template{ID: t.ID, Alias: alias, Layers: []string{b.Rootfs}, CPUCount: b.CPUCount, MemoryMB: b.MemoryMB,
-		DiskSizeMB: b.DiskSizeMB, StartCmd: t.StartCmd, ReadyCmd: t.ReadyCmd, RunAs: t.RunAs, Workdir: t.Workdir, BuildID: b.ID}, nil
+		DiskSizeMB: b.DiskSizeMB, StartCmd: t.StartCmd, ReadyCmd: t.ReadyCmd, RunAs: t.RunAs, Workdir: t.Workdir, BuildID: b.ID, PoolSize: t.PoolSize}, nil
 }
 
 // SetFallback resolves references that are not catalog templates.
