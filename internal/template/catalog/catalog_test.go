@@ -1,0 +1,238 @@
+package catalog_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/image"
+	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
+	"github.com/cubicle-dev/cubicle/internal/template"
+	"github.com/cubicle-dev/cubicle/internal/template/builder"
+	"github.com/cubicle-dev/cubicle/internal/template/catalog"
+)
+
+type env struct {
+	cat    *catalog.Catalog
+	st     *sqlite.Store
+	images *image.Store
+	base   string
+	dir    string
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	dir := t.TempDir()
+	st, err := sqlite.Open(filepath.Join(dir, "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	base := filepath.Join(dir, "images", "base", "rootfs")
+	os.MkdirAll(filepath.Join(base, "etc"), 0o755)
+	os.WriteFile(filepath.Join(base, "etc", "os-release"), []byte("ID=test\n"), 0o644)
+	imgs, err := image.Open(filepath.Join(dir, "oci"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := builder.New(builder.Config{Images: imgs, RootfsDir: filepath.Join(dir, "images", "builds"), WorkDir: filepath.Join(dir, "work")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cat := catalog.New(catalog.Config{Store: st, Builder: b, BaseRootfs: base, CPUCount: 2, MemoryMB: 512, DiskSizeMB: 1024})
+	cat.SetFallback(&template.Images{Dir: filepath.Join(dir, "images"), CPUCount: 2, MemoryMB: 512, DiskSizeMB: 1024})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if err := cat.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return &env{cat: cat, st: st, images: imgs, base: base, dir: dir}
+}
+
+func (e *env) wait(t *testing.T, tplID, buildID string) *catalog.Status {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		st, err := e.cat.BuildStatus(context.Background(), tplID, buildID, 0, 100, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Status == store.BuildReady || st.Status == store.BuildError {
+			return st
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatal("build did not finish")
+	return nil
+}
+
+var (
+	tplRE = regexp.MustCompile(`^tpl_[0-9a-f]{8}$`)
+	bldRE = regexp.MustCompile(`^bld_[0-9a-f]{8}$`)
+)
+
+func TestIDsNamesAndIdempotency(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	for i := 0; i < 20; i++ {
+		if id := catalog.NewTemplateID(); !tplRE.MatchString(id) {
+			t.Fatalf("template id %q", id)
+		}
+		if id := catalog.NewBuildID(); !bldRE.MatchString(id) {
+			t.Fatalf("build id %q", id)
+		}
+	}
+	r, err := e.cat.Create(ctx, catalog.CreateRequest{Name: "app:v1", Tags: []string{"v1", "prod"}}, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !tplRE.MatchString(r.TemplateID) || !bldRE.MatchString(r.BuildID) || len(r.Tags) != 2 || r.Tags[0] != "v1" || r.Tags[1] != "prod" {
+		t.Fatalf("create: %+v", r)
+	}
+	if r2, _ := e.cat.Create(ctx, catalog.CreateRequest{Alias: "legacy"}, "", nil); r2 == nil || r2.Tags[0] != "default" || r2.Names[0] != "legacy" {
+		t.Fatalf("alias-only create (deprecated field) with the default tag: %+v", r2)
+	}
+	for _, bad := range []catalog.CreateRequest{{}, {Name: "Upper"}, {Name: "a:b:c"}, {Name: "x", Tags: []string{"bad tag"}}, {Name: "base"}} {
+		if _, err := e.cat.Create(ctx, bad, "", nil); !errors.Is(err, catalog.ErrInvalid) && !errors.Is(err, catalog.ErrConflict) {
+			t.Fatalf("create %+v: %v", bad, err)
+		}
+	}
+	body := []byte(`{"name":"idem"}`)
+	a, err := e.cat.Create(ctx, catalog.CreateRequest{Name: "idem"}, "key-1", body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := e.cat.Create(ctx, catalog.CreateRequest{Name: "idem"}, "key-1", body)
+	if err != nil || b.TemplateID != a.TemplateID || b.BuildID != a.BuildID {
+		t.Fatalf("replay: %+v %v (first %+v)", b, err, a)
+	}
+	if _, err := e.cat.Create(ctx, catalog.CreateRequest{Name: "other"}, "key-1", []byte(`{"name":"other"}`)); !errors.Is(err, catalog.ErrConflict) {
+		t.Fatalf("same key, different body: %v", err)
+	}
+	// Same name without a key is a rebuild: same template, new build.
+	c, err := e.cat.Create(ctx, catalog.CreateRequest{Name: "idem"}, "", nil)
+	if err != nil || c.TemplateID != a.TemplateID || c.BuildID == a.BuildID {
+		t.Fatalf("rebuild: %+v %v", c, err)
+	}
+	// The superseded waiting build is closed, not left dangling.
+	if old, _ := e.st.GetTemplateBuild(ctx, a.BuildID); old.Status != store.BuildError {
+		t.Fatalf("superseded build: %+v", old)
+	}
+}
+
+func TestBuildsResolutionAndGuards(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	// Resolution of the seeded base and its built-in aliases.
+	for _, ref := range []string{"", "base", "code-interpreter", "code-interpreter-v1", "python", "base:default"} {
+		tpl, err := e.cat.Resolve(ctx, ref)
+		if err != nil || tpl.ID != catalog.BaseID || tpl.Layers[0] != e.base || tpl.CPUCount != 2 {
+			t.Fatalf("resolve %q: %+v %v", ref, tpl, err)
+		}
+	}
+	if _, err := e.cat.Resolve(ctx, "nope"); !errors.Is(err, template.ErrNotFound) {
+		t.Fatalf("unknown: %v", err)
+	}
+	// A template that has not built yet: not ready (409 at the API).
+	cpu, mem := 1, 256
+	r, _ := e.cat.Create(ctx, catalog.CreateRequest{Name: "img", CPUCount: &cpu, MemoryMB: &mem}, "", nil)
+	if _, err := e.cat.Resolve(ctx, "img"); !errors.Is(err, template.ErrNotReady) {
+		t.Fatalf("not built: %v", err)
+	}
+	// fromImage of an imported image: ready without BuildKit.
+	src := filepath.Join(e.dir, "src")
+	os.MkdirAll(filepath.Join(src, "bin"), 0o755)
+	os.WriteFile(filepath.Join(src, "bin", "tool"), []byte("#!/bin/sh\n"), 0o755)
+	if err := e.images.ImportRootfs("tools/img:1", src); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.cat.StartBuild(ctx, r.TemplateID, r.BuildID, catalog.StartRequest{FromImage: "tools/img:1"}); err != nil {
+		t.Fatal(err)
+	}
+	if st := e.wait(t, r.TemplateID, r.BuildID); st.Status != store.BuildReady {
+		t.Fatalf("build: %+v", st)
+	}
+	tpl, err := e.cat.Resolve(ctx, "img")
+	if err != nil || tpl.CPUCount != 1 || tpl.MemoryMB != 256 || tpl.BuildID != r.BuildID {
+		t.Fatalf("resolve built: %+v %v", tpl, err)
+	}
+	if _, err := os.Stat(filepath.Join(tpl.Layers[0], "bin", "tool")); err != nil {
+		t.Fatalf("unpacked rootfs: %v", err)
+	}
+	// Validation is synchronous.
+	r2, _ := e.cat.Create(ctx, catalog.CreateRequest{Name: "img"}, "", nil)
+	for _, bad := range []catalog.StartRequest{{}, {FromImage: "a", FromTemplate: "b"}, {FromImage: "not/imported:1"},
+		{FromTemplate: "base", Steps: []catalog.Step{{Type: "RUN", Args: []string{"true"}}}}} {
+		if err := e.cat.StartBuild(ctx, r2.TemplateID, r2.BuildID, bad); err == nil {
+			t.Fatalf("start %+v accepted", bad)
+		}
+	}
+	if err := e.cat.StartBuild(ctx, r2.TemplateID, "bld_00000000", catalog.StartRequest{FromTemplate: "base"}); !errors.Is(err, catalog.ErrBuildNotFound) {
+		t.Fatalf("unknown build: %v", err)
+	}
+	// A failing rebuild (base image vanished) keeps the ready build.
+	if err := e.images.Delete("tools/img:1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.cat.StartBuild(ctx, r2.TemplateID, r2.BuildID, catalog.StartRequest{FromTemplate: "missing"}); !errors.Is(err, catalog.ErrInvalid) {
+		t.Fatalf("fromTemplate of a missing template: %v", err)
+	}
+	// Logs: offset and level filter.
+	st, _ := e.cat.BuildStatus(ctx, r.TemplateID, r.BuildID, 0, 100, "")
+	if len(st.LogEntries) < 2 {
+		t.Fatalf("logs: %+v", st.LogEntries)
+	}
+	tail, _ := e.cat.BuildStatus(ctx, r.TemplateID, r.BuildID, len(st.LogEntries), 100, "")
+	if len(tail.LogEntries) != 0 {
+		t.Fatalf("logs past the offset: %+v", tail.LogEntries)
+	}
+	errOnly, _ := e.cat.BuildStatus(ctx, r.TemplateID, r.BuildID, 0, 100, "error")
+	if len(errOnly.LogEntries) != 0 {
+		t.Fatalf("level filter: %+v", errOnly.LogEntries)
+	}
+	if _, err := e.cat.BuildStatus(ctx, r.TemplateID, r.BuildID, 0, 100, "loud"); !errors.Is(err, catalog.ErrInvalid) {
+		t.Fatalf("bad level: %v", err)
+	}
+	if catalog.APIStatus(store.BuildUploaded) != store.BuildBuilding {
+		t.Fatal("uploaded must be reported as building")
+	}
+	// Delete guards.
+	inUse := func(context.Context, string) (string, error) { return "sandbox x uses it", nil }
+	if err := e.cat.Delete(ctx, "img", false, inUse); !errors.Is(err, catalog.ErrConflict) {
+		t.Fatalf("delete in use: %v", err)
+	}
+	if err := e.cat.Delete(ctx, "base", false, nil); !errors.Is(err, catalog.ErrConflict) {
+		t.Fatalf("delete base: %v", err)
+	}
+	if err := e.cat.Delete(ctx, "img", true, inUse); err != nil {
+		t.Fatalf("force delete: %v", err)
+	}
+	if _, err := e.cat.Get(ctx, "img"); !errors.Is(err, catalog.ErrNotFound) {
+		t.Fatalf("after delete: %v", err)
+	}
+}
+
+// A build a previous process left running fails with "builder disappeared".
+func TestRecoverFailsRunningBuilds(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	r, _ := e.cat.Create(ctx, catalog.CreateRequest{Name: "crashy"}, "", nil)
+	b, _ := e.st.GetTemplateBuild(ctx, r.BuildID)
+	b.Status, b.Spec = store.BuildBuilding, `{"fromTemplate":"base"}`
+	e.st.UpdateTemplateBuild(ctx, b)
+	cat2 := catalog.New(catalog.Config{Store: e.st, BaseRootfs: e.base})
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if err := cat2.Start(cctx); err != nil {
+		t.Fatal(err)
+	}
+	st, err := cat2.BuildStatus(ctx, r.TemplateID, r.BuildID, 0, 100, "")
+	if err != nil || st.Status != store.BuildError || st.Reason == nil || st.Reason.Message != "builder disappeared" {
+		t.Fatalf("after restart: %+v %v", st, err)
+	}
+}
