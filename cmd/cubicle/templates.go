@@ -75,12 +75,15 @@ func setupTemplates(ctx context.Context, o serveOptions, st store.Store, reg pro
 	}
 	ts.catalog = catalog.New(catalog.Config{Store: st, Builder: bld, BaseRootfs: filepath.Join(o.imagesDir, template.BaseTemplate, "rootfs"),
 		CPUCount: o.cpuCount, MemoryMB: o.memoryMB, DiskSizeMB: o.diskSizeMB, Logger: log, Registry: reg})
-	ts.catalog.SetFallback(&template.Images{Dir: o.imagesDir, CPUCount: o.cpuCount, MemoryMB: o.memoryMB, DiskSizeMB: o.diskSizeMB})
+	ts.catalog.SetFallback(&builder.ImageRefs{Images: imgs, Dir: filepath.Join(o.imagesDir, "refs"),
+		CPUCount: o.cpuCount, MemoryMB: o.memoryMB, DiskSizeMB: o.diskSizeMB,
+		Next: &template.Images{Dir: o.imagesDir, CPUCount: o.cpuCount, MemoryMB: o.memoryMB, DiskSizeMB: o.diskSizeMB}})
 	ts.api = &api.Templates{Catalog: ts.catalog, Contexts: ctxs, Errors: api.ContextErrors{
 		Conflict: contextstore.ErrConflict, TooLarge: contextstore.ErrTooLarge, BadArchive: contextstore.ErrBadArchive,
 		UnsafePath: contextstore.ErrUnsafePath, InvalidHash: contextstore.ErrInvalidHash}}
 	ts.api.InUse = func(ctx context.Context, id string) (string, error) {
-		rows, err := st.ListSandboxes(ctx, store.SandboxFilter{Template: id, Limit: 1,
+		// Idle warm-pool standbys do not count: the pool is drained first.
+		rows, err := st.ListSandboxes(ctx, store.SandboxFilter{Template: id, Limit: 1, ExcludeMetadataKey: store.PoolMetadataKey,
 			States: []store.SandboxState{store.StateCreating, store.StateRunning, store.StatePausing, store.StatePaused, store.StateResuming}})
 		if err != nil {
 			return "", err

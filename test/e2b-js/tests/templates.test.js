@@ -43,6 +43,10 @@ test('Template.build of an image-only recipe; Sandbox.create(alias) gets its siz
   assert.equal(si.memoryMB, 256)
   assert.equal(si.templateId, info.templateId)
   await sbx.kill()
+  // An OCI-looking templateID that is no catalog template starts from the local image.
+  const direct = srv.track(await Sandbox.create(BASE_IMAGE))
+  assert.match((await direct.commands.run('echo direct')).stdout, /direct/)
+  await direct.kill()
 })
 
 test('Template.build with copy, runCmd, setEnvs, setUser, setWorkdir', { timeout: 600000 }, async () => {
