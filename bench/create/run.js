@@ -5,7 +5,7 @@
 //   node bench/create/run.js [--samples N] [--concurrency 1,10,50] [--idle K]
 //                            [--baseline N] [--runtime runc|runsc]
 //                            [--cgroup-path '/sys/fs/cgroup/memory/cubicle/{id}']
-//                            [--max-seconds S] [--no-volumes] [--json]
+//                            [--max-seconds S] [--no-volumes] [--pool N] [--json]
 //
 // It starts its own `cubicle serve` (like the JS test harness: temp data dir, free
 // loopback port, own bridge and pool) and measures, with the unmodified e2b SDK, the
@@ -16,6 +16,10 @@
 // sandboxes: the sum of Pss (from /proc/<pid>/smaps_rollup) over each sandbox's
 // processes. The processes come from the sandbox's cgroup (--cgroup-path, '{id}' is the
 // sandbox ID), or, when that does not exist, from `runc --root <data>/run/<runtime> ps`.
+// With --pool N (default off) it then sets the base template's warm pool to N, waits for
+// N standbys and measures the same create→first command pooled at each concurrency
+// level, in rounds of c creates each started on a full pool (a round bigger than N
+// boots the rest), printing hits/misses and the ratio pooled/unpooled.
 // Everything it starts is killed and removed before it exits.
 
 const path = require('node:path')
@@ -40,6 +44,7 @@ function parseArgs(argv) {
     maxSeconds: 900,
     json: false,
     volumes: true,
+    pool: 0,
   }
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i]
@@ -57,8 +62,9 @@ function parseArgs(argv) {
       case '--max-seconds': o.maxSeconds = Number(next()); break
       case '--json': o.json = true; break
       case '--no-volumes': o.volumes = false; break
+      case '--pool': o.pool = Number(next()); break
       case '-h': case '--help':
-        console.log(fs.readFileSync(__filename, 'utf8').split('\n').slice(2, 20).map((l) => l.replace(/^\/\/ ?/, '')).join('\n'))
+        console.log(fs.readFileSync(__filename, 'utf8').split('\n').slice(2, 24).map((l) => l.replace(/^\/\/ ?/, '')).join('\n'))
         process.exit(0)
       default: throw new Error(`unknown argument ${a}`)
     }
@@ -103,6 +109,42 @@ async function createLatency(srv, c, total, deadline, createOpts = {}) {
   }
   await Promise.all(Array.from({ length: c }, worker))
   return { samples, errors }
+}
+
+// ---- warm pool ----------------------------------------------------------------------------
+async function setPool(srv, n) {
+  const r = await srv.api('PUT', '/templates/base/pool', { body: { size: n } })
+  if (r.status !== 200) throw new Error(`PUT /templates/base/pool: ${r.status} ${r.text}`)
+}
+async function waitPool(srv, want, deadline) {
+  while (Date.now() < deadline) {
+    const r = await srv.api('GET', '/templates/base/pool')
+    if (r.status === 200 && r.json.ready === want) return
+    await new Promise((res) => setTimeout(res, 50))
+  }
+  throw new Error(`warm pool did not reach ${want} standbys in time`)
+}
+async function claimCounts(srv) {
+  const r = await fetch(srv.url + '/metrics', { signal: AbortSignal.timeout(30000) })
+  const text = await r.text()
+  const get = (res) => Number((new RegExp(`^cubicle_pool_claims_total\\{result="${res}"\\} (\\S+)$`, 'm').exec(text) || [])[1] || 0)
+  return { hit: get('hit'), miss: get('miss') }
+}
+// pooledLatency runs rounds of c concurrent creates, each round on a full pool.
+async function pooledLatency(srv, c, total, size, deadline) {
+  const samples = []
+  const errors = []
+  const before = await claimCounts(srv)
+  for (let done = 0; done < total && Date.now() < deadline;) {
+    await waitPool(srv, size, deadline)
+    const n = Math.min(c, total - done)
+    const r = await createLatency(srv, n, n, deadline)
+    samples.push(...r.samples)
+    errors.push(...r.errors)
+    done += n
+  }
+  const after = await claimCounts(srv)
+  return { samples, errors, hits: after.hit - before.hit, misses: after.miss - before.miss }
 }
 
 // ---- bare runc baseline ------------------------------------------------------------------
@@ -219,6 +261,31 @@ async function main() {
       const st = summary(samples)
       results.levels[c] = { ...st, errors: errors.length, wallMs: Date.now() - t0, firstErrors: errors.slice(0, 3) }
       console.log(line(`create→run c=${c}`, st) + (errors.length ? `  errors=${errors.length} (${errors[0]})` : ''))
+    }
+
+    if (o.pool > 0) {
+      await setPool(srv, o.pool)
+      try {
+        results.pooled = {}
+        for (const c of o.concurrency) {
+          const total = Math.max(o.samples, c)
+          const { samples, errors, hits, misses } = await pooledLatency(srv, c, total, o.pool, deadline)
+          const st = summary(samples)
+          const un = results.levels[c]
+          results.pooled[c] = { ...st, hits, misses, errors: errors.length, firstErrors: errors.slice(0, 3) }
+          console.log(line(`create→run pool=${o.pool} c=${c}`, st) + `  hits=${hits} misses=${misses}` +
+            (errors.length ? `  errors=${errors.length} (${errors[0]})` : ''))
+          if (un && un.n && st.n) {
+            results.pooled[c].ratio = { p50: st.p50 / un.p50, p95: st.p95 / un.p95, p99: st.p99 / un.p99 }
+            const r = results.pooled[c].ratio
+            console.log(`ratio (pooled / unpooled, c=${c})  p50=${r.p50.toFixed(2)}x  p95=${r.p95.toFixed(2)}x  p99=${r.p99.toFixed(2)}x`)
+          }
+        }
+      } finally {
+        // Standbys are not listed, so drain them before anything else runs.
+        await setPool(srv, 0).catch((e) => console.error('pool drain:', e.message))
+        await waitPool(srv, 0, Date.now() + 60000).catch((e) => console.error('pool drain:', e.message))
+      }
     }
 
     if (o.volumes) {

@@ -24,7 +24,8 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(serveCmd(), apikeyCmd(), sandboxCmd(), volumeCmd(), imageCmd(), versionCmd())
+	root.AddCommand(serveCmd(), apikeyCmd(), sandboxCmd(), volumeCmd(), imageCmd(), templateCmd(), versionCmd())
+	root.AddCommand(poolCmd())
 	return root
 }
 

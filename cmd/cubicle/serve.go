@@ -39,6 +39,7 @@ type serveOptions struct {
 	contentIdle                                           time.Duration
 	registryListen, buildkitd                             string
 	readyTimeout                                          time.Duration
+	warmPools                                             []string
 }
 
 func serveCmd() *cobra.Command {
@@ -76,6 +77,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&o.buildkitd, "buildkitd", "", "buildkitd binary for template builds (default: next to this binary; off disables builds with steps)")
 	f.DurationVar(&o.readyTimeout, "ready-timeout", 120*time.Second, "how long a template's ready command may take at sandbox create")
 	f.DurationVar(&o.contentIdle, "volume-content-idle", 30*time.Second, "how long the volume-content API keeps a volume attached after its last request")
+	f.StringArrayVar(&o.warmPools, "warm-pool", nil, "TEMPLATE=N: keep N idle standbys of the template (repeatable; stored, like `cubicle pool set`)")
 	f.StringVar(&o.volumeBaseDir, "volume-base-dir", "", "volume_plugin_base_dir override (default: the node config's, else <data-dir>/volume-mounts)")
 	return cmd
 }
@@ -101,6 +103,10 @@ func serve(ctx context.Context, o serveOptions) error {
 		if o.bridge != "cubicle0" {
 			o.nftTable = "cubicle_" + o.bridge
 		}
+	}
+	warmPools, err := parseWarmPools(o.warmPools)
+	if err != nil {
+		return err
 	}
 	pool, err := netip.ParsePrefix(o.pool)
 	if err != nil {
@@ -174,8 +180,14 @@ func serve(ctx context.Context, o serveOptions) error {
 		CreateQueueWait: o.createWait, Logger: log, Registry: reg, Volumes: ctrlPlugins, VolumeMetrics: volMetrics, ContentIdle: o.contentIdle,
 		ReadyTimeout: o.readyTimeout}, st, nd, tpls.catalog)
 	tpls.catalog.SetProber(mgr)
+	tpls.catalog.OnReady(mgr.PoolTrigger)
 	if err := tpls.catalog.Start(ctx); err != nil {
 		return fmt.Errorf("template catalog: %w", err)
+	}
+	for name, n := range warmPools {
+		if _, err := tpls.catalog.SetPoolSize(ctx, name, n); err != nil {
+			return fmt.Errorf("--warm-pool %s=%d: %w", name, n, err)
+		}
 	}
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	if err := mgr.Recover(rctx); err != nil {

@@ -100,6 +100,8 @@ func (s *Server) templateRoutes(r chi.Router) {
 	r.Patch("/templates/{id}", s.patchTemplate)
 	r.Patch("/v2/templates/{id}", s.patchTemplate)
 	r.Get("/templates/{id}/tags", s.listTags)
+	r.Get("/templates/{id}/pool", s.getPool)
+	r.Put("/templates/{id}/pool", s.setPool)
 	r.Get("/templates/{id}/files/{hash}", s.templateFile)
 	r.Post("/v2/templates/{id}/builds/{buildID}", s.startBuild)
 	r.Get("/templates/{id}/builds/{buildID}/status", s.buildStatus)

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -80,6 +81,10 @@ type Manager struct {
 	volumes     VolumeRegistry
 	volMetrics  *VolumeMetrics
 	leases      *leases
+
+	pool        *poolMetrics
+	poolKick    chan struct{}
+	userCreates atomic.Int64 // user creates booting; the pool waits for them
 }
 
 // New builds a manager; call Recover before serving and Run in the background.
@@ -107,7 +112,7 @@ func New(cfg Config, st store.Store, n node.Node, tr template.Resolver) *Manager
 	}
 	m := &Manager{cfg: cfg, store: st, node: n, templates: tr, log: cfg.Logger,
 		createSlots: make(chan struct{}, cfg.MaxConcurrentCreates), metrics: newOpMetrics(cfg.Registry),
-		volumes: cfg.Volumes, volMetrics: cfg.VolumeMetrics}
+		volumes: cfg.Volumes, volMetrics: cfg.VolumeMetrics, pool: newPoolMetrics(cfg.Registry), poolKick: make(chan struct{}, 1)}
 	m.leases = newLeases(m, cfg.ContentIdle)
 	return m
 }
@@ -243,9 +248,20 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ *store.Sandbox
 		}
 		return nil, err
 	}
-	sb, err := m.createFrom(ctx, o, tpl)
-	if err != nil {
-		return sb, err
+	var sb *store.Sandbox
+	claimed := false
+	// A pooled template's create is a claim when a standby of its current
+	// build is idle; volumes are attached at boot, so those always boot.
+	if tpl.PoolSize > 0 && tpl.BuildID != "" && len(o.VolumeMounts) == 0 {
+		sb, claimed = m.claim(ctx, o, tpl)
+	}
+	if !claimed {
+		m.userCreates.Add(1)
+		sb, err = m.createFrom(ctx, o, tpl)
+		m.userCreates.Add(-1)
+		if err != nil {
+			return sb, err
+		}
 	}
 	if sp, ok := m.templates.(interface{ Spawned(context.Context, string) }); ok {
 		sp.Spawned(ctx, tpl.ID)
@@ -434,8 +450,18 @@ func (m *Manager) markKilled(ctx context.Context, sb *store.Sandbox, reason stri
 	}
 }
 
-// Get returns a live sandbox; killed ones are NotFound, as in e2b.
+// Get returns a live sandbox; killed ones are NotFound, as in e2b, and so
+// are unclaimed warm-pool standbys: users never see or touch those.
 func (m *Manager) Get(ctx context.Context, id string) (*store.Sandbox, error) {
+	sb, err := m.get(ctx, id)
+	if err == nil && IsStandby(sb) {
+		return nil, fmt.Errorf("%w: sandbox '%s' not found", ErrNotFound, id)
+	}
+	return sb, err
+}
+
+// get is Get including standbys (the control plane's own operations).
+func (m *Manager) get(ctx context.Context, id string) (*store.Sandbox, error) {
 	sb, err := m.store.GetSandbox(ctx, id)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && !sb.State.Live()) {
 		return nil, fmt.Errorf("%w: sandbox '%s' not found", ErrNotFound, id)
@@ -443,8 +469,9 @@ func (m *Manager) Get(ctx context.Context, id string) (*store.Sandbox, error) {
 	return sb, err
 }
 
-// List passes the filter to the store.
+// List passes the filter to the store, without warm-pool standbys.
 func (m *Manager) List(ctx context.Context, f store.SandboxFilter) ([]*store.Sandbox, error) {
+	f.ExcludeMetadataKey = PoolKey
 	return m.store.ListSandboxes(ctx, f)
 }
 
@@ -452,12 +479,15 @@ func (m *Manager) List(ctx context.Context, f store.SandboxFilter) ([]*store.San
 func (m *Manager) Kill(ctx context.Context, id, reason string) error {
 	unlock := m.lock(id)
 	defer unlock()
+	if _, err := m.Get(ctx, id); err != nil {
+		return err
+	}
 	return m.killLocked(ctx, id, reason)
 }
 
 func (m *Manager) killLocked(ctx context.Context, id, reason string) (err error) {
 	defer m.metrics.observe("kill", time.Now(), &err)
-	sb, err := m.Get(ctx, id)
+	sb, err := m.get(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -510,12 +540,15 @@ func (m *Manager) Refresh(ctx context.Context, id string, d time.Duration) error
 func (m *Manager) Pause(ctx context.Context, id string) error {
 	unlock := m.lock(id)
 	defer unlock()
+	if _, err := m.Get(ctx, id); err != nil {
+		return err
+	}
 	return m.pauseLocked(ctx, id, "paused by request")
 }
 
 func (m *Manager) pauseLocked(ctx context.Context, id, why string) (err error) {
 	defer m.metrics.observe("pause", time.Now(), &err)
-	sb, err := m.Get(ctx, id)
+	sb, err := m.get(ctx, id)
 	if err != nil {
 		return err
 	}

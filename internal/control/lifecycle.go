@@ -37,6 +37,10 @@ func (m *Manager) Recover(ctx context.Context) error {
 			m.reapLost(ctx, sb, "control plane restarted while the sandbox was being created")
 		case !ok || ns.State == runtime.StateStopped:
 			m.reapLost(ctx, sb, "sandbox was not running on its node after a control-plane restart")
+		case IsStandby(sb) && (ns.State != runtime.StateRunning || sb.State != store.StateRunning):
+			// An idle standby is only worth keeping running; the pool
+			// reconciler replaces it.
+			m.reapLost(ctx, sb, "warm-pool standby was not running after a control-plane restart")
 		default:
 			owned[sb.ID] = true
 			want := store.StateRunning
@@ -82,6 +86,7 @@ func (m *Manager) Run(ctx context.Context) {
 	defer reconcile.Stop()
 	sample := time.NewTicker(sampleInterval)
 	defer sample.Stop()
+	go m.runPool(ctx)
 	for {
 		select {
 		case <-ctx.Done():

@@ -293,6 +293,15 @@ func (l *Local) Resume(ctx context.Context, id string, req CreateRequest) error 
 	return l.initAgent(ctx, ep.Addr, req, req.EnvdToken)
 }
 
+// Reinit implements Node: the agent is already up, so this is one /init.
+func (l *Local) Reinit(ctx context.Context, id string, req CreateRequest, currentToken string) error {
+	ep, err := l.cfg.Network.Get(ctx, id)
+	if err != nil {
+		return l.notFound(err)
+	}
+	return l.initAgent(ctx, ep.Addr, req, currentToken)
+}
+
 // Get reports runtime state and address.
 func (l *Local) Get(ctx context.Context, id string) (Sandbox, error) {
 	info, err := l.cfg.Runtime.Inspect(ctx, id)

@@ -75,6 +75,9 @@ type Node interface {
 	Pause(ctx context.Context, id string) error
 	// Resume thaws/restores the sandbox and re-initialises its agent with token.
 	Resume(ctx context.Context, id string, req CreateRequest) error
+	// Reinit re-initialises a running sandbox's agent with req's token, env
+	// and user; currentToken authorises the change (claiming a standby).
+	Reinit(ctx context.Context, id string, req CreateRequest, currentToken string) error
 	Get(ctx context.Context, id string) (Sandbox, error)
 	List(ctx context.Context) ([]Sandbox, error)
 	Stats(ctx context.Context, id, token string) (Stats, error)

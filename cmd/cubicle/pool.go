@@ -1,0 +1,110 @@
+package main
+
+import (
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+)
+
+type poolOut struct {
+	TemplateID string   `json:"templateID"`
+	PoolSize   int      `json:"poolSize"`
+	Ready      int      `json:"ready"`
+	Standbys   []string `json:"standbys"`
+}
+
+// poolCmd is `cubicle pool`: a template's warm pool of idle standbys.
+func poolCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "pool", Short: "Manage template warm pools (pre-started standby sandboxes)"}
+	var size int
+	set := &cobra.Command{
+		Use:   "set TEMPLATE --size N",
+		Short: "Keep N idle standbys of a template (0 removes the pool)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if !cmd.Flags().Changed("size") {
+				return fmt.Errorf("--size is required")
+			}
+			c, err := newAPIClient()
+			if err != nil {
+				return err
+			}
+			var out poolOut
+			if err := c.do("PUT", "/templates/"+url.PathEscape(args[0])+"/pool", map[string]int{"size": size}, &out); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: pool size %d (%d ready)\n", out.TemplateID, out.PoolSize, out.Ready)
+			return nil
+		},
+	}
+	set.Flags().IntVar(&size, "size", 0, "number of standbys (0-64)")
+	get := &cobra.Command{
+		Use:   "get TEMPLATE",
+		Short: "Show a template's pool size and ready standbys",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := newAPIClient()
+			if err != nil {
+				return err
+			}
+			var out poolOut
+			if err := c.do("GET", "/templates/"+url.PathEscape(args[0])+"/pool", nil, &out); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: pool size %d (%d ready)\n", out.TemplateID, out.PoolSize, out.Ready)
+			return nil
+		},
+	}
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List templates that have a warm pool",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := newAPIClient()
+			if err != nil {
+				return err
+			}
+			var ts []struct {
+				TemplateID string   `json:"templateID"`
+				Names      []string `json:"names"`
+				PoolSize   int      `json:"poolSize"`
+			}
+			if err := c.do("GET", "/templates", nil, &ts); err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "TEMPLATE\tNAMES\tSIZE\tREADY")
+			for _, t := range ts {
+				if t.PoolSize == 0 {
+					continue
+				}
+				var p poolOut
+				if err := c.do("GET", "/templates/"+url.PathEscape(t.TemplateID)+"/pool", nil, &p); err != nil {
+					return err
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\n", t.TemplateID, strings.Join(t.Names, ","), p.PoolSize, p.Ready)
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.AddCommand(set, get, list)
+	return cmd
+}
+
+// parseWarmPools reads --warm-pool NAME=N values.
+func parseWarmPools(vals []string) (map[string]int, error) {
+	out := map[string]int{}
+	for _, v := range vals {
+		name, n, ok := strings.Cut(v, "=")
+		size, err := strconv.Atoi(n)
+		if !ok || name == "" || err != nil || size < 0 {
+			return nil, fmt.Errorf("--warm-pool %q: want TEMPLATE=N with N >= 0", v)
+		}
+		out[name] = size
+	}
+	return out, nil
+}

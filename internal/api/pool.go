@@ -1,0 +1,66 @@
+package api
+
+import (
+	"net/http"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/cubicle-dev/cubicle/internal/store"
+)
+
+// poolJSON is the warm pool of a template. Standbys are the IDs of the
+// unclaimed standbys on the current ready build (the next claims, oldest
+// first); they are never reachable through the sandbox routes.
+type poolJSON struct {
+	TemplateID string   `json:"templateID"`
+	PoolSize   int      `json:"poolSize"`
+	Ready      int      `json:"ready"`
+	Standbys   []string `json:"standbys"`
+}
+
+func (s *Server) poolOut(w http.ResponseWriter, r *http.Request, t *store.Template) {
+	ids, err := s.mgr.Standbys(r.Context(), t.ID, t.ReadyBuildID)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, poolJSON{TemplateID: t.ID, PoolSize: t.PoolSize, Ready: len(ids), Standbys: ids})
+}
+
+func (s *Server) getPool(w http.ResponseWriter, r *http.Request) {
+	c := s.catalog(w)
+	if c == nil {
+		return
+	}
+	t, err := c.Get(r.Context(), chi.URLParam(r, "id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	s.poolOut(w, r, t)
+}
+
+// setPool is PUT /templates/{id}/pool {"size": N}; the pool fills (or
+// drains) in the background, so ready may still be below poolSize.
+func (s *Server) setPool(w http.ResponseWriter, r *http.Request) {
+	c := s.catalog(w)
+	if c == nil {
+		return
+	}
+	var req struct {
+		Size *int `json:"size"`
+	}
+	if !s.decode(w, r, &req, false) {
+		return
+	}
+	if req.Size == nil {
+		writeError(w, http.StatusBadRequest, "size is required")
+		return
+	}
+	t, err := c.SetPoolSize(r.Context(), chi.URLParam(r, "id"), *req.Size)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	s.poolOut(w, r, t)
+}

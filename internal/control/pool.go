@@ -1,0 +1,328 @@
+package control
+
+// Warm pools: per template, a few pre-created idle sandboxes ("standbys") so
+// a create from a pooled template is a claim, not a boot. Standbys are
+// ordinary sandbox rows marked with pool metadata, so they survive a restart
+// like any sandbox (Recover re-adopts them and the reconciler fixes counts).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cubicle-dev/cubicle/internal/network"
+	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/internal/template"
+)
+
+// Pool metadata keys (see store.PoolMetadataKey).
+const (
+	PoolKey      = store.PoolMetadataKey
+	PoolBuildKey = store.PoolBuildMetadataKey
+)
+
+const (
+	poolInterval = time.Second
+	// standbyTimeout is a standby's expiry; the reconciler pushes it out
+	// again well before it passes, so only an abandoned pool expires.
+	standbyTimeout = 24 * time.Hour
+	poolMaxPages   = 100 // bounds the template listing (500 a page)
+	claimTimeout   = 30 * time.Second
+)
+
+// IsStandby reports whether sb is an unclaimed warm-pool standby.
+func IsStandby(sb *store.Sandbox) bool {
+	_, ok := sb.Metadata[PoolKey]
+	return ok
+}
+
+type poolMetrics struct {
+	standbys *prometheus.GaugeVec
+	claims   *prometheus.CounterVec
+}
+
+func newPoolMetrics(reg prometheus.Registerer) *poolMetrics {
+	m := &poolMetrics{
+		standbys: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "cubicle_pool_standbys", Help: "Unclaimed warm-pool standbys on the template's current build.",
+		}, []string{"template"}),
+		claims: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cubicle_pool_claims_total", Help: "Creates from a pooled template: hit = served by a standby, miss = booted.",
+		}, []string{"result"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.standbys, m.claims)
+	}
+	return m
+}
+
+// PoolTrigger asks the pool reconciler to run now; it has the catalog's
+// ReadyHook signature (a new ready build or pool size).
+func (m *Manager) PoolTrigger(string) {
+	select {
+	case m.poolKick <- struct{}{}:
+	default: // a run is already pending
+	}
+}
+
+// Standbys lists the unclaimed, running standbys of templateID on buildID
+// (oldest first): those a claim can hand out.
+func (m *Manager) Standbys(ctx context.Context, templateID, buildID string) ([]string, error) {
+	rows, err := m.store.ListSandboxes(ctx, store.SandboxFilter{States: []store.SandboxState{store.StateRunning},
+		Metadata: map[string]string{PoolKey: templateID}, Ascending: true})
+	if err != nil {
+		return nil, err
+	}
+	ids := []string{}
+	for _, sb := range rows {
+		if buildID != "" && sb.Metadata[PoolBuildKey] == buildID {
+			ids = append(ids, sb.ID)
+		}
+	}
+	return ids, nil
+}
+
+// claim hands a standby of tpl's current build to the request. ok is false
+// when there was none or it could not be applied; the caller then boots.
+func (m *Manager) claim(ctx context.Context, o CreateOptions, tpl template.Template) (_ *store.Sandbox, ok bool) {
+	defer func() {
+		result := "miss"
+		if ok {
+			result = "hit"
+		}
+		m.pool.claims.WithLabelValues(result).Inc()
+	}()
+	got, err := m.store.ClaimPoolSandbox(ctx, tpl.ID, tpl.BuildID)
+	if err != nil {
+		if !errors.Is(err, store.ErrNotFound) {
+			m.log.Warn("warm-pool claim", "template", tpl.ID, "err", err)
+		}
+		return nil, false
+	}
+	m.PoolTrigger(tpl.ID) // refill
+	unlock := m.lock(got.ID)
+	defer unlock()
+	// The reconciler may have retired it between the store claim and the
+	// lock: it then is killed and the request boots instead.
+	sb, err := m.store.GetSandbox(ctx, got.ID)
+	if err != nil || sb.State != store.StateRunning {
+		return nil, false
+	}
+	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
+	defer cancel()
+	fail := func(step string, err error) (*store.Sandbox, bool) {
+		m.log.Warn("warm-pool claim failed; booting instead", "sandbox", sb.ID, "step", step, "err", err)
+		derr := m.node.Delete(nctx, sb.ID)
+		m.markKilled(nctx, sb, fmt.Sprintf("warm-pool claim failed at %s: %v", step, err), derr)
+		return nil, false
+	}
+	oldToken := sb.EnvdToken
+	oldPolicy := policyOf(sb.Network)
+	now := time.Now().UTC()
+	sb.TemplateID, sb.Alias = tpl.ID, tpl.Alias
+	sb.Metadata, sb.EnvVars = o.Metadata, o.EnvVars
+	// Fresh tokens: nothing about the standby was ever handed out, but the
+	// request must not share secrets with whatever the pool did before.
+	sb.EnvdToken, sb.TrafficToken = token(16), token(16)
+	sb.Network, sb.AutoPause, sb.AutoResume, sb.APIKeyID = o.Network, o.AutoPause, o.AutoResume, o.APIKeyID
+	sb.StartedAt, sb.EndAt = now, now.Add(o.Timeout)
+	req := m.nodeRequest(sb, nil)
+	req.DefaultWorkdir = tpl.Workdir
+	if err := m.node.Reinit(nctx, sb.ID, req, oldToken); err != nil {
+		return fail("agent re-init", err)
+	}
+	if p := policyOf(o.Network); !samePolicy(p, oldPolicy) {
+		if err := m.node.UpdatePolicy(nctx, sb.ID, p); err != nil {
+			return fail("network policy", err)
+		}
+	}
+	if err := m.store.UpdateSandbox(nctx, sb); err != nil {
+		return fail("store update", err)
+	}
+	m.event(ctx, sb.ID, "claimed", "info", "warm-pool standby of template %s (build %s) claimed", tpl.ID, tpl.BuildID)
+	return sb, true
+}
+
+func samePolicy(a, b network.Policy) bool {
+	return a.AllowInternet == b.AllowInternet && slices.Equal(a.AllowOut, b.AllowOut) && slices.Equal(a.DenyOut, b.DenyOut)
+}
+
+func (m *Manager) standbyTimeout() time.Duration { return min(standbyTimeout, m.cfg.MaxTimeout) }
+
+// runPool is the pool reconciler: every tick, and whenever triggered.
+func (m *Manager) runPool(ctx context.Context) {
+	t := time.NewTicker(poolInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-m.poolKick:
+		}
+		if err := m.reconcilePool(ctx); err != nil && ctx.Err() == nil {
+			m.log.Error("warm-pool reconcile", "err", err)
+		}
+	}
+}
+
+type poolTarget struct {
+	size int
+	tpl  template.Template // BuildID "" = no ready build: keep no standbys
+}
+
+// poolTargets lists the templates that want a pool.
+func (m *Manager) poolTargets(ctx context.Context) (map[string]poolTarget, error) {
+	want := map[string]poolTarget{}
+	after := ""
+	for page := 0; page < poolMaxPages; page++ {
+		ts, err := m.store.ListTemplates(ctx, after, 500)
+		if err != nil {
+			return nil, err
+		}
+		if len(ts) == 0 {
+			break
+		}
+		for _, t := range ts {
+			after = t.ID
+			if t.PoolSize <= 0 {
+				continue
+			}
+			tgt := poolTarget{size: t.PoolSize}
+			tpl, err := m.templates.Resolve(ctx, t.ID)
+			switch {
+			case err == nil:
+				tgt.tpl = tpl
+			case errors.Is(err, template.ErrNotReady), errors.Is(err, template.ErrNotFound):
+			default:
+				return nil, err
+			}
+			want[t.ID] = tgt
+		}
+	}
+	return want, nil
+}
+
+// reconcilePool retires standbys of stale builds, of templates without a
+// pool and beyond the size, and creates missing ones one at a time.
+func (m *Manager) reconcilePool(ctx context.Context) error {
+	want, err := m.poolTargets(ctx)
+	if err != nil {
+		return err
+	}
+	rows, err := m.store.ListSandboxes(ctx, store.SandboxFilter{States: liveStates, Ascending: true})
+	if err != nil {
+		return err
+	}
+	keep := map[string][]*store.Sandbox{}
+	for _, sb := range rows {
+		if !IsStandby(sb) {
+			continue
+		}
+		tplID := sb.Metadata[PoolKey]
+		tgt, ok := want[tplID]
+		switch {
+		case sb.State == store.StatePaused:
+			m.retire(ctx, sb.ID, "warm-pool standby was paused")
+		case sb.State != store.StateRunning:
+			// Creating (by this loop) or in a transition its owner finishes.
+		case !ok:
+			m.retire(ctx, sb.ID, "warm pool of template "+tplID+" was removed")
+		case sb.Metadata[PoolBuildKey] != tgt.tpl.BuildID:
+			m.retire(ctx, sb.ID, "warm-pool standby retired: template "+tplID+" has a new ready build")
+		default:
+			keep[tplID] = append(keep[tplID], sb)
+		}
+	}
+	m.pool.standbys.Reset()
+	ids := make([]string, 0, len(want))
+	for id := range want {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	now := time.Now()
+	for _, id := range ids {
+		tgt, have := want[id], keep[id]
+		// rows are oldest first; claims take the oldest, so shed the newest.
+		for len(have) > tgt.size {
+			m.retire(ctx, have[len(have)-1].ID, "warm pool of template "+id+" shrank")
+			have = have[:len(have)-1]
+		}
+		for _, sb := range have {
+			if sb.EndAt.Sub(now) < m.standbyTimeout()/2 {
+				m.extendStandby(ctx, sb.ID)
+			}
+		}
+		m.pool.standbys.WithLabelValues(id).Set(float64(len(have)))
+		keep[id] = have
+	}
+	for _, id := range ids {
+		tgt := want[id]
+		if tgt.tpl.BuildID == "" {
+			continue
+		}
+		for n := len(keep[id]); n < tgt.size; n++ {
+			// User creates come first: stop filling while any is booting.
+			if ctx.Err() != nil || m.userCreates.Load() > 0 {
+				return nil
+			}
+			if err := m.createStandby(ctx, tgt.tpl); err != nil {
+				if errors.Is(err, ErrCapacity) || errors.Is(err, ErrBusy) {
+					return nil // try again next tick
+				}
+				return fmt.Errorf("create standby of %s: %w", id, err)
+			}
+			m.pool.standbys.WithLabelValues(id).Set(float64(n + 1))
+		}
+	}
+	return nil
+}
+
+func (m *Manager) createStandby(ctx context.Context, tpl template.Template) error {
+	sb, err := m.createFrom(ctx, CreateOptions{TemplateID: tpl.ID, Timeout: m.standbyTimeout(),
+		Metadata: map[string]string{PoolKey: tpl.ID, PoolBuildKey: tpl.BuildID},
+		// The default egress policy, so most claims need no node policy
+		// change; no public traffic reaches an unclaimed standby (the
+		// proxy reads the row, which the claim rewrites).
+		Network: store.Network{AllowInternet: true}}, tpl)
+	if err != nil {
+		if sb != nil {
+			// Ready command timed out: a standby that is not ready is useless.
+			m.retire(context.WithoutCancel(ctx), sb.ID, "warm-pool standby failed its ready command")
+		}
+		return err
+	}
+	return nil
+}
+
+// retire kills a standby unless a claim took it first.
+func (m *Manager) retire(ctx context.Context, id, reason string) {
+	unlock := m.lock(id)
+	defer unlock()
+	cur, err := m.store.GetSandbox(ctx, id)
+	if err != nil || !cur.State.Live() || !IsStandby(cur) {
+		return
+	}
+	if err := m.killLocked(ctx, id, reason); err != nil && !errors.Is(err, ErrNotFound) {
+		m.log.Error("retire standby", "sandbox", id, "err", err)
+	}
+}
+
+// extendStandby pushes an idle standby's expiry out again.
+func (m *Manager) extendStandby(ctx context.Context, id string) {
+	unlock := m.lock(id)
+	defer unlock()
+	cur, err := m.store.GetSandbox(ctx, id)
+	if err != nil || cur.State != store.StateRunning || !IsStandby(cur) {
+		return
+	}
+	cur.EndAt = time.Now().UTC().Add(m.standbyTimeout())
+	if err := m.store.UpdateSandbox(ctx, cur); err != nil {
+		m.log.Warn("extend standby", "sandbox", id, "err", err)
+	}
+}

@@ -1,0 +1,298 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/network"
+	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
+	"github.com/cubicle-dev/cubicle/internal/template"
+)
+
+// fakeNode keeps sandboxes in memory; reinitErr makes Reinit fail.
+type fakeNode struct {
+	mu        sync.Mutex
+	sbs       map[string]node.CreateRequest
+	reinits   map[string]node.CreateRequest
+	policies  map[string]network.Policy
+	reinitErr error
+}
+
+func newFakeNode() *fakeNode {
+	return &fakeNode{sbs: map[string]node.CreateRequest{}, reinits: map[string]node.CreateRequest{}, policies: map[string]network.Policy{}}
+}
+
+func (f *fakeNode) ID() string { return "local" }
+func (f *fakeNode) Create(_ context.Context, req node.CreateRequest) (node.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.sbs[req.ID] = req
+	return node.Sandbox{ID: req.ID, Addr: netip.MustParseAddr("10.0.0.2"), State: runtime.StateRunning}, nil
+}
+func (f *fakeNode) Delete(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.sbs, id)
+	return nil
+}
+func (f *fakeNode) Pause(context.Context, string) error                      { return nil }
+func (f *fakeNode) Resume(context.Context, string, node.CreateRequest) error { return nil }
+func (f *fakeNode) Stats(context.Context, string, string) (node.Stats, error) {
+	return node.Stats{}, nil
+}
+func (f *fakeNode) Logs(context.Context, string) ([]byte, error)                     { return nil, nil }
+func (f *fakeNode) VolumeRefs(context.Context) ([]node.VolumeRef, error)             { return nil, nil }
+func (f *fakeNode) VolumeDrivers() []string                                          { return nil }
+func (f *fakeNode) Run(context.Context, string, string, string, string) (int, error) { return 0, nil }
+func (f *fakeNode) DetachVolume(context.Context, string, string) error               { return nil }
+func (f *fakeNode) AttachVolume(context.Context, string, node.VolumeAttachment) (string, error) {
+	return "", errors.New("no volumes")
+}
+func (f *fakeNode) Reinit(_ context.Context, id string, req node.CreateRequest, cur string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.reinitErr != nil {
+		return f.reinitErr
+	}
+	if f.sbs[id].EnvdToken != cur {
+		return errors.New("wrong current token")
+	}
+	f.reinits[id] = req
+	return nil
+}
+func (f *fakeNode) Get(_ context.Context, id string) (node.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.sbs[id]; !ok {
+		return node.Sandbox{}, node.ErrNotFound
+	}
+	return node.Sandbox{ID: id, State: runtime.StateRunning}, nil
+}
+func (f *fakeNode) List(context.Context) ([]node.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []node.Sandbox
+	for id := range f.sbs {
+		out = append(out, node.Sandbox{ID: id, State: runtime.StateRunning})
+	}
+	return out, nil
+}
+func (f *fakeNode) UpdatePolicy(_ context.Context, id string, p network.Policy) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.policies[id] = p
+	return nil
+}
+func (f *fakeNode) count() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.sbs)
+}
+
+// storeResolver resolves catalog rows the way the catalog does, minus names.
+type storeResolver struct{ st store.Store }
+
+func (r storeResolver) Resolve(ctx context.Context, ref string) (template.Template, error) {
+	t, err := r.st.GetTemplate(ctx, ref)
+	if err != nil {
+		return template.Template{}, fmt.Errorf("%w: %s", template.ErrNotFound, ref)
+	}
+	return template.Template{ID: t.ID, Alias: t.ID, Layers: []string{"/nonexistent"}, CPUCount: 1, MemoryMB: 128,
+		BuildID: t.ReadyBuildID, PoolSize: t.PoolSize}, nil
+}
+
+func newPoolManager(t *testing.T) (*Manager, *fakeNode, store.Store) {
+	t.Helper()
+	st, err := sqlite.Open(filepath.Join(t.TempDir(), "c.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	tpl := &store.Template{ID: "tpl", PrimaryName: "tpl", Names: []string{"tpl"}, ReadyBuildID: "b1", LatestBuildID: "b1", BuildStatus: store.BuildReady}
+	if err := st.CreateTemplate(context.Background(), tpl, &store.TemplateBuild{ID: "b1", TemplateID: "tpl", Status: store.BuildReady, Rootfs: "/x"}); err != nil {
+		t.Fatal(err)
+	}
+	n := newFakeNode()
+	return New(Config{}, st, n, storeResolver{st}), n, st
+}
+
+func setPool(t *testing.T, st store.Store, size int, build string) {
+	t.Helper()
+	tpl, err := st.GetTemplate(context.Background(), "tpl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tpl.PoolSize, tpl.ReadyBuildID = size, build
+	if err := st.UpdateTemplate(context.Background(), tpl); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func standbys(t *testing.T, m *Manager, build string) []string {
+	t.Helper()
+	ids, err := m.Standbys(context.Background(), "tpl", build)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+func TestPoolFillClaimRefill(t *testing.T) {
+	ctx := context.Background()
+	m, n, st := newPoolManager(t)
+	setPool(t, st, 2, "b1")
+	if err := m.reconcilePool(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ids := standbys(t, m, "b1")
+	if len(ids) != 2 || n.count() != 2 {
+		t.Fatalf("after fill: standbys %v, node %d", ids, n.count())
+	}
+	if rows, _ := m.List(ctx, store.SandboxFilter{}); len(rows) != 0 {
+		t.Fatalf("List shows standbys: %d", len(rows))
+	}
+	if _, err := m.Get(ctx, ids[0]); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Get of a standby: %v", err)
+	}
+	if err := m.Kill(ctx, ids[0], "user"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Kill of a standby: %v", err)
+	}
+	standbyToken := n.sbs[ids[0]].EnvdToken
+	sb, err := m.Create(ctx, CreateOptions{TemplateID: "tpl", Metadata: map[string]string{"k": "v"}, EnvVars: map[string]string{"A": "1"},
+		Network: store.Network{AllowInternet: false}, Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.ID != ids[0] || sb.Metadata["k"] != "v" || IsStandby(sb) || sb.EnvdToken == standbyToken || sb.State != store.StateRunning {
+		t.Fatalf("claim: %+v (oldest standby %s)", sb, ids[0])
+	}
+	if r := n.reinits[sb.ID]; r.EnvdToken != sb.EnvdToken || r.EnvVars["A"] != "1" {
+		t.Fatalf("agent re-init: %+v", r)
+	}
+	if p, ok := n.policies[sb.ID]; !ok || p.AllowInternet {
+		t.Fatalf("policy not applied: %+v %v", p, ok)
+	}
+	if time.Until(sb.EndAt) > time.Minute {
+		t.Fatalf("claimed expiry %v", sb.EndAt)
+	}
+	if got, err := m.Get(ctx, sb.ID); err != nil || got.Metadata["k"] != "v" {
+		t.Fatalf("claimed Get: %+v %v", got, err)
+	}
+	if rows, _ := m.List(ctx, store.SandboxFilter{}); len(rows) != 1 {
+		t.Fatalf("List after claim: %d", len(rows))
+	}
+	if err := m.reconcilePool(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ids := standbys(t, m, "b1"); len(ids) != 2 || n.count() != 3 {
+		t.Fatalf("after refill: %v, node %d", ids, n.count())
+	}
+	setPool(t, st, 0, "b1")
+	if err := m.reconcilePool(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ids := standbys(t, m, "b1"); len(ids) != 0 || n.count() != 1 {
+		t.Fatalf("after pool 0: %v, node %d", ids, n.count())
+	}
+}
+
+func TestPoolRetiresStaleBuildAndNeverClaimsIt(t *testing.T) {
+	ctx := context.Background()
+	m, n, st := newPoolManager(t)
+	setPool(t, st, 1, "b1")
+	if err := m.reconcilePool(ctx); err != nil {
+		t.Fatal(err)
+	}
+	old := standbys(t, m, "b1")
+	// A new ready build: before the reconciler runs, a create must boot.
+	setPool(t, st, 1, "b2")
+	sb, err := m.Create(ctx, CreateOptions{TemplateID: "tpl"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.ID == old[0] {
+		t.Fatal("create claimed the standby of the previous build")
+	}
+	if err := m.reconcilePool(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := st.GetSandbox(ctx, old[0]); got.State != store.StateKilled {
+		t.Fatalf("old standby: %s", got.State)
+	}
+	if ids := standbys(t, m, "b2"); len(ids) != 1 || n.count() != 2 {
+		t.Fatalf("new standbys %v, node %d", ids, n.count())
+	}
+}
+
+func TestPoolClaimFailureBoots(t *testing.T) {
+	ctx := context.Background()
+	m, n, st := newPoolManager(t)
+	setPool(t, st, 1, "b1")
+	if err := m.reconcilePool(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ids := standbys(t, m, "b1")
+	n.reinitErr = errors.New("agent gone")
+	sb, err := m.Create(ctx, CreateOptions{TemplateID: "tpl"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.ID == ids[0] {
+		t.Fatal("failed claim returned the standby")
+	}
+	if got, _ := st.GetSandbox(ctx, ids[0]); got.State != store.StateKilled {
+		t.Fatalf("half-claimed standby: %s", got.State)
+	}
+}
+
+func TestPoolConcurrentClaims(t *testing.T) {
+	ctx := context.Background()
+	m, _, st := newPoolManager(t)
+	setPool(t, st, 3, "b1")
+	if err := m.reconcilePool(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pooled := map[string]bool{}
+	for _, id := range standbys(t, m, "b1") {
+		pooled[id] = true
+	}
+	var mu sync.Mutex
+	got := map[string]bool{}
+	var wg sync.WaitGroup
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sb, err := m.Create(ctx, CreateOptions{TemplateID: "tpl"})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if got[sb.ID] {
+				t.Errorf("sandbox %s handed out twice", sb.ID)
+			}
+			got[sb.ID] = true
+		}()
+	}
+	wg.Wait()
+	hits := 0
+	for id := range got {
+		if pooled[id] {
+			hits++
+		}
+	}
+	if len(got) != 8 || hits != 3 {
+		t.Fatalf("%d sandboxes, %d from the pool; want 8 and 3", len(got), hits)
+	}
+}
