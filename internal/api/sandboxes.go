@@ -317,7 +317,7 @@ func (s *Server) listV2(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	running, err := s.store.CountSandboxes(r.Context(), []store.SandboxState{store.StateRunning})
+	running, err := s.mgr.CountRunning(r.Context())
 	if err != nil {
 		s.fail(w, r, err)
 		return

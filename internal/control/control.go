@@ -475,6 +475,13 @@ func (m *Manager) List(ctx context.Context, f store.SandboxFilter) ([]*store.San
 	return m.store.ListSandboxes(ctx, f)
 }
 
+// CountRunning counts running sandboxes users can see (warm-pool standbys
+// are not theirs).
+func (m *Manager) CountRunning(ctx context.Context) (int, error) {
+	rows, err := m.List(ctx, store.SandboxFilter{States: []store.SandboxState{store.StateRunning}})
+	return len(rows), err
+}
+
 // Kill removes the sandbox from its node and marks it killed.
 func (m *Manager) Kill(ctx context.Context, id, reason string) error {
 	unlock := m.lock(id)
@@ -493,10 +500,16 @@ func (m *Manager) killLocked(ctx context.Context, id, reason string) (err error)
 	}
 	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
+	// The row goes to killed first, so no caller sees a sandbox that is
+	// already stopping as alive; a crash before the node cleanup leaves a
+	// killed row with node leftovers, which the reconciler deletes. Volume
+	// references are dropped only after the node confirmed the detach.
+	sb.State, sb.KilledAt, sb.KillReason = store.StateKilled, time.Now().UTC(), reason
+	if err := m.store.UpdateSandbox(nctx, sb); err != nil {
+		return err
+	}
 	nerr := m.node.Delete(nctx, id)
 	if nerr != nil {
-		// The row still goes to killed; the reconciler retries the node cleanup
-		// because the node keeps listing the leftover.
 		m.log.Error("node delete", "sandbox", id, "err", nerr)
 		reason += " (node cleanup pending: " + nerr.Error() + ")"
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -85,8 +86,15 @@ func listedIDs(t *testing.T, s *server) []string {
 		t.Fatalf("list: %d", st)
 	}
 	var ids []string
+	running := 0
 	for _, sb := range list {
 		ids = append(ids, sb["sandboxID"].(string))
+		if sb["state"] == "running" {
+			running++
+		}
+	}
+	if got := s.lastHeader.Get("X-Total-Running"); got != strconv.Itoa(running) {
+		t.Fatalf("X-Total-Running %s counts standbys (visible running: %d)", got, running)
 	}
 	var v1 []map[string]any
 	s.do("GET", "/sandboxes", nil, &v1)
