@@ -369,6 +369,12 @@ func TestTemplateBuildFailuresAndRestart(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	// While the rebuild runs, creates still get the ready image.
+	during := s.create(map[string]any{"templateID": "fails"})
+	if out := s.mustRun(during, "cat /etc/tv"); out != "v1\n" {
+		t.Fatalf("create during a build: %q", out)
+	}
+	s.kill(t, during.SandboxID)
 	s.stop(syscall.SIGKILL)
 	s.start()
 	bs, logs := s.waitBuild(t, c)
