@@ -210,7 +210,7 @@ func (c *Catalog) recover(ctx context.Context) error {
 			for _, b := range builds {
 				switch b.Status {
 				case store.BuildBuilding, store.BuildUploaded:
-					c.finish(ctx, t.ID, b.ID, nil, errors.New("builder disappeared"), "")
+					c.finish(ctx, t.ID, b.ID, nil, errors.New("builder disappeared"), nil)
 				case store.BuildWaiting:
 					if b.Spec != "" {
 						// Start was accepted but not begun: run it now.
@@ -650,15 +650,8 @@ func (c *Catalog) readyBuildOf(ctx context.Context, ref string) (*store.Template
 	}
 	id := t.ReadyBuildID
 	if hasTag && tag != "default" && tag != "latest" {
-		tags, err := c.st.ListTemplateTags(ctx, t.ID)
-		if err != nil {
+		if id, err = c.taggedBuild(ctx, t.ID, tag); err != nil {
 			return nil, err
-		}
-		id = ""
-		for _, tg := range tags {
-			if tg.Tag == tag {
-				id = tg.BuildID
-			}
 		}
 	}
 	if id == "" {
@@ -708,8 +701,9 @@ func APIStatus(s string) string {
 	return s
 }
 
-// BuildStatus returns status plus log entries from offset.
-func (c *Catalog) BuildStatus(ctx context.Context, templateID, buildID string, offset, limit int, level string) (*Status, error) {
+// templateBuild finds buildID of templateID: ErrNotFound when the template
+// is unknown, ErrBuildNotFound when the build is not one of its builds.
+func (c *Catalog) templateBuild(ctx context.Context, templateID, buildID string) (*store.TemplateBuild, error) {
 	b, err := c.st.GetTemplateBuild(ctx, buildID)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && b.TemplateID != templateID) {
 		if _, terr := c.st.GetTemplate(ctx, templateID); errors.Is(terr, store.ErrNotFound) {
@@ -717,6 +711,21 @@ func (c *Catalog) BuildStatus(ctx context.Context, templateID, buildID string, o
 		}
 		return nil, fmt.Errorf("%w: build '%s' of template '%s'", ErrBuildNotFound, buildID, templateID)
 	}
+	return b, err
+}
+
+// levelMin is the rank a log level filter keeps (all for "").
+func levelMin(level string) (int, error) {
+	min, ok := levelRank[level]
+	if level != "" && !ok {
+		return 0, invalid("level must be one of debug, info, warn, error")
+	}
+	return min, nil
+}
+
+// BuildStatus returns status plus log entries from offset.
+func (c *Catalog) BuildStatus(ctx context.Context, templateID, buildID string, offset, limit int, level string) (*Status, error) {
+	b, err := c.templateBuild(ctx, templateID, buildID)
 	if err != nil {
 		return nil, err
 	}
@@ -726,9 +735,9 @@ func (c *Catalog) BuildStatus(ctx context.Context, templateID, buildID string, o
 	if limit <= 0 || limit > 100 {
 		limit = 100
 	}
-	min, ok := levelRank[level]
-	if level != "" && !ok {
-		return nil, invalid("level must be one of debug, info, warn, error")
+	min, err := levelMin(level)
+	if err != nil {
+		return nil, err
 	}
 	logs, err := c.st.ListBuildLogs(ctx, buildID, offset, limit)
 	if err != nil {
@@ -753,7 +762,10 @@ func (c *Catalog) BuildStatus(ctx context.Context, templateID, buildID string, o
 
 // BuildLogs is GET .../logs (cursor = ms timestamp; direction forward|backward).
 func (c *Catalog) BuildLogs(ctx context.Context, templateID, buildID string, cursor time.Time, limit int, backward bool, level string) ([]LogEntry, error) {
-	st, err := c.BuildStatus(ctx, templateID, buildID, 0, 100, level)
+	if _, err := c.templateBuild(ctx, templateID, buildID); err != nil {
+		return nil, err
+	}
+	min, err := levelMin(level)
 	if err != nil {
 		return nil, err
 	}
@@ -767,7 +779,7 @@ func (c *Catalog) BuildLogs(ctx context.Context, templateID, buildID string, cur
 			return nil, err
 		}
 		for _, l := range logs {
-			if levelRank[l.Level] < levelRank[level] {
+			if levelRank[l.Level] < min {
 				continue
 			}
 			if !cursor.IsZero() && ((!backward && l.Time.Before(cursor)) || (backward && l.Time.After(cursor))) {
@@ -779,7 +791,6 @@ func (c *Catalog) BuildLogs(ctx context.Context, templateID, buildID string, cur
 			break
 		}
 	}
-	_ = st
 	if backward {
 		sort.SliceStable(all, func(i, j int) bool { return all[i].Timestamp.After(all[j].Timestamp) })
 	}
@@ -790,6 +801,20 @@ func (c *Catalog) BuildLogs(ctx context.Context, templateID, buildID string, cur
 		all = []LogEntry{}
 	}
 	return all, nil
+}
+
+// taggedBuild is the build a tag of the template points at ("" if none).
+func (c *Catalog) taggedBuild(ctx context.Context, templateID, tag string) (string, error) {
+	tags, err := c.st.ListTemplateTags(ctx, templateID)
+	if err != nil {
+		return "", err
+	}
+	for _, tg := range tags {
+		if tg.Tag == tag {
+			return tg.BuildID, nil
+		}
+	}
+	return "", nil
 }
 
 // Tags lists a template's tags.
@@ -813,15 +838,8 @@ func (c *Catalog) AssignTags(ctx context.Context, target string, tags []string) 
 	}
 	buildID := t.ReadyBuildID
 	if tag != "" && tag != "default" {
-		cur, err := c.st.ListTemplateTags(ctx, t.ID)
-		if err != nil {
+		if buildID, err = c.taggedBuild(ctx, t.ID, tag); err != nil {
 			return "", err
-		}
-		buildID = ""
-		for _, tg := range cur {
-			if tg.Tag == tag {
-				buildID = tg.BuildID
-			}
 		}
 	}
 	if buildID == "" {

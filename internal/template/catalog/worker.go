@@ -72,7 +72,7 @@ func (c *Catalog) run(ctx context.Context, buildID string) {
 	}
 	var req StartRequest
 	if err := json.Unmarshal([]byte(b.Spec), &req); err != nil {
-		c.finish(ctx, t.ID, b.ID, nil, &BuildError{Step: "base", Err: fmt.Errorf("stored build request unreadable: %v", err)}, "")
+		c.finish(ctx, t.ID, b.ID, nil, &BuildError{Step: "base", Err: fmt.Errorf("stored build request unreadable: %v", err)}, nil)
 		return
 	}
 	if v, ok := c.pending.LoadAndDelete(b.ID); ok {
@@ -91,7 +91,7 @@ func (c *Catalog) run(ctx context.Context, buildID string) {
 	if req.FromTemplate != "" {
 		src, err := c.readyBuildOf(ctx, req.FromTemplate)
 		if err != nil {
-			c.finish(ctx, t.ID, b.ID, nil, &BuildError{Step: "base", Err: err}, "")
+			c.finish(ctx, t.ID, b.ID, nil, &BuildError{Step: "base", Err: err}, nil)
 			return
 		}
 		job.FromImage, job.FromRootfs = src.Image, src.Rootfs
@@ -100,7 +100,7 @@ func (c *Catalog) run(ctx context.Context, buildID string) {
 	}
 	out, err := c.cfg.Builder.Build(ctx, job, func(level, msg, step string) { c.logf(ctx, b.ID, level, step, "%s", msg) })
 	if err != nil {
-		c.finish(ctx, t.ID, b.ID, nil, err, "")
+		c.finish(ctx, t.ID, b.ID, nil, err, nil)
 		c.metrics.observe("error", start)
 		return
 	}
@@ -116,19 +116,19 @@ func (c *Catalog) run(ctx context.Context, buildID string) {
 			pt := template.Template{ID: t.ID, Layers: []string{out.Rootfs}, CPUCount: b.CPUCount, MemoryMB: b.MemoryMB, DiskSizeMB: b.DiskSizeMB,
 				StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd, RunAs: out.RunAs, Workdir: out.Workdir}
 			if err := p.Probe(ctx, out.Rootfs, pt); err != nil {
-				c.finish(ctx, t.ID, b.ID, nil, &BuildError{Step: "finalize", Err: fmt.Errorf("ready command failed: %v", err)}, "")
+				c.finish(ctx, t.ID, b.ID, nil, &BuildError{Step: "finalize", Err: fmt.Errorf("ready command failed: %v", err)}, nil)
 				c.metrics.observe("error", start)
 				return
 			}
 		}
 	}
-	c.finish(ctx, t.ID, b.ID, &out, nil, req.StartCmd+"\x00"+req.ReadyCmd)
+	c.finish(ctx, t.ID, b.ID, &out, nil, &req)
 	c.metrics.observe("ready", start)
 }
 
 // finish records the outcome. Only a ready build touches the template's
 // ready image; a failed one leaves the previous ready build serving.
-func (c *Catalog) finish(ctx context.Context, templateID, buildID string, out *Output, berr error, cmds string) {
+func (c *Catalog) finish(ctx context.Context, templateID, buildID string, out *Output, berr error, req *StartRequest) {
 	ctx = context.WithoutCancel(ctx)
 	defer func() {
 		c.mu.Lock()
@@ -163,9 +163,8 @@ func (c *Catalog) finish(ctx context.Context, templateID, buildID string, out *O
 		t.BuildStatus = b.Status
 	}
 	if out != nil {
-		start, ready, _ := strings.Cut(cmds, "\x00")
 		t.ReadyBuildID, t.ReadyImage = b.ID, out.Image
-		t.StartCmd, t.ReadyCmd, t.RunAs, t.Workdir = start, ready, out.RunAs, out.Workdir
+		t.StartCmd, t.ReadyCmd, t.RunAs, t.Workdir = req.StartCmd, req.ReadyCmd, out.RunAs, out.Workdir
 		t.CPUCount, t.MemoryMB, t.DiskSizeMB = b.CPUCount, b.MemoryMB, b.DiskSizeMB
 	}
 	if err := c.st.UpdateTemplate(ctx, t); err != nil {
@@ -229,15 +228,8 @@ func (c *Catalog) Resolve(ctx context.Context, ref string) (template.Template, e
 	}
 	buildID := t.ReadyBuildID
 	if hasTag && tag != "default" && tag != "latest" {
-		tags, err := c.st.ListTemplateTags(ctx, t.ID)
-		if err != nil {
+		if buildID, err = c.taggedBuild(ctx, t.ID, tag); err != nil {
 			return template.Template{}, err
-		}
-		buildID = ""
-		for _, tg := range tags {
-			if tg.Tag == tag {
-				buildID = tg.BuildID
-			}
 		}
 	}
 	if buildID == "" {
@@ -247,11 +239,7 @@ func (c *Catalog) Resolve(ctx context.Context, ref string) (template.Template, e
 	if err != nil || b.Status != store.BuildReady || b.Rootfs == "" {
 		return template.Template{}, fmt.Errorf("%w: %q", template.ErrNotReady, ref)
 	}
-	alias := name
-	if t.ID == BaseID {
-		alias = name
-	}
-	return template.Template{ID: t.ID, Alias: alias, Layers: []string{b.Rootfs}, CPUCount: b.CPUCount, MemoryMB: b.MemoryMB,
+	return template.Template{ID: t.ID, Alias: name, Layers: []string{b.Rootfs}, CPUCount: b.CPUCount, MemoryMB: b.MemoryMB,
 		DiskSizeMB: b.DiskSizeMB, StartCmd: t.StartCmd, ReadyCmd: t.ReadyCmd, RunAs: t.RunAs, Workdir: t.Workdir, BuildID: b.ID, PoolSize: t.PoolSize}, nil
 }
 
