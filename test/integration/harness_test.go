@@ -402,3 +402,19 @@ func unmountUnder(dir string) {
 		syscall.Unmount(points[i], syscall.MNT_DETACH)
 	}
 }
+
+// requireMetrics fails unless every want appears in the server's /metrics.
+func (s *server) requireMetrics(t *testing.T, wants ...string) {
+	t.Helper()
+	resp, err := http.Get(s.URL + "/metrics")
+	if err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range wants {
+		if !strings.Contains(string(body), want) {
+			t.Fatalf("metrics lack %s", want)
+		}
+	}
+}

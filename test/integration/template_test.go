@@ -238,16 +238,7 @@ func TestTemplateCatalogRoutes(t *testing.T) {
 	if s.do("GET", "/v2/templates?limit=1&nextToken="+s.lastHeader.Get("X-Next-Token"), nil, &page); len(page) != 1 || page[0]["templateID"] != a.TemplateID {
 		t.Fatalf("v2 page 2: %v", page)
 	}
-	if resp, err := http.Get(s.URL + "/metrics"); err == nil {
-		var m bytes.Buffer
-		m.ReadFrom(resp.Body)
-		resp.Body.Close()
-		for _, want := range []string{`cubicle_templates{status="ready"} 2`, `cubicle_template_builds_total{result="ready"} 1`, `cubicle_template_build_duration_seconds_count 1`} {
-			if !strings.Contains(m.String(), want) {
-				t.Fatalf("metrics lack %s", want)
-			}
-		}
-	}
+	s.requireMetrics(t, `cubicle_templates{status="ready"} 2`, `cubicle_template_builds_total{result="ready"} 1`, `cubicle_template_build_duration_seconds_count 1`)
 	if st := s.do("DELETE", "/templates/"+a.TemplateID, nil, nil); st != 204 {
 		t.Fatalf("delete: %d", st)
 	}

@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -182,18 +181,8 @@ func TestVolumeAPIAndSharing(t *testing.T) {
 	if refs := refFiles(t, s); len(refs) != 0 {
 		t.Fatalf("node refs left: %v", refs)
 	}
-	var metrics bytes.Buffer
-	resp, err := http.Get(s.URL + "/metrics")
-	if err == nil {
-		io.Copy(&metrics, resp.Body)
-		resp.Body.Close()
-	}
-	for _, want := range []string{`cubicle_volume_operations_total{driver="local",op="attach",result="ok"}`, `cubicle_volume_attach_duration_seconds_count{driver="local"}`,
-		`cubicle_volume_operations_total{driver="local",op="create",result="ok"}`, `cubicle_volume_operations_total{driver="local",op="delete",result="ok"}`} {
-		if !strings.Contains(metrics.String(), want) {
-			t.Fatalf("metrics lack %s", want)
-		}
-	}
+	s.requireMetrics(t, `cubicle_volume_operations_total{driver="local",op="attach",result="ok"}`, `cubicle_volume_attach_duration_seconds_count{driver="local"}`,
+		`cubicle_volume_operations_total{driver="local",op="create",result="ok"}`, `cubicle_volume_operations_total{driver="local",op="delete",result="ok"}`)
 }
 
 // contentReq calls the volume-content API with the volume token.
@@ -391,17 +380,8 @@ func TestVolumePluginFaults(t *testing.T) {
 	if m := mountsUnder(base); len(m) != 0 {
 		t.Fatalf("mounts left: %v", m)
 	}
-	var metrics bytes.Buffer
-	if resp, err := http.Get(s.URL + "/metrics"); err == nil {
-		io.Copy(&metrics, resp.Body)
-		resp.Body.Close()
-	}
-	for _, want := range []string{`cubicle_volume_plugin_errors_total{driver="fault",kind="timeout",op="attach"}`,
-		`cubicle_volume_plugin_errors_total{driver="fault",kind="protocol",op="attach"}`, `cubicle_volume_plugin_errors_total{driver="fault",kind="protocol",op="create"}`} {
-		if !strings.Contains(metrics.String(), want) {
-			t.Fatalf("metrics lack %s", want)
-		}
-	}
+	s.requireMetrics(t, `cubicle_volume_plugin_errors_total{driver="fault",kind="timeout",op="attach"}`,
+		`cubicle_volume_plugin_errors_total{driver="fault",kind="protocol",op="attach"}`, `cubicle_volume_plugin_errors_total{driver="fault",kind="protocol",op="create"}`)
 }
 
 // Killing the server while a plugin is attaching (after its mount, before
