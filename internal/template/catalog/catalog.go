@@ -393,15 +393,21 @@ func (c *Catalog) create(ctx context.Context, req CreateRequest) (*CreateRespons
 	if t.BuildStatus == store.BuildBuilding || t.BuildStatus == store.BuildUploaded {
 		return nil, fmt.Errorf("%w: template %s is already building (build %s)", ErrConflict, t.ID, t.LatestBuildID)
 	}
-	if t.BuildStatus == store.BuildWaiting && t.LatestBuildID != "" {
-		// A waiting build whose start was accepted is queued: as good as
-		// building. One that was never started is superseded.
-		if old, err := c.st.GetTemplateBuild(ctx, t.LatestBuildID); err == nil && old.Status == store.BuildWaiting && old.Spec != "" {
-			return nil, fmt.Errorf("%w: template %s has a queued build (%s)", ErrConflict, t.ID, old.ID)
-		}
-		if old, err := c.st.GetTemplateBuild(ctx, t.LatestBuildID); err == nil && old.Status == store.BuildWaiting {
-			old.Status, old.Reason, old.FinishedAt = store.BuildError, "superseded by build "+b.ID, time.Now().UTC()
-			_ = c.st.UpdateTemplateBuild(ctx, old)
+	if t.LatestBuildID != "" {
+		// The latest build's own row is the truth: the worker moves it to
+		// building a moment before it updates the template row.
+		if old, err := c.st.GetTemplateBuild(ctx, t.LatestBuildID); err == nil {
+			switch {
+			case old.Status == store.BuildBuilding || old.Status == store.BuildUploaded:
+				return nil, fmt.Errorf("%w: template %s is already building (build %s)", ErrConflict, t.ID, old.ID)
+			case old.Status == store.BuildWaiting && old.Spec != "":
+				// A waiting build whose start was accepted is queued: as good as building.
+				return nil, fmt.Errorf("%w: template %s has a queued build (%s)", ErrConflict, t.ID, old.ID)
+			case old.Status == store.BuildWaiting:
+				// One that was never started is superseded.
+				old.Status, old.Reason, old.FinishedAt = store.BuildError, "superseded by build "+b.ID, time.Now().UTC()
+				_ = c.st.UpdateTemplateBuild(ctx, old)
+			}
 		}
 	}
 	b.TemplateID = t.ID
