@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/cubicle-dev/cubicle/internal/accel"
 	"io"
 	"net/http"
 	"strconv"
@@ -58,6 +59,8 @@ type templateJSON struct {
 	EnvdVersion   string     `json:"envdVersion"`
 	BuildStatus   string     `json:"buildStatus"`
 	PoolSize      int        `json:"poolSize"`
+	// Accelerators is the compatibility contract (Cubicle extension).
+	Accelerators *accel.Contract `json:"accelerators,omitempty"`
 }
 
 type buildJSON struct {
@@ -79,6 +82,7 @@ func templateOut(t *store.Template) templateJSON {
 	if t.ReadyBuildID != "" {
 		out.BuildID = t.ReadyBuildID
 	}
+	out.Accelerators, _ = catalog.Contract(t)
 	if !t.LastSpawnedAt.IsZero() {
 		ls := t.LastSpawnedAt
 		out.LastSpawnedAt = &ls
@@ -256,18 +260,36 @@ func (s *Server) patchTemplate(w http.ResponseWriter, r *http.Request) {
 	}
 	var req struct {
 		Public *bool `json:"public"`
+		// Accelerators (Cubicle extension) replaces the template's
+		// compatibility contract; null clears it.
+		Accelerators json.RawMessage `json:"accelerators"`
 	}
 	if !s.decode(w, r, &req, false) {
 		return
 	}
-	if req.Public == nil {
+	if req.Public == nil && req.Accelerators == nil {
 		writeError(w, http.StatusBadRequest, "public is required")
 		return
 	}
-	t, err := c.SetPublic(r.Context(), chi.URLParam(r, "id"), *req.Public)
-	if err != nil {
-		s.fail(w, r, err)
-		return
+	id := chi.URLParam(r, "id")
+	var t *store.Template
+	var err error
+	if req.Accelerators != nil {
+		var ct *accel.Contract
+		if err := json.Unmarshal(req.Accelerators, &ct); err != nil {
+			writeError(w, http.StatusBadRequest, "accelerators: "+err.Error())
+			return
+		}
+		if t, err = c.SetAccelerators(r.Context(), id, ct); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+	}
+	if req.Public != nil {
+		if t, err = c.SetPublic(r.Context(), id, *req.Public); err != nil {
+			s.fail(w, r, err)
+			return
+		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"names": t.Names})
 }

@@ -52,6 +52,29 @@ type Spec struct {
 	NetNSPath string   // existing network namespace to join ("" = new private netns with loopback only)
 	Mounts    []Mount
 	Resources Resources
+	// Devices are host device nodes passed through into the sandbox (GPUs:
+	// /dev/nvidia0, /dev/nvidiactl...). The driver creates each node at Path
+	// and allows it in the device cgroup; drivers that cannot do so report
+	// false from DeviceCapable and fail Create with ErrUnsupported.
+	Devices []Device
+}
+
+// Device is one device node to expose inside a sandbox.
+type Device struct {
+	Path     string // inside the sandbox, absolute under /dev
+	HostPath string // host node the numbers come from (informational for OCI drivers, which mknod)
+	Type     byte   // 'c' (char) or 'b' (block)
+	Major    int64
+	Minor    int64
+	FileMode uint32 // permission bits of the node; 0 means 0666
+	UID, GID uint32 // owner of the node inside the sandbox
+}
+
+// DeviceCapable is optionally implemented by a Driver to say whether it can
+// pass Spec.Devices through (the node checks it before scheduling
+// accelerator sandboxes onto a driver).
+type DeviceCapable interface {
+	SupportsDevices() bool
 }
 
 // Info is what the driver knows about a live sandbox.

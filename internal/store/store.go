@@ -66,6 +66,8 @@ type Sandbox struct {
 	Volumes []VolumeMount
 	// DefaultUser is the agent's default user ("" = user), from the template.
 	DefaultUser string
+	// Accelerators is the JSON array of accelerator requests ("" = none).
+	Accelerators string
 }
 
 // VolumeMount is one volume mounted into a sandbox.
@@ -236,8 +238,10 @@ type Template struct {
 	SpawnCount    int64
 	LastSpawnedAt time.Time
 	PoolSize      int
-	CreatedAt     time.Time
-	UpdatedAt     time.Time
+	// Accelerators is the JSON compatibility contract ("" = CPU-only).
+	Accelerators string
+	CreatedAt    time.Time
+	UpdatedAt    time.Time
 }
 
 // TemplateBuild is one build of a template.

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/cubicle-dev/cubicle/internal/accel"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -33,6 +34,8 @@ type Template struct {
 	Workdir  string
 	BuildID  string // the build the layers come from (warm pools compare it)
 	PoolSize int    // warm-pool standbys the template keeps (0 = no pool)
+	// Accelerators is the template's compatibility contract (nil = CPU-only).
+	Accelerators *accel.Contract
 }
 
 // Resolver turns a templateID (ID, alias, name:tag) into a Template.

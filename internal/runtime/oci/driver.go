@@ -68,7 +68,10 @@ type idLock struct {
 	refs int
 }
 
-var _ runtime.Driver = (*Driver)(nil)
+var (
+	_ runtime.Driver        = (*Driver)(nil)
+	_ runtime.DeviceCapable = (*Driver)(nil)
+)
 
 var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
 
@@ -122,6 +125,11 @@ func New(cfg Config) (*Driver, error) {
 
 // Name implements runtime.Driver.
 func (d *Driver) Name() string { return d.cfg.Runtime }
+
+// SupportsDevices implements runtime.DeviceCapable: runc and crun mknod the
+// nodes and program the device cgroup; runsc would need gVisor's nvproxy,
+// which is not wired up yet.
+func (d *Driver) SupportsDevices() bool { return d.cfg.Runtime != "runsc" }
 
 // Config returns the effective configuration (defaults filled in).
 func (d *Driver) Config() Config { return d.cfg }
@@ -314,6 +322,12 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Info,
 		if !filepath.IsAbs(m.Destination) || !filepath.IsAbs(m.Source) {
 			return runtime.Info{}, fmt.Errorf("%w: mount %s -> %s must be absolute", ErrInvalidSpec, m.Source, m.Destination)
 		}
+	}
+	if len(spec.Devices) > 0 && !d.SupportsDevices() {
+		return runtime.Info{}, fmt.Errorf("%w: %s cannot pass device nodes through (needs nvproxy)", runtime.ErrUnsupported, d.cfg.Runtime)
+	}
+	if err := validateDevices(spec.Devices); err != nil {
+		return runtime.Info{}, err
 	}
 	unlock := d.lock(spec.ID)
 	defer unlock()

@@ -147,6 +147,70 @@ func TestSpecDefaults(t *testing.T) {
 	}
 }
 
+func TestSpecDevices(t *testing.T) {
+	d := &Driver{cfg: Config{Runtime: "runc", CgroupParent: "cubicle"}}
+	s := d.buildSpec(runtime.Spec{
+		ID: "abc", Args: []string{"/a"},
+		Devices: []runtime.Device{
+			{Path: "/dev/nvidia0", Type: 'c', Major: 195, Minor: 0},
+			{Path: "/dev/sdz", Type: 'b', Major: 8, Minor: 3, FileMode: 0o600, UID: 1000, GID: 44},
+		},
+	}, "/r")
+	if len(s.Linux.Devices) != 2 {
+		t.Fatalf("devices %+v", s.Linux.Devices)
+	}
+	d0, d1 := s.Linux.Devices[0], s.Linux.Devices[1]
+	if d0.Path != "/dev/nvidia0" || d0.Type != "c" || d0.Major != 195 || d0.Minor != 0 || *d0.FileMode != 0o666 || *d0.UID != 0 {
+		t.Errorf("dev0 %+v", d0)
+	}
+	if d1.Type != "b" || d1.Major != 8 || d1.Minor != 3 || *d1.FileMode != 0o600 || *d1.UID != 1000 || *d1.GID != 44 {
+		t.Errorf("dev1 %+v", d1)
+	}
+	rules := s.Linux.Resources.Devices
+	if rules[0].Allow || rules[0].Access != "rwm" {
+		t.Fatalf("first rule is not deny-all: %+v", rules[0])
+	}
+	var found int
+	for _, r := range rules[1:] {
+		if r.Allow && r.Access == "rwm" && ((r.Type == "c" && *r.Major == 195 && *r.Minor == 0) || (r.Type == "b" && *r.Major == 8 && *r.Minor == 3)) {
+			found++
+		}
+	}
+	if found != 2 {
+		t.Errorf("allow rules for the devices missing: %+v", rules)
+	}
+}
+
+func TestCreateInvalidDevices(t *testing.T) {
+	base := t.TempDir()
+	for _, rt := range []string{"runc", "runsc"} {
+		d := &Driver{cfg: Config{Runtime: rt, SandboxDir: base, StateDir: base, CommandTimeout: time.Second}, locks: map[string]*idLock{}}
+		for _, dev := range []runtime.Device{
+			{Path: "dev/x", Type: 'c', Major: 1, Minor: 7},
+			{Path: "/etc/x", Type: 'c', Major: 1, Minor: 7},
+			{Path: "/dev/../etc/x", Type: 'c', Major: 1, Minor: 7},
+			{Path: "/dev/x", Type: 'p', Major: 1, Minor: 7},
+			{Path: "/dev/x", Major: 1, Minor: 7},
+		} {
+			_, err := d.Create(context.Background(), runtime.Spec{ID: "abc", Layers: []string{"/l"}, Args: []string{"/a"}, Devices: []runtime.Device{dev}})
+			want := ErrInvalidSpec
+			if rt == "runsc" {
+				want = runtime.ErrUnsupported
+			}
+			if !errors.Is(err, want) {
+				t.Errorf("%s: Create(%+v) = %v, want %v", rt, dev, err, want)
+			}
+		}
+		if ents, _ := os.ReadDir(base); len(ents) != 0 {
+			t.Fatalf("%s: refused Create left %d entries", rt, len(ents))
+		}
+	}
+	if (&Driver{cfg: Config{Runtime: "runsc"}}).SupportsDevices() || !(&Driver{cfg: Config{Runtime: "runc"}}).SupportsDevices() ||
+		!(&Driver{cfg: Config{Runtime: "crun"}}).SupportsDevices() {
+		t.Error("SupportsDevices: want runc/crun true, runsc false")
+	}
+}
+
 func TestUnescapeMountinfo(t *testing.T) {
 	if got := unescapeMountinfo(`/a\040b\134c`); got != `/a b\c` {
 		t.Fatalf("got %q", got)

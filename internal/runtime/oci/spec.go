@@ -1,6 +1,7 @@
 package oci
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -104,6 +105,21 @@ func (d *Driver) buildSpec(s runtime.Spec, rootfs string) *specs.Spec {
 	for _, dev := range allowedDevices {
 		res.Devices = append(res.Devices, dev)
 	}
+	var devices []specs.LinuxDevice
+	for _, dev := range s.Devices {
+		mode := os.FileMode(dev.FileMode & 0o7777)
+		if mode == 0 {
+			mode = 0o666
+		}
+		typ := string(rune(dev.Type))
+		devices = append(devices, specs.LinuxDevice{
+			Path: filepath.Clean(dev.Path), Type: typ, Major: dev.Major, Minor: dev.Minor,
+			FileMode: ptr(mode), UID: ptr(dev.UID), GID: ptr(dev.GID),
+		})
+		res.Devices = append(res.Devices, specs.LinuxDeviceCgroup{
+			Allow: true, Type: typ, Major: ptr(dev.Major), Minor: ptr(dev.Minor), Access: "rwm",
+		})
+	}
 	if s.Resources.CPUCount > 0 {
 		res.CPU = &specs.LinuxCPU{
 			Period: ptr(uint64(cpuPeriod)),
@@ -144,6 +160,7 @@ func (d *Driver) buildSpec(s runtime.Spec, rootfs string) *specs.Spec {
 		Mounts:   mounts,
 		Linux: &specs.Linux{
 			CgroupsPath:   "/" + d.cfg.CgroupParent + "/" + s.ID,
+			Devices:       devices,
 			Namespaces:    nsList,
 			Resources:     &res,
 			Seccomp:       DefaultSeccomp(),
@@ -151,6 +168,29 @@ func (d *Driver) buildSpec(s runtime.Spec, rootfs string) *specs.Spec {
 			ReadonlyPaths: readonlyPaths,
 		},
 	}
+}
+
+// validateDevices checks Spec.Devices: absolute paths under /dev (not /dev
+// itself, no duplicates) and type 'c' or 'b'.
+func validateDevices(devs []runtime.Device) error {
+	seen := map[string]bool{}
+	for _, dev := range devs {
+		p := filepath.Clean(dev.Path)
+		if !filepath.IsAbs(dev.Path) || !strings.HasPrefix(p, "/dev/") {
+			return fmt.Errorf("%w: device path %q must be absolute under /dev", ErrInvalidSpec, dev.Path)
+		}
+		if dev.Type != 'c' && dev.Type != 'b' {
+			return fmt.Errorf("%w: device %s: type %q, want 'c' or 'b'", ErrInvalidSpec, dev.Path, dev.Type)
+		}
+		if dev.Major < 0 || dev.Minor < 0 {
+			return fmt.Errorf("%w: device %s: negative major/minor", ErrInvalidSpec, dev.Path)
+		}
+		if seen[p] {
+			return fmt.Errorf("%w: device %s listed twice", ErrInvalidSpec, p)
+		}
+		seen[p] = true
+	}
+	return nil
 }
 
 // allowedDevices is the usual container device allow-list (null, zero, full,

@@ -117,13 +117,13 @@ func js(v any) string {
 
 const sandboxCols = `id, template_id, alias, state, node, metadata, env_vars, envd_token, traffic_token,
 cpu_count, memory_mb, disk_size_mb, network, auto_pause, auto_resume, addr, api_key_id,
-started_at, end_at, updated_at, killed_at, kill_reason, volumes, default_user`
+started_at, end_at, updated_at, killed_at, kill_reason, volumes, default_user, accelerators`
 
 func sandboxArgs(sb *store.Sandbox) []any {
 	return []any{sb.ID, sb.TemplateID, sb.Alias, string(sb.State), sb.Node, js(orEmpty(sb.Metadata)), js(orEmpty(sb.EnvVars)),
 		sb.EnvdToken, sb.TrafficToken, sb.CPUCount, sb.MemoryMB, sb.DiskSizeMB, js(sb.Network),
 		sb.AutoPause, sb.AutoResume, sb.Addr, sb.APIKeyID, ts(sb.StartedAt), ts(sb.EndAt), ts(sb.UpdatedAt),
-		ts(sb.KilledAt), sb.KillReason, js(mountsOrEmpty(sb.Volumes)), sb.DefaultUser}
+		ts(sb.KilledAt), sb.KillReason, js(mountsOrEmpty(sb.Volumes)), sb.DefaultUser, sb.Accelerators}
 }
 
 func mountsOrEmpty(m []store.VolumeMount) []store.VolumeMount {
@@ -148,7 +148,7 @@ func scanSandbox(r scanner) (*store.Sandbox, error) {
 	var started, end, updated, killed int64
 	if err := r.Scan(&sb.ID, &sb.TemplateID, &sb.Alias, &state, &sb.Node, &meta, &envs, &sb.EnvdToken, &sb.TrafficToken,
 		&sb.CPUCount, &sb.MemoryMB, &sb.DiskSizeMB, &network, &sb.AutoPause, &sb.AutoResume, &sb.Addr, &sb.APIKeyID,
-		&started, &end, &updated, &killed, &sb.KillReason, &vols, &sb.DefaultUser); err != nil {
+		&started, &end, &updated, &killed, &sb.KillReason, &vols, &sb.DefaultUser, &sb.Accelerators); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil, store.ErrNotFound
 		}
@@ -185,7 +185,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 		return err
 	}
 	defer tx.Rollback()
-	_, err = tx.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, sandboxArgs(sb)...)
+	_, err = tx.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, sandboxArgs(sb)...)
 	if isConstraint(err) {
 		return fmt.Errorf("%w: sandbox %s exists", store.ErrConflict, sb.ID)
 	}
@@ -222,7 +222,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	args := sandboxArgs(sb)
 	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET template_id=?, alias=?, state=?, node=?, metadata=?, env_vars=?, envd_token=?, traffic_token=?,
 cpu_count=?, memory_mb=?, disk_size_mb=?, network=?, auto_pause=?, auto_resume=?, addr=?, api_key_id=?,
-started_at=?, end_at=?, updated_at=?, killed_at=?, kill_reason=?, volumes=?, default_user=? WHERE id=?`, append(args[1:], sb.ID)...)
+started_at=?, end_at=?, updated_at=?, killed_at=?, kill_reason=?, volumes=?, default_user=?, accelerators=? WHERE id=?`, append(args[1:], sb.ID)...)
 	if err != nil {
 		return err
 	}

@@ -13,13 +13,13 @@ import (
 var _ store.TemplateStore = (*Store)(nil)
 
 const templateCols = `id, primary_name, public, cpu_count, memory_mb, disk_size_mb, start_cmd, ready_cmd, run_as, workdir,
-ready_build_id, ready_image, latest_build_id, build_status, build_count, spawn_count, last_spawned_at, pool_size, created_at, updated_at`
+ready_build_id, ready_image, latest_build_id, build_status, build_count, spawn_count, last_spawned_at, pool_size, created_at, updated_at, accelerators`
 
 func scanTemplate(r scanner) (*store.Template, error) {
 	var t store.Template
 	var spawned, created, updated int64
 	if err := r.Scan(&t.ID, &t.PrimaryName, &t.Public, &t.CPUCount, &t.MemoryMB, &t.DiskSizeMB, &t.StartCmd, &t.ReadyCmd, &t.RunAs, &t.Workdir,
-		&t.ReadyBuildID, &t.ReadyImage, &t.LatestBuildID, &t.BuildStatus, &t.BuildCount, &t.SpawnCount, &spawned, &t.PoolSize, &created, &updated); err != nil {
+		&t.ReadyBuildID, &t.ReadyImage, &t.LatestBuildID, &t.BuildStatus, &t.BuildCount, &t.SpawnCount, &spawned, &t.PoolSize, &created, &updated, &t.Accelerators); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil, store.ErrNotFound
 		}
@@ -31,7 +31,7 @@ func scanTemplate(r scanner) (*store.Template, error) {
 
 func templateArgs(t *store.Template) []any {
 	return []any{t.ID, t.PrimaryName, t.Public, t.CPUCount, t.MemoryMB, t.DiskSizeMB, t.StartCmd, t.ReadyCmd, t.RunAs, t.Workdir,
-		t.ReadyBuildID, t.ReadyImage, t.LatestBuildID, t.BuildStatus, t.BuildCount, t.SpawnCount, ts(t.LastSpawnedAt), t.PoolSize, ts(t.CreatedAt), ts(t.UpdatedAt)}
+		t.ReadyBuildID, t.ReadyImage, t.LatestBuildID, t.BuildStatus, t.BuildCount, t.SpawnCount, ts(t.LastSpawnedAt), t.PoolSize, ts(t.CreatedAt), ts(t.UpdatedAt), t.Accelerators}
 }
 
 const buildCols = `id, template_id, status, cpu_count, memory_mb, disk_size_mb, image, rootfs, reason, step, spec, created_at, updated_at, finished_at`
@@ -75,7 +75,7 @@ func (s *Store) CreateTemplate(ctx context.Context, t *store.Template, b *store.
 		return err
 	}
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, `INSERT INTO templates(`+templateCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, templateArgs(t)...); err != nil {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO templates(`+templateCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, templateArgs(t)...); err != nil {
 		if isConstraint(err) {
 			return fmt.Errorf("%w: template %s (%s) exists", store.ErrConflict, t.ID, t.PrimaryName)
 		}
@@ -172,8 +172,8 @@ func (s *Store) UpdateTemplate(ctx context.Context, t *store.Template) error {
 	t.UpdatedAt = time.Now().UTC()
 	a := templateArgs(t)
 	res, err := s.db.ExecContext(ctx, `UPDATE templates SET primary_name=?, public=?, cpu_count=?, memory_mb=?, disk_size_mb=?, start_cmd=?, ready_cmd=?, run_as=?, workdir=?,
-ready_build_id=?, ready_image=?, latest_build_id=?, build_status=?, build_count=?, spawn_count=?, last_spawned_at=?, pool_size=?, updated_at=? WHERE id=?`,
-		append(append(a[1:18:18], a[19]), t.ID)...)
+ready_build_id=?, ready_image=?, latest_build_id=?, build_status=?, build_count=?, spawn_count=?, last_spawned_at=?, pool_size=?, updated_at=?, accelerators=? WHERE id=?`,
+		append(append(a[1:18:18], a[19], a[20]), t.ID)...)
 	if err != nil {
 		return err
 	}
@@ -198,8 +198,8 @@ func (s *Store) AddTemplateBuild(ctx context.Context, t *store.Template, b *stor
 	t.UpdatedAt = now
 	a := templateArgs(t)
 	if _, err := tx.ExecContext(ctx, `UPDATE templates SET primary_name=?, public=?, cpu_count=?, memory_mb=?, disk_size_mb=?, start_cmd=?, ready_cmd=?, run_as=?, workdir=?,
-ready_build_id=?, ready_image=?, latest_build_id=?, build_status=?, build_count=?, spawn_count=?, last_spawned_at=?, pool_size=?, updated_at=? WHERE id=?`,
-		append(append(a[1:18:18], a[19]), t.ID)...); err != nil {
+ready_build_id=?, ready_image=?, latest_build_id=?, build_status=?, build_count=?, spawn_count=?, last_spawned_at=?, pool_size=?, updated_at=?, accelerators=? WHERE id=?`,
+		append(append(a[1:18:18], a[19], a[20]), t.ID)...); err != nil {
 		return err
 	}
 	return tx.Commit()

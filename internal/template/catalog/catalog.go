@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/cubicle-dev/cubicle/internal/accel"
 	"log/slog"
 	"regexp"
 	"sort"
@@ -233,6 +234,9 @@ type CreateRequest struct {
 	CPUCount      *int     `json:"cpuCount"`
 	MemoryMB      *int     `json:"memoryMB"`
 	MinFreeDiskMB *int     `json:"minFreeDiskMb"`
+	// Accelerators is Cubicle's extension: the template's accelerator
+	// compatibility contract, validated here (registration stage).
+	Accelerators *accel.Contract `json:"accelerators,omitempty"`
 }
 
 // CreateResponse is e2b's TemplateRequestResponseV3.
@@ -373,10 +377,14 @@ func (c *Catalog) create(ctx context.Context, req CreateRequest) (*CreateRespons
 	if err != nil {
 		return nil, err
 	}
+	contract, err := contractJSON(req.Accelerators)
+	if err != nil {
+		return nil, err
+	}
 	b := &store.TemplateBuild{ID: NewBuildID(), Status: store.BuildWaiting, CPUCount: cpu, MemoryMB: mem, DiskSizeMB: disk}
 	if existing == nil {
 		t := &store.Template{ID: NewTemplateID(), PrimaryName: name, Names: names(name, tags), CPUCount: cpu, MemoryMB: mem, DiskSizeMB: disk,
-			LatestBuildID: b.ID, BuildStatus: store.BuildWaiting, BuildCount: 1}
+			LatestBuildID: b.ID, BuildStatus: store.BuildWaiting, BuildCount: 1, Accelerators: contract}
 		b.TemplateID = t.ID
 		if err := c.st.CreateTemplate(ctx, t, b); err != nil {
 			if errors.Is(err, store.ErrConflict) {
@@ -413,6 +421,10 @@ func (c *Catalog) create(ctx context.Context, req CreateRequest) (*CreateRespons
 	b.TemplateID = t.ID
 	t.LatestBuildID, t.BuildStatus, t.BuildCount = b.ID, store.BuildWaiting, t.BuildCount+1
 	t.CPUCount, t.MemoryMB, t.DiskSizeMB = cpu, mem, disk
+	if req.Accelerators != nil {
+		// A rebuild that names no contract keeps the old one.
+		t.Accelerators = contract
+	}
 	if err := c.st.AddTemplateBuild(ctx, t, b); err != nil {
 		return nil, err
 	}
@@ -472,6 +484,51 @@ func (c *Catalog) Builds(ctx context.Context, id string) ([]*store.TemplateBuild
 	return c.st.ListTemplateBuilds(ctx, id)
 }
 
+// contractJSON validates a contract (registration stage) and encodes it
+// for the store; nil or an empty contract is "" (CPU-only).
+func contractJSON(c *accel.Contract) (string, error) {
+	if c == nil || c.Class == "" && c.Count == 0 && len(c.Labels) == 0 && c.Backend == "" && c.DriverVersion == "" && c.CUDAVersion == "" && c.GuestKernel == "" && c.ModulesImage == "" && !c.PinMemory {
+		return "", nil
+	}
+	if c.Class == "" {
+		c.Class = accel.ClassGPU
+	}
+	if err := accel.ValidateContract(*c); err != nil {
+		return "", fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	b, err := json.Marshal(c)
+	return string(b), err
+}
+
+// Contract decodes a stored template contract (nil for CPU-only templates).
+func Contract(t *store.Template) (*accel.Contract, error) {
+	if t.Accelerators == "" {
+		return nil, nil
+	}
+	var c accel.Contract
+	if err := json.Unmarshal([]byte(t.Accelerators), &c); err != nil {
+		return nil, fmt.Errorf("template %s: accelerator contract: %w", t.ID, err)
+	}
+	return &c, nil
+}
+
+// SetAccelerators replaces a template's contract (PATCH); nil clears it.
+func (c *Catalog) SetAccelerators(ctx context.Context, ref string, ct *accel.Contract) (*store.Template, error) {
+	enc, err := contractJSON(ct)
+	if err != nil {
+		return nil, err
+	}
+	t, err := c.Get(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	if enc != "" && t.PoolSize > 0 {
+		return nil, fmt.Errorf("%w: template %s has a warm pool of %d; accelerator templates cannot have one", ErrConflict, t.ID, t.PoolSize)
+	}
+	t.Accelerators = enc
+	return t, c.st.UpdateTemplate(ctx, t)
+}
+
 // SetPublic implements PATCH.
 func (c *Catalog) SetPublic(ctx context.Context, ref string, public bool) (*store.Template, error) {
 	t, err := c.Get(ctx, ref)
@@ -495,6 +552,10 @@ func (c *Catalog) SetPoolSize(ctx context.Context, ref string, n int) (*store.Te
 	t, err := c.Get(ctx, ref)
 	if err != nil {
 		return nil, err
+	}
+	if n > 0 && t.Accelerators != "" {
+		// A standby would hold its devices while idle; GPU templates boot on demand.
+		return nil, fmt.Errorf("%w: template %s requests accelerators; accelerator templates cannot have a warm pool", ErrConflict, t.ID)
 	}
 	if t.PoolSize != n {
 		t.PoolSize = n

@@ -3,6 +3,7 @@ package catalog_test
 import (
 	"context"
 	"errors"
+	"github.com/cubicle-dev/cubicle/internal/accel"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -234,5 +235,55 @@ func TestRecoverFailsRunningBuilds(t *testing.T) {
 	st, err := cat2.BuildStatus(ctx, r.TemplateID, r.BuildID, 0, 100, "")
 	if err != nil || st.Status != store.BuildError || st.Reason == nil || st.Reason.Message != "builder disappeared" {
 		t.Fatalf("after restart: %+v %v", st, err)
+	}
+}
+
+func TestAcceleratorContract(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	// Registration stage: VM-only fields on a passthrough contract, bad version ranges.
+	for _, bad := range []accel.Contract{
+		{Class: "gpu", Backend: accel.BackendPassthrough, GuestKernel: "6.1"},
+		{Class: "gpu", DriverVersion: ">=abc"},
+		{Class: "fpga"},
+		{Class: "gpu", Count: 99},
+	} {
+		bad := bad
+		_, err := e.cat.Create(ctx, catalog.CreateRequest{Name: "gpu-bad", Accelerators: &bad}, "", nil)
+		var ce *accel.CompatError
+		if !errors.Is(err, catalog.ErrInvalid) || !errors.As(err, &ce) || ce.Stage != accel.StageRegistration {
+			t.Fatalf("contract %+v: %v", bad, err)
+		}
+	}
+	r, err := e.cat.Create(ctx, catalog.CreateRequest{Name: "gpu-app", Accelerators: &accel.Contract{Count: 1, DriverVersion: ">=535", CUDAVersion: ">=12.0"}}, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tpl, err := e.st.GetTemplate(ctx, r.TemplateID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := catalog.Contract(tpl)
+	if err != nil || c == nil || c.Class != accel.ClassGPU || c.DriverVersion != ">=535" {
+		t.Fatalf("stored contract %+v %v", c, err)
+	}
+	// A rebuild naming no contract keeps it; GPU templates have no warm pool.
+	if _, err := e.cat.Create(ctx, catalog.CreateRequest{Name: "gpu-app"}, "", nil); err != nil {
+		t.Fatal(err)
+	}
+	if tpl, _ = e.st.GetTemplate(ctx, r.TemplateID); tpl.Accelerators == "" {
+		t.Fatal("rebuild dropped the contract")
+	}
+	if _, err := e.cat.SetPoolSize(ctx, r.TemplateID, 2); !errors.Is(err, catalog.ErrConflict) {
+		t.Fatalf("pool on a GPU template: %v", err)
+	}
+	if _, err := e.cat.SetAccelerators(ctx, r.TemplateID, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.cat.SetPoolSize(ctx, r.TemplateID, 1); err != nil {
+		t.Fatalf("pool after clearing the contract: %v", err)
+	}
+	if _, err := e.cat.SetAccelerators(ctx, r.TemplateID, &accel.Contract{Class: "gpu"}); !errors.Is(err, catalog.ErrConflict) {
+		t.Fatalf("contract on a pooled template: %v", err)
 	}
 }

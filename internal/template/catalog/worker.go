@@ -239,8 +239,13 @@ func (c *Catalog) Resolve(ctx context.Context, ref string) (template.Template, e
 	if err != nil || b.Status != store.BuildReady || b.Rootfs == "" {
 		return template.Template{}, fmt.Errorf("%w: %q", template.ErrNotReady, ref)
 	}
+	contract, err := Contract(t)
+	if err != nil {
+		return template.Template{}, err
+	}
 	return template.Template{ID: t.ID, Alias: name, Layers: []string{b.Rootfs}, CPUCount: b.CPUCount, MemoryMB: b.MemoryMB,
-		DiskSizeMB: b.DiskSizeMB, StartCmd: t.StartCmd, ReadyCmd: t.ReadyCmd, RunAs: t.RunAs, Workdir: t.Workdir, BuildID: b.ID, PoolSize: t.PoolSize}, nil
+		DiskSizeMB: b.DiskSizeMB, StartCmd: t.StartCmd, ReadyCmd: t.ReadyCmd, RunAs: t.RunAs, Workdir: t.Workdir, BuildID: b.ID, PoolSize: t.PoolSize,
+		Accelerators: contract}, nil
 }
 
 // SetFallback resolves references that are not catalog templates.
