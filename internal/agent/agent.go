@@ -131,6 +131,7 @@ func (a *Agent) Handler() http.Handler {
 	mux.HandleFunc("GET /metrics", a.handleMetrics)
 	mux.HandleFunc("GET /files", a.handleDownload)
 	mux.HandleFunc("POST /files", a.handleUpload)
+	mux.HandleFunc("POST /cubicle/accelerators/check", a.handleAccelCheck)
 	var h http.Handler = mux
 	h = a.userMiddleware(h)
 	h = a.tokenMiddleware(h)

@@ -1,0 +1,134 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+)
+
+// AccelCheckRequest is the body of POST /cubicle/accelerators/check: the
+// guest stage of the accelerator compatibility contract, run by the node
+// after a sandbox with devices boots.
+type AccelCheckRequest struct {
+	Devices   []string `json:"devices"`   // device nodes that must be visible
+	Libraries []string `json:"libraries"` // file names that must be in LibDirs
+	LibDirs   []string `json:"libDirs"`
+	Check     string   `json:"check"`    // command that must exit 0 (nvidia-smi)
+	Ldconfig  bool     `json:"ldconfig"` // refresh the loader cache first (libraries are bind-mounted)
+	TimeoutMs int      `json:"timeoutMs"`
+}
+
+// AccelFailure names the layer that failed (accel.Layer values).
+type AccelFailure struct {
+	Layer  string `json:"layer"`
+	Detail string `json:"detail"`
+}
+
+// AccelCheckResponse reports every failure, not only the first.
+type AccelCheckResponse struct {
+	OK         bool           `json:"ok"`
+	Failures   []AccelFailure `json:"failures"`
+	Output     string         `json:"output"`
+	DurationMs int64          `json:"durationMs"`
+}
+
+var defaultLibDirs = []string{"/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/lib/x86_64-linux-gnu"}
+
+const accelOutputMax = 64 << 10
+
+func (a *Agent) handleAccelCheck(w http.ResponseWriter, r *http.Request) {
+	var req AccelCheckRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&req); err != nil {
+		writeJSONError(w, http.StatusBadRequest, "invalid accelerator check request: "+err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, RunAccelCheck(r.Context(), req))
+}
+
+// RunAccelCheck performs the checks in this process's view of the system.
+func RunAccelCheck(ctx context.Context, req AccelCheckRequest) AccelCheckResponse {
+	start := time.Now()
+	resp := AccelCheckResponse{Failures: []AccelFailure{}}
+	var out bytes.Buffer
+	if req.Ldconfig {
+		if p, err := exec.LookPath("ldconfig"); err == nil {
+			if b, err := exec.CommandContext(ctx, p).CombinedOutput(); err != nil {
+				fmt.Fprintf(&out, "ldconfig: %v: %s\n", err, b)
+			}
+		}
+	}
+	for _, d := range req.Devices {
+		fi, err := os.Stat(d)
+		switch {
+		case err != nil:
+			resp.Failures = append(resp.Failures, AccelFailure{"hardware", d + " not visible: " + err.Error()})
+		case fi.Mode()&os.ModeCharDevice == 0:
+			resp.Failures = append(resp.Failures, AccelFailure{"hardware", d + " is not a character device"})
+		}
+	}
+	dirs := req.LibDirs
+	if len(dirs) == 0 {
+		dirs = defaultLibDirs
+	}
+	for _, lib := range req.Libraries {
+		found := false
+		for _, dir := range dirs {
+			if _, err := os.Stat(filepath.Join(dir, lib)); err == nil {
+				found = true
+				break
+			}
+		}
+		if !found {
+			resp.Failures = append(resp.Failures, AccelFailure{"runtime", fmt.Sprintf("%s not found in %v", lib, dirs)})
+		}
+	}
+	if req.Check != "" {
+		timeout := time.Duration(req.TimeoutMs) * time.Millisecond
+		if timeout <= 0 {
+			timeout = 20 * time.Second
+		}
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		sh := "/bin/sh"
+		if _, err := os.Stat(sh); err != nil {
+			sh = "bash"
+		}
+		cmd := exec.CommandContext(cctx, sh, "-c", req.Check)
+		var cout bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &cout, &cout
+		cmd.WaitDelay = time.Second
+		err := cmd.Run()
+		timedOut := cctx.Err() != nil
+		cancel()
+		b := cout.Bytes()
+		if len(b) > accelOutputMax {
+			b = b[:accelOutputMax]
+		}
+		out.Write(b)
+		if err != nil {
+			head := b
+			if len(head) > 500 {
+				head = head[:500]
+			}
+			var ee *exec.ExitError
+			switch {
+			case timedOut:
+				resp.Failures = append(resp.Failures, AccelFailure{"cuda", fmt.Sprintf("%s timed out after %s: %s", req.Check, timeout, head)})
+			case errors.As(err, &ee):
+				resp.Failures = append(resp.Failures, AccelFailure{"cuda", fmt.Sprintf("%s exited %d: %s", req.Check, ee.ExitCode(), head)})
+			default:
+				resp.Failures = append(resp.Failures, AccelFailure{"cuda", fmt.Sprintf("%s: %v", req.Check, err)})
+			}
+		}
+	}
+	resp.Output = out.String()
+	resp.OK = len(resp.Failures) == 0
+	resp.DurationMs = time.Since(start).Milliseconds()
+	return resp
+}
