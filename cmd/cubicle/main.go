@@ -25,7 +25,7 @@ func newRoot() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(serveCmd(), apikeyCmd(), sandboxCmd(), volumeCmd(), imageCmd(), templateCmd(), versionCmd())
-	root.AddCommand(poolCmd())
+	root.AddCommand(poolCmd(), gpuCmd())
 	return root
 }
 

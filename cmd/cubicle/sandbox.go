@@ -87,6 +87,7 @@ func sandboxCmd() *cobra.Command {
 	var tpl string
 	var timeout int
 	var vols []string
+	var accelSpec string
 	create := &cobra.Command{
 		Use:   "create",
 		Short: "Create a sandbox",
@@ -104,6 +105,13 @@ func sandboxCmd() *cobra.Command {
 				}
 				body["volumeMounts"] = mounts
 			}
+			if accelSpec != "" {
+				req, err := parseAccelFlag(accelSpec)
+				if err != nil {
+					return err
+				}
+				body["accelerators"] = []any{req}
+			}
 			var out map[string]any
 			if err := c.do(http.MethodPost, "/v2/sandboxes", body, &out); err != nil {
 				return err
@@ -118,6 +126,7 @@ func sandboxCmd() *cobra.Command {
 	create.Flags().StringVarP(&tpl, "template", "t", "base", "template ID or alias")
 	create.Flags().IntVar(&timeout, "timeout", 300, "timeout in seconds")
 	create.Flags().StringArrayVarP(&vols, "volume", "v", nil, "mount a volume: NAME:/path[:ro] (repeatable)")
+	create.Flags().StringVar(&accelSpec, "accelerator", "", "request accelerators: class=gpu,count=1,vendor=nvidia,backend=passthrough,min-memory-mb=N,label.KEY=VALUE")
 	list := &cobra.Command{
 		Use:   "list",
 		Short: "List running and paused sandboxes",

@@ -40,6 +40,7 @@ type serveOptions struct {
 	registryListen, buildkitd                             string
 	readyTimeout                                          time.Duration
 	warmPools                                             []string
+	accel                                                 accelOptions
 }
 
 func serveCmd() *cobra.Command {
@@ -79,6 +80,7 @@ func serveCmd() *cobra.Command {
 	f.DurationVar(&o.contentIdle, "volume-content-idle", 30*time.Second, "how long the volume-content API keeps a volume attached after its last request")
 	f.StringArrayVar(&o.warmPools, "warm-pool", nil, "TEMPLATE=N: keep N idle standbys of the template (repeatable; stored, like `cubicle pool set`)")
 	f.StringVar(&o.volumeBaseDir, "volume-base-dir", "", "volume_plugin_base_dir override (default: the node config's, else <data-dir>/volume-mounts)")
+	o.accel.flags(f)
 	return cmd
 }
 
@@ -160,8 +162,13 @@ func serve(ctx context.Context, o serveOptions) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	volMetrics := control.NewVolumeMetrics(reg)
+	am, err := newAccelManager(o.accel, o.dataDir, log, reg)
+	if err != nil {
+		return err
+	}
 	nd, err := node.NewLocal(node.LocalConfig{
-		ID: "local", Runtime: drv, Network: netm, AgentBin: o.agentBin, SandboxDir: sandboxDir, ResolvConf: resolv,
+		Accel: am,
+		ID:    "local", Runtime: drv, Network: netm, AgentBin: o.agentBin, SandboxDir: sandboxDir, ResolvConf: resolv,
 		VolumeDir: filepath.Join(o.dataDir, "node", "volumes"), VolumeBaseDir: vc.node.BaseDir,
 		VolumePlugin:  func(d string) (volume.Node, error) { return nodePlugins.Get(d) },
 		VolumeDrivers: nodePlugins.Names(), VolumeMetrics: volMetrics, Logger: log,
@@ -190,12 +197,19 @@ func serve(ctx context.Context, o serveOptions) error {
 		}
 	}
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	// Devices are reconciled against the host and the live sandboxes before
+	// any capacity is advertised (and before recovery releases dead ones).
+	if err := nd.StartAccelerators(rctx); err != nil {
+		cancel()
+		return fmt.Errorf("accelerators: %w", err)
+	}
 	if err := mgr.Recover(rctx); err != nil {
 		cancel()
 		return fmt.Errorf("recover: %w", err)
 	}
 	cancel()
 	go mgr.Run(ctx)
+	go runAccelReconciler(ctx, nd, o.accel.reconcileT)
 
 	apiSrv := api.New(api.Config{Domain: o.domain, Logger: log, Registry: reg, Templates: tpls.api, Images: tpls.images}, mgr, st)
 	handler := proxy.New(proxy.Config{Domain: o.domain, Logger: log}, mgr, st, apiSrv)

@@ -320,10 +320,9 @@ func (m *Manager) fitLocked(req Request, c *Contract, stage Stage) ([]*Device, e
 	var first *CompatError
 	matching := 0
 	var free []*Device
+	// Disabled, quarantined and busy devices still count as matching: they
+	// make a request "no capacity now" (retry), not "never" (fail fast).
 	for _, d := range m.sorted() {
-		if d.State == StateDisabled {
-			continue
-		}
 		if ce := Match(*d, req, c, stage); ce != nil {
 			if first == nil {
 				first = ce

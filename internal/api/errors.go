@@ -4,6 +4,7 @@ package api
 import (
 	"encoding/json"
 	"errors"
+	"github.com/cubicle-dev/cubicle/internal/accel"
 	"net/http"
 	"strconv"
 
@@ -44,7 +45,7 @@ func statusOf(err error) int {
 	case errors.Is(err, catalog.ErrNotImplemented):
 		return http.StatusNotImplemented
 	case errors.Is(err, control.ErrInvalid), errors.Is(err, network.ErrInvalidPolicy), errors.Is(err, volume.ErrUnknownDriver),
-		errors.Is(err, node.ErrVolumeDriver):
+		errors.Is(err, node.ErrVolumeDriver), errors.Is(err, accel.ErrIncompatible), errors.Is(err, accel.ErrInvalid):
 		return http.StatusBadRequest
 	case errors.Is(err, control.ErrUnauthorized):
 		return http.StatusUnauthorized
@@ -55,7 +56,11 @@ func statusOf(err error) int {
 		return http.StatusGatewayTimeout
 	case errors.Is(err, volume.ErrPlugin), errors.Is(err, volume.ErrProtocol):
 		return http.StatusBadGateway
-	case errors.Is(err, control.ErrCapacity):
+	case errors.Is(err, accel.ErrNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, accel.ErrBusy), errors.Is(err, accel.ErrIllegalTransition):
+		return http.StatusConflict
+	case errors.Is(err, control.ErrCapacity), errors.Is(err, accel.ErrNoCapacity):
 		return http.StatusTooManyRequests
 	case errors.Is(err, control.ErrBusy), errors.Is(err, network.ErrPoolExhausted):
 		return http.StatusServiceUnavailable

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/cubicle-dev/cubicle/internal/accel"
 	"io"
 	"net/http"
 	"net/url"
@@ -44,6 +45,8 @@ type newSandbox struct {
 		// ReadOnly is the Cubicle/CubeSandbox extension; e2b requests omit it.
 		ReadOnly bool `json:"readOnly"`
 	} `json:"volumeMounts"`
+	// Accelerators is Cubicle's extension: [{"class":"gpu","count":1,...}].
+	Accelerators []accel.Request `json:"accelerators"`
 }
 
 type volumeMountJSON struct {
@@ -77,6 +80,7 @@ type listedSandbox struct {
 	State        string            `json:"state"`
 	EnvdVersion  string            `json:"envdVersion"`
 	VolumeMounts []volumeMountJSON `json:"volumeMounts,omitempty"`
+	Accelerators []accel.Request   `json:"accelerators,omitempty"`
 }
 
 type sandboxDetail struct {
@@ -147,6 +151,7 @@ func listed(sb *store.Sandbox) listedSandbox {
 	for _, vm := range sb.Volumes {
 		ls.VolumeMounts = append(ls.VolumeMounts, volumeMountJSON{Name: vm.VolumeID, Path: vm.Path, ReadOnly: vm.ReadOnly})
 	}
+	ls.Accelerators = control.SandboxAccelerators(sb)
 	return ls
 }
 
@@ -194,6 +199,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, v2 bool) {
 	for _, vm := range req.VolumeMounts {
 		opts.VolumeMounts = append(opts.VolumeMounts, control.VolumeMount{Name: vm.Name, Path: vm.Path, ReadOnly: vm.ReadOnly})
 	}
+	opts.Accelerators = req.Accelerators
 	sb, err := s.mgr.Create(r.Context(), opts)
 	var rt *control.ReadyTimeoutError
 	if errors.As(err, &rt) {

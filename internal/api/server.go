@@ -98,6 +98,7 @@ func New(cfg Config, mgr *control.Manager, st store.Store) *Server {
 		r.Get("/volumes/{volumeID}", s.getVolume)
 		r.Delete("/volumes/{volumeID}", s.deleteVolume)
 		s.templateRoutes(r)
+		s.nodeRoutes(r)
 		r.Post("/images", s.importImage)
 		r.Get("/images", s.listImages)
 		r.Delete("/images", s.deleteImage)

@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/cubicle-dev/cubicle/internal/accel"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -151,6 +152,8 @@ type CreateOptions struct {
 	AutoResume   bool
 	APIKeyID     string
 	VolumeMounts []VolumeMount
+	// Accelerators is Cubicle's extension: devices the sandbox needs.
+	Accelerators []accel.Request
 }
 
 // VolumeMount is a requested volume attachment. Name is the volume's ID
@@ -252,7 +255,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ *store.Sandbox
 	claimed := false
 	// A pooled template's create is a claim when a standby of its current
 	// build is idle; volumes are attached at boot, so those always boot.
-	if tpl.PoolSize > 0 && tpl.BuildID != "" && len(o.VolumeMounts) == 0 {
+	if tpl.PoolSize > 0 && tpl.BuildID != "" && len(o.VolumeMounts) == 0 && len(o.Accelerators) == 0 {
 		sb, claimed = m.claim(ctx, o, tpl)
 	}
 	if !claimed {
@@ -327,6 +330,10 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 	}
 	defer release()
 
+	accels, err := m.accelRequest(o, tpl)
+	if err != nil {
+		return nil, err
+	}
 	mounts, attachments, err := m.resolveMounts(ctx, o.VolumeMounts)
 	if err != nil {
 		return nil, err
@@ -338,6 +345,7 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 		CPUCount: tpl.CPUCount, MemoryMB: tpl.MemoryMB, DiskSizeMB: tpl.DiskSizeMB,
 		Network: o.Network, AutoPause: o.AutoPause, AutoResume: o.AutoResume, APIKeyID: o.APIKeyID,
 		StartedAt: now, EndAt: now.Add(o.Timeout), Volumes: mounts, DefaultUser: templateUser(tpl.RunAs),
+		Accelerators: accelJSON(accels),
 	}
 	if err := m.store.CreateSandbox(ctx, sb); err != nil {
 		if errors.Is(err, store.ErrConflict) && len(mounts) > 0 {
@@ -352,6 +360,7 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 	defer cancel()
 	req := m.nodeRequest(sb, tpl.Layers)
 	req.Volumes = attachments
+	req.Accelerators, req.AccelContract = accels, tpl.Accelerators
 	req.StartCmd, req.StartUser, req.StartWorkdir, req.DefaultWorkdir = tpl.StartCmd, sb.DefaultUser, tpl.Workdir, tpl.Workdir
 	placed, err := m.node.Create(nctx, req)
 	if err != nil {
@@ -567,6 +576,9 @@ func (m *Manager) pauseLocked(ctx context.Context, id, why string) (err error) {
 	}
 	if sb.State == store.StatePaused {
 		return fmt.Errorf("%w: sandbox '%s' is already paused", ErrConflict, id)
+	}
+	if hasAccelerators(sb) {
+		return fmt.Errorf("%w: sandbox '%s' cannot be paused: %w", ErrConflict, id, ErrAccelUnsupported)
 	}
 	if _, err := m.store.CompareAndSetState(ctx, id, []store.SandboxState{store.StateRunning}, store.StatePausing); err != nil {
 		return fmt.Errorf("%w: sandbox '%s' is %s", ErrConflict, id, sb.State)

@@ -129,7 +129,8 @@ func (m *Manager) expire(ctx context.Context, id string, now time.Time) {
 	if err != nil || cur.State != store.StateRunning || now.Before(cur.EndAt) {
 		return
 	}
-	if cur.AutoPause {
+	// Devices cannot be checkpointed: an accelerator sandbox's timeout kills it.
+	if cur.AutoPause && !hasAccelerators(cur) {
 		if err := m.pauseLocked(ctx, id, "paused on timeout"); err != nil {
 			m.log.Error("auto-pause", "sandbox", id, "err", err)
 		}

@@ -51,6 +51,7 @@ func (f *fakeNode) Stats(context.Context, string, string) (node.Stats, error) {
 }
 func (f *fakeNode) Logs(context.Context, string) ([]byte, error)                     { return nil, nil }
 func (f *fakeNode) VolumeRefs(context.Context) ([]node.VolumeRef, error)             { return nil, nil }
+func (f *fakeNode) Accelerators() node.Accelerators                                  { return nil }
 func (f *fakeNode) VolumeDrivers() []string                                          { return nil }
 func (f *fakeNode) Run(context.Context, string, string, string, string) (int, error) { return 0, nil }
 func (f *fakeNode) DetachVolume(context.Context, string, string) error               { return nil }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/cubicle-dev/cubicle/internal/accel"
 	"io"
 	"log/slog"
 	"net"
@@ -46,7 +47,9 @@ type LocalConfig struct {
 	VolumePlugin  func(driver string) (volume.Node, error)
 	VolumeDrivers []string
 	VolumeMetrics VolumeMetrics
-	Logger        *slog.Logger
+	// Accel owns the node's accelerators (nil = the node has none).
+	Accel  *accel.Manager
+	Logger *slog.Logger
 }
 
 // Local runs sandboxes on this machine.
@@ -57,6 +60,9 @@ type Local struct {
 	mu      sync.Mutex
 	lastCPU map[string]cpuSample
 	vols    *volumes
+	// creating marks creates in flight, so the accelerator reconciler does
+	// not release devices whose sandbox has no runtime process yet.
+	creating map[string]bool
 }
 
 type cpuSample struct {
@@ -107,7 +113,7 @@ func NewLocal(cfg LocalConfig) (*Local, error) {
 		IdleConnTimeout:     30 * time.Second,
 	}
 	vols := &volumes{dir: cfg.VolumeDir, baseDir: cfg.VolumeBaseDir, plugins: cfg.VolumePlugin, log: cfg.Logger, metrics: cfg.VolumeMetrics}
-	return &Local{cfg: cfg, client: &http.Client{Transport: tr}, lastCPU: map[string]cpuSample{}, vols: vols}, nil
+	return &Local{cfg: cfg, client: &http.Client{Transport: tr}, lastCPU: map[string]cpuSample{}, vols: vols, creating: map[string]bool{}}, nil
 }
 
 // ID names the node.
@@ -133,6 +139,47 @@ func (l *Local) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err e
 		mounts = append(mounts, runtime.Mount{Source: l.cfg.ResolvConf, Destination: "/etc/resolv.conf", ReadOnly: true})
 	}
 	mounts = append(mounts, req.Mounts...)
+	var devices []runtime.Device
+	var att accel.Attachment
+	if len(req.Accelerators) > 0 {
+		l.mu.Lock()
+		l.creating[req.ID] = true
+		l.mu.Unlock()
+		defer func() {
+			l.mu.Lock()
+			delete(l.creating, req.ID)
+			l.mu.Unlock()
+		}()
+		defer func() {
+			if err != nil {
+				// Runs before the network teardown: the container must be
+				// gone before its devices are released.
+				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+				defer cancel()
+				if derr := l.cfg.Runtime.Delete(cctx, req.ID); derr == nil {
+					if rerr := l.releaseAccelerators(cctx, req.ID); rerr != nil {
+						l.cfg.Logger.Error("accelerator rollback", "sandbox", req.ID, "err", rerr)
+					}
+				}
+			}
+		}()
+		if att, err = l.reserveAccelerators(ctx, req); err != nil {
+			return Sandbox{}, err
+		}
+		var amounts []runtime.Mount
+		devices, amounts = accelSpec(att)
+		mounts = append(mounts, amounts...)
+		if len(att.Env) > 0 {
+			env := map[string]string{}
+			for k, v := range att.Env {
+				env[k] = v
+			}
+			for k, v := range req.EnvVars {
+				env[k] = v
+			}
+			req.EnvVars = env
+		}
+	}
 	if len(req.Volumes) > 0 {
 		defer func() {
 			if err != nil {
@@ -163,6 +210,7 @@ func (l *Local) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err e
 		Env:       []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
 		NetNSPath: ep.NetNSPath,
 		Mounts:    mounts,
+		Devices:   devices,
 		Resources: runtime.Resources{CPUCount: req.CPUCount, MemoryMB: req.MemoryMB, PIDs: l.cfg.PIDsLimit},
 	})
 	if err != nil {
@@ -170,6 +218,14 @@ func (l *Local) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err e
 	}
 	if err := l.initAgent(ctx, ep.Addr, req, ""); err != nil {
 		return Sandbox{}, err
+	}
+	if len(req.Accelerators) > 0 {
+		if err := l.checkGuest(ctx, ep.Addr, req.EnvdToken, att, req.AccelContract); err != nil {
+			return Sandbox{}, err
+		}
+		if err := l.cfg.Accel.Attached(req.ID); err != nil {
+			return Sandbox{}, err
+		}
 	}
 	return Sandbox{ID: req.ID, Addr: ep.Addr, State: runtime.StateRunning, Pid: info.Pid}, nil
 }
@@ -246,11 +302,13 @@ func (l *Local) Delete(ctx context.Context, id string) error {
 	rerr := l.cfg.Runtime.Delete(ctx, id)
 	nerr := l.cfg.Network.Teardown(ctx, id)
 	var verr error
+	var aerr error
 	if rerr == nil {
-		// Only once no process can use the mounts any more.
+		// Only once no process can use the mounts or devices any more.
 		verr = l.vols.detachHolder(ctx, id)
+		aerr = l.releaseAccelerators(ctx, id)
 	}
-	return errors.Join(rerr, nerr, verr)
+	return errors.Join(rerr, nerr, verr, aerr)
 }
 
 // AttachVolume implements Node.

@@ -6,6 +6,7 @@ package node
 import (
 	"context"
 	"errors"
+	"github.com/cubicle-dev/cubicle/internal/accel"
 	"net/netip"
 	"time"
 
@@ -43,6 +44,11 @@ type CreateRequest struct {
 	// DefaultWorkdir is where commands and relative file paths start (a
 	// template's WORKDIR).
 	DefaultWorkdir string
+	// Accelerators are reserved, prepared and passed through before the
+	// runtime starts, checked in the guest after boot; AccelContract is the
+	// template's compatibility contract (nil = none).
+	Accelerators  []accel.Request
+	AccelContract *accel.Contract
 }
 
 // Sandbox is the node's view of a sandbox.
@@ -94,6 +100,8 @@ type Node interface {
 	VolumeRefs(ctx context.Context) ([]VolumeRef, error)
 	// VolumeDrivers names the volume plugins this node has, in order.
 	VolumeDrivers() []string
+	// Accelerators is the node's accelerator inventory (nil when none).
+	Accelerators() Accelerators
 	// Run executes bash -l -c cmd in the sandbox as user; returns the exit code.
 	Run(ctx context.Context, id, token, user, cmd string) (int, error)
 }

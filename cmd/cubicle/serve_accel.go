@@ -1,0 +1,77 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
+
+	"github.com/cubicle-dev/cubicle/internal/accel"
+	"github.com/cubicle-dev/cubicle/internal/node"
+)
+
+// accelOptions configure accelerator discovery and backends. The roots are
+// flags so a fake device tree (tests, dry runs) can stand in for the host's.
+type accelOptions struct {
+	backend                    string
+	sysfs, dev, proc, smi      string
+	libDirs, binDirs           []string
+	vfioRebind                 bool
+	releaseTimeout, reconcileT time.Duration
+}
+
+func (o *accelOptions) flags(f *pflag.FlagSet) {
+	f.StringVar(&o.backend, "accel-backend", "passthrough", "accelerator backend for discovered devices: passthrough (OCI runtimes), vfio (microVM runtimes) or none")
+	f.StringVar(&o.sysfs, "accel-sysfs", "/sys", "sysfs root accelerators are discovered under")
+	f.StringVar(&o.dev, "accel-dev", "/dev", "device-node root for accelerator passthrough")
+	f.StringVar(&o.proc, "accel-proc", "/proc", "procfs root with driver/nvidia/gpus (holder scans always use /proc)")
+	f.StringVar(&o.smi, "nvidia-smi", "", "nvidia-smi binary (default: looked up in PATH; absent is fine)")
+	f.StringSliceVar(&o.libDirs, "accel-lib-dir", nil, "directories holding driver libraries to pass through (default /usr/lib/x86_64-linux-gnu,/usr/lib64,/usr/lib)")
+	f.StringSliceVar(&o.binDirs, "accel-bin-dir", nil, "directories holding driver tools (nvidia-smi) to pass through (default /usr/bin,/usr/local/bin)")
+	f.BoolVar(&o.vfioRebind, "accel-vfio-rebind", false, "allow the vfio backend to rebind devices to vfio-pci")
+	f.DurationVar(&o.releaseTimeout, "accel-release-timeout", 30*time.Second, "how long a released device may stay held by a process before it is quarantined")
+	f.DurationVar(&o.reconcileT, "accel-reconcile-interval", 10*time.Second, "how often accelerator state is reconciled with the host")
+}
+
+// newAccelManager builds the node's accelerator manager (nil for "none").
+func newAccelManager(o accelOptions, dataDir string, log *slog.Logger, reg prometheus.Registerer) (*accel.Manager, error) {
+	if o.backend == "none" {
+		return nil, nil
+	}
+	bt := accel.BackendType(o.backend)
+	if bt != accel.BackendPassthrough && bt != accel.BackendVFIO {
+		return nil, fmt.Errorf("--accel-backend %q: want passthrough, vfio or none", o.backend)
+	}
+	dc := accel.DiscoverConfig{SysfsRoot: o.sysfs, ProcRoot: o.proc, DevRoot: o.dev, NvidiaSMI: o.smi}
+	backends := map[accel.BackendType]accel.Backend{
+		accel.BackendPassthrough: accel.NewPassthrough(accel.PassthroughConfig{SysfsRoot: o.sysfs, DevRoot: o.dev, ProcRoot: "/proc", LibDirs: o.libDirs, BinDirs: o.binDirs}),
+		accel.BackendVFIO:        accel.NewVFIO(accel.VFIOConfig{SysfsRoot: o.sysfs, DevRoot: o.dev, ProcRoot: "/proc", AllowRebind: o.vfioRebind}),
+	}
+	return accel.NewManager(accel.ManagerConfig{
+		NodeID: "local", StateDir: filepath.Join(dataDir, "node", "accel"),
+		Discover:       func(ctx context.Context) ([]accel.Device, error) { return accel.Discover(ctx, dc) },
+		Backends:       backends,
+		DefaultBackend: bt,
+		ReleaseTimeout: o.releaseTimeout,
+		Logger:         log,
+		Registerer:     reg,
+	})
+}
+
+// runAccelReconciler repairs accelerator drift until ctx ends.
+func runAccelReconciler(ctx context.Context, nd *node.Local, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			nd.ReconcileAccelerators(ctx)
+		}
+	}
+}

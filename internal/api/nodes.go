@@ -1,0 +1,137 @@
+package api
+
+import (
+	"net/http"
+	"strconv"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/cubicle-dev/cubicle/internal/accel"
+	"github.com/cubicle-dev/cubicle/internal/node"
+)
+
+// Node routes: the inventory each node reports and the operator actions on
+// its accelerators (Cubicle extension; e2b has no node API).
+func (s *Server) nodeRoutes(r chi.Router) {
+	r.Get("/nodes", s.listNodes)
+	r.Get("/nodes/{node}/accelerators", s.listAccelerators)
+	r.Get("/nodes/{node}/accelerators/events", s.acceleratorEvents)
+	r.Get("/nodes/{node}/accelerators/{dev}", s.getAccelerator)
+	r.Post("/nodes/{node}/accelerators/{dev}/{action}", s.acceleratorAction)
+}
+
+type nodeJSON struct {
+	NodeID       string         `json:"nodeID"`
+	Accelerators map[string]int `json:"accelerators"` // count by state
+}
+
+func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
+	n := s.mgr.Node()
+	out := nodeJSON{NodeID: n.ID(), Accelerators: map[string]int{}}
+	if inv := n.Accelerators(); inv != nil {
+		for _, d := range inv.Inventory() {
+			out.Accelerators[string(d.State)]++
+		}
+	}
+	writeJSON(w, http.StatusOK, []nodeJSON{out})
+}
+
+// accelNode resolves {node}; a node without accelerators has an empty inventory.
+func (s *Server) accelNode(w http.ResponseWriter, r *http.Request) (node.Accelerators, bool) {
+	n := s.mgr.Node()
+	if id := chi.URLParam(r, "node"); id != n.ID() {
+		writeError(w, http.StatusNotFound, "node '"+id+"' not found")
+		return nil, false
+	}
+	return n.Accelerators(), true
+}
+
+func (s *Server) listAccelerators(w http.ResponseWriter, r *http.Request) {
+	inv, ok := s.accelNode(w, r)
+	if !ok {
+		return
+	}
+	out := []accel.Device{}
+	if inv != nil {
+		out = append(out, inv.Inventory()...)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) getAccelerator(w http.ResponseWriter, r *http.Request) {
+	inv, ok := s.accelNode(w, r)
+	if !ok {
+		return
+	}
+	id := chi.URLParam(r, "dev")
+	if inv == nil {
+		writeError(w, http.StatusNotFound, "accelerator '"+id+"' not found")
+		return
+	}
+	d, err := inv.Get(id)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, d)
+}
+
+func (s *Server) acceleratorEvents(w http.ResponseWriter, r *http.Request) {
+	inv, ok := s.accelNode(w, r)
+	if !ok {
+		return
+	}
+	limit := 100
+	if v := r.URL.Query().Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000 {
+			writeError(w, http.StatusBadRequest, "limit must be between 1 and 1000")
+			return
+		}
+		limit = n
+	}
+	out := []accel.Event{}
+	if inv != nil {
+		out = append(out, inv.Events(limit)...)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) acceleratorAction(w http.ResponseWriter, r *http.Request) {
+	inv, ok := s.accelNode(w, r)
+	if !ok {
+		return
+	}
+	id, action := chi.URLParam(r, "dev"), chi.URLParam(r, "action")
+	var req struct {
+		Reason string `json:"reason"`
+	}
+	if r.ContentLength != 0 && !s.decode(w, r, &req, true) {
+		return
+	}
+	if inv == nil {
+		writeError(w, http.StatusNotFound, "accelerator '"+id+"' not found")
+		return
+	}
+	var d accel.Device
+	var err error
+	switch action {
+	case "disable":
+		if req.Reason == "" {
+			req.Reason = "disabled by operator"
+		}
+		d, err = inv.Disable(id, req.Reason)
+	case "enable":
+		d, err = inv.Enable(id)
+	case "recover":
+		d, err = inv.Recover(id)
+	default:
+		writeError(w, http.StatusNotFound, "unknown action '"+action+"' (disable, enable, recover)")
+		return
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, d)
+}

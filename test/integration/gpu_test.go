@@ -1,0 +1,148 @@
+package integration
+
+import (
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/cubicle-dev/cubicle/internal/accel"
+	"github.com/cubicle-dev/cubicle/internal/accel/acceltest"
+)
+
+const gpuAddr = "0000:3b:00.0"
+
+func gpuServer(t *testing.T) (*server, *acceltest.Host) {
+	t.Helper()
+	acceltest.Skip(t)
+	h := acceltest.NewHost(t, acceltest.GPU{Addr: gpuAddr, VendorID: "0x10de", DeviceID: "0x2330", Class: "0x030200", NUMA: 0,
+		IOMMUGroup: 12, Driver: "nvidia", Minor: 0, Model: "NVIDIA H100 80GB HBM3", MemoryMB: 81559, UUID: "GPU-11111111-2222-3333-4444-555555555555"})
+	// The fake tree lives in a 0700 temp dir; the sandbox's PID 1 runs as
+	// root, but the bind mounts of its libraries must be reachable.
+	for d := h.Root; d != "/" && d != "."; d = filepath.Dir(d) {
+		os.Chmod(d, 0o755)
+	}
+	s := startServer(t, "--accel-sysfs", h.Sysfs, "--accel-dev", h.Dev, "--accel-proc", h.Proc,
+		"--nvidia-smi", filepath.Join(h.Bin, "nvidia-smi"), "--accel-lib-dir", h.Lib, "--accel-bin-dir", h.Bin,
+		"--accel-release-timeout", "3s")
+	return s, h
+}
+
+func (s *server) accelerators(t *testing.T) []accel.Device {
+	t.Helper()
+	var devs []accel.Device
+	if st := s.do("GET", "/nodes/local/accelerators", nil, &devs); st != http.StatusOK {
+		t.Fatalf("inventory: %d", st)
+	}
+	return devs
+}
+
+func (s *server) gpu(t *testing.T) accel.Device {
+	t.Helper()
+	devs := s.accelerators(t)
+	if len(devs) != 1 {
+		t.Fatalf("inventory: %+v", devs)
+	}
+	return devs[0]
+}
+
+func TestGPUSandboxEndToEnd(t *testing.T) {
+	s, h := gpuServer(t)
+	d := s.gpu(t)
+	if d.ID != "gpu-"+gpuAddr || d.State != accel.StateAllocatable || d.Vendor != "nvidia" || d.DriverVersion != "550.54.15" ||
+		d.Backend != accel.BackendPassthrough || d.MemoryMB != 81559 {
+		t.Fatalf("discovered device: %+v", d)
+	}
+	// Requests no node can satisfy fail fast with 400, naming the layer.
+	errShape(t, s, "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "accelerators": []map[string]any{{"class": "tpu", "count": 1}}}, http.StatusBadRequest)
+	errShape(t, s, "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "accelerators": []map[string]any{{"class": "gpu", "count": 1, "labels": map[string]string{"vendor": "amd"}}}}, http.StatusBadRequest)
+	errShape(t, s, "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "accelerators": []map[string]any{{"class": "gpu", "count": 0}}}, http.StatusBadRequest)
+
+	c := s.create(map[string]any{"templateID": "base", "accelerators": []map[string]any{{"class": "gpu", "count": 1}}})
+	out := s.mustRun(c, "stat -c '%F %t:%T' /dev/nvidia0 /dev/nvidiactl; echo vis=$NVIDIA_VISIBLE_DEVICES; "+filepath.Join(h.Bin, "nvidia-smi"))
+	for _, want := range []string{"character special file c3:0", "character special file c3:ff", "vis=GPU-11111111", "Driver Version: 550.54.15"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("inside the sandbox, want %q in:\n%s", want, out)
+		}
+	}
+	if d := s.gpu(t); d.State != accel.StateAttached || d.SandboxID != c.SandboxID {
+		t.Fatalf("after create: %+v", d)
+	}
+	// The only device is taken: no capacity (429), pause is refused (409),
+	// and an attached device cannot be disabled (409).
+	errShape(t, s, "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "accelerators": []map[string]any{{"class": "gpu", "count": 1}}}, http.StatusTooManyRequests)
+	errShape(t, s, "POST", "/sandboxes/"+c.SandboxID+"/pause", nil, http.StatusConflict)
+	errShape(t, s, "POST", "/nodes/local/accelerators/"+d.ID+"/disable", map[string]string{"reason": "maintenance"}, http.StatusConflict)
+	cli := exec.Command(filepath.Join(binDir, "cubicle"), "gpu", "list")
+	cli.Env = append(os.Environ(), "CUBICLE_API_URL="+s.URL, "CUBICLE_API_KEY="+s.Key)
+	if b, err := cli.CombinedOutput(); err != nil || !strings.Contains(string(b), d.ID) || !strings.Contains(string(b), "attached") || !strings.Contains(string(b), c.SandboxID) {
+		t.Fatalf("cubicle gpu list: %v\n%s", err, b)
+	}
+
+	if st := s.do("DELETE", "/sandboxes/"+c.SandboxID, nil, nil); st != http.StatusNoContent {
+		t.Fatalf("kill: %d", st)
+	}
+	if d := s.gpu(t); d.State != accel.StateAllocatable || d.SandboxID != "" {
+		t.Fatalf("after kill: %+v", d)
+	}
+	var evs []accel.Event
+	s.do("GET", "/nodes/local/accelerators/events", nil, &evs)
+	seen := map[string]bool{}
+	for _, e := range evs {
+		if e.Sandbox == c.SandboxID || e.Type == "deny" {
+			seen[e.Type] = true
+		}
+	}
+	for _, typ := range []string{"reserve", "attach", "release", "deny"} {
+		if !seen[typ] {
+			t.Fatalf("no %s event in %+v", typ, evs)
+		}
+	}
+	// Operator actions on a free device.
+	if st := s.do("POST", "/nodes/local/accelerators/"+d.ID+"/disable", map[string]string{"reason": "maintenance"}, nil); st != http.StatusOK {
+		t.Fatalf("disable: %d", st)
+	}
+	if d := s.gpu(t); d.State != accel.StateDisabled || d.Reason != "maintenance" {
+		t.Fatalf("disabled: %+v", d)
+	}
+	errShape(t, s, "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "accelerators": []map[string]any{{"class": "gpu", "count": 1}}}, http.StatusTooManyRequests)
+	if st := s.do("POST", "/nodes/local/accelerators/"+d.ID+"/enable", nil, nil); st != http.StatusOK {
+		t.Fatalf("enable: %d", st)
+	}
+	errShape(t, s, "GET", "/nodes/other/accelerators", nil, http.StatusNotFound)
+	errShape(t, s, "POST", "/nodes/local/accelerators/"+d.ID+"/explode", nil, http.StatusNotFound)
+	s.requireMetrics(t, `cubicle_accelerators{class="gpu",state="allocatable"} 1`)
+}
+
+// A restart whose persisted state disagrees with the host quarantines the
+// device; it returns to allocatable only through a successful recover.
+func TestGPURestartQuarantine(t *testing.T) {
+	s, h := gpuServer(t)
+	c := s.create(map[string]any{"templateID": "base", "accelerators": []map[string]any{{"class": "gpu", "count": 1}}})
+	s.stop(syscall.SIGKILL)
+	h.SetDriver(gpuAddr, "") // the driver went away while the node agent was down
+	s.start()
+	d := s.gpu(t)
+	if d.State != accel.StateQuarantined || d.Reason == "" {
+		t.Fatalf("after a disagreeing restart: %+v", d)
+	}
+	errShape(t, s, "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "accelerators": []map[string]any{{"class": "gpu", "count": 1}}}, http.StatusTooManyRequests)
+	if st := s.do("DELETE", "/sandboxes/"+c.SandboxID, nil, nil); st != http.StatusNoContent {
+		t.Fatalf("kill: %d", st)
+	}
+	if d := s.gpu(t); d.State != accel.StateQuarantined {
+		t.Fatalf("a kill must not free a quarantined device: %+v", d)
+	}
+	if st := s.do("POST", "/nodes/local/accelerators/"+d.ID+"/recover", nil, nil); st == http.StatusOK {
+		t.Fatal("recover succeeded with the driver unbound")
+	}
+	h.SetDriver(gpuAddr, "nvidia")
+	if st := s.do("POST", "/nodes/local/accelerators/"+d.ID+"/recover", nil, nil); st != http.StatusOK {
+		t.Fatalf("recover: %d", st)
+	}
+	c2 := s.create(map[string]any{"templateID": "base", "accelerators": []map[string]any{{"class": "gpu", "count": 1}}})
+	s.mustRun(c2, "test -c /dev/nvidia0")
+}
