@@ -1,6 +1,8 @@
 package accel
 
 import (
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -82,3 +84,15 @@ type notCharDevError struct{}
 func (notCharDevError) Error() string { return "not a character device" }
 
 var errNotCharDev error = notCharDevError{}
+
+// observePCI reports whether the PCI function at sysfs dir exists and which
+// driver it is bound to; both backends start their Observe here.
+func observePCI(dir string) (Observation, error) {
+	if _, err := os.Stat(dir); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return Observation{}, nil
+		}
+		return Observation{}, err
+	}
+	return Observation{Present: true, Driver: linkBase(filepath.Join(dir, "driver"))}, nil
+}

@@ -219,14 +219,10 @@ func (p *Passthrough) Release(ctx context.Context, dev *Device) error { return n
 // only: nvidiactl and nvidia-uvm are shared by every GPU, so a holder there
 // says nothing about this device.
 func (p *Passthrough) Observe(dev *Device) (Observation, error) {
-	dir := p.sysDir(dev)
-	if _, err := os.Stat(dir); err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return Observation{}, nil
-		}
-		return Observation{}, err
+	obs, err := observePCI(p.sysDir(dev))
+	if err != nil || !obs.Present {
+		return obs, err
 	}
-	obs := Observation{Present: true, Driver: linkBase(filepath.Join(dir, "driver"))}
 	var rel string
 	switch dev.Vendor {
 	case "nvidia":

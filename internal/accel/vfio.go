@@ -245,14 +245,10 @@ func (v *VFIO) Release(ctx context.Context, dev *Device) error {
 // Observe implements Backend; holders are counted on the group node, which
 // is what a VMM keeps open.
 func (v *VFIO) Observe(dev *Device) (Observation, error) {
-	dir := v.sysDir(dev)
-	if _, err := os.Stat(dir); err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return Observation{}, nil
-		}
-		return Observation{}, err
+	obs, err := observePCI(v.sysDir(dev))
+	if err != nil || !obs.Present {
+		return obs, err
 	}
-	obs := Observation{Present: true, Driver: linkBase(filepath.Join(dir, "driver"))}
 	if dev.IOMMUGroup != "" {
 		h, err := v.holders(dev)
 		if err != nil {
