@@ -28,16 +28,20 @@ type DiscoverConfig struct {
 }
 
 func (c DiscoverConfig) withDefaults() DiscoverConfig {
-	if c.SysfsRoot == "" {
-		c.SysfsRoot = "/sys"
-	}
-	if c.ProcRoot == "" {
-		c.ProcRoot = "/proc"
-	}
-	if c.DevRoot == "" {
-		c.DevRoot = "/dev"
-	}
+	hostRoots(&c.SysfsRoot, &c.DevRoot, &c.ProcRoot)
 	return c
+}
+
+// hostRoots fills empty host tree roots with the real ones.
+func hostRoots(sysfs, dev, proc *string) {
+	for _, r := range []struct {
+		p   *string
+		def string
+	}{{sysfs, "/sys"}, {dev, "/dev"}, {proc, "/proc"}} {
+		if *r.p == "" {
+			*r.p = r.def
+		}
+	}
 }
 
 const (

@@ -55,3 +55,49 @@ func TestDiscoverAndPassthrough(t *testing.T) {
 		t.Fatalf("observe: %+v %v", obs, err)
 	}
 }
+
+// AMD devices are found by their DRM render node and passed through as
+// /dev/kfd + /dev/dri/renderD*, with the card node when present.
+func TestDiscoverAMD(t *testing.T) {
+	h := acceltest.NewHost(t,
+		acceltest.GPU{Addr: "0000:c1:00.0", VendorID: "0x1002", DeviceID: "0x74a1", Class: "0x038000", NUMA: 1, IOMMUGroup: 7, Driver: "amdgpu", Minor: 129},
+		acceltest.GPU{Addr: "0000:c2:00.0", VendorID: "0x1002", DeviceID: "0x74a1", Class: "0x030200", NUMA: 1, IOMMUGroup: 8, Driver: "amdgpu", Minor: 130},
+	)
+	devs, err := accel.Discover(context.Background(), h.DiscoverConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 0x0380 (display controller "other") is not a GPU class we take.
+	if len(devs) != 1 {
+		t.Fatalf("want only the 0x0302 device: %+v", devs)
+	}
+	d := devs[0]
+	if d.ID != "gpu-0000:c2:00.0" || d.Vendor != "amd" || d.Minor != 130 || d.Driver != "amdgpu" || d.Labels["vendor"] != "amd" || d.Labels["cuda"] != "" {
+		t.Fatalf("amd device: %+v", d)
+	}
+	p := accel.NewPassthrough(h.PassthroughConfig())
+	if p.ExpectedDriver(&d) != "amdgpu" {
+		t.Fatalf("expected driver %q", p.ExpectedDriver(&d))
+	}
+	if err := p.Validate(&d); err != nil {
+		t.Fatal(err)
+	}
+	att, err := p.Prepare(context.Background(), &d, "sb1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	paths := map[string][2]int64{}
+	for _, n := range att.Devices {
+		paths[n.Path] = [2]int64{n.Major, n.Minor}
+	}
+	if paths["/dev/kfd"] != [2]int64{234, 0} || paths["/dev/dri/renderD130"] != [2]int64{226, 130} || paths["/dev/dri/card2"] != [2]int64{226, 2} || len(paths) != 3 {
+		t.Fatalf("amd nodes: %+v", att.Devices)
+	}
+	if len(att.Mounts) != 0 || att.Env["NVIDIA_VISIBLE_DEVICES"] != "" {
+		t.Fatalf("amd attachment carries nvidia bits: %+v", att)
+	}
+	d.Minor = -1
+	if err := p.Validate(&d); err == nil {
+		t.Fatal("amd without render node validated")
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -123,9 +124,7 @@ func (m *Manager) transition(d *Device, to State, owner Owner, reason string) er
 	case StateAllocatable, StateInitialized:
 		d.SandboxID, d.Reason = "", ""
 	case StateUnhealthy, StateQuarantined, StateDisabled, StateReleased:
-		if !to.Held() {
-			d.SandboxID = ""
-		}
+		d.SandboxID = "" // the event above keeps who had it
 	}
 	if d.Health == "" || to == StateAllocatable {
 		d.Health = HealthHealthy
@@ -378,13 +377,19 @@ func (m *Manager) Reserve(ctx context.Context, sandboxID string, req Request, c 
 		return nil, err
 	}
 	count := max(req.Count, 1)
+	// free is in PCI order; the first NUMA node (in that order) that can
+	// hold the whole request wins, so picks are deterministic.
 	byNUMA := map[int][]*Device{}
+	var order []int
 	for _, d := range free {
+		if _, ok := byNUMA[d.NUMANode]; !ok {
+			order = append(order, d.NUMANode)
+		}
 		byNUMA[d.NUMANode] = append(byNUMA[d.NUMANode], d)
 	}
 	pick := free[:count]
-	for _, ds := range byNUMA {
-		if len(ds) >= count {
+	for _, n := range order {
+		if ds := byNUMA[n]; len(ds) >= count {
 			pick = ds[:count]
 			break
 		}
@@ -473,22 +478,11 @@ func (m *Manager) Prepare(ctx context.Context, sandboxID string) (Attachment, er
 			visible = append(visible, v)
 		}
 	}
-	att.Env["CUBICLE_ACCELERATORS"] = joinComma(ids)
+	att.Env["CUBICLE_ACCELERATORS"] = strings.Join(ids, ",")
 	if len(visible) > 0 {
-		att.Env["NVIDIA_VISIBLE_DEVICES"] = joinComma(visible)
+		att.Env["NVIDIA_VISIBLE_DEVICES"] = strings.Join(visible, ",")
 	}
 	return att, nil
-}
-
-func joinComma(s []string) string {
-	out := ""
-	for i, v := range s {
-		if i > 0 {
-			out += ","
-		}
-		out += v
-	}
-	return out
 }
 
 // Attached records that the runtime runs with the devices and the guest check passed.
@@ -550,10 +544,20 @@ func (m *Manager) releaseLocked(ctx context.Context, d *Device, owner Owner) err
 				}
 				return m.transition(d, StateQuarantined, OwnerNode, reason)
 			}
+			// Wait unlocked so reservations of other devices go on; nobody
+			// else moves a releasing device except another releaser, and
+			// whichever finishes first wins (checked on relock).
+			m.mu.Unlock()
 			select {
 			case <-ctx.Done():
-				return ctx.Err() // stays releasing; the reconciler retries
 			case <-time.After(50 * time.Millisecond):
+			}
+			m.mu.Lock()
+			if ctx.Err() != nil {
+				return ctx.Err() // stays releasing; the reconciler retries
+			}
+			if d.State != StateReleasing {
+				return nil // another releaser finished it
 			}
 		}
 		if err := b.Release(ctx, d); err != nil {

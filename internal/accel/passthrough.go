@@ -32,15 +32,7 @@ var _ Backend = (*Passthrough)(nil)
 
 // NewPassthrough returns a passthrough backend.
 func NewPassthrough(cfg PassthroughConfig) *Passthrough {
-	if cfg.SysfsRoot == "" {
-		cfg.SysfsRoot = "/sys"
-	}
-	if cfg.DevRoot == "" {
-		cfg.DevRoot = "/dev"
-	}
-	if cfg.ProcRoot == "" {
-		cfg.ProcRoot = "/proc"
-	}
+	hostRoots(&cfg.SysfsRoot, &cfg.DevRoot, &cfg.ProcRoot)
 	if cfg.LibDirs == nil {
 		cfg.LibDirs = []string{"/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib"}
 	}
@@ -258,31 +250,4 @@ func (p *Passthrough) ExpectedDriver(dev *Device) string {
 		return "i915"
 	}
 	return dev.Driver
-}
-
-// DefaultLibraries is what the guest check should find when a template
-// names none: for NVIDIA, libnvidia-ml.so.1 and libcuda.so.1 when the host
-// has them (no point demanding what cannot be mounted).
-func (p *Passthrough) DefaultLibraries(dev *Device) []string {
-	if dev.Vendor != "nvidia" {
-		return nil
-	}
-	var out []string
-	for _, name := range []string{"libnvidia-ml.so.1", "libcuda.so.1"} {
-		for _, dir := range p.cfg.LibDirs {
-			if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
-				out = append(out, name)
-				break
-			}
-		}
-	}
-	return out
-}
-
-// DefaultCheck is the in-sandbox command run when a template names none.
-func (p *Passthrough) DefaultCheck(dev *Device) string {
-	if dev.Vendor == "nvidia" {
-		return "nvidia-smi"
-	}
-	return ""
 }

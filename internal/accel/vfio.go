@@ -37,15 +37,7 @@ var _ Backend = (*VFIO)(nil)
 
 // NewVFIO returns a VFIO backend.
 func NewVFIO(cfg VFIOConfig) *VFIO {
-	if cfg.SysfsRoot == "" {
-		cfg.SysfsRoot = "/sys"
-	}
-	if cfg.DevRoot == "" {
-		cfg.DevRoot = "/dev"
-	}
-	if cfg.ProcRoot == "" {
-		cfg.ProcRoot = "/proc"
-	}
+	hostRoots(&cfg.SysfsRoot, &cfg.DevRoot, &cfg.ProcRoot)
 	return &VFIO{cfg: cfg}
 }
 

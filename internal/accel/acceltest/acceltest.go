@@ -21,7 +21,7 @@ type GPU struct {
 	Addr, VendorID, DeviceID, Class string
 	NUMA, IOMMUGroup                int
 	Driver                          string // "nvidia", "vfio-pci", "" (unbound)
-	Minor                           int
+	Minor                           int // nvidia: /dev/nvidiaN; amd: DRM render minor (128+)
 	Model                           string
 	MemoryMB                        int
 	UUID                            string
@@ -101,6 +101,16 @@ func NewHost(t testing.TB, gpus ...GPU) *Host {
 				g.Model, g.UUID, g.Addr, g.Minor))
 			parts := strings.SplitN(g.Addr, ":", 2)
 			rows = append(rows, fmt.Sprintf("0000%s:%s, %s, %d, 550.54.15, %s", parts[0], strings.ToUpper(parts[1]), g.Model, g.MemoryMB, g.UUID))
+		}
+		if g.VendorID == "0x1002" {
+			// amdgpu: <dev>/drm/{cardN,renderD(128+N)} and the shared /dev/kfd.
+			// Minor is the render minor, as for Device.Minor.
+			card := g.Minor - 128
+			must(t, os.MkdirAll(filepath.Join(dir, "drm", fmt.Sprintf("card%d", card)), 0o755))
+			must(t, os.MkdirAll(filepath.Join(dir, "drm", fmt.Sprintf("renderD%d", g.Minor)), 0o755))
+			mknod(t, filepath.Join(h.Dev, "kfd"), 234, 0)
+			mknod(t, filepath.Join(h.Dev, "dri", fmt.Sprintf("renderD%d", g.Minor)), 226, uint32(g.Minor))
+			mknod(t, filepath.Join(h.Dev, "dri", fmt.Sprintf("card%d", card)), 226, uint32(card))
 		}
 	}
 	script := "#!/bin/sh\ncase \"$1\" in\n--query-gpu=*)\ncat <<'CSV'\n" + strings.Join(rows, "\n") + "\nCSV\n;;\n*)\n" +
