@@ -3,13 +3,13 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+
+	cubicle "github.com/cubicle-dev/cubicle/sdk/go"
 
 	"github.com/cubicle-dev/cubicle/internal/accel"
 )
@@ -62,19 +62,21 @@ func gpuCmd() *cobra.Command {
 	var nodeID string
 	cmd.PersistentFlags().BoolVar(&asJSON, "json", false, "print JSON")
 	cmd.PersistentFlags().StringVar(&nodeID, "node", "local", "node ID")
-	base := func() string { return "/nodes/" + url.PathEscape(nodeID) + "/accelerators" }
 	list := &cobra.Command{
 		Use:   "list",
 		Short: "List a node's accelerators with their state",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := newAPIClient()
+			c, err := newClient()
 			if err != nil {
 				return err
 			}
-			var devs []accel.Device
-			if err := c.do(http.MethodGet, base(), nil, &devs); err != nil {
+			devs, err := c.ListAccelerators(cmd.Context(), nodeID)
+			if err != nil {
 				return err
+			}
+			if devs == nil {
+				devs = []cubicle.Accelerator{}
 			}
 			if asJSON {
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(devs)
@@ -102,12 +104,12 @@ func gpuCmd() *cobra.Command {
 			Short: short,
 			Args:  cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
-				c, err := newAPIClient()
+				c, err := newClient()
 				if err != nil {
 					return err
 				}
-				var d accel.Device
-				if err := c.do(http.MethodPost, base()+"/"+url.PathEscape(args[0])+"/"+name, map[string]string{"reason": reason}, &d); err != nil {
+				d, err := c.AcceleratorAction(cmd.Context(), nodeID, args[0], name, reason)
+				if err != nil {
 					return err
 				}
 				if asJSON {
@@ -127,12 +129,12 @@ func gpuCmd() *cobra.Command {
 		Short: "Show accelerator audit events (assignments, releases, quarantines, denials)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := newAPIClient()
+			c, err := newClient()
 			if err != nil {
 				return err
 			}
-			var evs []accel.Event
-			if err := c.do(http.MethodGet, base()+"/events", nil, &evs); err != nil {
+			evs, err := c.AcceleratorEvents(cmd.Context(), nodeID, 0)
+			if err != nil {
 				return err
 			}
 			if asJSON {

@@ -1,11 +1,8 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
-	"net/url"
 	"os"
 	"text/tabwriter"
 
@@ -27,7 +24,7 @@ func imageCmd() *cobra.Command {
 Templates then use it with fromImage (Template().fromImage('python:3.13')).`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := newAPIClient()
+			c, err := newClient()
 			if err != nil {
 				return err
 			}
@@ -53,24 +50,11 @@ Templates then use it with fromImage (Template().fromImage('python:3.13')).`,
 				defer f.Close()
 				body = f
 			}
-			req, err := http.NewRequest(http.MethodPost, c.base+"/images?ref="+url.QueryEscape(ref), body)
+			out, err := c.ImportImage(cmdContext(cmd.Context()), ref, body)
 			if err != nil {
 				return err
 			}
-			req.Header.Set("X-API-Key", c.key)
-			req.Header.Set("Content-Type", "application/x-tar")
-			resp, err := c.http.Do(req)
-			if err != nil {
-				return fmt.Errorf("%w (is `cubicle serve` running at %s?)", err, c.base)
-			}
-			defer resp.Body.Close()
-			var out map[string]any
-			b, _ := io.ReadAll(resp.Body)
-			if resp.StatusCode != http.StatusCreated {
-				return fmt.Errorf("%s: %s", resp.Status, b)
-			}
-			json.Unmarshal(b, &out)
-			fmt.Fprintln(cmd.OutOrStdout(), out["ref"])
+			fmt.Fprintln(cmd.OutOrStdout(), out)
 			return nil
 		},
 	}
@@ -79,18 +63,18 @@ Templates then use it with fromImage (Template().fromImage('python:3.13')).`,
 		Short: "List images in the local store",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := newAPIClient()
+			c, err := newClient()
 			if err != nil {
 				return err
 			}
-			var out []map[string]any
-			if err := c.do(http.MethodGet, "/images", nil, &out); err != nil {
+			out, err := c.ListImages(cmd.Context())
+			if err != nil {
 				return err
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "REF\tDIGEST\tSIZE")
 			for _, e := range out {
-				fmt.Fprintf(tw, "%v\t%v\t%v\n", e["Ref"], e["Digest"], e["Size"])
+				fmt.Fprintf(tw, "%s\t%s\t%s\n", e.Ref, e.Digest, humanBytes(e.Size))
 			}
 			return tw.Flush()
 		},
@@ -100,11 +84,11 @@ Templates then use it with fromImage (Template().fromImage('python:3.13')).`,
 		Short: "Remove an image name from the local store",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := newAPIClient()
+			c, err := newClient()
 			if err != nil {
 				return err
 			}
-			return c.do(http.MethodDelete, "/images?ref="+url.QueryEscape(args[0]), nil, nil)
+			return c.DeleteImage(cmd.Context(), args[0])
 		},
 	}
 	cmd.AddCommand(imp, list, del)

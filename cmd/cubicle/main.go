@@ -2,6 +2,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 
@@ -12,7 +13,14 @@ import (
 
 func main() {
 	if err := newRoot().Execute(); err != nil {
+		var ec *exitCodeError
+		if errors.As(err, &ec) {
+			os.Exit(ec.code) // `sandbox exec` passes the command's code through
+		}
 		fmt.Fprintln(os.Stderr, "error:", err)
+		if h := hint(err); h != "" {
+			fmt.Fprintln(os.Stderr, "hint:", h)
+		}
 		os.Exit(1)
 	}
 }
@@ -25,7 +33,7 @@ func newRoot() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(serveCmd(), apikeyCmd(), sandboxCmd(), volumeCmd(), imageCmd(), templateCmd(), versionCmd())
-	root.AddCommand(poolCmd(), gpuCmd())
+	root.AddCommand(poolCmd(), gpuCmd(), filesCmd())
 	return root
 }
 

@@ -3,9 +3,16 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
+
+	"github.com/spf13/cobra"
+
+	cubicle "github.com/cubicle-dev/cubicle/sdk/go"
 
 	"github.com/cubicle-dev/cubicle/internal/api"
 )
@@ -78,5 +85,82 @@ func TestVersion(t *testing.T) {
 	out, err := run(t, "version")
 	if err != nil || !strings.HasPrefix(out, "cubicle ") {
 		t.Fatalf("%q %v", out, err)
+	}
+}
+
+// Every command and subcommand has help with its Short text and usage.
+func TestEveryCommandHasHelp(t *testing.T) {
+	var walk func(c *cobra.Command, path []string)
+	n := 0
+	walk = func(c *cobra.Command, path []string) {
+		for _, sub := range c.Commands() {
+			if sub.Hidden || sub.Name() == "help" {
+				continue
+			}
+			p := append(append([]string{}, path...), sub.Name())
+			out, err := run(t, append(p, "--help")...)
+			want := sub.Short // help shows Long instead when there is one
+			if sub.Long != "" {
+				want, _, _ = strings.Cut(strings.TrimSpace(sub.Long), "\n")
+			}
+			if err != nil || sub.Short == "" || !strings.Contains(out, want) || !strings.Contains(out, "Usage:") {
+				t.Errorf("cubicle %s --help: %v\n%s", strings.Join(p, " "), err, out)
+			}
+			n++
+			walk(sub, p)
+		}
+	}
+	walk(newRoot(), nil)
+	if n < 40 {
+		t.Fatalf("only %d commands walked", n)
+	}
+	for _, want := range [][]string{{"sandbox", "exec"}, {"sandbox", "shell"}, {"files", "cp"}, {"files", "ls"}, {"template", "build"}, {"gpu", "list"}, {"completion", "bash"}} {
+		if _, err := run(t, append(want, "--help")...); err != nil {
+			t.Errorf("%v: %v", want, err)
+		}
+	}
+}
+
+func TestHints(t *testing.T) {
+	for err, want := range map[error]string{
+		&cubicle.APIError{StatusCode: 401}:                             "CUBICLE_API_KEY",
+		fmt.Errorf("x: %w", cubicle.ErrSandboxNotFound):                "sandbox list",
+		&cubicle.APIError{StatusCode: 409, ErrorCode: "volume_in_use"}: "volume get",
+		&cubicle.APIError{StatusCode: 429}:                             "capacity",
+		syscall.ECONNREFUSED:                                           "cubicle serve",
+	} {
+		if h := hint(err); !strings.Contains(h, want) {
+			t.Errorf("hint(%v) = %q, want %q in it", err, h, want)
+		}
+	}
+	if h := hint(errors.New("plain")); h != "" {
+		t.Errorf("plain error got a hint: %q", h)
+	}
+}
+
+func TestFlagParsers(t *testing.T) {
+	m, err := parseVolumeFlags([]string{"data:/data", "models:/m:ro", "x:/x:rw"})
+	if err != nil || len(m) != 3 || m[0].ReadOnly || !m[1].ReadOnly || m[2].ReadOnly || m[1].Name != "models" {
+		t.Fatalf("%+v %v", m, err)
+	}
+	for _, bad := range []string{"data", ":/x", "d:/x:rx", "a:b:c:d"} {
+		if _, err := parseVolumeFlags([]string{bad}); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	kv, err := parseKV("env", []string{"A=1", "B=x=y", "C="})
+	if err != nil || kv["A"] != "1" || kv["B"] != "x=y" || kv["C"] != "" {
+		t.Fatalf("%v %v", kv, err)
+	}
+	if _, err := parseKV("env", []string{"=v"}); err == nil {
+		t.Error("empty key accepted")
+	}
+	for s, ok := range map[string]bool{"abc:/x": true, "./local:x": false, "/abs/path": false, "a.b:/x": false} {
+		if _, _, got := remotePath(s); got != ok {
+			t.Errorf("remotePath(%q) = %v", s, got)
+		}
+	}
+	if got := shellJoin([]string{"echo", "a b", "$HOME"}); got != `echo 'a b' '$HOME'` {
+		t.Errorf("shellJoin: %s", got)
 	}
 }

@@ -2,20 +2,12 @@ package main
 
 import (
 	"fmt"
-	"net/url"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 )
-
-type poolOut struct {
-	TemplateID string   `json:"templateID"`
-	PoolSize   int      `json:"poolSize"`
-	Ready      int      `json:"ready"`
-	Standbys   []string `json:"standbys"`
-}
 
 // poolCmd is `cubicle pool`: a template's warm pool of idle standbys.
 func poolCmd() *cobra.Command {
@@ -29,12 +21,12 @@ func poolCmd() *cobra.Command {
 			if !cmd.Flags().Changed("size") {
 				return fmt.Errorf("--size is required")
 			}
-			c, err := newAPIClient()
+			c, err := newClient()
 			if err != nil {
 				return err
 			}
-			var out poolOut
-			if err := c.do("PUT", "/templates/"+url.PathEscape(args[0])+"/pool", map[string]int{"size": size}, &out); err != nil {
+			out, err := c.SetWarmPool(cmd.Context(), args[0], size)
+			if err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s: pool size %d (%d ready)\n", out.TemplateID, out.PoolSize, out.Ready)
@@ -47,12 +39,12 @@ func poolCmd() *cobra.Command {
 		Short: "Show a template's pool size and ready standbys",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := newAPIClient()
+			c, err := newClient()
 			if err != nil {
 				return err
 			}
-			var out poolOut
-			if err := c.do("GET", "/templates/"+url.PathEscape(args[0])+"/pool", nil, &out); err != nil {
+			out, err := c.GetWarmPool(cmd.Context(), args[0])
+			if err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s: pool size %d (%d ready)\n", out.TemplateID, out.PoolSize, out.Ready)
@@ -64,16 +56,12 @@ func poolCmd() *cobra.Command {
 		Short: "List templates that have a warm pool",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := newAPIClient()
+			c, err := newClient()
 			if err != nil {
 				return err
 			}
-			var ts []struct {
-				TemplateID string   `json:"templateID"`
-				Names      []string `json:"names"`
-				PoolSize   int      `json:"poolSize"`
-			}
-			if err := c.do("GET", "/templates", nil, &ts); err != nil {
+			ts, err := c.ListTemplates(cmd.Context())
+			if err != nil {
 				return err
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
@@ -82,8 +70,8 @@ func poolCmd() *cobra.Command {
 				if t.PoolSize == 0 {
 					continue
 				}
-				var p poolOut
-				if err := c.do("GET", "/templates/"+url.PathEscape(t.TemplateID)+"/pool", nil, &p); err != nil {
+				p, err := c.GetWarmPool(cmd.Context(), t.TemplateID)
+				if err != nil {
 					return err
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\n", t.TemplateID, strings.Join(t.Names, ","), p.PoolSize, p.Ready)

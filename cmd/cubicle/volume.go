@@ -2,10 +2,7 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"net/http"
-	"net/url"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -13,25 +10,27 @@ import (
 
 	"github.com/spf13/cobra"
 
+	cubicle "github.com/cubicle-dev/cubicle/sdk/go"
+
 	"github.com/cubicle-dev/cubicle/internal/volume"
 	"github.com/cubicle-dev/cubicle/internal/volume/binary"
 	"github.com/cubicle-dev/cubicle/internal/volume/plugintest"
 	"github.com/cubicle-dev/cubicle/internal/volume/rpc"
 )
 
-// parseVolumeFlags turns NAME:/path[:ro] into volumeMounts entries.
-func parseVolumeFlags(vals []string) ([]map[string]any, error) {
-	var out []map[string]any
+// parseVolumeFlags turns NAME:/path[:ro] into volume mounts.
+func parseVolumeFlags(vals []string) ([]cubicle.VolumeMount, error) {
+	var out []cubicle.VolumeMount
 	for _, v := range vals {
 		parts := strings.Split(v, ":")
 		if len(parts) < 2 || len(parts) > 3 || parts[0] == "" || parts[1] == "" {
 			return nil, fmt.Errorf("--volume %q: want NAME:/path or NAME:/path:ro", v)
 		}
-		m := map[string]any{"name": parts[0], "path": parts[1]}
+		m := cubicle.VolumeMount{Name: parts[0], Path: parts[1]}
 		if len(parts) == 3 {
 			switch parts[2] {
 			case "ro":
-				m["readOnly"] = true
+				m.ReadOnly = true
 			case "rw":
 			default:
 				return nil, fmt.Errorf("--volume %q: mode must be ro or rw", v)
@@ -52,25 +51,22 @@ func volumeCmd() *cobra.Command {
 		Short: "Create a volume (without NAME the server generates a UUID)",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := newAPIClient()
+			c, err := newClient()
 			if err != nil {
 				return err
 			}
-			body := map[string]any{}
+			name := ""
 			if len(args) == 1 {
-				body["name"] = args[0]
+				name = args[0]
 			}
-			if driver != "" {
-				body["driver"] = driver
-			}
-			var out map[string]any
-			if err := c.do(http.MethodPost, "/volumes", body, &out); err != nil {
+			v, err := c.CreateVolume(cmd.Context(), name, &cubicle.CreateVolumeOptions{Driver: driver})
+			if err != nil {
 				return err
 			}
 			if asJSON {
-				return json.NewEncoder(cmd.OutOrStdout()).Encode(out)
+				return printJSON(cmd.OutOrStdout(), v)
 			}
-			fmt.Fprintln(cmd.OutOrStdout(), out["volumeID"])
+			fmt.Fprintln(cmd.OutOrStdout(), v.VolumeID)
 			return nil
 		},
 	}
@@ -80,21 +76,24 @@ func volumeCmd() *cobra.Command {
 		Short: "List volumes",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := newAPIClient()
+			c, err := newClient()
 			if err != nil {
 				return err
 			}
-			var out []map[string]any
-			if err := c.do(http.MethodGet, "/volumes", nil, &out); err != nil {
+			vs, err := c.ListVolumes(cmd.Context())
+			if err != nil {
 				return err
 			}
 			if asJSON {
-				return json.NewEncoder(cmd.OutOrStdout()).Encode(out)
+				if vs == nil {
+					vs = []cubicle.Volume{}
+				}
+				return printJSON(cmd.OutOrStdout(), vs)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tDRIVER")
-			for _, v := range out {
-				fmt.Fprintf(tw, "%v\t%v\n", v["volumeID"], v["driver"])
+			fmt.Fprintln(tw, "ID\tNAME\tDRIVER")
+			for _, v := range vs {
+				fmt.Fprintf(tw, "%s\t%s\t%s\n", v.VolumeID, v.Name, orDash(v.Driver))
 			}
 			return tw.Flush()
 		},
@@ -104,17 +103,15 @@ func volumeCmd() *cobra.Command {
 		Short: "Show a volume, its token and the sandboxes that mount it",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := newAPIClient()
+			c, err := newClient()
 			if err != nil {
 				return err
 			}
-			var out map[string]any
-			if err := c.do(http.MethodGet, "/volumes/"+url.PathEscape(args[0]), nil, &out); err != nil {
+			v, err := c.GetVolume(cmd.Context(), args[0])
+			if err != nil {
 				return err
 			}
-			enc := json.NewEncoder(cmd.OutOrStdout())
-			enc.SetIndent("", "  ")
-			return enc.Encode(out)
+			return printJSON(cmd.OutOrStdout(), v)
 		},
 	}
 	del := &cobra.Command{
@@ -123,14 +120,15 @@ func volumeCmd() *cobra.Command {
 		Short:   "Destroy volumes (refused while a sandbox mounts them)",
 		Args:    cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := newAPIClient()
+			c, err := newClient()
 			if err != nil {
 				return err
 			}
 			for _, id := range args {
-				if err := c.do(http.MethodDelete, "/volumes/"+url.PathEscape(id), nil, nil); err != nil {
+				if err := c.DeleteVolume(cmd.Context(), id); err != nil {
 					return fmt.Errorf("delete %s: %w", id, err)
 				}
+				fmt.Fprintln(cmd.OutOrStdout(), id)
 			}
 			return nil
 		},

@@ -81,7 +81,7 @@ func (m *Manager) persist(d *Device) error {
 	if err != nil {
 		return err
 	}
-	if _, err := f.Write(b); err == nil {
+	if _, err = f.Write(b); err == nil {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {

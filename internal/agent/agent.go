@@ -17,8 +17,8 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/cubicle-dev/cubicle/internal/envdpb/filesystem/filesystemconnect"
-	"github.com/cubicle-dev/cubicle/internal/envdpb/process/processconnect"
+	"github.com/cubicle-dev/cubicle/sdk/go/envd/filesystem/filesystemconnect"
+	"github.com/cubicle-dev/cubicle/sdk/go/envd/process/processconnect"
 )
 
 // EnvdVersion is the envd version this agent is compatible with; the control

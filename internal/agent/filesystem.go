@@ -14,7 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	fspb "github.com/cubicle-dev/cubicle/internal/envdpb/filesystem"
+	fspb "github.com/cubicle-dev/cubicle/sdk/go/envd/filesystem"
 )
 
 const xattrPrefix = "user.e2b."

@@ -11,7 +11,7 @@ import (
 	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
 
-	fspb "github.com/cubicle-dev/cubicle/internal/envdpb/filesystem"
+	fspb "github.com/cubicle-dev/cubicle/sdk/go/envd/filesystem"
 )
 
 func TestFilesystemRPCs(t *testing.T) {

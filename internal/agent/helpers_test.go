@@ -13,9 +13,9 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/cubicle-dev/cubicle/internal/envdpb/filesystem/filesystemconnect"
-	pb "github.com/cubicle-dev/cubicle/internal/envdpb/process"
-	"github.com/cubicle-dev/cubicle/internal/envdpb/process/processconnect"
+	"github.com/cubicle-dev/cubicle/sdk/go/envd/filesystem/filesystemconnect"
+	pb "github.com/cubicle-dev/cubicle/sdk/go/envd/process"
+	"github.com/cubicle-dev/cubicle/sdk/go/envd/process/processconnect"
 )
 
 const testToken = "secret-token"

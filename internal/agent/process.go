@@ -19,7 +19,7 @@ import (
 	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
 
-	pb "github.com/cubicle-dev/cubicle/internal/envdpb/process"
+	pb "github.com/cubicle-dev/cubicle/sdk/go/envd/process"
 )
 
 const (

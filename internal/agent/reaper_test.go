@@ -14,7 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	pb "github.com/cubicle-dev/cubicle/internal/envdpb/process"
+	pb "github.com/cubicle-dev/cubicle/sdk/go/envd/process"
 )
 
 const reaperHelperEnv = "CUBICLE_AGENT_REAPER_HELPER"

@@ -27,7 +27,7 @@ import (
 	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
 
-	pb "github.com/cubicle-dev/cubicle/internal/envdpb/process"
+	pb "github.com/cubicle-dev/cubicle/sdk/go/envd/process"
 )
 
 func (e *testEnv) do(t *testing.T, method, path string, body io.Reader, hdr map[string]string) (*http.Response, []byte) {

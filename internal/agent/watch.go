@@ -16,7 +16,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 	"golang.org/x/sys/unix"
 
-	fspb "github.com/cubicle-dev/cubicle/internal/envdpb/filesystem"
+	fspb "github.com/cubicle-dev/cubicle/sdk/go/envd/filesystem"
 )
 
 // maxBufferedEvents bounds a polling watcher's queue; older events are dropped.

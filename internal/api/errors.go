@@ -20,6 +20,9 @@ import (
 type errorBody struct {
 	Code    int    `json:"code"`
 	Message string `json:"message"`
+	// ErrorCode is infra's semantic code; clients (the Go SDK) branch on
+	// it rather than on message text.
+	ErrorCode string `json:"error_code,omitempty"`
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -78,5 +81,29 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case http.StatusInternalServerError, http.StatusBadGateway, http.StatusGatewayTimeout:
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
-	writeError(w, st, err.Error())
+	writeJSON(w, st, errorBody{Code: st, Message: err.Error(), ErrorCode: errorCode(err)})
+}
+
+// errorCode names the typed errors clients need to tell apart within one
+// status (a 404 for a template vs a volume, a 409 for a volume in use).
+func errorCode(err error) string {
+	switch {
+	case errors.Is(err, control.ErrVolumeInUse):
+		return "volume_in_use"
+	case errors.Is(err, control.ErrVolumeNotFound):
+		return "volume_not_found"
+	case errors.Is(err, control.ErrTemplateNotFound), errors.Is(err, catalog.ErrNotFound):
+		return "template_not_found"
+	case errors.Is(err, catalog.ErrBuildNotFound):
+		return "build_not_found"
+	case errors.Is(err, control.ErrNotFound):
+		return "sandbox_not_found"
+	case errors.Is(err, accel.ErrIncompatible):
+		return "sandbox_no_compatible_node"
+	case errors.Is(err, control.ErrCapacity), errors.Is(err, accel.ErrNoCapacity):
+		return "sandbox_capacity_unavailable"
+	case errors.Is(err, control.ErrAccelUnsupported):
+		return "accelerator_unsupported"
+	}
+	return ""
 }

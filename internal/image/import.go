@@ -341,6 +341,7 @@ func extractPlain(path, dest string) error {
 			if err := os.MkdirAll(t, 0o755); err != nil {
 				return err
 			}
+		//lint:ignore SA1019 archives from old tools still mark files '\x00'
 		case tar.TypeReg, tar.TypeRegA:
 			if err := os.MkdirAll(filepath.Dir(t), 0o755); err != nil {
 				return err

@@ -274,6 +274,7 @@ func writeEntry(root, target string, hdr *tar.Header, r io.Reader) error {
 				return err
 			}
 		}
+	//lint:ignore SA1019 archives from old tools still mark files '\x00'
 	case tar.TypeReg, tar.TypeRegA:
 		f, err := os.OpenFile(target, os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o600)
 		if err != nil {

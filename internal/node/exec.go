@@ -7,8 +7,8 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/cubicle-dev/cubicle/internal/envdpb/process"
-	"github.com/cubicle-dev/cubicle/internal/envdpb/process/processconnect"
+	"github.com/cubicle-dev/cubicle/sdk/go/envd/process"
+	"github.com/cubicle-dev/cubicle/sdk/go/envd/process/processconnect"
 )
 
 // ErrNoExit means the command's stream ended without an exit status.

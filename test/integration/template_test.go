@@ -102,7 +102,7 @@ func TestTemplateCatalogRoutes(t *testing.T) {
 	var a, a2 tplCreated
 	body := map[string]any{"name": "my-tpl:v1", "tags": []string{"stable"}}
 	req := func(out any, key string) int {
-		b := fmt.Sprintf(`{"name":"my-tpl:v1","tags":["stable"]}`)
+		b := `{"name":"my-tpl:v1","tags":["stable"]}`
 		r, _ := http.NewRequest("POST", s.URL+"/v3/templates", strings.NewReader(b))
 		r.Header.Set("X-API-Key", s.Key)
 		r.Header.Set("Idempotency-Key", key)

@@ -101,10 +101,7 @@ func (d *Driver) buildSpec(s runtime.Spec, rootfs string) *specs.Spec {
 	}
 
 	var res specs.LinuxResources
-	res.Devices = []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}}
-	for _, dev := range allowedDevices {
-		res.Devices = append(res.Devices, dev)
-	}
+	res.Devices = append([]specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}}, allowedDevices...)
 	var devices []specs.LinuxDevice
 	for _, dev := range s.Devices {
 		mode := os.FileMode(dev.FileMode & 0o7777)

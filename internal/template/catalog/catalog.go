@@ -11,13 +11,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/cubicle-dev/cubicle/internal/accel"
 	"log/slog"
 	"regexp"
 	"sort"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/accel"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -43,7 +44,6 @@ var builtinNames = []string{"base", "code-interpreter", "code-interpreter-v1", "
 var (
 	nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,127}$`)
 	tagRE  = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,127}$`)
-	hashRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
 )
 
 // Job is one build for the Builder.

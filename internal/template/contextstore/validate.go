@@ -67,6 +67,7 @@ func (c *checker) check(h *tar.Header) (e entry, skip bool, err error) {
 	switch h.Typeflag {
 	case tar.TypeXGlobalHeader:
 		return e, true, nil // PAX global metadata, not a file
+	//lint:ignore SA1019 archives from old tools still mark files '\x00'
 	case tar.TypeReg, tar.TypeRegA, tar.TypeDir, tar.TypeSymlink, tar.TypeLink:
 	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
 		return e, false, unsafe("%q is a device or fifo", h.Name)
@@ -74,6 +75,7 @@ func (c *checker) check(h *tar.Header) (e entry, skip bool, err error) {
 		return e, false, bad("%q has unsupported type %q", h.Name, h.Typeflag)
 	}
 	typ := h.Typeflag
+	//lint:ignore SA1019 see above
 	if typ == tar.TypeRegA {
 		typ = tar.TypeReg
 	}

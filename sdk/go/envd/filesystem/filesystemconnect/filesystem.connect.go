@@ -11,7 +11,7 @@ import (
 	connect "connectrpc.com/connect"
 	context "context"
 	errors "errors"
-	filesystem "github.com/cubicle-dev/cubicle/internal/envdpb/filesystem"
+	filesystem "github.com/cubicle-dev/cubicle/sdk/go/envd/filesystem"
 	http "net/http"
 	strings "strings"
 )

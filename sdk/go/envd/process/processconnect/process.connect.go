@@ -11,7 +11,7 @@ import (
 	connect "connectrpc.com/connect"
 	context "context"
 	errors "errors"
-	process "github.com/cubicle-dev/cubicle/internal/envdpb/process"
+	process "github.com/cubicle-dev/cubicle/sdk/go/envd/process"
 	http "net/http"
 	strings "strings"
 )

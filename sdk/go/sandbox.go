@@ -1,0 +1,445 @@
+package cubicle
+
+import (
+	"context"
+	"fmt"
+	"iter"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// VolumeMount attaches a volume (by name or ID) at Path.
+type VolumeMount struct {
+	Name     string `json:"name"`
+	Path     string `json:"path"`
+	ReadOnly bool   `json:"readOnly,omitempty"`
+}
+
+// NetworkConfig is the sandbox's egress and ingress policy.
+type NetworkConfig struct {
+	// AllowPublicTraffic false makes sandbox ports need the traffic token.
+	AllowPublicTraffic *bool `json:"allowPublicTraffic,omitempty"`
+	// AllowOut and DenyOut are CIDRs, IPs or (AllowOut only) domains.
+	AllowOut        []string `json:"allowOut,omitempty"`
+	DenyOut         []string `json:"denyOut,omitempty"`
+	MaskRequestHost string   `json:"maskRequestHost,omitempty"`
+}
+
+// AcceleratorRequest asks for devices (a Cubicle extension to e2b's create).
+type AcceleratorRequest struct {
+	Class       string            `json:"class"` // gpu, tpu, xpu, other
+	Count       int               `json:"count"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	Backend     string            `json:"backend,omitempty"` // passthrough, vfio
+	Vendor      string            `json:"vendor,omitempty"`
+	MinMemoryMB int64             `json:"minMemoryMB,omitempty"`
+}
+
+// CreateOptions configures Create. Only Template has a default of its own
+// (Config.TemplateID); the server defaults the rest.
+type CreateOptions struct {
+	Template string
+	// Timeout is the sandbox's lifetime before it is killed (or paused with
+	// AutoPause); 0 means the server's default (300 s).
+	Timeout   time.Duration
+	AutoPause bool
+	Env       map[string]string
+	Metadata  map[string]string
+	// AllowInternetAccess false cuts all egress.
+	AllowInternetAccess *bool
+	Network             *NetworkConfig
+	VolumeMounts        []VolumeMount
+	Accelerators        []AcceleratorRequest
+	// IdempotencyKey makes retried creates return the first sandbox.
+	IdempotencyKey string
+}
+
+// SandboxInfo is what the API reports about a sandbox.
+type SandboxInfo struct {
+	SandboxID    string               `json:"sandboxID"`
+	TemplateID   string               `json:"templateID"`
+	Alias        string               `json:"alias,omitempty"`
+	ClientID     string               `json:"clientID"`
+	StartedAt    time.Time            `json:"startedAt"`
+	EndAt        time.Time            `json:"endAt"`
+	CPUCount     int                  `json:"cpuCount"`
+	MemoryMB     int                  `json:"memoryMB"`
+	DiskSizeMB   int                  `json:"diskSizeMB"`
+	Metadata     map[string]string    `json:"metadata,omitempty"`
+	State        string               `json:"state"` // running, paused
+	EnvdVersion  string               `json:"envdVersion"`
+	VolumeMounts []VolumeMount        `json:"volumeMounts,omitempty"`
+	Accelerators []AcceleratorRequest `json:"accelerators,omitempty"`
+	// Detail fields (Get only).
+	AllowInternetAccess *bool          `json:"allowInternetAccess,omitempty"`
+	Domain              *string        `json:"domain,omitempty"`
+	Network             *NetworkConfig `json:"network,omitempty"`
+	Lifecycle           *struct {
+		AutoResume bool   `json:"autoResume"`
+		OnTimeout  string `json:"onTimeout"`
+	} `json:"lifecycle,omitempty"`
+}
+
+// sandboxJSON is e2b's Sandbox (the create/connect answer).
+type sandboxJSON struct {
+	SandboxID          string  `json:"sandboxID"`
+	TemplateID         string  `json:"templateID"`
+	ClientID           string  `json:"clientID"`
+	EnvdVersion        string  `json:"envdVersion"`
+	EnvdAccessToken    string  `json:"envdAccessToken"`
+	TrafficAccessToken *string `json:"trafficAccessToken"`
+	Domain             *string `json:"domain"`
+	Alias              string  `json:"alias"`
+}
+
+// Sandbox is a handle on one running sandbox: its commands, files and ports.
+type Sandbox struct {
+	c *Client
+	// ID is the sandbox ID.
+	ID string
+	// TemplateID is the template it was made from.
+	TemplateID string
+	// EnvdVersion is the in-sandbox agent's protocol version.
+	EnvdVersion string
+	// AccessToken authenticates envd calls (X-Access-Token); empty when the
+	// sandbox is not secured.
+	AccessToken string
+	// TrafficAccessToken guards private sandbox ports.
+	TrafficAccessToken string
+	// Domain is the sandbox domain the server returned ("" when none).
+	Domain string
+	envd   *envdConn
+}
+
+func (c *Client) sandboxFrom(j sandboxJSON) *Sandbox {
+	sb := &Sandbox{c: c, ID: j.SandboxID, TemplateID: j.TemplateID, EnvdVersion: j.EnvdVersion, AccessToken: j.EnvdAccessToken}
+	if j.TrafficAccessToken != nil {
+		sb.TrafficAccessToken = *j.TrafficAccessToken
+	}
+	if j.Domain != nil {
+		sb.Domain = *j.Domain
+	}
+	sb.envd = c.newEnvd(sb)
+	return sb
+}
+
+// Create starts a sandbox and returns a handle on it.
+func (c *Client) Create(ctx context.Context, o CreateOptions) (*Sandbox, error) {
+	tpl := o.Template
+	if tpl == "" {
+		tpl = c.cfg.TemplateID
+	}
+	body := map[string]any{"templateID": tpl}
+	if o.Timeout > 0 {
+		body["timeout"] = int64((o.Timeout + time.Second - 1) / time.Second)
+	} else if o.Timeout < 0 {
+		return nil, fmt.Errorf("%w: negative timeout", ErrInvalidArgument)
+	}
+	if o.AutoPause {
+		body["autoPause"] = true
+	}
+	if len(o.Env) > 0 {
+		body["envVars"] = o.Env
+	}
+	if len(o.Metadata) > 0 {
+		body["metadata"] = o.Metadata
+	}
+	if o.AllowInternetAccess != nil {
+		body["allow_internet_access"] = *o.AllowInternetAccess
+	}
+	if o.Network != nil {
+		body["network"] = o.Network
+	}
+	if len(o.VolumeMounts) > 0 {
+		body["volumeMounts"] = o.VolumeMounts
+	}
+	if len(o.Accelerators) > 0 {
+		body["accelerators"] = o.Accelerators
+	}
+	var h http.Header
+	if o.IdempotencyKey != "" {
+		h = http.Header{"Idempotency-Key": {o.IdempotencyKey}}
+	}
+	var j sandboxJSON
+	if _, err := c.do(ctx, request{method: http.MethodPost, path: "/v2/sandboxes", body: body, out: &j, res: resTemplate, header: h}); err != nil {
+		return nil, err
+	}
+	return c.sandboxFrom(j), nil
+}
+
+// Connect returns a handle on an existing sandbox, resuming it when paused.
+// timeout extends its lifetime to at least now+timeout (0: server default).
+func (c *Client) Connect(ctx context.Context, sandboxID string, timeout time.Duration) (*Sandbox, error) {
+	body := map[string]any{}
+	if timeout > 0 {
+		body["timeout"] = int64((timeout + time.Second - 1) / time.Second)
+	}
+	var j sandboxJSON
+	if _, err := c.do(ctx, request{method: http.MethodPost, path: "/v2/sandboxes/" + seg(sandboxID) + "/connect", body: body, out: &j, res: resSandbox}); err != nil {
+		return nil, err
+	}
+	return c.sandboxFrom(j), nil
+}
+
+// Resume is Connect for a paused sandbox (the e2b SDKs resume by connecting).
+func (c *Client) Resume(ctx context.Context, sandboxID string, timeout time.Duration) (*Sandbox, error) {
+	return c.Connect(ctx, sandboxID, timeout)
+}
+
+// Get reports one sandbox.
+func (c *Client) Get(ctx context.Context, sandboxID string) (*SandboxInfo, error) {
+	var info SandboxInfo
+	if _, err := c.do(ctx, request{method: http.MethodGet, path: "/sandboxes/" + seg(sandboxID), out: &info, res: resSandbox}); err != nil {
+		return nil, err
+	}
+	return &info, nil
+}
+
+// Kill ends a sandbox. It reports false (and no error) when there was no
+// such sandbox, as the e2b SDKs do.
+func (c *Client) Kill(ctx context.Context, sandboxID string) (bool, error) {
+	_, err := c.do(ctx, request{method: http.MethodDelete, path: "/sandboxes/" + seg(sandboxID), res: resSandbox})
+	if err != nil {
+		if isStatus(err, http.StatusNotFound) {
+			return false, nil
+		}
+		return false, err
+	}
+	return true, nil
+}
+
+// SetTimeout sets the sandbox's expiry to now+timeout (it may shorten it).
+func (c *Client) SetTimeout(ctx context.Context, sandboxID string, timeout time.Duration) error {
+	if timeout <= 0 {
+		return fmt.Errorf("%w: timeout must be positive", ErrInvalidArgument)
+	}
+	_, err := c.do(ctx, request{method: http.MethodPost, path: "/sandboxes/" + seg(sandboxID) + "/timeout",
+		body: map[string]any{"timeout": int64((timeout + time.Second - 1) / time.Second)}, res: resSandbox})
+	return err
+}
+
+// Pause pauses a sandbox; false (no error) when it was already paused.
+// GPU sandboxes cannot be paused: that is an ErrConflict with a message
+// saying so, told apart from "already paused" by a Get.
+func (c *Client) Pause(ctx context.Context, sandboxID string) (bool, error) {
+	_, err := c.do(ctx, request{method: http.MethodPost, path: "/sandboxes/" + seg(sandboxID) + "/pause", body: map[string]any{}, res: resSandbox})
+	if err == nil {
+		return true, nil
+	}
+	if isStatus(err, http.StatusConflict) {
+		if info, gerr := c.Get(ctx, sandboxID); gerr == nil && info.State == "paused" {
+			return false, nil
+		}
+	}
+	return false, err
+}
+
+func isStatus(err error, status int) bool {
+	e, ok := err.(*APIError)
+	return ok && e.status() == status
+}
+
+// ListOptions filters List. Zero values mean "any".
+type ListOptions struct {
+	// States is any of "running", "paused" (default both).
+	States   []string
+	Metadata map[string]string
+	Template string
+	// Limit is the page size (1..100, default 100).
+	Limit int
+}
+
+// SandboxPager walks List's pages; the server's X-Next-Token is the cursor.
+type SandboxPager struct {
+	c     *Client
+	q     url.Values
+	next  string
+	done  bool
+	total int
+}
+
+// List returns a pager over the sandboxes matching o. No request is made
+// until NextPage or All.
+func (c *Client) List(o ListOptions) *SandboxPager {
+	q := url.Values{}
+	if len(o.States) > 0 {
+		q.Set("state", strings.Join(o.States, ","))
+	}
+	if len(o.Metadata) > 0 {
+		mq := url.Values{}
+		for k, v := range o.Metadata {
+			mq.Set(url.QueryEscape(k), url.QueryEscape(v))
+		}
+		// e2b encodes each pair, then the whole string (see the protocol notes).
+		q.Set("metadata", mq.Encode())
+	}
+	if o.Template != "" {
+		q.Set("template", o.Template)
+	}
+	if o.Limit > 0 {
+		q.Set("limit", strconv.Itoa(o.Limit))
+	}
+	return &SandboxPager{c: c, q: q}
+}
+
+// HasNext reports whether NextPage may return more.
+func (p *SandboxPager) HasNext() bool { return !p.done }
+
+// TotalRunning is the server's X-Total-Running from the last page.
+func (p *SandboxPager) TotalRunning() int { return p.total }
+
+// NextPage fetches the next page (empty and HasNext false at the end).
+func (p *SandboxPager) NextPage(ctx context.Context) ([]SandboxInfo, error) {
+	if p.done {
+		return nil, nil
+	}
+	q := url.Values{}
+	for k, v := range p.q {
+		q[k] = v
+	}
+	if p.next != "" {
+		q.Set("nextToken", p.next)
+	}
+	var page []SandboxInfo
+	resp, err := p.c.do(ctx, request{method: http.MethodGet, path: "/v2/sandboxes", query: q, out: &page})
+	if err != nil {
+		return nil, err
+	}
+	p.next = resp.header.Get("X-Next-Token")
+	p.total, _ = strconv.Atoi(resp.header.Get("X-Total-Running"))
+	if p.next == "" || len(page) == 0 {
+		p.done = true
+	}
+	return page, nil
+}
+
+// All iterates every sandbox across pages; iteration stops at the first
+// error, which is yielded.
+func (p *SandboxPager) All(ctx context.Context) iter.Seq2[SandboxInfo, error] {
+	return func(yield func(SandboxInfo, error) bool) {
+		for p.HasNext() {
+			page, err := p.NextPage(ctx)
+			if err != nil {
+				yield(SandboxInfo{}, err)
+				return
+			}
+			for _, s := range page {
+				if !yield(s, nil) {
+					return
+				}
+			}
+		}
+	}
+}
+
+// Kill ends the sandbox (false when it was already gone).
+func (s *Sandbox) Kill(ctx context.Context) (bool, error) { return s.c.Kill(ctx, s.ID) }
+
+// SetTimeout sets the sandbox's expiry to now+timeout.
+func (s *Sandbox) SetTimeout(ctx context.Context, timeout time.Duration) error {
+	return s.c.SetTimeout(ctx, s.ID, timeout)
+}
+
+// Pause pauses the sandbox (false when already paused). Resume with
+// Client.Connect.
+func (s *Sandbox) Pause(ctx context.Context) (bool, error) { return s.c.Pause(ctx, s.ID) }
+
+// Info reports the sandbox.
+func (s *Sandbox) Info(ctx context.Context) (*SandboxInfo, error) { return s.c.Get(ctx, s.ID) }
+
+// IsRunning asks the sandbox's agent for its health.
+func (s *Sandbox) IsRunning(ctx context.Context) (bool, error) { return s.envd.health(ctx) }
+
+// domain is the sandbox's domain, the config's, or "" for header routing.
+func (s *Sandbox) domain() string {
+	if s.Domain != "" {
+		return s.Domain
+	}
+	return s.c.cfg.Domain
+}
+
+// GetHost returns <port>-<id>.<domain>, the host serving port inside the
+// sandbox (put https:// or http:// in front). Without a domain it is
+// <port>-<id>.localhost:<API port>: Cubicle's proxy routes any Host of that
+// shape; use PortURL and PortClient where such names do not resolve.
+func (s *Sandbox) GetHost(port int) string {
+	if d := s.domain(); d != "" {
+		return fmt.Sprintf("%d-%s.%s", port, s.ID, d)
+	}
+	host := "localhost"
+	if p := s.c.api.Port(); p != "" {
+		host += ":" + p
+	}
+	return fmt.Sprintf("%d-%s.%s", port, s.ID, host)
+}
+
+// PortURL is a base URL that reaches port inside the sandbox when used with
+// PortClient (which adds the routing headers).
+func (s *Sandbox) PortURL(port int) string {
+	base, host := s.c.envdBase(s)
+	if host == "" && s.c.cfg.SandboxURL == "" && s.domain() != "" {
+		return "https://" + s.GetHost(port)
+	}
+	return base
+}
+
+// PortClient is an *http.Client whose requests reach port inside the
+// sandbox through Cubicle's proxy (E2b-Sandbox-Id/-Port headers, the
+// traffic token when the sandbox has one).
+func (s *Sandbox) PortClient(port int) *http.Client {
+	return &http.Client{Transport: &routeTransport{base: s.c.http.Transport, sb: s, port: port}}
+}
+
+// routeTransport adds the sandbox routing headers.
+type routeTransport struct {
+	base http.RoundTripper
+	sb   *Sandbox
+	port int
+	// token adds X-Access-Token (envd calls only).
+	token bool
+}
+
+// RoundTrip implements http.RoundTripper.
+func (t *routeTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("E2b-Sandbox-Id", t.sb.ID)
+	r.Header.Set("E2b-Sandbox-Port", strconv.Itoa(t.port))
+	if _, host := t.sb.c.envdBase(t.sb); host != "" {
+		r.Host = strings.Replace(host, strconv.Itoa(envdPort)+"-", strconv.Itoa(t.port)+"-", 1)
+	}
+	if t.token && t.sb.AccessToken != "" {
+		r.Header.Set("X-Access-Token", t.sb.AccessToken)
+	}
+	if !t.token && t.sb.TrafficAccessToken != "" {
+		r.Header.Set("E2b-Traffic-Access-Token", t.sb.TrafficAccessToken)
+	}
+	if r.Header.Get("User-Agent") == "" {
+		r.Header.Set("User-Agent", t.sb.c.ua)
+	}
+	base := t.base
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	return base.RoundTrip(r)
+}
+
+// envdBase is the base URL for the sandbox's agent and, with a proxy node,
+// the Host header to send.
+func (c *Client) envdBase(s *Sandbox) (base, host string) {
+	switch {
+	case c.cfg.SandboxURL != "":
+		return c.cfg.SandboxURL, ""
+	case c.cfg.ProxyNodeIP != "":
+		d := s.domain()
+		if d == "" {
+			d = "cube.app"
+		}
+		return fmt.Sprintf("%s://%s:%d", c.cfg.ProxyScheme, c.cfg.ProxyNodeIP, c.cfg.ProxyPort), fmt.Sprintf("%d-%s.%s", envdPort, s.ID, d)
+	case s.domain() != "":
+		return fmt.Sprintf("https://%d-%s.%s", envdPort, s.ID, s.domain()), ""
+	}
+	return c.api.String(), ""
+}
