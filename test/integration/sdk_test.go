@@ -324,7 +324,10 @@ func TestSDKCommandsAndPTY(t *testing.T) {
 	if err := pty.SendStdin(ctx, []byte("echo pty-$((6*7)); tty\n")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "pty echo", 10*time.Second, func() (bool, string) { _, s := screen(); return strings.Contains(s, "pty-42") && strings.Contains(s, "/dev/pts/"), s })
+	waitFor(t, "pty echo", 10*time.Second, func() (bool, string) {
+		_, s := screen()
+		return strings.Contains(s, "pty-42") && strings.Contains(s, "/dev/pts/"), s
+	})
 	if err := sb.PTY().Resize(ctx, pty.PID, 100, 40); err != nil {
 		t.Fatal(err)
 	}

@@ -21,7 +21,7 @@ type GPU struct {
 	Addr, VendorID, DeviceID, Class string
 	NUMA, IOMMUGroup                int
 	Driver                          string // "nvidia", "vfio-pci", "" (unbound)
-	Minor                           int // nvidia: /dev/nvidiaN; amd: DRM render minor (128+)
+	Minor                           int    // nvidia: /dev/nvidiaN; amd: DRM render minor (128+)
 	Model                           string
 	MemoryMB                        int
 	UUID                            string
