@@ -48,7 +48,7 @@ func filesCmd() *cobra.Command {
 			errOut := cmd.ErrOrStderr()
 			live := progress || isTerminal(errOut)
 			if dstRemote {
-				sb, err := c.Connect(ctx, dstID, 0)
+				sb, err := c.Attach(ctx, dstID)
 				if err != nil {
 					return err
 				}
@@ -83,7 +83,7 @@ func filesCmd() *cobra.Command {
 				fmt.Fprintf(cmd.OutOrStdout(), "%s:%s (%s)\n", dstID, ent.Path, humanBytes(cr.n))
 				return nil
 			}
-			sb, err := c.Connect(ctx, srcID, 0)
+			sb, err := c.Attach(ctx, srcID)
 			if err != nil {
 				return err
 			}
@@ -149,7 +149,7 @@ func filesCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			sb, err := c.Connect(cmd.Context(), id, 0)
+			sb, err := c.Attach(cmd.Context(), id)
 			if err != nil {
 				return err
 			}

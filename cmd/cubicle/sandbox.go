@@ -246,7 +246,7 @@ func execCmd() *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(cmdContext(cmd.Context()), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			sb, err := c.Connect(ctx, args[0], 0)
+			sb, err := c.Attach(ctx, args[0])
 			if err != nil {
 				return err
 			}
@@ -314,7 +314,7 @@ func shellCmd() *cobra.Command {
 			}
 			ctx, cancel := context.WithCancel(cmdContext(cmd.Context()))
 			defer cancel()
-			sb, err := c.Connect(ctx, args[0], 0)
+			sb, err := c.Attach(ctx, args[0])
 			if err != nil {
 				return err
 			}

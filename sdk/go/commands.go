@@ -225,21 +225,25 @@ func newHandle(sb *Sandbox, o *CommandOptions, pty bool, cancel context.CancelFu
 
 // begin reads the start event, then follows the rest in a goroutine.
 func (h *CommandHandle) begin(ctx context.Context, recv func() (*process.ProcessEvent, bool), streamErr func() error, closeFn func() error) error {
+	fail := func(err error) error {
+		h.cancel()
+		closeFn()
+		if h.o.Output != nil {
+			close(h.o.Output) // nothing will come; don't leave a reader waiting
+		}
+		return err
+	}
 	ev, ok := recv()
 	if !ok {
 		err := rpcErr(ctx, "process.Start", streamErr(), resSandbox)
 		if err == nil {
 			err = errors.New("cubicle: process stream ended before the start event")
 		}
-		h.cancel()
-		closeFn()
-		return err
+		return fail(err)
 	}
 	st := ev.GetStart()
 	if st == nil {
-		h.cancel()
-		closeFn()
-		return fmt.Errorf("cubicle: expected the start event, got %T", ev.GetEvent())
+		return fail(fmt.Errorf("cubicle: expected the start event, got %T", ev.GetEvent()))
 	}
 	h.PID = st.GetPid()
 	go h.follow(ctx, recv, streamErr, closeFn)

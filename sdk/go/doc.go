@@ -13,7 +13,7 @@
 //
 // Every call takes a context; cancelling it stops the request (and, for
 // streams, the stream). Errors are *APIError values (or wrap one) and are
-// tested with errors.Is against the sentinels in errors.go, never by text.
+// tested with errors.Is against the Err* sentinels, never by text.
 // Requests that get 429 or 503 are retried with backoff, honouring
 // Retry-After.
 package cubicle

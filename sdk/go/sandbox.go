@@ -2,6 +2,7 @@ package cubicle
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"iter"
 	"net/http"
@@ -74,6 +75,7 @@ type SandboxInfo struct {
 	VolumeMounts []VolumeMount        `json:"volumeMounts,omitempty"`
 	Accelerators []AcceleratorRequest `json:"accelerators,omitempty"`
 	// Detail fields (Get only).
+	EnvdAccessToken     string         `json:"envdAccessToken,omitempty"`
 	AllowInternetAccess *bool          `json:"allowInternetAccess,omitempty"`
 	Domain              *string        `json:"domain,omitempty"`
 	Network             *NetworkConfig `json:"network,omitempty"`
@@ -184,6 +186,21 @@ func (c *Client) Connect(ctx context.Context, sandboxID string, timeout time.Dur
 	return c.sandboxFrom(j), nil
 }
 
+// Attach returns a handle on a running sandbox without resuming it or
+// touching its lifetime (Connect does both). A paused sandbox is an
+// ErrConflict.
+func (c *Client) Attach(ctx context.Context, sandboxID string) (*Sandbox, error) {
+	info, err := c.Get(ctx, sandboxID)
+	if err != nil {
+		return nil, err
+	}
+	if info.State != "running" {
+		return nil, fmt.Errorf("%w: sandbox %s is %s; Connect resumes it", ErrConflict, sandboxID, info.State)
+	}
+	return c.sandboxFrom(sandboxJSON{SandboxID: info.SandboxID, TemplateID: info.TemplateID, ClientID: info.ClientID,
+		EnvdVersion: info.EnvdVersion, EnvdAccessToken: info.EnvdAccessToken, Domain: info.Domain}), nil
+}
+
 // Resume is Connect for a paused sandbox (the e2b SDKs resume by connecting).
 func (c *Client) Resume(ctx context.Context, sandboxID string, timeout time.Duration) (*Sandbox, error) {
 	return c.Connect(ctx, sandboxID, timeout)
@@ -238,8 +255,8 @@ func (c *Client) Pause(ctx context.Context, sandboxID string) (bool, error) {
 }
 
 func isStatus(err error, status int) bool {
-	e, ok := err.(*APIError)
-	return ok && e.status() == status
+	var e *APIError
+	return errors.As(err, &e) && e.status() == status
 }
 
 // ListOptions filters List. Zero values mean "any".

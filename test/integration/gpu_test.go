@@ -1,6 +1,9 @@
 package integration
 
 import (
+	"context"
+	"encoding/json"
+	"errors"
 	"net/http"
 	"os"
 	"os/exec"
@@ -11,6 +14,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/accel"
 	"github.com/cubicle-dev/cubicle/internal/accel/acceltest"
+	cubicle "github.com/cubicle-dev/cubicle/sdk/go"
 )
 
 const gpuAddr = "0000:3b:00.0"
@@ -145,4 +149,75 @@ func TestGPURestartQuarantine(t *testing.T) {
 	}
 	c2 := s.create(map[string]any{"templateID": "base", "accelerators": []map[string]any{{"class": "gpu", "count": 1}}})
 	s.mustRun(c2, "test -c /dev/nvidia0")
+}
+
+// The SDK and the CLI drive the same GPU path: a sandbox with the fake
+// device through cubicle.CreateOptions.Accelerators, inventory and events
+// through the SDK, and every `cubicle gpu` admin command.
+func TestGPUSDKAndCLI(t *testing.T) {
+	s, _ := gpuServer(t)
+	ctx := context.Background()
+	c := sdkClient(t, s)
+	devs, err := c.ListAccelerators(ctx, "local")
+	if err != nil || len(devs) != 1 || devs[0].State != "allocatable" || devs[0].Vendor != "nvidia" {
+		t.Fatalf("inventory: %+v %v", devs, err)
+	}
+	dev := devs[0].ID
+	sb, err := c.Create(ctx, cubicle.CreateOptions{Accelerators: []cubicle.AcceleratorRequest{{Class: "gpu", Count: 1, Vendor: "nvidia"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := sb.Commands().Run(ctx, "test -c /dev/nvidia0 && echo $NVIDIA_VISIBLE_DEVICES", nil); err != nil || !strings.HasPrefix(res.Stdout, "GPU-") {
+		t.Fatalf("device inside: %+v %v", res, err)
+	}
+	if _, err := sb.Pause(ctx); !errors.Is(err, cubicle.ErrConflict) {
+		t.Fatalf("pause a GPU sandbox: %v", err)
+	}
+	if _, err := c.Create(ctx, cubicle.CreateOptions{Accelerators: []cubicle.AcceleratorRequest{{Class: "gpu", Count: 1}}}); !errors.Is(err, cubicle.ErrRateLimited) {
+		t.Fatalf("second GPU sandbox: %v", err)
+	}
+	if _, err := c.AcceleratorAction(ctx, "local", dev, cubicle.AcceleratorDisable, "busy"); !errors.Is(err, cubicle.ErrConflict) {
+		t.Fatalf("disable attached: %v", err)
+	}
+	sb.Kill(ctx)
+
+	cli := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command(filepath.Join(binDir, "cubicle"), args...)
+		cmd.Env = append(os.Environ(), "CUBICLE_API_URL="+s.URL, "CUBICLE_API_KEY="+s.Key)
+		b, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("cubicle %v: %v\n%s", args, err, b)
+		}
+		return string(b)
+	}
+	if out := cli("gpu", "disable", dev, "--reason", "maintenance"); !strings.Contains(out, "disabled") {
+		t.Fatalf("gpu disable: %s", out)
+	}
+	if out := cli("gpu", "list"); !strings.Contains(out, "maintenance") {
+		t.Fatalf("gpu list after disable: %s", out)
+	}
+	if out := cli("gpu", "enable", dev); !strings.Contains(out, "allocatable") {
+		t.Fatalf("gpu enable: %s", out)
+	}
+	if out := cli("gpu", "events"); !strings.Contains(out, "attach") || !strings.Contains(out, sb.ID) || !strings.Contains(out, "disable") {
+		t.Fatalf("gpu events: %s", out)
+	}
+	var listed []map[string]any
+	if err := json.Unmarshal([]byte(cli("gpu", "list", "--json")), &listed); err != nil || len(listed) != 1 || listed[0]["state"] != "allocatable" {
+		t.Fatalf("gpu list --json: %v %v", listed, err)
+	}
+	evs, err := c.AcceleratorEvents(ctx, "local", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, e := range evs {
+		seen[e.Type] = true
+	}
+	for _, typ := range []string{"reserve", "attach", "release", "deny", "disable", "enable"} {
+		if !seen[typ] {
+			t.Fatalf("SDK events lack %s: %+v", typ, evs)
+		}
+	}
 }

@@ -141,6 +141,25 @@ func TestCLISandboxAndFiles(t *testing.T) {
 	if _, errOut, code := cli("", "sandbox", "kill", id); code != 1 || !strings.Contains(errOut, "no such sandbox") || !strings.Contains(errOut, "hint:") {
 		t.Fatalf("kill again: %d %q", code, errOut)
 	}
+	// Warm pools and the image store.
+	if out := must("", "pool", "set", "base", "--size", "1"); !strings.Contains(out, "pool size 1") {
+		t.Fatalf("pool set: %q", out)
+	}
+	if out := must("", "pool", "list"); !strings.Contains(out, "base") {
+		t.Fatalf("pool list: %q", out)
+	}
+	if out := must("", "pool", "get", "base"); !strings.Contains(out, "pool size 1") {
+		t.Fatalf("pool get: %q", out)
+	}
+	must("", "pool", "set", "base", "--size", "0")
+	must("", "image", "import", "cli/base:1", filepath.Join(imagesDir(t), "base", "rootfs"))
+	if out := must("", "image", "list"); !strings.Contains(out, "cli/base:1") {
+		t.Fatalf("image list: %q", out)
+	}
+	must("", "image", "delete", "cli/base:1")
+	if out := must("", "image", "list"); strings.Contains(out, "cli/base:1") {
+		t.Fatalf("image still listed: %q", out)
+	}
 	if out := must("", "gpu", "list"); !strings.Contains(out, "no accelerators") {
 		t.Fatalf("gpu list: %q", out)
 	}

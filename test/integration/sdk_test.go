@@ -149,12 +149,27 @@ func TestSDKSandboxLifecycle(t *testing.T) {
 	if info, _ := sb.Info(ctx); info.State != "paused" {
 		t.Fatalf("state after pause: %s", info.State)
 	}
+	if _, err := c.Attach(ctx, sb.ID); !errors.Is(err, cubicle.ErrConflict) {
+		t.Fatalf("attach to a paused sandbox: %v", err)
+	}
 	sb2, err := c.Resume(ctx, sb.ID, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if res, err := sb2.Commands().Run(ctx, "echo $GREETING", nil); err != nil || res.Stdout != "hi\n" {
 		t.Fatalf("run after resume: %+v %v", res, err)
+	}
+	// Attach leaves the lifetime alone; Connect only ever extends it.
+	end1, _ := sb.Info(ctx)
+	att, err := c.Attach(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := att.Commands().Run(ctx, "echo attached", nil); err != nil || res.Stdout != "attached\n" {
+		t.Fatalf("run via attach: %+v %v", res, err)
+	}
+	if end2, _ := sb.Info(ctx); !end2.EndAt.Equal(end1.EndAt) {
+		t.Fatalf("attach moved endAt %v -> %v", end1.EndAt, end2.EndAt)
 	}
 	// Connect to a running sandbox returns a working handle too.
 	sb3, err := c.Connect(ctx, sb.ID, 0)
@@ -271,6 +286,12 @@ func TestSDKCommandsAndPTY(t *testing.T) {
 	bg, err := cmds.Start(ctx, "echo started; sleep 60", &cubicle.CommandOptions{Tag: "sleeper"})
 	if err != nil {
 		t.Fatal(err)
+	}
+	waitFor(t, "background output", 10*time.Second, func() (bool, string) { return bg.Stdout() == "started\n", bg.Stdout() })
+	select {
+	case <-bg.Done():
+		t.Fatal("background command finished early")
+	default:
 	}
 	procs, err := cmds.List(ctx)
 	if err != nil {
@@ -530,6 +551,15 @@ func TestSDKVolumes(t *testing.T) {
 	}
 	if _, err := v.Stat(ctx, "/nope"); !errors.Is(err, cubicle.ErrFileNotFound) {
 		t.Fatalf("stat missing: %v", err)
+	}
+	if _, err := v.WriteFile(ctx, "/scratch.txt", strings.NewReader("tmp"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Remove(ctx, "/scratch.txt"); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Remove(ctx, "/scratch.txt"); !errors.Is(err, cubicle.ErrFileNotFound) {
+		t.Fatalf("remove twice: %v", err)
 	}
 
 	// Mounted read-only in a sandbox: readable, not writable, not deletable.
