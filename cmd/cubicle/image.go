@@ -8,11 +8,15 @@ import (
 
 	"github.com/spf13/cobra"
 
+	cubicle "github.com/cubicle-dev/cubicle/sdk/go"
+
 	"github.com/cubicle-dev/cubicle/internal/image"
 )
 
 func imageCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "image", Short: "Manage the local OCI image store templates build FROM (no registry needed)"}
+	var asJSON bool
+	cmd.PersistentFlags().BoolVar(&asJSON, "json", false, "print JSON")
 	imp := &cobra.Command{
 		Use:   "import REF PATH",
 		Short: "Import a root filesystem dir or tar(.gz), an OCI layout (dir or tar) or a docker-save tar as REF",
@@ -70,6 +74,12 @@ Templates then use it with fromImage (Template().fromImage('python:3.13')).`,
 			out, err := c.ListImages(cmd.Context())
 			if err != nil {
 				return err
+			}
+			if asJSON {
+				if out == nil {
+					out = []cubicle.Image{}
+				}
+				return printJSON(cmd.OutOrStdout(), out)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "REF\tDIGEST\tSIZE")

@@ -7,11 +7,15 @@ import (
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+
+	cubicle "github.com/cubicle-dev/cubicle/sdk/go"
 )
 
 // poolCmd is `cubicle pool`: a template's warm pool of idle standbys.
 func poolCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "pool", Short: "Manage template warm pools (pre-started standby sandboxes)"}
+	var asJSON bool
+	cmd.PersistentFlags().BoolVar(&asJSON, "json", false, "print JSON")
 	var size int
 	set := &cobra.Command{
 		Use:   "set TEMPLATE --size N",
@@ -28,6 +32,9 @@ func poolCmd() *cobra.Command {
 			out, err := c.SetWarmPool(cmd.Context(), args[0], size)
 			if err != nil {
 				return err
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), out)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s: pool size %d (%d ready)\n", out.TemplateID, out.PoolSize, out.Ready)
 			return nil
@@ -47,6 +54,9 @@ func poolCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), out)
+			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s: pool size %d (%d ready)\n", out.TemplateID, out.PoolSize, out.Ready)
 			return nil
 		},
@@ -64,8 +74,8 @@ func poolCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "TEMPLATE\tNAMES\tSIZE\tREADY")
+			pools := []cubicle.WarmPool{}
+			names := map[string][]string{}
 			for _, t := range ts {
 				if t.PoolSize == 0 {
 					continue
@@ -74,7 +84,16 @@ func poolCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\n", t.TemplateID, strings.Join(t.Names, ","), p.PoolSize, p.Ready)
+				pools = append(pools, *p)
+				names[t.TemplateID] = t.Names
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), pools)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "TEMPLATE\tNAMES\tSIZE\tREADY")
+			for _, p := range pools {
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\n", p.TemplateID, strings.Join(names[p.TemplateID], ","), p.PoolSize, p.Ready)
 			}
 			return tw.Flush()
 		},

@@ -148,6 +148,10 @@ func TestCLISandboxAndFiles(t *testing.T) {
 	if out := must("", "pool", "list"); !strings.Contains(out, "base") {
 		t.Fatalf("pool list: %q", out)
 	}
+	var pools []map[string]any
+	if err := json.Unmarshal([]byte(must("", "pool", "list", "--json")), &pools); err != nil || len(pools) != 1 || pools[0]["poolSize"] != float64(1) {
+		t.Fatalf("pool list --json: %v %v", pools, err)
+	}
 	if out := must("", "pool", "get", "base"); !strings.Contains(out, "pool size 1") {
 		t.Fatalf("pool get: %q", out)
 	}
