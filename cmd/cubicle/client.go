@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -119,11 +118,4 @@ func (c *countReader) Read(p []byte) (int, error) {
 	c.n += int64(n)
 	c.fn(c.n)
 	return n, err
-}
-
-func cmdContext(ctx context.Context) context.Context {
-	if ctx == nil {
-		return context.Background()
-	}
-	return ctx
 }

@@ -44,7 +44,7 @@ func filesCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx := cmdContext(cmd.Context())
+			ctx := cmd.Context()
 			errOut := cmd.ErrOrStderr()
 			live := progress || isTerminal(errOut)
 			if dstRemote {

@@ -54,7 +54,7 @@ Templates then use it with fromImage (Template().fromImage('python:3.13')).`,
 				defer f.Close()
 				body = f
 			}
-			out, err := c.ImportImage(cmdContext(cmd.Context()), ref, body)
+			out, err := c.ImportImage(cmd.Context(), ref, body)
 			if err != nil {
 				return err
 			}

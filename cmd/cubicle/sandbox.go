@@ -244,7 +244,7 @@ func execCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx, stop := signal.NotifyContext(cmdContext(cmd.Context()), os.Interrupt, syscall.SIGTERM)
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			sb, err := c.Attach(ctx, args[0])
 			if err != nil {
@@ -312,7 +312,7 @@ func shellCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx, cancel := context.WithCancel(cmdContext(cmd.Context()))
+			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
 			sb, err := c.Attach(ctx, args[0])
 			if err != nil {

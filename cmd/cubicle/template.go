@@ -229,7 +229,7 @@ the recipe's directory) honours .dockerignore.`,
 			if err != nil {
 				return err
 			}
-			ctx, stop := signal.NotifyContext(cmdContext(cmd.Context()), os.Interrupt, syscall.SIGTERM)
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			// Read here only to warn early; the SDK applies it.
 			_, skipped, err := cubicle.ReadDockerignore(contextDir)
@@ -431,7 +431,7 @@ func tplLogsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx, stop := signal.NotifyContext(cmdContext(cmd.Context()), os.Interrupt, syscall.SIGTERM)
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			// The status route wants the template ID, and paging by
 			// logsOffset is exact where timestamps may tie.

@@ -212,7 +212,7 @@ func (c *Client) do(ctx context.Context, r request) (*response, error) {
 		}
 		apiErr := apiErrorFrom(resp, r.method, r.path, r.res)
 		resp.Body.Close()
-		if attempt >= c.cfg.Retries || c.cfg.Retries < 0 || (resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode != http.StatusServiceUnavailable) {
+		if attempt >= c.cfg.Retries || (resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode != http.StatusServiceUnavailable) {
 			return nil, apiErr
 		}
 		if err := sleepCtx(ctx, c.backoff(attempt, apiErr.RetryAfter)); err != nil {

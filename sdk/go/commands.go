@@ -110,16 +110,28 @@ func (c *Commands) start(ctx context.Context, req *process.StartRequest, o *Comm
 		return nil, rpcErr(ctx, "process.Start", err, resSandbox)
 	}
 	h := newHandle(c.sb, o, pty, cancel)
-	recv := func() (*process.ProcessEvent, bool) {
-		if !stream.Receive() {
-			return nil, false
-		}
-		return stream.Msg().GetEvent(), true
-	}
-	if err := h.begin(ctx, recv, func() error { return stream.Err() }, stream.Close); err != nil {
+	if err := h.begin(ctx, eventsOf("process.Start", resSandbox, stream, (*process.StartResponse).GetEvent)); err != nil {
 		return nil, err
 	}
 	return h, nil
+}
+
+// eventStream is a Start or Connect stream seen as process events.
+type eventStream struct {
+	procedure string
+	res       resource // what a failure before the start event is about
+	recv      func() (*process.ProcessEvent, bool)
+	err       func() error
+	close     func() error
+}
+
+func eventsOf[T any](procedure string, res resource, s *connect.ServerStreamForClient[T], get func(*T) *process.ProcessEvent) eventStream {
+	return eventStream{procedure: procedure, res: res, err: s.Err, close: s.Close, recv: func() (*process.ProcessEvent, bool) {
+		if !s.Receive() {
+			return nil, false
+		}
+		return get(s.Msg()), true
+	}}
 }
 
 // Connect attaches to a running process by PID and follows its output.
@@ -136,13 +148,7 @@ func (c *Commands) Connect(ctx context.Context, pid uint32, o *CommandOptions) (
 		return nil, rpcErr(ctx, "process.Connect", err, resNone)
 	}
 	h := newHandle(c.sb, o, false, cancel)
-	recv := func() (*process.ProcessEvent, bool) {
-		if !stream.Receive() {
-			return nil, false
-		}
-		return stream.Msg().GetEvent(), true
-	}
-	if err := h.begin(ctx, recv, func() error { return stream.Err() }, stream.Close); err != nil {
+	if err := h.begin(ctx, eventsOf("process.Connect", resNone, stream, (*process.ConnectResponse).GetEvent)); err != nil {
 		return nil, err
 	}
 	return h, nil
@@ -224,18 +230,18 @@ func newHandle(sb *Sandbox, o *CommandOptions, pty bool, cancel context.CancelFu
 }
 
 // begin reads the start event, then follows the rest in a goroutine.
-func (h *CommandHandle) begin(ctx context.Context, recv func() (*process.ProcessEvent, bool), streamErr func() error, closeFn func() error) error {
+func (h *CommandHandle) begin(ctx context.Context, es eventStream) error {
 	fail := func(err error) error {
 		h.cancel()
-		closeFn()
+		es.close()
 		if h.o.Output != nil {
 			close(h.o.Output) // nothing will come; don't leave a reader waiting
 		}
 		return err
 	}
-	ev, ok := recv()
+	ev, ok := es.recv()
 	if !ok {
-		err := rpcErr(ctx, "process.Start", streamErr(), resSandbox)
+		err := rpcErr(ctx, es.procedure, es.err(), es.res)
 		if err == nil {
 			err = errors.New("cubicle: process stream ended before the start event")
 		}
@@ -246,20 +252,20 @@ func (h *CommandHandle) begin(ctx context.Context, recv func() (*process.Process
 		return fail(fmt.Errorf("cubicle: expected the start event, got %T", ev.GetEvent()))
 	}
 	h.PID = st.GetPid()
-	go h.follow(ctx, recv, streamErr, closeFn)
+	go h.follow(ctx, es)
 	return nil
 }
 
-func (h *CommandHandle) follow(ctx context.Context, recv func() (*process.ProcessEvent, bool), streamErr func() error, closeFn func() error) {
+func (h *CommandHandle) follow(ctx context.Context, es eventStream) {
 	defer close(h.done)
 	defer h.cancel()
-	defer closeFn()
+	defer es.close()
 	if h.o.Output != nil {
 		defer close(h.o.Output)
 	}
 	var end *process.ProcessEvent_EndEvent
 	for {
-		ev, ok := recv()
+		ev, ok := es.recv()
 		if !ok {
 			break
 		}
@@ -273,17 +279,16 @@ func (h *CommandHandle) follow(ctx context.Context, recv func() (*process.Proces
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	res := &CommandResult{Stdout: h.stdout.String(), Stderr: h.stderr.String()}
+	h.result = res
 	switch {
 	case end != nil:
 		res.ExitCode = int(end.GetExitCode())
 		res.Error = end.GetError()
-		h.result = res
 		if res.ExitCode != 0 {
 			h.err = &CommandExitError{Result: res}
 		}
 	default:
-		h.result = res
-		if err := rpcErr(ctx, "process.Start", streamErr(), resNone); err != nil {
+		if err := rpcErr(ctx, es.procedure, es.err(), resNone); err != nil {
 			h.err = err
 		} else {
 			h.err = errors.New("cubicle: process stream ended without a result")

@@ -320,7 +320,7 @@ func TestSDKCommandsAndPTY(t *testing.T) {
 	if ok, err := cmds.Kill(ctx, bg.PID); ok || err != nil {
 		t.Fatalf("kill gone pid: %v %v", ok, err)
 	}
-	if _, err := cmds.Connect(ctx, 999999, nil); !errors.Is(err, cubicle.ErrNotFound) {
+	if _, err := cmds.Connect(ctx, 999999, nil); !errors.Is(err, cubicle.ErrNotFound) || errors.Is(err, cubicle.ErrSandboxNotFound) {
 		t.Fatalf("connect unknown pid: %v", err)
 	}
 
