@@ -106,7 +106,7 @@ func humanBytes(n int64) string {
 	return fmt.Sprintf("%d B", n)
 }
 
-// countWriter reports bytes through fn as they pass.
+// countReader reports the bytes read so far through fn.
 type countReader struct {
 	r  io.Reader
 	n  int64

@@ -182,6 +182,29 @@ func braces(p string) []string {
 	return []string{p}
 }
 
+// walkContext visits everything below root (not root itself) that ignore
+// does not exclude, passing its context-relative POSIX path; an ignored
+// directory is skipped whole.
+func walkContext(ctxDir, root string, ignore []string, fn func(rel, abs string, d fs.DirEntry) error) error {
+	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if p == root {
+			return nil
+		}
+		r, _ := filepath.Rel(ctxDir, p)
+		r = filepath.ToSlash(r)
+		if isIgnored(ignore, r) {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		return fn(r, p, d)
+	})
+}
+
 // CollectContext lists what COPY src sends, sorted as the SDK sorts (by full
 // path, which is by relative path). A matched directory brings itself and
 // everything under it. One deliberate difference from the SDK: an ignored
@@ -209,21 +232,7 @@ func CollectContext(ctxDir, src string, ignore []string) ([]ContextEntry, error)
 		if !fi.IsDir() {
 			return nil
 		}
-		return filepath.WalkDir(abs, func(p string, d fs.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			if p == abs {
-				return nil
-			}
-			r, _ := filepath.Rel(ctxDir, p)
-			r = filepath.ToSlash(r)
-			if isIgnored(ignore, r) {
-				if d.IsDir() {
-					return filepath.SkipDir
-				}
-				return nil
-			}
+		return walkContext(ctxDir, abs, ignore, func(r, p string, d fs.DirEntry) error {
 			fi, err := d.Info()
 			if err != nil {
 				return err
@@ -252,21 +261,7 @@ func CollectContext(ctxDir, src string, ignore []string) ([]ContextEntry, error)
 		}
 	} else {
 		var matches []string
-		err := filepath.WalkDir(ctxDir, func(p string, d fs.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			if p == ctxDir {
-				return nil
-			}
-			r, _ := filepath.Rel(ctxDir, p)
-			r = filepath.ToSlash(r)
-			if isIgnored(ignore, r) {
-				if d.IsDir() {
-					return filepath.SkipDir
-				}
-				return nil
-			}
+		err := walkContext(ctxDir, ctxDir, ignore, func(r, _ string, d fs.DirEntry) error {
 			if MatchPattern(clean, r) && (!strings.HasSuffix(src, "/") || d.IsDir()) {
 				matches = append(matches, r)
 			}
