@@ -33,6 +33,11 @@ type Config struct {
 	// EgressIface, if set, limits masquerading to pool traffic leaving by
 	// that interface; empty masquerades via any interface but the bridge.
 	EgressIface string
+	// Resolvers are the DNS servers written into sandboxes' resolv.conf.
+	// They stay reachable on port 53 although they usually sit in a range
+	// the internal-network default deny covers (cloud resolvers are
+	// private or link-local addresses).
+	Resolvers []netip.Addr
 }
 
 func (c *Config) applyDefaults() error {
@@ -69,6 +74,9 @@ type Linux struct {
 	cfg     Config
 	gateway netip.Addr
 	bcast   netip.Addr
+	// internal is denied to every sandbox unless its allowOut re-opens it:
+	// InternalRanges plus the host's uplink networks, read at start.
+	internal []netip.Prefix
 
 	mu        sync.Mutex
 	endpoints map[string]Endpoint // includes stale ones (they keep their address)
@@ -115,6 +123,11 @@ func NewLinux(cfg Config) (*Linux, error) {
 	if err := l.checkOverlap(); err != nil {
 		return nil, err
 	}
+	uplinks, err := uplinkNetworks()
+	if err != nil {
+		return nil, err
+	}
+	l.internal = mergePrefixes(append(append([]netip.Prefix(nil), InternalRanges...), uplinks...))
 	br, err := l.ensureBridge()
 	if err != nil {
 		return nil, err
@@ -136,6 +149,39 @@ func lastAddr(p netip.Prefix) netip.Addr {
 	host := uint32(1)<<(32-p.Bits()) - 1
 	v := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3]) | host
 	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+// uplinkNetworks returns the IPv4 networks of the interfaces that carry a
+// default route: the LAN or VPC the host sits on, whose neighbours are
+// nobody's internet.
+func uplinkNetworks() ([]netip.Prefix, error) {
+	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return nil, fmt.Errorf("network: list routes: %w", err)
+	}
+	var out []netip.Prefix
+	for _, r := range routes {
+		if r.Dst != nil && r.Dst.IP != nil && !r.Dst.IP.IsUnspecified() {
+			continue
+		}
+		lk, err := netlink.LinkByIndex(r.LinkIndex)
+		if err != nil {
+			continue
+		}
+		addrs, err := netlink.AddrList(lk, netlink.FAMILY_V4)
+		if err != nil {
+			return nil, fmt.Errorf("network: list addresses: %w", err)
+		}
+		for _, a := range addrs {
+			ip, ok := netip.AddrFromSlice(a.IP.To4())
+			if !ok {
+				continue
+			}
+			bits, _ := a.Mask.Size()
+			out = append(out, netip.PrefixFrom(ip, bits).Masked())
+		}
+	}
+	return out, nil
 }
 
 // checkOverlap refuses a pool that overlaps an address on another
@@ -189,6 +235,9 @@ func (l *Linux) ensureBridge() (netlink.Link, error) {
 		if err := netlink.LinkSetHardwareAddr(br, mac); err != nil {
 			return nil, fmt.Errorf("network: bridge mac: %w", err)
 		}
+	}
+	if err := disableIPv6(l.cfg.Bridge); err != nil {
+		return nil, err
 	}
 	gw := &netlink.Addr{IPNet: &net.IPNet{IP: l.gateway.AsSlice(), Mask: net.CIDRMask(l.cfg.Pool.Bits(), 32)}}
 	if err := netlink.AddrReplace(br, gw); err != nil {
@@ -272,7 +321,9 @@ func (l *Linux) inspect(id string, brIndex int) Endpoint {
 	}
 	hv, err := netlink.LinkByName(ep.HostVeth)
 	if err == nil && hv.Attrs().MasterIndex == brIndex && ep.Addr.IsValid() {
-		ep.Stale = false
+		// Endpoints wired by an older build lack the port hardening;
+		// one that cannot be hardened carries no traffic.
+		ep.Stale = l.hardenPort(hv, brIndex, ep.Addr) != nil
 	}
 	return ep
 }
@@ -441,10 +492,11 @@ func (l *Linux) wire(ep Endpoint) error {
 	if err := netlink.LinkSetMaster(host, br); err != nil {
 		return fmt.Errorf("network: attach veth: %w", err)
 	}
-	// Isolated bridge ports cannot exchange frames with each other, only
-	// with the bridge itself (the gateway): sandbox<->sandbox isolation.
-	if err := netlink.LinkSetIsolated(host, true); err != nil {
-		return fmt.Errorf("network: isolate veth: %w", err)
+	if err := l.hardenPort(host, br.Attrs().Index, ep.Addr); err != nil {
+		return err
+	}
+	if err := disableIPv6(ep.HostVeth); err != nil {
+		return err
 	}
 	if err := netlink.LinkSetUp(host); err != nil {
 		return fmt.Errorf("network: veth up: %w", err)
@@ -473,8 +525,6 @@ func (l *Linux) wire(ep Endpoint) error {
 	if err := h.LinkSetHardwareAddr(eth, macFor(ep.Addr)); err != nil {
 		return fmt.Errorf("network: eth0 mac: %w", err)
 	}
-	// Drop any entry left from before (e.g. from a build with random MACs).
-	_ = netlink.NeighDel(&netlink.Neigh{LinkIndex: br.Attrs().Index, IP: ep.Addr.AsSlice(), Family: netlink.FAMILY_V4})
 	addr := &netlink.Addr{IPNet: &net.IPNet{IP: ep.Addr.AsSlice(), Mask: net.CIDRMask(l.cfg.Pool.Bits(), 32)}}
 	if err := h.AddrAdd(eth, addr); err != nil {
 		return fmt.Errorf("network: eth0 address: %w", err)
@@ -523,6 +573,14 @@ func (l *Linux) cleanup(ep Endpoint, withNft bool) error {
 	if lk, err := netlink.LinkByName(ep.HostVeth); err == nil {
 		if err := netlink.LinkDel(lk); err != nil {
 			errs = append(errs, fmt.Errorf("network: delete veth: %w", err))
+		}
+	}
+	if ep.Addr.IsValid() {
+		if br, err := netlink.LinkByName(l.cfg.Bridge); err == nil {
+			// The permanent neighbour entry would otherwise outlive the sandbox.
+			if err := netlink.NeighDel(&netlink.Neigh{LinkIndex: br.Attrs().Index, IP: ep.Addr.AsSlice(), Family: netlink.FAMILY_V4}); err != nil && !errors.Is(err, unix.ENOENT) {
+				errs = append(errs, fmt.Errorf("network: delete neighbour: %w", err))
+			}
 		}
 	}
 	if err := deleteNetns(ep.NetNSPath); err != nil {
@@ -720,6 +778,52 @@ func (l *Linux) Destroy(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// hardenPort makes a sandbox's bridge port accept nothing it can use to
+// impersonate another port: the bridge learns no MAC from it (a frame with
+// a neighbour's source MAC cannot steal that neighbour's traffic), unknown
+// unicast is not flooded to it, the sandbox's own MAC is a static FDB entry
+// on it, and the host's neighbour entry for its address is permanent, so
+// no ARP answer can redirect host traffic. The nftables port chain
+// additionally drops frames whose Ethernet, ARP or IPv4 source is not the
+// sandbox's. Isolated ports exchange frames only with the bridge itself.
+// Idempotent.
+func (l *Linux) hardenPort(port netlink.Link, brIndex int, addr netip.Addr) error {
+	mac := macFor(addr)
+	steps := []struct {
+		what string
+		do   func() error
+	}{
+		{"isolate", func() error { return netlink.LinkSetIsolated(port, true) }},
+		{"learning off", func() error { return netlink.LinkSetLearning(port, false) }},
+		{"flood off", func() error { return netlink.LinkSetFlood(port, false) }},
+		{"static fdb", func() error {
+			return netlink.NeighSet(&netlink.Neigh{LinkIndex: port.Attrs().Index, Family: unix.AF_BRIDGE,
+				State: netlink.NUD_NOARP, Flags: netlink.NTF_MASTER, HardwareAddr: mac})
+		}},
+		{"permanent neighbour", func() error {
+			return netlink.NeighSet(&netlink.Neigh{LinkIndex: brIndex, Family: netlink.FAMILY_V4,
+				State: netlink.NUD_PERMANENT, IP: addr.AsSlice(), HardwareAddr: mac})
+		}},
+	}
+	for _, st := range steps {
+		if err := st.do(); err != nil {
+			return fmt.Errorf("network: port %s: %s: %w", port.Attrs().Name, st.what, err)
+		}
+	}
+	return nil
+}
+
+// disableIPv6 turns IPv6 off on a host-side interface: sandboxes are IPv4
+// only, and without it the host would talk IPv6 (MLD, DAD, link-local
+// services) on the sandbox-facing links that the IPv4 rules do not cover.
+func disableIPv6(ifname string) error {
+	p := "/proc/sys/net/ipv6/conf/" + ifname + "/disable_ipv6"
+	if err := os.WriteFile(p, []byte("1"), 0o644); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("network: disable IPv6 on %s: %w", ifname, err)
+	}
+	return nil
 }
 
 // macFor is a locally administered unicast MAC 02:42:<IPv4>.

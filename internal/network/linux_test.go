@@ -92,10 +92,17 @@ type extHost struct {
 func newExtHost(t *testing.T) *extHost {
 	t.Helper()
 	n := byte(testSeq.Add(1))
+	return newExtHostAt(t, netip.AddrFrom4([4]byte{198, 18, n, 1}), netip.AddrFrom4([4]byte{198, 18, n, 2}))
+}
+
+// newExtHostAt is newExtHost on a /30 of the caller's choosing (a
+// link-local or private "neighbour" of the host, say).
+func newExtHostAt(t *testing.T, hostIP, ip netip.Addr) *extHost {
+	t.Helper()
 	e := &extHost{
-		path:   filepath.Join(t.TempDir(), "ext"),
-		hostIP: netip.AddrFrom4([4]byte{198, 18, n, 1}),
-		ip:     netip.AddrFrom4([4]byte{198, 18, n, 2}),
+		path:   filepath.Join(t.TempDir(), "ext"+randHex(2)),
+		hostIP: hostIP,
+		ip:     ip,
 	}
 	name := "cbe" + randHex(4)
 	e.link = name
@@ -461,6 +468,15 @@ func assertClean(t *testing.T, l *Linux) {
 	}
 	if len(l.used) != 0 || len(l.endpoints) != 0 {
 		t.Errorf("leaked allocations: %v %v", l.used, l.endpoints)
+	}
+	neighs, err := netlink.NeighList(br.Attrs().Index, netlink.FAMILY_V4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range neighs {
+		if n.State&netlink.NUD_PERMANENT != 0 {
+			t.Errorf("leaked permanent neighbour %s", n.IP)
+		}
 	}
 	c, err := nftables.New()
 	if err != nil {

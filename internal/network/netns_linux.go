@@ -81,6 +81,11 @@ func createNetns(path string) error {
 		for _, k := range []string{"all", "default", "lo"} {
 			_ = os.WriteFile("/proc/sys/net/ipv6/conf/"+k+"/disable_ipv6", []byte("1"), 0o644)
 		}
+		// Sandboxes have no CAP_NET_RAW; ping works through unprivileged
+		// ICMP datagram sockets, which this per-netns sysctl opens to every gid.
+		if err := os.WriteFile("/proc/sys/net/ipv4/ping_group_range", []byte("0 2147483647"), 0o644); err != nil {
+			return fmt.Errorf("network: ping_group_range: %w", err)
+		}
 		return nil
 	})
 	if err != nil {

@@ -18,10 +18,49 @@ var (
 	ErrInvalidConfig = errors.New("network: invalid config")
 )
 
-// Policy is the egress policy of a sandbox. Rules are evaluated: DenyOut
-// entries are dropped unless also matched more specifically by AllowOut
-// (allow wins over deny, as in e2b); when AllowInternet is false everything
-// except AllowOut is dropped.
+// InternalRanges are denied to every sandbox by default, as CubeSandbox
+// does: the networks where a host's private services live (RFC 1918,
+// carrier-grade NAT, which overlay VPNs use), link-local (cloud instance
+// metadata at 169.254.169.254, which hands out the instance's credentials),
+// loopback, "this network", multicast and the reserved block. The host's
+// uplink networks are added at start. AllowOut re-opens any of them; the
+// configured DNS resolvers stay reachable on port 53.
+var InternalRanges = []netip.Prefix{
+	netip.MustParsePrefix("0.0.0.0/8"),
+	netip.MustParsePrefix("10.0.0.0/8"),
+	netip.MustParsePrefix("100.64.0.0/10"),
+	netip.MustParsePrefix("127.0.0.0/8"),
+	netip.MustParsePrefix("169.254.0.0/16"),
+	netip.MustParsePrefix("172.16.0.0/12"),
+	netip.MustParsePrefix("192.168.0.0/16"),
+	netip.MustParsePrefix("224.0.0.0/4"),
+	netip.MustParsePrefix("240.0.0.0/4"),
+}
+
+// mergePrefixes drops duplicates and prefixes covered by another entry,
+// keeping the input order otherwise.
+func mergePrefixes(in []netip.Prefix) []netip.Prefix {
+	var out []netip.Prefix
+next:
+	for i, p := range in {
+		p = p.Masked()
+		for j, q := range in {
+			q = q.Masked()
+			if i != j && q.Bits() <= p.Bits() && q.Contains(p.Addr()) && (q.Bits() < p.Bits() || j < i) {
+				continue next
+			}
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// Policy is the egress policy of a sandbox. Rules are evaluated in order:
+// other sandboxes are always dropped; AllowOut is accepted (allow wins over
+// deny, as in e2b); DenyOut is dropped; when AllowInternet is false
+// everything else is dropped, otherwise the internal ranges
+// (InternalRanges, the host's uplink networks) are dropped, except DNS to
+// the configured resolvers, and the rest is accepted.
 type Policy struct {
 	AllowInternet bool
 	AllowOut      []string // IPs or CIDRs

@@ -26,11 +26,13 @@ import (
 //	  chain postrouting (nat/postrouting)
 //	    ipv4, ip saddr <pool>, oif != br (or oif == EgressIface) masquerade
 //	  chain s_<hash>  per sandbox, replaced atomically by UpdatePolicy
-//	    ip daddr <pool> drop; allow... accept; deny... drop; accept|drop
+//	    ip daddr <pool> drop; allow... accept; deny... drop; then
+//	    no internet: drop; else resolvers:53 accept, internal ranges drop, accept
 //	table bridge <Table>
 //	  map ports { ifname : verdict }          host veth -> jump p_<hash>
 //	  chain prerouting (filter/prerouting, accept): iifname vmap @ports
-//	  chain p_<hash>: anti-spoofing (IPv4/ARP source must be the sandbox's), no IPv6
+//	  chain p_<hash>: anti-spoofing (Ethernet, ARP and IPv4 sources must be the
+//	    sandbox's), only IPv4 and ARP pass (no IPv6/NDP, no VLAN tags)
 const (
 	setSandboxes = "sbx"
 	setPorts     = "ports"
@@ -180,11 +182,26 @@ func (l *Linux) addPolicyRules(c *nftables.Conn, t nftTables, ch *nftables.Chain
 	for _, d := range deny {
 		c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: concat(ipMatch(16, d), []expr.Any{verdict(expr.VerdictDrop)})})
 	}
-	final := expr.VerdictDrop
-	if p.AllowInternet {
-		final = expr.VerdictAccept
+	if !p.AllowInternet {
+		c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: []expr.Any{verdict(expr.VerdictDrop)}})
+		return
 	}
-	c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: []expr.Any{verdict(final)}})
+	for _, r := range l.cfg.Resolvers {
+		if !r.Is4() {
+			continue
+		}
+		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+			c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: concat(
+				ipMatch(16, netip.PrefixFrom(r, 32)),
+				[]expr.Any{meta(expr.MetaKeyL4PROTO), cmpEq([]byte{proto}),
+					&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+					cmpEq([]byte{0, 53}), verdict(expr.VerdictAccept)})})
+		}
+	}
+	for _, in := range l.internal {
+		c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: concat(ipMatch(16, in), []expr.Any{verdict(expr.VerdictDrop)})})
+	}
+	c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: []expr.Any{verdict(expr.VerdictAccept)}})
 }
 
 // addEndpoint queues everything nftables needs for one endpoint.
@@ -199,19 +216,31 @@ func (l *Linux) addEndpoint(c *nftables.Conn, t nftTables, ep Endpoint, p Policy
 
 	pc := c.AddChain(&nftables.Chain{Name: portChainName(ep.ID), Table: t.bridge})
 	addr := ep.Addr.AsSlice()
+	mac := []byte(macFor(ep.Addr))
 	be16 := func(v uint16) []byte { return []byte{byte(v >> 8), byte(v)} }
+	rule := func(e ...expr.Any) {
+		c.AddRule(&nftables.Rule{Table: t.bridge, Chain: pc, Exprs: e})
+	}
+	// Only the sandbox's own MAC may appear as an Ethernet source.
+	rule(&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseLLHeader, Offset: 6, Len: 6},
+		cmpNeq(mac), verdict(expr.VerdictDrop))
 	// meta protocol is the ethertype in network byte order.
-	c.AddRule(&nftables.Rule{Table: t.bridge, Chain: pc, Exprs: []expr.Any{
-		meta(expr.MetaKeyPROTOCOL), cmpEq(be16(unix.ETH_P_IP)),
+	rule(meta(expr.MetaKeyPROTOCOL), cmpEq(be16(unix.ETH_P_IP)),
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
-		cmpNeq(addr), verdict(expr.VerdictDrop)}})
-	// ARP sender protocol address sits at offset 14 for Ethernet/IPv4 ARP.
-	c.AddRule(&nftables.Rule{Table: t.bridge, Chain: pc, Exprs: []expr.Any{
-		meta(expr.MetaKeyPROTOCOL), cmpEq(be16(unix.ETH_P_ARP)),
+		cmpNeq(addr), verdict(expr.VerdictDrop))
+	rule(meta(expr.MetaKeyPROTOCOL), cmpEq(be16(unix.ETH_P_IP)), verdict(expr.VerdictAccept))
+	// Ethernet/IPv4 ARP: sender hardware address at offset 8, sender
+	// protocol address at 14.
+	rule(meta(expr.MetaKeyPROTOCOL), cmpEq(be16(unix.ETH_P_ARP)),
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 8, Len: 6},
+		cmpNeq(mac), verdict(expr.VerdictDrop))
+	rule(meta(expr.MetaKeyPROTOCOL), cmpEq(be16(unix.ETH_P_ARP)),
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 14, Len: 4},
-		cmpNeq(addr), verdict(expr.VerdictDrop)}})
-	c.AddRule(&nftables.Rule{Table: t.bridge, Chain: pc, Exprs: []expr.Any{
-		meta(expr.MetaKeyPROTOCOL), cmpEq(be16(unix.ETH_P_IPV6)), verdict(expr.VerdictDrop)}})
+		cmpNeq(addr), verdict(expr.VerdictDrop))
+	rule(meta(expr.MetaKeyPROTOCOL), cmpEq(be16(unix.ETH_P_ARP)), verdict(expr.VerdictAccept))
+	// Everything else: IPv6 (so NDP and router advertisements), VLAN tags
+	// that would carry a frame past the checks above, STP, LLDP...
+	rule(verdict(expr.VerdictDrop))
 	return c.SetAddElements(t.ports, []nftables.SetElement{{
 		Key: ifname(ep.HostVeth), VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: pc.Name},
 	}})

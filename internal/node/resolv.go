@@ -13,8 +13,9 @@ import (
 var fallbackResolvers = []string{"1.1.1.1", "8.8.8.8"}
 
 // WriteResolvConf derives the sandboxes' resolv.conf from the host's: the
-// host's non-loopback IPv4 nameservers, else public fallbacks.
-func WriteResolvConf(hostPath, outPath string) error {
+// host's non-loopback IPv4 nameservers, else public fallbacks. It returns
+// the servers written, which the network policy keeps reachable on port 53.
+func WriteResolvConf(hostPath, outPath string) ([]netip.Addr, error) {
 	var servers []string
 	if f, err := os.Open(hostPath); err == nil {
 		sc := bufio.NewScanner(f)
@@ -42,7 +43,14 @@ func WriteResolvConf(hostPath, outPath string) error {
 	b.WriteString("options timeout:2 attempts:2\n")
 	tmp := outPath + ".tmp"
 	if err := os.WriteFile(tmp, []byte(b.String()), 0o644); err != nil {
-		return err
+		return nil, err
 	}
-	return os.Rename(tmp, outPath)
+	if err := os.Rename(tmp, outPath); err != nil {
+		return nil, err
+	}
+	addrs := make([]netip.Addr, 0, len(servers))
+	for _, s := range servers {
+		addrs = append(addrs, netip.MustParseAddr(s))
+	}
+	return addrs, nil
 }

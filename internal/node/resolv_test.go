@@ -12,7 +12,7 @@ func TestWriteResolvConf(t *testing.T) {
 	host := filepath.Join(dir, "host")
 	out := filepath.Join(dir, "out")
 	os.WriteFile(host, []byte("nameserver 127.0.0.53\nnameserver ::1\nnameserver 192.0.2.10\nsearch x\n"), 0o644)
-	if err := WriteResolvConf(host, out); err != nil {
+	if _, err := WriteResolvConf(host, out); err != nil {
 		t.Fatal(err)
 	}
 	b, _ := os.ReadFile(out)
@@ -20,7 +20,7 @@ func TestWriteResolvConf(t *testing.T) {
 		t.Fatalf("resolv.conf: %q", b)
 	}
 	os.WriteFile(host, []byte("nameserver 127.0.0.53\n"), 0o644)
-	if err := WriteResolvConf(host, out); err != nil {
+	if _, err := WriteResolvConf(host, out); err != nil {
 		t.Fatal(err)
 	}
 	b, _ = os.ReadFile(out)
