@@ -151,13 +151,14 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err != nil {
 		return fmt.Errorf("runtime %s: %w", o.runtime, err)
 	}
-	netm, err := network.NewLinux(network.Config{Bridge: o.bridge, Pool: pool, NetnsDir: o.netnsDir, Table: o.nftTable})
+	resolv := filepath.Join(o.dataDir, "resolv.conf")
+	resolvers, err := node.WriteResolvConf("/etc/resolv.conf", resolv)
+	if err != nil {
+		return fmt.Errorf("resolv.conf: %w", err)
+	}
+	netm, err := network.NewLinux(network.Config{Bridge: o.bridge, Pool: pool, NetnsDir: o.netnsDir, Table: o.nftTable, Resolvers: resolvers})
 	if err != nil {
 		return fmt.Errorf("network: %w", err)
-	}
-	resolv := filepath.Join(o.dataDir, "resolv.conf")
-	if err := node.WriteResolvConf("/etc/resolv.conf", resolv); err != nil {
-		return fmt.Errorf("resolv.conf: %w", err)
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
