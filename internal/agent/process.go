@@ -485,7 +485,7 @@ func (a *Agent) startProcess(u *sysUser, req *pb.StartRequest, timeout time.Dura
 	argv := append([]string{cfg.GetCmd()}, cfg.GetArgs()...)
 	var sub *subscriber
 	pid, waitc, err := a.reaper.spawn(func() (int, error) {
-		return syscall.ForkExec(path, argv, &syscall.ProcAttr{Dir: cwd, Env: env, Files: files, Sys: sys})
+		return a.forkExec(path, argv, &syscall.ProcAttr{Dir: cwd, Env: env, Files: files, Sys: sys})
 	})
 	for _, f := range childFiles {
 		f.Close()

@@ -342,7 +342,7 @@ func (a *Agent) launchStartCmd(u *sysUser, cmd, cwd string, env []string) (*star
 	}
 	shell, argv := startShell(cmd)
 	attr := &syscall.ProcAttr{Dir: cwd, Env: env, Files: []uintptr{null.Fd(), logf.Fd(), logf.Fd()}, Sys: sys}
-	pid, waitc, err := a.reaper.spawn(func() (int, error) { return syscall.ForkExec(shell, argv, attr) })
+	pid, waitc, err := a.reaper.spawn(func() (int, error) { return a.forkExec(shell, argv, attr) })
 	if err != nil {
 		return nil, &startCmdError{fmt.Errorf("start %s: %w", shell, err)}
 	}
