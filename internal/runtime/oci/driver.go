@@ -371,7 +371,11 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Info,
 	if err := prepareRootfs(rootfs, spec.Mounts); err != nil {
 		return runtime.Info{}, err
 	}
-	b, err := json.MarshalIndent(d.buildSpec(spec, rootfs), "", "  ")
+	ociSpec, err := d.buildSpec(spec, rootfs)
+	if err != nil {
+		return runtime.Info{}, err
+	}
+	b, err := json.MarshalIndent(ociSpec, "", "  ")
 	if err != nil {
 		return runtime.Info{}, err
 	}

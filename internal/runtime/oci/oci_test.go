@@ -7,9 +7,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/runtime/runtimetest"
@@ -115,11 +118,14 @@ func TestNew(t *testing.T) {
 
 func TestSpecDefaults(t *testing.T) {
 	d := &Driver{cfg: Config{Runtime: "runc", CgroupParent: "cubicle"}, cgroupNS: true}
-	s := d.buildSpec(runtime.Spec{
+	s, err := d.buildSpec(runtime.Spec{
 		ID: "abc", Args: []string{"/a"}, NetNSPath: "/run/cubicle/netns/abc",
 		Mounts:    []runtime.Mount{{Source: "/h", Destination: "/.cubicle/cubicle-agent", ReadOnly: true}},
 		Resources: runtime.Resources{CPUCount: 2, MemoryMB: 512, PIDs: 1000},
 	}, "/r")
+	if err != nil {
+		t.Fatal(err)
+	}
 	if s.Linux.CgroupsPath != "/cubicle/abc" {
 		t.Errorf("cgroupsPath %q", s.Linux.CgroupsPath)
 	}
@@ -142,20 +148,33 @@ func TestSpecDefaults(t *testing.T) {
 	if last.Destination != "/.cubicle/cubicle-agent" || !strings.Contains(strings.Join(last.Options, ","), "ro") {
 		t.Errorf("agent mount %+v", last)
 	}
-	if len(s.Process.Capabilities.Bounding) != 14 {
+	if len(s.Process.Capabilities.Bounding) != 13 || slices.Contains(s.Process.Capabilities.Bounding, "CAP_NET_RAW") {
 		t.Errorf("caps %v", s.Process.Capabilities.Bounding)
+	}
+	// An allow-list: unknown syscalls (io_uring today) fall to EPERM.
+	sc := s.Linux.Seccomp
+	if sc.DefaultAction != specs.ActErrno || sc.DefaultErrnoRet == nil || *sc.DefaultErrnoRet != 1 {
+		t.Errorf("seccomp default %v %v, want ERRNO(EPERM)", sc.DefaultAction, sc.DefaultErrnoRet)
+	}
+	for _, r := range sc.Syscalls {
+		if r.Action == specs.ActAllow && (slices.Contains(r.Names, "io_uring_setup") || slices.Contains(r.Names, "unshare") || slices.Contains(r.Names, "mount")) {
+			t.Errorf("seccomp allows %v", r.Names)
+		}
 	}
 }
 
 func TestSpecDevices(t *testing.T) {
 	d := &Driver{cfg: Config{Runtime: "runc", CgroupParent: "cubicle"}}
-	s := d.buildSpec(runtime.Spec{
+	s, err := d.buildSpec(runtime.Spec{
 		ID: "abc", Args: []string{"/a"},
 		Devices: []runtime.Device{
 			{Path: "/dev/nvidia0", Type: 'c', Major: 195, Minor: 0},
 			{Path: "/dev/sdz", Type: 'b', Major: 8, Minor: 3, FileMode: 0o600, UID: 1000, GID: 44},
 		},
 	}, "/r")
+	if err != nil {
+		t.Fatal(err)
+	}
 	if len(s.Linux.Devices) != 2 {
 		t.Fatalf("devices %+v", s.Linux.Devices)
 	}

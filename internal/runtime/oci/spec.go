@@ -13,10 +13,14 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 )
 
-// defaultCaps is Docker's default capability set; nothing else is granted.
+// defaultCaps is Docker's default capability set less CAP_NET_RAW; nothing
+// else is granted. Without CAP_NET_RAW root in a sandbox cannot open raw or
+// packet sockets (forged frames, sniffing); ping still works through
+// unprivileged ICMP sockets (the network manager opens ping_group_range in
+// every sandbox netns). As a CapEff mask: 0xa80405fb (docs/security.md).
 var defaultCaps = []string{
 	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
-	"CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
+	"CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
 	"CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
 }
 
@@ -48,7 +52,11 @@ func ptr[T any](v T) *T { return &v }
 
 // buildSpec generates the OCI config for a sandbox whose rootfs is already
 // mounted at rootfs.
-func (d *Driver) buildSpec(s runtime.Spec, rootfs string) *specs.Spec {
+func (d *Driver) buildSpec(s runtime.Spec, rootfs string) (*specs.Spec, error) {
+	seccomp, err := DefaultSeccomp()
+	if err != nil {
+		return nil, fmt.Errorf("seccomp profile: %w", err)
+	}
 	env := s.Env
 	if !hasEnv(env, "PATH") {
 		env = append([]string{defaultPath}, env...)
@@ -160,11 +168,11 @@ func (d *Driver) buildSpec(s runtime.Spec, rootfs string) *specs.Spec {
 			Devices:       devices,
 			Namespaces:    nsList,
 			Resources:     &res,
-			Seccomp:       DefaultSeccomp(),
+			Seccomp:       seccomp,
 			MaskedPaths:   maskedPaths,
 			ReadonlyPaths: readonlyPaths,
 		},
-	}
+	}, nil
 }
 
 // validateDevices checks Spec.Devices: absolute paths under /dev (not /dev

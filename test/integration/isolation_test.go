@@ -1,0 +1,183 @@
+package integration
+
+import (
+	"bytes"
+	"encoding/base64"
+	"mime/multipart"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	"github.com/cubicle-dev/cubicle/sdk/go/envd/process"
+	"github.com/cubicle-dev/cubicle/sdk/go/envd/process/processconnect"
+)
+
+var (
+	probeOnce sync.Once
+	probeBin  string
+	probeErr  error
+)
+
+// probe builds testdata/probe (static), the program the isolation tests
+// run inside sandboxes as their hostile code.
+func probe(t *testing.T) string {
+	t.Helper()
+	probeOnce.Do(func() {
+		probeBin = filepath.Join(binDir, "probe")
+		cmd := exec.Command("go", "build", "-o", probeBin, "./testdata/probe")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			probeErr = err
+			t.Logf("build probe: %s", out)
+		}
+	})
+	if probeErr != nil {
+		t.Fatal(probeErr)
+	}
+	return probeBin
+}
+
+// upload writes a host file into the sandbox through envd as user.
+func (s *server) upload(t *testing.T, c created, hostPath, path string) {
+	t.Helper()
+	data, err := os.ReadFile(hostPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var body bytes.Buffer
+	mw := multipart.NewWriter(&body)
+	fw, _ := mw.CreateFormFile("file", filepath.Base(path))
+	fw.Write(data)
+	mw.Close()
+	req, _ := http.NewRequest("POST", s.URL+"/files?path="+path+"&username=user", &body)
+	req.Header.Set("Content-Type", mw.FormDataContentType())
+	resp, err := s.envdClient(c).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("upload %s: status %d", path, resp.StatusCode)
+	}
+}
+
+// runAs runs bash -c cmdline in the sandbox as user (Basic auth, as the
+// SDKs send it) and returns stdout and the exit code.
+func (s *server) runAs(t *testing.T, c created, user, cmdline string) (string, int32) {
+	t.Helper()
+	hc := &http.Client{Transport: userTransport{headerTransport{id: c.SandboxID, token: c.EnvdAccessToken}, user}}
+	pc := processconnect.NewProcessClient(hc, s.URL, connect.WithProtoJSON())
+	stdin := false
+	stream, err := pc.Start(t.Context(), connect.NewRequest(&process.StartRequest{
+		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-c", cmdline}},
+		Stdin:   &stdin,
+	}))
+	if err != nil {
+		t.Fatalf("run %q as %s: %v", cmdline, user, err)
+	}
+	defer stream.Close()
+	var out bytes.Buffer
+	var code int32 = -1
+	for stream.Receive() {
+		ev := stream.Msg().GetEvent()
+		if d := ev.GetData(); d != nil {
+			out.Write(d.GetStdout())
+		}
+		if e := ev.GetEnd(); e != nil {
+			code = e.GetExitCode()
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatalf("run %q as %s: %v", cmdline, user, err)
+	}
+	return strings.TrimSpace(out.String()), code
+}
+
+type userTransport struct {
+	headerTransport
+	user string
+}
+
+func (u userTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(u.user+":")))
+	return u.headerTransport.RoundTrip(r)
+}
+
+// Root in a sandbox has exactly the documented capabilities (no
+// CAP_NET_RAW: no packet or raw sockets, so no forged frames), unprivileged
+// ICMP still works, io_uring is refused by the seccomp allow-list, and
+// link-local instance metadata is not reachable.
+func TestSandboxPrivileges(t *testing.T) {
+	bin := probe(t)
+	for _, rt := range []string{"runc", "runsc"} {
+		t.Run(rt, func(t *testing.T) {
+			s := startServer(t, "--runtime", rt)
+			c := s.create(map[string]any{"templateID": "base", "timeout": 120})
+			s.upload(t, c, bin, "/home/user/probe")
+			s.mustRun(c, "chmod 755 /home/user/probe")
+			if out, _ := s.runAs(t, c, "root", "grep CapEff /proc/self/status"); out != "CapEff:\t00000000a80405fb" {
+				t.Errorf("root CapEff: %q, want 00000000a80405fb", out)
+			}
+			for _, cse := range []struct{ user, arg, want string }{
+				{"root", "packet", "EPERM"},
+				{"root", "rawip", "EPERM"},
+				{"root", "iouring", "EPERM"},
+				{"user", "iouring", "EPERM"},
+				{"user", "ping", "ok"},
+			} {
+				if out, _ := s.runAs(t, c, cse.user, "/home/user/probe "+cse.arg); out != cse.want {
+					t.Errorf("%s as %s: %q, want %q", cse.arg, cse.user, out, cse.want)
+				}
+			}
+			if out, _ := s.runAs(t, c, "root", "/home/user/probe dial 169.254.169.254:80"); !strings.HasPrefix(out, "blocked") {
+				t.Errorf("instance metadata address: %q, want blocked", out)
+			}
+		})
+	}
+}
+
+// The agent (PID 1) outlives what its sandbox's workload does to memory and
+// processes: a memory bomb is OOM-killed (never the agent), a fork storm
+// meets the pids limit before the memory limit, and the sandbox answers
+// afterwards. runc only: gVisor's sentry is one host process, whose own
+// memory accounting is the next step (docs/security.md).
+func TestAgentSurvivesWorkload(t *testing.T) {
+	bin := probe(t)
+	s := startServer(t)
+	c := s.create(map[string]any{"templateID": "base", "timeout": 120})
+	s.upload(t, c, bin, "/home/user/probe")
+	s.mustRun(c, "chmod 755 /home/user/probe")
+	if out, _ := s.runAs(t, c, "user", "cat /proc/self/oom_score_adj /proc/1/oom_score_adj | tr '\\n' ' '"); out != "500 0" {
+		t.Errorf("oom_score_adj of a command and of the agent: %q, want \"500 0\"", out)
+	}
+
+	out, _ := s.runAs(t, c, "user", "/home/user/probe forkstorm 100000")
+	f := strings.Fields(out)
+	if len(f) != 2 || f[1] != "EAGAIN" {
+		t.Fatalf("fork storm: %q, want the pids limit (EAGAIN) to stop it", out)
+	}
+	if got := s.mustRun(c, "echo alive"); strings.TrimSpace(got) != "alive" {
+		t.Fatalf("after the fork storm: %q", got)
+	}
+
+	if out, code := s.runAs(t, c, "user", "/home/user/probe membomb"); strings.Contains(out, "survived") || code == 0 {
+		t.Fatalf("memory bomb was not stopped: %q (exit %d)", out, code)
+	}
+	if got := s.mustRun(c, "echo alive"); strings.TrimSpace(got) != "alive" {
+		t.Fatalf("after the memory bomb: %q", got)
+	}
+	var info struct {
+		State string `json:"state"`
+	}
+	if st := s.do("GET", "/sandboxes/"+c.SandboxID, nil, &info); st != http.StatusOK || info.State != "running" {
+		t.Fatalf("sandbox after the bombs: %d %+v", st, info)
+	}
+}
