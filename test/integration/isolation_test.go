@@ -3,6 +3,8 @@ package integration
 import (
 	"bytes"
 	"encoding/base64"
+	"errors"
+	"io/fs"
 	"mime/multipart"
 	"net/http"
 	"os"
@@ -10,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	"connectrpc.com/connect"
@@ -179,5 +182,67 @@ func TestAgentSurvivesWorkload(t *testing.T) {
 	}
 	if st := s.do("GET", "/sandboxes/"+c.SandboxID, nil, &info); st != http.StatusOK || info.State != "running" {
 		t.Fatalf("sandbox after the bombs: %d %+v", st, info)
+	}
+}
+
+// A set-ID binary planted in a volume elevates nobody: the sandbox mounts
+// volumes nosuid, and on the host the data dir (sandbox filesystems and
+// volumes below it) is root-only, so the host's other users cannot run it,
+// even where the data dir was made 0755 beforehand (make run's mkdir -p).
+func TestSetuidInVolumeDoesNotElevate(t *testing.T) {
+	bin := probe(t)
+	s := startServer(t)
+	var v struct {
+		VolumeID string `json:"volumeID"`
+	}
+	if st := s.do("POST", "/volumes", map[string]any{"name": "suid-" + strings.ToLower(t.Name()[len(t.Name())-6:])}, &v); st != http.StatusCreated {
+		t.Fatalf("create volume: %d", st)
+	}
+	c := s.create(map[string]any{"templateID": "base", "timeout": 120, "volumeMounts": []any{map[string]any{"name": v.VolumeID, "path": "/data"}}})
+	s.upload(t, c, bin, "/home/user/probe")
+	if _, code := s.runAs(t, c, "root", "cp /home/user/probe /data/suid && chown 0:0 /data/suid && chmod 4755 /data/suid"); code != 0 {
+		t.Fatalf("planting the set-ID binary failed (exit %d)", code)
+	}
+	if out, _ := s.runAs(t, c, "user", "/data/suid euid"); out != "1000" {
+		t.Errorf("set-ID binary in a volume ran with euid %q inside the sandbox, want 1000 (nosuid)", out)
+	}
+
+	fi, err := os.Stat(s.DataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o700 {
+		t.Errorf("data dir mode %v, want 0700", fi.Mode().Perm())
+	}
+	var planted string
+	filepath.Walk(s.DataDir, func(p string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Name() == "suid" && fi.Mode()&os.ModeSetuid != 0 && planted == "" {
+			planted = p
+		}
+		return nil
+	})
+	if planted == "" {
+		t.Fatal("planted binary not found under the data dir")
+	}
+	// Even with the data dir opened up again, the volume's own root is
+	// root-only.
+	if err := os.Chmod(s.DataDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// A plain host user: the kernel drops every capability on the uid change.
+	cmd := exec.Command(planted, "euid")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if err == nil || strings.TrimSpace(string(out)) == "0" {
+		var modes []string
+		for p := planted; strings.HasPrefix(p, s.DataDir); p = filepath.Dir(p) {
+			if fi, err := os.Stat(p); err == nil {
+				modes = append(modes, p+" "+fi.Mode().String())
+			}
+		}
+		t.Fatalf("a host user ran the planted set-ID binary %s: %q (%v); modes: %v", planted, out, err, modes)
+	}
+	if !errors.Is(err, fs.ErrPermission) {
+		t.Errorf("host user's exec: %v, want permission denied", err)
 	}
 }

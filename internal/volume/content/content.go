@@ -344,6 +344,9 @@ func parseWriteParams(r *http.Request, defMode uint32) (writeParams, error) {
 		if err != nil || m > 0o7777 {
 			return p, errorf(http.StatusBadRequest, "invalid mode %q: want a number from 0 to 4095 (0o7777)", s)
 		}
+		if err := checkNoSetID(uint32(m)); err != nil {
+			return p, err
+		}
 		p.mode = uint32(m)
 	}
 	if s := q.Get("force"); s != "" {
@@ -366,6 +369,18 @@ func parseID(q map[string][]string, name string) (int, error) {
 		return -1, errorf(http.StatusBadRequest, "invalid %s %q: want a number from 0 to %d", name, v[0], uint32(math.MaxUint32-1))
 	}
 	return int(n), nil
+}
+
+// checkNoSetID refuses setuid and setgid bits: volume data is reachable
+// from other sandboxes and from the host, where a set-ID file is a
+// privilege elevation waiting for someone to run it. (Sandboxes mount
+// volumes nosuid, but the volume-content API must not mint such files
+// either.)
+func checkNoSetID(m uint32) error {
+	if m&(syscall.S_ISUID|syscall.S_ISGID) != 0 {
+		return errorf(http.StatusBadRequest, "mode %#o: setuid and setgid bits are not allowed in volumes", m)
+	}
+	return nil
 }
 
 // toFileMode converts raw st_mode permission bits to an os.FileMode, which
@@ -487,6 +502,11 @@ func (h *handler) patchPath(w http.ResponseWriter, r *http.Request, q *request) 
 	}
 	if body.Mode != nil && (*body.Mode < 0 || *body.Mode > 0o7777) {
 		return errorf(http.StatusBadRequest, "invalid mode %d: want a number from 0 to 4095 (0o7777)", *body.Mode)
+	}
+	if body.Mode != nil {
+		if err := checkNoSetID(uint32(*body.Mode)); err != nil {
+			return err
+		}
 	}
 
 	fi, err := q.root.Lstat(q.rel)

@@ -262,6 +262,9 @@ func TestBadQueryValues(t *testing.T) {
 		{"POST", "dir", []string{"path", "/d", "mode", "rwx"}, "invalid mode"},
 		{"POST", "dir", []string{"path", "/d", "force", "maybe"}, "invalid force"},
 		{"PUT", "file", []string{"path", "/g", "mode", "-5"}, "invalid mode"},
+		{"PUT", "file", []string{"path", "/g", "mode", "0o4755"}, "setuid and setgid"},
+		{"PUT", "file", []string{"path", "/g", "mode", "2541"}, "setuid and setgid"}, // 0o4755
+		{"POST", "dir", []string{"path", "/d", "mode", "0o2775"}, "setuid and setgid"},
 		{"PUT", "file", []string{"path", "/g", "force", "2"}, "invalid force"},
 		{"PUT", "file", []string{"path", "/g", "uid", "1.5"}, "invalid uid"},
 	} {
@@ -336,15 +339,22 @@ func TestPatchPath(t *testing.T) {
 		return e.do("PATCH", e.url("path", "path", p), strings.NewReader(body))
 	}
 
-	r := patch("/f", `{"uid":1234,"gid":2345,"mode":1517}`) // 1517 = 0o2755
+	// No set-ID bits through the API; the file is left as it was.
+	wantError(t, patch("/f", `{"mode":2541}`), 400, "setuid and setgid")            // 0o4755
+	wantError(t, patch("/f", `{"uid":1234,"mode":1517}`), 400, "setuid and setgid") // 0o2755
+	if fi, _ := os.Stat(e.path("f")); fi.Mode()&(os.ModeSetuid|os.ModeSetgid) != 0 || fi.Sys().(*syscall.Stat_t).Uid == 1234 {
+		t.Errorf("refused patch changed the file: %v", fi.Mode())
+	}
+
+	r := patch("/f", `{"uid":1234,"gid":2345,"mode":1005}`) // 1005 = 0o1755
 	wantStatus(t, r, 200)
 	got := decodeEntry(t, r)
-	if got.UID != 1234 || got.GID != 2345 || got.Mode != 0o2755 {
+	if got.UID != 1234 || got.GID != 2345 || got.Mode != 0o1755 {
 		t.Errorf("after patch: %+v", got)
 	}
 	fi, _ := os.Stat(e.path("f"))
 	st := fi.Sys().(*syscall.Stat_t)
-	if st.Uid != 1234 || st.Gid != 2345 || st.Mode&0o7777 != 0o2755 {
+	if st.Uid != 1234 || st.Gid != 2345 || st.Mode&0o7777 != 0o1755 {
 		t.Errorf("host stat uid=%d gid=%d mode=%o", st.Uid, st.Gid, st.Mode&0o7777)
 	}
 
@@ -578,8 +588,8 @@ func TestWriteFile(t *testing.T) {
 		t.Error("content mismatch")
 	}
 	// Overwrite, with attributes.
-	got = decodeEntry(t, put("bye", "path", "/a.txt", "mode", "1517", "uid", "1000", "gid", "1002"))
-	if got.Size != 3 || got.Mode != 0o2755 || got.UID != 1000 || got.GID != 1002 {
+	got = decodeEntry(t, put("bye", "path", "/a.txt", "mode", "1005", "uid", "1000", "gid", "1002")) // 0o1755
+	if got.Size != 3 || got.Mode != 0o1755 || got.UID != 1000 || got.GID != 1002 {
 		t.Errorf("overwrite = %+v", got)
 	}
 	if e.readHost("a.txt") != "bye" {

@@ -53,7 +53,12 @@ func (p *Plugin) Create(_ context.Context, req volume.CreateRequest) (volume.Cre
 	if err != nil {
 		return volume.CreateResult{}, err
 	}
-	if err := os.MkdirAll(p.root, 0o755); err != nil {
+	// Root only: sandboxes write here, and their files (set-ID ones
+	// included) must not be reachable by the host's other users.
+	if err := os.MkdirAll(p.root, 0o700); err != nil {
+		return volume.CreateResult{}, fail("create", err)
+	}
+	if err := os.Chmod(p.root, 0o700); err != nil {
 		return volume.CreateResult{}, fail("create", err)
 	}
 	switch err := os.Mkdir(dir, 0o777); {
@@ -98,7 +103,7 @@ func (p *Plugin) Attach(_ context.Context, req volume.AttachRequest) (volume.Att
 		return volume.AttachResult{}, fail("attach", fmt.Errorf("volume %q does not exist (no %s)", req.VolumeID, src))
 	}
 	target := filepath.Join(req.VolumeBaseDir, dirPrefix+req.VolumeID)
-	if err := os.MkdirAll(req.VolumeBaseDir, 0o755); err != nil {
+	if err := os.MkdirAll(req.VolumeBaseDir, 0o700); err != nil {
 		return volume.AttachResult{}, fail("attach", err)
 	}
 	if err := os.Mkdir(target, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
