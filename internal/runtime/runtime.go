@@ -38,6 +38,9 @@ type Resources struct {
 	CPUCount int   // whole CPUs (cpu quota = CPUCount * period)
 	MemoryMB int   // memory limit
 	PIDs     int64 // pids limit
+	// DiskMB limits the writable layer (writes past it get ENOSPC);
+	// 0 = no limit.
+	DiskMB int
 }
 
 // Spec describes a sandbox to create.

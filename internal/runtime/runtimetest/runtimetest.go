@@ -586,7 +586,7 @@ exec sleep 3600
 			id := NewID(t)
 			_, err := d.Create(ctx, runtime.Spec{
 				ID: id, Layers: layers, Args: []string{"/bin/sleep", "3600"},
-				Resources: runtime.Resources{CPUCount: 1, MemoryMB: 64, PIDs: 16},
+				Resources: runtime.Resources{CPUCount: 1, MemoryMB: 64, PIDs: 16, DiskMB: 32},
 			})
 			if err != nil {
 				d.Delete(ctx, id)
