@@ -6,6 +6,10 @@ LISTEN      ?= 0.0.0.0:3000
 RUNTIME     ?= runc
 INSTALL_FLAGS ?=
 STAMP       := .cache/install.stamp
+# Fuzzing time per target: FUZZTIME for make fuzz, FUZZTIME_TEST for the
+# bounded run in make test (scripts/fuzz lists the targets).
+FUZZTIME      ?= 60s
+FUZZTIME_TEST ?= 2s
 
 export PATH := /usr/local/go/bin:/usr/local/bin:$(PATH)
 
@@ -50,7 +54,13 @@ test: deps build
 	staticcheck ./...
 	cd sdk/go && $(GO) vet ./... && staticcheck ./... && $(GO) test -count=1 ./...
 	$(GO) test -count=1 -p 1 ./...
-	cd test/e2b-js && CUBICLE_IMAGES_DIR=$${CUBICLE_IMAGES_DIR:-$(DATA_DIR)/images} npm test
+	FUZZ_SEEDS=0 scripts/fuzz $(FUZZTIME_TEST)
+	cd test/e2b-js && CUBICLE_IMAGES_DIR=$${CUBICLE_IMAGES_DIR:-$(DATA_DIR)/images} CUBICLE_RUNTIME=runc npm test
+	cd test/e2b-js && CUBICLE_IMAGES_DIR=$${CUBICLE_IMAGES_DIR:-$(DATA_DIR)/images} CUBICLE_RUNTIME=runsc npm test
+
+.PHONY: fuzz
+fuzz:
+	scripts/fuzz $(FUZZTIME)
 
 test-unit: build
 	$(GO) vet ./...

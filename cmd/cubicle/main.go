@@ -32,7 +32,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(serveCmd(), apikeyCmd(), sandboxCmd(), volumeCmd(), imageCmd(), templateCmd(), versionCmd())
+	root.AddCommand(serveCmd(), apikeyCmd(), teamCmd(), sandboxCmd(), volumeCmd(), imageCmd(), templateCmd(), versionCmd())
 	root.AddCommand(poolCmd(), gpuCmd(), filesCmd())
 	return root
 }

@@ -164,3 +164,83 @@ func TestFlagParsers(t *testing.T) {
 		t.Errorf("shellJoin: %s", got)
 	}
 }
+
+func TestTeamsAndTeamKeys(t *testing.T) {
+	dir := t.TempDir()
+	ctx := context.Background()
+	out, err := run(t, "team", "create", "--data-dir", dir, "acme", "--max-sandboxes", "3", "--max-volumes", "2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	teamID := strings.TrimSpace(out)
+	if _, err := run(t, "team", "create", "--data-dir", dir, "acme"); err == nil {
+		t.Fatal("a second team called acme was created")
+	}
+	if _, err := run(t, "team", "create", "--data-dir", dir, "Bad Name"); err == nil {
+		t.Fatal("an invalid team name was accepted")
+	}
+	if _, err := run(t, "team", "update", "--data-dir", dir, "acme", "--max-vcpus", "8", "--max-sandboxes", "0"); err != nil {
+		t.Fatal(err)
+	}
+	out, err = run(t, "team", "list", "--data-dir", dir)
+	if err != nil || !regexp.MustCompile(`(?m)^`+teamID+`\s+acme\s+-\s+8\s+-\s+-\s+2\s*$`).MatchString(out) || !strings.Contains(out, "default") {
+		t.Fatalf("list: %q %v", out, err)
+	}
+	member, err := run(t, "apikey", "create", "--data-dir", dir, "--team", "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	boss, err := run(t, "apikey", "create", "--data-dir", dir, "--team", teamID, "--admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, err := run(t, "apikey", "create", "--data-dir", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := run(t, "apikey", "create", "--data-dir", dir, "--admin=false")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run(t, "apikey", "create", "--data-dir", dir, "--team", "nope"); err == nil {
+		t.Fatal("a key of a missing team was created")
+	}
+	st, err := openStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		key, team string
+		admin     bool
+	}{{member, teamID, false}, {boss, teamID, true}, {dev, "default", true}, {plain, "default", false}} {
+		k, err := st.APIKeyByHash(ctx, api.HashKey(strings.TrimSpace(c.key)))
+		if err != nil || k.TeamID != c.team || k.Admin != c.admin {
+			t.Errorf("key of %s (admin %v): %+v %v", c.team, c.admin, k, err)
+		}
+	}
+	st.Close()
+	out, err = run(t, "apikey", "list", "--data-dir", dir, "--team", "acme")
+	if err != nil || strings.Count(out, " acme ") != 2 || strings.Count(strings.TrimSpace(out), "\n") != 2 {
+		t.Fatalf("team key list: %q %v", out, err)
+	}
+	// A team that still has keys is not deleted; the default team never is.
+	if _, err := run(t, "team", "delete", "--data-dir", dir, "acme"); err == nil || !strings.Contains(err.Error(), "API keys") {
+		t.Fatalf("delete with keys: %v", err)
+	}
+	if _, err := run(t, "team", "delete", "--data-dir", dir, "default"); err == nil {
+		t.Fatal("the default team was deleted")
+	}
+	st, _ = openStore(dir)
+	keys, _ := st.ListAPIKeys(ctx)
+	st.Close()
+	for _, k := range keys {
+		if k.TeamID == teamID {
+			if _, err := run(t, "apikey", "revoke", "--data-dir", dir, k.ID); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if _, err := run(t, "team", "delete", "--data-dir", dir, "acme"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	goruntime "runtime"
 	"syscall"
 	"time"
 
@@ -25,6 +26,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/proxy"
 	"github.com/cubicle-dev/cubicle/internal/runtime/oci"
 	"github.com/cubicle-dev/cubicle/internal/template"
+	"github.com/cubicle-dev/cubicle/internal/template/catalog"
 	"github.com/cubicle-dev/cubicle/internal/volume"
 	"github.com/cubicle-dev/cubicle/internal/volume/registry"
 )
@@ -41,6 +43,8 @@ type serveOptions struct {
 	readyTimeout                                          time.Duration
 	warmPools                                             []string
 	accel                                                 accelOptions
+	maxCPU, maxMemoryMB, maxDiskMB                        int
+	maxImageBytes                                         int64
 }
 
 func serveCmd() *cobra.Command {
@@ -79,6 +83,10 @@ func serveCmd() *cobra.Command {
 	f.DurationVar(&o.readyTimeout, "ready-timeout", 120*time.Second, "how long a template's ready command may take at sandbox create")
 	f.DurationVar(&o.contentIdle, "volume-content-idle", 30*time.Second, "how long the volume-content API keeps a volume attached after its last request")
 	f.StringArrayVar(&o.warmPools, "warm-pool", nil, "TEMPLATE=N: keep N idle standbys of the template (repeatable; stored, like `cubicle pool set`)")
+	f.IntVar(&o.maxCPU, "max-sandbox-cpu", 0, "most CPUs a template or sandbox may ask for (default: the host's CPU count); above it 400")
+	f.IntVar(&o.maxMemoryMB, "max-sandbox-memory-mb", 0, "most memory in MiB a template or sandbox may ask for (default: the host's memory); above it 400")
+	f.IntVar(&o.maxDiskMB, "max-sandbox-disk-mb", 0, "largest diskSizeMB a template or sandbox may ask for (default: the size of the data dir's filesystem); above it 400")
+	f.Int64Var(&o.maxImageBytes, "max-image-bytes", api.DefaultMaxImageBytes, "largest image body POST /images accepts; above it 413")
 	f.StringVar(&o.volumeBaseDir, "volume-base-dir", "", "volume_plugin_base_dir override (default: the node config's, else <data-dir>/volume-mounts)")
 	o.accel.flags(f)
 	return cmd
@@ -108,6 +116,9 @@ func serve(ctx context.Context, o serveOptions) error {
 	}
 	warmPools, err := parseWarmPools(o.warmPools)
 	if err != nil {
+		return err
+	}
+	if err := sandboxMaxima(&o); err != nil {
 		return err
 	}
 	pool, err := netip.ParsePrefix(o.pool)
@@ -140,6 +151,11 @@ func serve(ctx context.Context, o serveOptions) error {
 		return err
 	}
 	defer st.Close()
+	// Root only, even when it existed before (make run's mkdir -p): sandbox
+	// filesystems and volumes live below it (docs/security.md).
+	if err := os.Chmod(o.dataDir, 0o700); err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
 
 	sandboxDir := filepath.Join(o.dataDir, "sandboxes")
 	drv, err := oci.New(oci.Config{
@@ -186,14 +202,14 @@ func serve(ctx context.Context, o serveOptions) error {
 	defer tpls.Close()
 	mgr := control.New(control.Config{MaxSandboxes: o.maxSandboxes, MaxTimeout: o.maxTimeout, MaxConcurrentCreates: o.maxCreates,
 		CreateQueueWait: o.createWait, Logger: log, Registry: reg, Volumes: ctrlPlugins, VolumeMetrics: volMetrics, ContentIdle: o.contentIdle,
-		ReadyTimeout: o.readyTimeout}, st, nd, tpls.catalog)
+		ReadyTimeout: o.readyTimeout, MaxSandboxCPU: o.maxCPU, MaxSandboxMemoryMB: o.maxMemoryMB, MaxSandboxDiskMB: o.maxDiskMB}, st, nd, tpls.catalog)
 	tpls.catalog.SetProber(mgr)
 	tpls.catalog.OnReady(mgr.PoolTrigger)
 	if err := tpls.catalog.Start(ctx); err != nil {
 		return fmt.Errorf("template catalog: %w", err)
 	}
 	for name, n := range warmPools {
-		if _, err := tpls.catalog.SetPoolSize(ctx, name, n); err != nil {
+		if _, err := tpls.catalog.SetPoolSize(ctx, catalog.System(), name, n); err != nil {
 			return fmt.Errorf("--warm-pool %s=%d: %w", name, n, err)
 		}
 	}
@@ -212,7 +228,8 @@ func serve(ctx context.Context, o serveOptions) error {
 	go mgr.Run(ctx)
 	go runAccelReconciler(ctx, nd, o.accel.reconcileT)
 
-	apiSrv := api.New(api.Config{Domain: o.domain, Logger: log, Registry: reg, Templates: tpls.api, Images: tpls.images}, mgr, st)
+	apiSrv := api.New(api.Config{Domain: o.domain, Logger: log, Registry: reg, Templates: tpls.api, Images: tpls.images,
+		MaxImageBytes: o.maxImageBytes}, mgr, st)
 	handler := proxy.New(proxy.Config{Domain: o.domain, Logger: log}, mgr, st, apiSrv)
 
 	ln, err := net.Listen("tcp", o.listen)
@@ -241,6 +258,50 @@ func serve(ctx context.Context, o serveOptions) error {
 	}
 	log.Info("cubicle stopped; sandboxes left running for re-adoption")
 	return nil
+}
+
+// sandboxMaxima fills the server maxima left at 0 from the host (never
+// below the per-sandbox defaults, so a small host still boots base) and
+// refuses defaults above explicit maxima.
+func sandboxMaxima(o *serveOptions) error {
+	if o.maxImageBytes <= 0 {
+		return fmt.Errorf("--max-image-bytes must be positive")
+	}
+	host := hostResources(o.dataDir)
+	for _, m := range []struct {
+		name, defName  string
+		max            *int
+		def, hostValue int
+	}{
+		{"--max-sandbox-cpu", "--cpu-count", &o.maxCPU, o.cpuCount, host.cpus},
+		{"--max-sandbox-memory-mb", "--memory-mb", &o.maxMemoryMB, o.memoryMB, host.memoryMB},
+		{"--max-sandbox-disk-mb", "--disk-size-mb", &o.maxDiskMB, o.diskSizeMB, host.diskMB},
+	} {
+		switch {
+		case *m.max < 0:
+			return fmt.Errorf("%s must not be negative", m.name)
+		case *m.max == 0:
+			*m.max = max(m.hostValue, m.def)
+		case m.def > *m.max:
+			return fmt.Errorf("%s %d exceeds %s %d", m.defName, m.def, m.name, *m.max)
+		}
+	}
+	return nil
+}
+
+type hostSizes struct{ cpus, memoryMB, diskMB int }
+
+func hostResources(dataDir string) hostSizes {
+	h := hostSizes{cpus: goruntime.NumCPU()}
+	var si syscall.Sysinfo_t
+	if syscall.Sysinfo(&si) == nil {
+		h.memoryMB = int(uint64(si.Totalram) * uint64(si.Unit) >> 20)
+	}
+	var fs syscall.Statfs_t
+	if syscall.Statfs(dataDir, &fs) == nil {
+		h.diskMB = int(fs.Blocks * uint64(fs.Bsize) >> 20)
+	}
+	return h
 }
 
 type volumeConfig struct {

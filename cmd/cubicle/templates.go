@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -74,11 +75,12 @@ func setupTemplates(ctx context.Context, o serveOptions, st store.Store, reg pro
 		return nil, err
 	}
 	ts.catalog = catalog.New(catalog.Config{Store: st, Builder: bld, BaseRootfs: filepath.Join(o.imagesDir, template.BaseTemplate, "rootfs"),
-		CPUCount: o.cpuCount, MemoryMB: o.memoryMB, DiskSizeMB: o.diskSizeMB, Logger: log, Registry: reg})
+		CPUCount: o.cpuCount, MemoryMB: o.memoryMB, DiskSizeMB: o.diskSizeMB, Logger: log, Registry: reg,
+		MaxCPUCount: o.maxCPU, MaxMemoryMB: o.maxMemoryMB, MaxDiskSizeMB: o.maxDiskMB})
 	ts.catalog.SetFallback(&builder.ImageRefs{Images: imgs, Dir: filepath.Join(o.imagesDir, "refs"),
 		CPUCount: o.cpuCount, MemoryMB: o.memoryMB, DiskSizeMB: o.diskSizeMB,
 		Next: &template.Images{Dir: o.imagesDir, CPUCount: o.cpuCount, MemoryMB: o.memoryMB, DiskSizeMB: o.diskSizeMB}})
-	ts.api = &api.Templates{Catalog: ts.catalog, Contexts: ctxs, Errors: api.ContextErrors{
+	ts.api = &api.Templates{Catalog: ts.catalog, Contexts: teamContexts{ctxs}, Errors: api.ContextErrors{
 		Conflict: contextstore.ErrConflict, TooLarge: contextstore.ErrTooLarge, BadArchive: contextstore.ErrBadArchive,
 		UnsafePath: contextstore.ErrUnsafePath, InvalidHash: contextstore.ErrInvalidHash}}
 	ts.api.InUse = func(ctx context.Context, id string) (string, error) {
@@ -89,7 +91,8 @@ func setupTemplates(ctx context.Context, o serveOptions, st store.Store, reg pro
 			return "", err
 		}
 		if len(rows) > 0 {
-			return "sandbox " + rows[0].ID + " uses it", nil
+			// Not named: for a public template it may be another team's.
+			return "a live sandbox uses it", nil
 		}
 		return "", nil
 	}
@@ -98,6 +101,22 @@ func setupTemplates(ctx context.Context, o serveOptions, st store.Store, reg pro
 		return nil, err
 	}
 	return ts, nil
+}
+
+// teamContexts adapts the context store's per-team views to the API.
+type teamContexts struct{ s *contextstore.Store }
+
+func (c teamContexts) Has(team, hash string) bool {
+	t, err := c.s.Team(team)
+	return err == nil && t.Has(hash)
+}
+
+func (c teamContexts) Put(team, hash string, body io.Reader) error {
+	t, err := c.s.Team(team)
+	if err != nil {
+		return err
+	}
+	return t.Put(hash, body)
 }
 
 // bkSolver adapts the supervised buildkitd to builder.Solver.

@@ -11,6 +11,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/control"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/template/catalog"
 	"github.com/cubicle-dev/cubicle/internal/volume"
 )
@@ -43,6 +44,10 @@ func statusOf(err error) int {
 		return http.StatusNotFound
 	case errors.Is(err, catalog.ErrInvalid):
 		return http.StatusBadRequest
+	case errors.Is(err, catalog.ErrForbidden):
+		return http.StatusForbidden
+	case errors.Is(err, store.ErrQuota):
+		return http.StatusTooManyRequests
 	case errors.Is(err, catalog.ErrConflict):
 		return http.StatusConflict
 	case errors.Is(err, catalog.ErrNotImplemented):
@@ -81,7 +86,13 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case http.StatusInternalServerError, http.StatusBadGateway, http.StatusGatewayTimeout:
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
-	writeJSON(w, st, errorBody{Code: st, Message: err.Error(), ErrorCode: errorCode(err)})
+	msg := err.Error()
+	var qe *store.QuotaError
+	if errors.As(err, &qe) {
+		// "team quota exceeded: concurrent sandboxes (10)", whatever wrapped it.
+		msg = qe.Error()
+	}
+	writeJSON(w, st, errorBody{Code: st, Message: msg, ErrorCode: errorCode(err)})
 }
 
 // errorCode names the typed errors clients need to tell apart within one
@@ -102,6 +113,8 @@ func errorCode(err error) string {
 		return "sandbox_no_compatible_node"
 	case errors.Is(err, control.ErrCapacity), errors.Is(err, accel.ErrNoCapacity):
 		return "sandbox_capacity_unavailable"
+	case errors.Is(err, store.ErrQuota):
+		return "team_quota_exceeded"
 	case errors.Is(err, control.ErrAccelUnsupported):
 		return "accelerator_unsupported"
 	}

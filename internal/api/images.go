@@ -2,12 +2,16 @@ package api
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
 
 	"github.com/cubicle-dev/cubicle/internal/image"
 )
+
+// DefaultMaxImageBytes caps an image import body unless Config says otherwise.
+const DefaultMaxImageBytes int64 = 4 << 30
 
 // Images is the local image store the API imports into.
 type Images interface {
@@ -29,6 +33,14 @@ func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "ref: "+err.Error())
 		return
 	}
+	max := s.cfg.MaxImageBytes
+	tooLarge := func() {
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("image body larger than %d bytes (serve --max-image-bytes)", max))
+	}
+	if r.ContentLength > max {
+		tooLarge()
+		return
+	}
 	tmp, err := os.CreateTemp(s.cfg.Images.Dir(), ".import-")
 	if err != nil {
 		s.fail(w, r, err)
@@ -36,7 +48,12 @@ func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
 	}
 	defer os.Remove(tmp.Name())
 	defer tmp.Close()
-	if _, err := io.Copy(tmp, r.Body); err != nil {
+	if _, err := io.Copy(tmp, http.MaxBytesReader(w, r.Body, max)); err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			tooLarge()
+			return
+		}
 		writeError(w, http.StatusBadRequest, "reading the image body: "+err.Error())
 		return
 	}

@@ -237,6 +237,10 @@ func (s *Server) metricsMany(w http.ResponseWriter, r *http.Request) {
 	}
 	out := map[string]sandboxMetric{}
 	for _, id := range ids {
+		// Another team's IDs are skipped like unknown ones.
+		if _, err := s.sandboxOf(r, id); err != nil {
+			continue
+		}
 		samples, err := s.mgr.MetricsHistory(r.Context(), id)
 		if err != nil || len(samples) == 0 {
 			continue

@@ -18,13 +18,19 @@ type poolJSON struct {
 	Standbys   []string `json:"standbys"`
 }
 
-func (s *Server) poolOut(w http.ResponseWriter, r *http.Request, t *store.Template) {
+func (s *Server) poolOut(w http.ResponseWriter, r *http.Request, t *store.Template, owner bool) {
 	ids, err := s.mgr.Standbys(r.Context(), t.ID, t.ReadyBuildID)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, poolJSON{TemplateID: t.ID, PoolSize: t.PoolSize, Ready: len(ids), Standbys: ids})
+	out := poolJSON{TemplateID: t.ID, PoolSize: t.PoolSize, Ready: len(ids), Standbys: ids}
+	if !owner {
+		// A claimed standby becomes the claiming team's sandbox under the
+		// same ID: teams that only see a public template get no IDs.
+		out.Standbys = []string{}
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) getPool(w http.ResponseWriter, r *http.Request) {
@@ -32,12 +38,13 @@ func (s *Server) getPool(w http.ResponseWriter, r *http.Request) {
 	if c == nil {
 		return
 	}
-	t, err := c.Get(r.Context(), chi.URLParam(r, "id"))
+	t, err := c.Get(r.Context(), callerOf(r), chi.URLParam(r, "id"))
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	s.poolOut(w, r, t)
+	_, werr := c.Writable(r.Context(), callerOf(r), t.ID)
+	s.poolOut(w, r, t, werr == nil)
 }
 
 // setPool is PUT /templates/{id}/pool {"size": N}; the pool fills (or
@@ -57,10 +64,10 @@ func (s *Server) setPool(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "size is required")
 		return
 	}
-	t, err := c.SetPoolSize(r.Context(), chi.URLParam(r, "id"), *req.Size)
+	t, err := c.SetPoolSize(r.Context(), callerOf(r), chi.URLParam(r, "id"), *req.Size)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	s.poolOut(w, r, t)
+	s.poolOut(w, r, t, true)
 }

@@ -1,9 +1,7 @@
 package api
 
 import (
-	"bytes"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"github.com/cubicle-dev/cubicle/internal/accel"
@@ -108,15 +106,8 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any, optional 
 		writeError(w, http.StatusBadRequest, "reading body: "+err.Error())
 		return false
 	}
-	if len(bytes.TrimSpace(body)) == 0 {
-		if optional {
-			return true
-		}
-		writeError(w, http.StatusBadRequest, "request body is required")
-		return false
-	}
-	if err := json.Unmarshal(body, v); err != nil {
-		writeError(w, http.StatusBadRequest, "malformed JSON body: "+err.Error())
+	if msg := decodeJSON(body, v, optional); msg != "" {
+		writeError(w, http.StatusBadRequest, msg)
 		return false
 	}
 	return true
@@ -160,46 +151,15 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, v2 bool) {
 	if !s.decode(w, r, &req, false) {
 		return
 	}
-	if req.TemplateID == nil {
-		// Required by the spec; an explicit "" still means the base template.
-		writeError(w, http.StatusBadRequest, "templateID is required")
+	opts, msg := req.options(v2)
+	if msg != "" {
+		writeError(w, http.StatusBadRequest, msg)
 		return
-	}
-	timeout := int64(15) // v1 spec default
-	if v2 {
-		timeout = int64(control.DefaultTimeout / time.Second)
-	}
-	if req.Timeout != nil {
-		timeout = *req.Timeout
-	}
-	if timeout < 0 {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("timeout must be >= 0 seconds, got %d", timeout))
-		return
-	}
-	netw := store.Network{AllowInternet: true, AllowPublicTraffic: true}
-	if req.AllowInternetAccess != nil {
-		netw.AllowInternet = *req.AllowInternetAccess
-	}
-	if req.Network != nil {
-		if req.Network.AllowPublicTraffic != nil {
-			netw.AllowPublicTraffic = *req.Network.AllowPublicTraffic
-		}
-		netw.AllowOut, netw.DenyOut, netw.MaskRequestHost = req.Network.AllowOut, req.Network.DenyOut, req.Network.MaskRequestHost
-	}
-	opts := control.CreateOptions{
-		TemplateID: *req.TemplateID, Timeout: time.Duration(timeout) * time.Second,
-		Metadata: req.Metadata, EnvVars: req.EnvVars, Network: netw, AutoPause: req.AutoPause,
-	}
-	if req.AutoResume != nil {
-		opts.AutoResume = req.AutoResume.Enabled
 	}
 	if k := apiKeyOf(r); k != nil {
 		opts.APIKeyID = k.ID
 	}
-	for _, vm := range req.VolumeMounts {
-		opts.VolumeMounts = append(opts.VolumeMounts, control.VolumeMount{Name: vm.Name, Path: vm.Path, ReadOnly: vm.ReadOnly})
-	}
-	opts.Accelerators = req.Accelerators
+	opts.TeamID = teamOf(r)
 	sb, err := s.mgr.Create(r.Context(), opts)
 	var rt *control.ReadyTimeoutError
 	if errors.As(err, &rt) {
@@ -286,7 +246,7 @@ func decodeCursor(tok string) (time.Time, string, error) {
 
 func (s *Server) listV2(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	f := store.SandboxFilter{Template: q.Get("template")}
+	f := store.SandboxFilter{TeamID: teamOf(r), Template: q.Get("template")}
 	var err error
 	if f.Metadata, err = parseMetadataFilter(q.Get("metadata")); err != nil {
 		writeError(w, http.StatusBadRequest, "invalid metadata filter: "+err.Error())
@@ -323,7 +283,7 @@ func (s *Server) listV2(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	running, err := s.mgr.CountRunning(r.Context())
+	running, err := s.mgr.CountRunning(r.Context(), teamOf(r))
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -352,7 +312,7 @@ func (s *Server) listV1(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "invalid metadata filter: "+err.Error())
 		return
 	}
-	rows, err := s.mgr.List(r.Context(), store.SandboxFilter{States: []store.SandboxState{store.StateRunning}, Metadata: md})
+	rows, err := s.mgr.List(r.Context(), store.SandboxFilter{TeamID: teamOf(r), States: []store.SandboxState{store.StateRunning}, Metadata: md})
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -398,11 +358,16 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
 	if !s.decode(w, r, &req, false) {
 		return
 	}
-	if req.Timeout == nil || *req.Timeout < 0 {
+	if req.Timeout == nil {
 		writeError(w, http.StatusBadRequest, "timeout (seconds, >= 0) is required")
 		return
 	}
-	if err := s.mgr.SetTimeout(r.Context(), chi.URLParam(r, "id"), time.Duration(*req.Timeout)*time.Second); err != nil {
+	d, msg := timeoutDuration(*req.Timeout)
+	if msg != "" {
+		writeError(w, http.StatusBadRequest, msg)
+		return
+	}
+	if err := s.mgr.SetTimeout(r.Context(), chi.URLParam(r, "id"), d); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -450,11 +415,12 @@ func (s *Server) connectCommon(w http.ResponseWriter, r *http.Request, timeout *
 	if timeout != nil {
 		t = *timeout
 	}
-	if t < 0 {
-		writeError(w, http.StatusBadRequest, "timeout must be >= 0 seconds")
+	d, msg := timeoutDuration(t)
+	if msg != "" {
+		writeError(w, http.StatusBadRequest, msg)
 		return
 	}
-	sb, resumed, err := s.mgr.Connect(r.Context(), chi.URLParam(r, "id"), time.Duration(t)*time.Second)
+	sb, resumed, err := s.mgr.Connect(r.Context(), chi.URLParam(r, "id"), d)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -512,19 +478,11 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		AllowOut            []string `json:"allowOut"`
-		DenyOut             []string `json:"denyOut"`
-		AllowInternetAccess *bool    `json:"allow_internet_access"`
-	}
+	var req networkUpdate
 	if !s.decode(w, r, &req, false) {
 		return
 	}
-	n := store.Network{AllowInternet: true, AllowOut: req.AllowOut, DenyOut: req.DenyOut}
-	if req.AllowInternetAccess != nil {
-		n.AllowInternet = *req.AllowInternetAccess
-	}
-	if err := s.mgr.UpdateNetwork(r.Context(), chi.URLParam(r, "id"), n); err != nil {
+	if err := s.mgr.UpdateNetwork(r.Context(), chi.URLParam(r, "id"), req.network()); err != nil {
 		s.fail(w, r, err)
 		return
 	}

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/control"
 	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/internal/template/catalog"
 	"github.com/cubicle-dev/cubicle/internal/volume/content"
 )
 
@@ -32,6 +34,8 @@ type Config struct {
 	Templates *Templates
 	// Images is the local image store (cubicle image import).
 	Images Images
+	// MaxImageBytes caps an image import body (default 4 GiB); above it 413.
+	MaxImageBytes int64
 }
 
 // Server is the REST API.
@@ -57,6 +61,9 @@ func New(cfg Config, mgr *control.Manager, st store.Store) *Server {
 	if cfg.MaxBodyBytes == 0 {
 		cfg.MaxBodyBytes = 1 << 20
 	}
+	if cfg.MaxImageBytes == 0 {
+		cfg.MaxImageBytes = DefaultMaxImageBytes
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -76,10 +83,15 @@ func New(cfg Config, mgr *control.Manager, st store.Store) *Server {
 	r.Handle("/metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{}))
 	r.Group(func(r chi.Router) {
 		r.Use(s.auth)
+		r.Get("/teams", s.listTeams)
 		r.Post("/sandboxes", s.createV1)
 		r.Post("/v2/sandboxes", s.createV2)
 		r.Get("/sandboxes", s.listV1)
 		r.Get("/v2/sandboxes", s.listV2)
+		r.Get("/sandboxes/metrics", s.metricsMany)
+		// The routes naming a sandbox are team-scoped by the request
+		// context (auth sets control.WithTeam): another team's sandbox is a
+		// 404 like a missing one, after the body was validated as usual.
 		r.Get("/sandboxes/{id}", s.get)
 		r.Delete("/sandboxes/{id}", s.kill)
 		r.Post("/sandboxes/{id}/timeout", s.setTimeout)
@@ -92,16 +104,19 @@ func New(cfg Config, mgr *control.Manager, st store.Store) *Server {
 		r.Get("/sandboxes/{id}/logs", s.logsV1)
 		r.Get("/v2/sandboxes/{id}/logs", s.logsV2)
 		r.Get("/sandboxes/{id}/metrics", s.metricsOne)
-		r.Get("/sandboxes/metrics", s.metricsMany)
 		r.Post("/volumes", s.createVolume)
 		r.Get("/volumes", s.listVolumes)
 		r.Get("/volumes/{volumeID}", s.getVolume)
 		r.Delete("/volumes/{volumeID}", s.deleteVolume)
 		s.templateRoutes(r)
-		s.nodeRoutes(r)
-		r.Post("/images", s.importImage)
-		r.Get("/images", s.listImages)
-		r.Delete("/images", s.deleteImage)
+		// What every team shares: only admin keys manage it.
+		r.Group(func(r chi.Router) {
+			r.Use(s.adminOnly)
+			s.nodeRoutes(r)
+			r.Post("/images", s.importImage)
+			r.Get("/images", s.listImages)
+			r.Delete("/images", s.deleteImage)
+		})
 	})
 	// The SDK uploads build contexts without an API key; the URL carries a token.
 	r.Put("/template-uploads/{hash}", s.uploadContext)
@@ -120,14 +135,23 @@ func HashKey(key string) string {
 	return hex.EncodeToString(h[:])
 }
 
+// presentedKey is the API key the request carries (X-API-Key, else a
+// bearer token, which is what the e2b CLI sends).
+func presentedKey(r *http.Request) string {
+	key := r.Header.Get("X-API-Key")
+	if key == "" {
+		if a := r.Header.Get("Authorization"); len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
+			key = strings.TrimSpace(a[7:])
+		}
+	}
+	return key
+}
+
+// auth looks the key up on every request (nothing caches it), so a revoked
+// key fails on its next request.
 func (s *Server) auth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key := r.Header.Get("X-API-Key")
-		if key == "" {
-			if a := r.Header.Get("Authorization"); len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
-				key = strings.TrimSpace(a[7:])
-			}
-		}
+		key := presentedKey(r)
 		if key == "" {
 			writeError(w, http.StatusUnauthorized, "missing API key: send X-API-Key or Authorization: Bearer")
 			return
@@ -141,14 +165,80 @@ func (s *Server) auth(next http.Handler) http.Handler {
 			s.fail(w, r, err)
 			return
 		}
+		if k.TeamID == store.SystemTeamID {
+			writeError(w, http.StatusUnauthorized, "Invalid API key")
+			return
+		}
 		if time.Since(k.LastUsed) > time.Minute {
 			_ = s.store.TouchAPIKey(r.Context(), k.ID, time.Now())
 		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), apiKeyCtx, k)))
+		ctx := control.WithTeam(context.WithValue(r.Context(), apiKeyCtx, k), k.TeamID)
+		next.ServeHTTP(w, r.WithContext(ctx))
 	})
 }
 
 func apiKeyOf(r *http.Request) *store.APIKey {
 	k, _ := r.Context().Value(apiKeyCtx).(*store.APIKey)
 	return k
+}
+
+// teamOf is the team of the request's key. Routes behind auth always have
+// one; "" (no key) matches no team's objects.
+func teamOf(r *http.Request) string {
+	if k := apiKeyOf(r); k != nil {
+		return k.TeamID
+	}
+	return "\x00no-team"
+}
+
+// callerOf is the request's key as the template catalog sees it.
+func callerOf(r *http.Request) catalog.Caller {
+	k := apiKeyOf(r)
+	if k == nil {
+		return catalog.Caller{TeamID: teamOf(r)}
+	}
+	return catalog.Caller{TeamID: k.TeamID, Admin: k.Admin}
+}
+
+// adminOnly guards what all teams share (nodes, accelerators, images).
+func (s *Server) adminOnly(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if k := apiKeyOf(r); k == nil || !k.Admin {
+			writeError(w, http.StatusForbidden, "this route needs an admin API key (cubicle apikey create --admin)")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// sandboxOf returns the team's live sandbox id (a belt to the request
+// context's braces: control.Get is already team-scoped by it).
+func (s *Server) sandboxOf(r *http.Request, id string) (*store.Sandbox, error) {
+	sb, err := s.mgr.Get(r.Context(), id)
+	if err != nil {
+		return nil, err
+	}
+	if sb.TeamID != teamOf(r) {
+		return nil, fmt.Errorf("%w: sandbox '%s' not found", control.ErrNotFound, id)
+	}
+	return sb, nil
+}
+
+// teamJSON is e2b's Team (GET /teams, which the e2b CLI's login reads).
+// apiKey echoes the key the request presented: only its hash is stored.
+type teamJSON struct {
+	TeamID    string `json:"teamID"`
+	Name      string `json:"name"`
+	APIKey    string `json:"apiKey"`
+	IsDefault bool   `json:"isDefault"`
+}
+
+// listTeams answers for the key's own team only.
+func (s *Server) listTeams(w http.ResponseWriter, r *http.Request) {
+	t, err := s.store.GetTeam(r.Context(), teamOf(r))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, []teamJSON{{TeamID: t.ID, Name: t.Name, APIKey: presentedKey(r), IsDefault: true}})
 }

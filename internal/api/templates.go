@@ -21,10 +21,11 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/template/catalog"
 )
 
-// ContextStore holds uploaded build-context tars by filesHash.
+// ContextStore holds uploaded build-context tars by team and filesHash: a
+// hash one team uploaded is not present for another.
 type ContextStore interface {
-	Has(hash string) bool
-	Put(hash string, body io.Reader) error
+	Has(team, hash string) bool
+	Put(team, hash string, body io.Reader) error
 }
 
 // Context store errors the upload route maps.
@@ -127,7 +128,7 @@ func (s *Server) listTemplatesV1(w http.ResponseWriter, r *http.Request) {
 	if c == nil {
 		return
 	}
-	ts, err := c.List(r.Context(), "", maxV1Templates+1)
+	ts, err := c.List(r.Context(), callerOf(r), "", maxV1Templates+1)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -157,7 +158,7 @@ func (s *Server) listTemplatesV2(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = n
 	}
-	ts, err := c.List(r.Context(), r.URL.Query().Get("nextToken"), limit+1)
+	ts, err := c.List(r.Context(), callerOf(r), r.URL.Query().Get("nextToken"), limit+1)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -188,7 +189,7 @@ func (s *Server) createTemplate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "malformed JSON body: "+err.Error())
 		return
 	}
-	resp, err := c.Create(r.Context(), req, r.Header.Get("Idempotency-Key"), body)
+	resp, err := c.Create(r.Context(), callerOf(r), req, r.Header.Get("Idempotency-Key"), body)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -201,7 +202,7 @@ func (s *Server) templateAlias(w http.ResponseWriter, r *http.Request) {
 	if c == nil {
 		return
 	}
-	t, err := c.Get(r.Context(), chi.URLParam(r, "alias"))
+	t, err := c.Get(r.Context(), callerOf(r), chi.URLParam(r, "alias"))
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -214,7 +215,7 @@ func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request) {
 	if c == nil {
 		return
 	}
-	t, err := c.Get(r.Context(), chi.URLParam(r, "id"))
+	t, err := c.Get(r.Context(), callerOf(r), chi.URLParam(r, "id"))
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -246,7 +247,7 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	force, _ := strconv.ParseBool(r.URL.Query().Get("force"))
-	if err := c.Delete(r.Context(), chi.URLParam(r, "id"), force, s.cfg.Templates.InUse); err != nil {
+	if err := c.Delete(r.Context(), callerOf(r), chi.URLParam(r, "id"), force, s.cfg.Templates.InUse); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -280,13 +281,13 @@ func (s *Server) patchTemplate(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusBadRequest, "accelerators: "+err.Error())
 			return
 		}
-		if t, err = c.SetAccelerators(r.Context(), id, ct); err != nil {
+		if t, err = c.SetAccelerators(r.Context(), callerOf(r), id, ct); err != nil {
 			s.fail(w, r, err)
 			return
 		}
 	}
 	if req.Public != nil {
-		if t, err = c.SetPublic(r.Context(), id, *req.Public); err != nil {
+		if t, err = c.SetPublic(r.Context(), callerOf(r), id, *req.Public); err != nil {
 			s.fail(w, r, err)
 			return
 		}
@@ -299,7 +300,7 @@ func (s *Server) listTags(w http.ResponseWriter, r *http.Request) {
 	if c == nil {
 		return
 	}
-	tags, err := c.Tags(r.Context(), chi.URLParam(r, "id"))
+	tags, err := c.Tags(r.Context(), callerOf(r), chi.URLParam(r, "id"))
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -328,7 +329,7 @@ func (s *Server) assignTags(w http.ResponseWriter, r *http.Request) {
 	if !s.decode(w, r, &req, false) {
 		return
 	}
-	buildID, err := c.AssignTags(r.Context(), req.Target, req.Tags)
+	buildID, err := c.AssignTags(r.Context(), callerOf(r), req.Target, req.Tags)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -348,7 +349,7 @@ func (s *Server) removeTags(w http.ResponseWriter, r *http.Request) {
 	if !s.decode(w, r, &req, false) {
 		return
 	}
-	if err := c.RemoveTags(r.Context(), req.Name, req.Tags); err != nil {
+	if err := c.RemoveTags(r.Context(), callerOf(r), req.Name, req.Tags); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -363,11 +364,11 @@ type uploads struct {
 }
 
 type uploadGrant struct {
-	hash    string
-	expires time.Time
+	team, hash string
+	expires    time.Time
 }
 
-func (u *uploads) grant(hash string) string {
+func (u *uploads) grant(team, hash string) string {
 	b := make([]byte, 16)
 	rand.Read(b)
 	tok := hex.EncodeToString(b)
@@ -382,15 +383,19 @@ func (u *uploads) grant(hash string) string {
 			delete(u.tokens, k)
 		}
 	}
-	u.tokens[tok] = uploadGrant{hash: hash, expires: now.Add(time.Hour)}
+	u.tokens[tok] = uploadGrant{team: team, hash: hash, expires: now.Add(time.Hour)}
 	return tok
 }
 
-func (u *uploads) check(tok, hash string) bool {
+// check returns the team the upload URL was issued to.
+func (u *uploads) check(tok, hash string) (string, bool) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	g, ok := u.tokens[tok]
-	return ok && g.hash == hash && time.Now().Before(g.expires)
+	if !ok || g.hash != hash || !time.Now().Before(g.expires) {
+		return "", false
+	}
+	return g.team, true
 }
 
 func (s *Server) baseURL(r *http.Request) string {
@@ -411,15 +416,16 @@ func (s *Server) templateFile(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "hash must be 64 lowercase hex characters")
 		return
 	}
-	if _, err := c.Get(r.Context(), id); err != nil {
+	// Contexts are uploaded for a build of a template the key may change.
+	if _, err := c.Writable(r.Context(), callerOf(r), id); err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	ctxs := s.cfg.Templates.Contexts
-	present := ctxs.Has(hash)
+	team := teamOf(r)
+	present := s.cfg.Templates.Contexts.Has(team, hash)
 	resp := map[string]any{"present": present, "headers": map[string]string{}}
 	if !present {
-		resp["url"] = fmt.Sprintf("%s/template-uploads/%s?token=%s", s.baseURL(r), hash, s.uploads.grant(hash))
+		resp["url"] = fmt.Sprintf("%s/template-uploads/%s?token=%s", s.baseURL(r), hash, s.uploads.grant(team, hash))
 	}
 	writeJSON(w, http.StatusCreated, resp)
 }
@@ -443,12 +449,13 @@ func (s *Server) uploadContext(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	hash := chi.URLParam(r, "hash")
-	if !s.uploads.check(r.URL.Query().Get("token"), hash) {
+	team, ok := s.uploads.check(r.URL.Query().Get("token"), hash)
+	if !ok {
 		writeError(w, http.StatusUnauthorized, "invalid or expired upload URL; ask GET /templates/{id}/files/{hash} for a new one")
 		return
 	}
 	te := s.cfg.Templates.Errors
-	err := s.cfg.Templates.Contexts.Put(hash, r.Body)
+	err := s.cfg.Templates.Contexts.Put(team, hash, r.Body)
 	switch {
 	case err == nil:
 		w.WriteHeader(http.StatusCreated)
@@ -473,7 +480,7 @@ func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
 	if !s.decode(w, r, &req, false) {
 		return
 	}
-	if err := c.StartBuild(r.Context(), chi.URLParam(r, "id"), chi.URLParam(r, "buildID"), req); err != nil {
+	if err := c.StartBuild(r.Context(), callerOf(r), chi.URLParam(r, "id"), chi.URLParam(r, "buildID"), req); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -505,7 +512,7 @@ func (s *Server) buildStatus(w http.ResponseWriter, r *http.Request) {
 			limit = n
 		}
 	}
-	st, err := c.BuildStatus(r.Context(), chi.URLParam(r, "id"), chi.URLParam(r, "buildID"), offset, limit, q.Get("level"))
+	st, err := c.BuildStatus(r.Context(), callerOf(r), chi.URLParam(r, "id"), chi.URLParam(r, "buildID"), offset, limit, q.Get("level"))
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -542,7 +549,7 @@ func (s *Server) buildLogs(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "direction must be forward or backward")
 		return
 	}
-	logs, err := c.BuildLogs(r.Context(), chi.URLParam(r, "id"), chi.URLParam(r, "buildID"), cursor, limit, dir == "backward", q.Get("level"))
+	logs, err := c.BuildLogs(r.Context(), callerOf(r), chi.URLParam(r, "id"), chi.URLParam(r, "buildID"), cursor, limit, dir == "backward", q.Get("level"))
 	if err != nil {
 		s.fail(w, r, err)
 		return

@@ -51,15 +51,12 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 	if !s.decode(w, r, &req, true) {
 		return
 	}
-	name := ""
-	if req.Name != nil {
-		name = *req.Name
-		if name == "" {
-			writeError(w, http.StatusBadRequest, "volume name must not be empty; omit it to get a generated one")
-			return
-		}
+	name, msg := req.volumeName()
+	if msg != "" {
+		writeError(w, http.StatusBadRequest, msg)
+		return
 	}
-	v, err := s.mgr.CreateVolume(r.Context(), name, req.Driver)
+	v, err := s.mgr.CreateVolume(r.Context(), teamOf(r), name, req.Driver)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -68,7 +65,7 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
-	vs, err := s.mgr.ListVolumes(r.Context())
+	vs, err := s.mgr.ListVolumes(r.Context(), teamOf(r))
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -81,7 +78,7 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
-	v, err := s.mgr.GetVolume(r.Context(), chi.URLParam(r, "volumeID"))
+	v, err := s.mgr.GetVolume(r.Context(), teamOf(r), chi.URLParam(r, "volumeID"))
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -99,7 +96,7 @@ func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
-	if err := s.mgr.DeleteVolume(r.Context(), chi.URLParam(r, "volumeID")); err != nil {
+	if err := s.mgr.DeleteVolume(r.Context(), teamOf(r), chi.URLParam(r, "volumeID")); err != nil {
 		s.fail(w, r, err)
 		return
 	}

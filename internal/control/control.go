@@ -65,6 +65,18 @@ type Config struct {
 	ContentIdle time.Duration
 	// ReadyTimeout bounds a template's ready command at create (default 120s).
 	ReadyTimeout time.Duration
+	// Server maxima for one sandbox's resources (0 = no bound): a template
+	// asking for more is refused at create (ErrInvalid naming the field).
+	MaxSandboxCPU      int
+	MaxSandboxMemoryMB int
+	MaxSandboxDiskMB   int
+}
+
+// TeamResolver is a template.Resolver that knows teams: it resolves a
+// reference as one team sees templates (its own and public ones). The
+// catalog implements it; plain image resolvers have nothing team-owned.
+type TeamResolver interface {
+	ResolveTeam(ctx context.Context, teamID, ref string) (template.Template, error)
 }
 
 // Manager is the control plane.
@@ -143,14 +155,17 @@ func token(n int) string {
 
 // CreateOptions is a validated create request.
 type CreateOptions struct {
-	TemplateID   string
-	Timeout      time.Duration
-	Metadata     map[string]string
-	EnvVars      map[string]string
-	Network      store.Network
-	AutoPause    bool
-	AutoResume   bool
-	APIKeyID     string
+	TemplateID string
+	Timeout    time.Duration
+	Metadata   map[string]string
+	EnvVars    map[string]string
+	Network    store.Network
+	AutoPause  bool
+	AutoResume bool
+	APIKeyID   string
+	// TeamID owns the sandbox; templates and volumes resolve in its
+	// namespace and its quota applies.
+	TeamID       string
 	VolumeMounts []VolumeMount
 	// Accelerators is Cubicle's extension: devices the sandbox needs.
 	Accelerators []accel.Request
@@ -241,7 +256,12 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ *store.Sandbox
 	if err := m.validate(&o); err != nil {
 		return nil, err
 	}
-	tpl, err := m.templates.Resolve(ctx, o.TemplateID)
+	var tpl template.Template
+	if tr, ok := m.templates.(TeamResolver); ok {
+		tpl, err = tr.ResolveTeam(ctx, o.TeamID, o.TemplateID)
+	} else {
+		tpl, err = m.templates.Resolve(ctx, o.TemplateID)
+	}
 	if err != nil {
 		if errors.Is(err, template.ErrNotFound) {
 			return nil, fmt.Errorf("%w: template '%s' not found", ErrTemplateNotFound, o.TemplateID)
@@ -302,7 +322,23 @@ func templateUser(runAs string) string {
 	return runAs
 }
 
+// checkSize refuses a template bigger than the server maxima.
+func (m *Manager) checkSize(tpl template.Template) error {
+	for _, c := range []struct {
+		field    string
+		got, max int
+	}{{"cpuCount", tpl.CPUCount, m.cfg.MaxSandboxCPU}, {"memoryMB", tpl.MemoryMB, m.cfg.MaxSandboxMemoryMB}, {"diskSizeMB", tpl.DiskSizeMB, m.cfg.MaxSandboxDiskMB}} {
+		if c.max > 0 && c.got > c.max {
+			return invalid("template '%s' asks for %s %d, above the server maximum of %d", tpl.ID, c.field, c.got, c.max)
+		}
+	}
+	return nil
+}
+
 func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.Template) (_ *store.Sandbox, err error) {
+	if err := m.checkSize(tpl); err != nil {
+		return nil, err
+	}
 	if m.cfg.MaxSandboxes > 0 {
 		n, err := m.store.CountSandboxes(ctx, []store.SandboxState{store.StateCreating, store.StateRunning, store.StatePausing, store.StateResuming})
 		if err != nil {
@@ -334,13 +370,13 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 	if err != nil {
 		return nil, err
 	}
-	mounts, attachments, err := m.resolveMounts(ctx, o.VolumeMounts)
+	mounts, attachments, err := m.resolveMounts(ctx, o.TeamID, o.VolumeMounts)
 	if err != nil {
 		return nil, err
 	}
 	now := time.Now().UTC()
 	sb := &store.Sandbox{
-		ID: NewID(), TemplateID: tpl.ID, Alias: tpl.Alias, State: store.StateCreating, Node: m.node.ID(),
+		ID: NewID(), TeamID: o.TeamID, TemplateID: tpl.ID, Alias: tpl.Alias, State: store.StateCreating, Node: m.node.ID(),
 		Metadata: o.Metadata, EnvVars: o.EnvVars, EnvdToken: token(16), TrafficToken: token(16),
 		CPUCount: tpl.CPUCount, MemoryMB: tpl.MemoryMB, DiskSizeMB: tpl.DiskSizeMB,
 		Network: o.Network, AutoPause: o.AutoPause, AutoResume: o.AutoResume, APIKeyID: o.APIKeyID,
@@ -432,7 +468,7 @@ func (m *Manager) Probe(ctx context.Context, rootfs string, t template.Template)
 func (m *Manager) nodeRequest(sb *store.Sandbox, layers []string) node.CreateRequest {
 	return node.CreateRequest{
 		ID: sb.ID, Layers: layers, EnvdToken: sb.EnvdToken, EnvVars: sb.EnvVars, DefaultUser: orDefault(sb.DefaultUser),
-		CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, Policy: policyOf(sb.Network),
+		CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskSizeMB, Policy: policyOf(sb.Network),
 	}
 }
 
@@ -461,9 +497,16 @@ func (m *Manager) markKilled(ctx context.Context, sb *store.Sandbox, reason stri
 
 // Get returns a live sandbox; killed ones are NotFound, as in e2b, and so
 // are unclaimed warm-pool standbys: users never see or touch those.
+//
+// Under WithTeam, another team's sandbox is NotFound too: every user-facing
+// operation (kill, timeout, pause, connect, network, logs, metrics) starts
+// with Get.
 func (m *Manager) Get(ctx context.Context, id string) (*store.Sandbox, error) {
 	sb, err := m.get(ctx, id)
-	if err == nil && IsStandby(sb) {
+	if err != nil {
+		return nil, m.endedError(ctx, id, err) // a recent end is named (lifecycle.go)
+	}
+	if IsStandby(sb) || !teamSees(ctx, sb) {
 		return nil, fmt.Errorf("%w: sandbox '%s' not found", ErrNotFound, id)
 	}
 	return sb, err
@@ -484,10 +527,10 @@ func (m *Manager) List(ctx context.Context, f store.SandboxFilter) ([]*store.San
 	return m.store.ListSandboxes(ctx, f)
 }
 
-// CountRunning counts running sandboxes users can see (warm-pool standbys
-// are not theirs).
-func (m *Manager) CountRunning(ctx context.Context) (int, error) {
-	rows, err := m.List(ctx, store.SandboxFilter{States: []store.SandboxState{store.StateRunning}})
+// CountRunning counts the team's running sandboxes users can see (warm-pool
+// standbys are not theirs).
+func (m *Manager) CountRunning(ctx context.Context, teamID string) (int, error) {
+	rows, err := m.List(ctx, store.SandboxFilter{TeamID: teamID, States: []store.SandboxState{store.StateRunning}})
 	return len(rows), err
 }
 

@@ -3,6 +3,7 @@ package control
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/node"
@@ -87,6 +88,9 @@ func (m *Manager) Run(ctx context.Context) {
 	sample := time.NewTicker(sampleInterval)
 	defer sample.Stop()
 	go m.runPool(ctx)
+	if w, ok := m.node.(node.ExitWatcher); ok {
+		go m.watchExits(ctx, w)
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -162,7 +166,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			if err == nil && (cur.State == store.StateRunning || cur.State == store.StatePaused) {
 				if again, err := m.node.Get(ctx, sb.ID); err != nil || again.State == runtime.StateStopped {
 					derr := m.node.Delete(ctx, sb.ID)
-					m.markKilled(ctx, cur, "sandbox exited unexpectedly", derr)
+					m.markKilled(ctx, cur, reasonExited, derr)
 				}
 			}
 			unlock()
@@ -195,4 +199,84 @@ func (m *Manager) nodeSandboxes(ctx context.Context) (map[string]node.Sandbox, e
 		present[s.ID] = s
 	}
 	return present, nil
+}
+
+// Kill reasons the node's exit watch records (see EndedError).
+const (
+	reasonExited = "killed: the sandbox's process exited unexpectedly"
+	reasonOOM    = "killed: out of memory"
+)
+
+// watchExits marks sandboxes killed as soon as the node reports their
+// process gone, instead of at the next reconcile (up to 30 s later).
+func (m *Manager) watchExits(ctx context.Context, w node.ExitWatcher) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case e := <-w.Exits():
+			go m.exited(ctx, e)
+		}
+	}
+}
+
+// exited handles one exit report. The node reports exits of running
+// sandboxes only (it stops watching before it pauses or deletes one), so a
+// row still running under the lock is a sandbox that died; any other state
+// means an operation of ours got there first.
+func (m *Manager) exited(ctx context.Context, e node.Exit) {
+	unlock := m.lock(e.ID)
+	defer unlock()
+	sb, err := m.store.GetSandbox(ctx, e.ID)
+	if err != nil || sb.State != store.StateRunning {
+		return
+	}
+	reason := reasonExited
+	if e.OOM {
+		reason = reasonOOM
+	}
+	m.log.Warn("sandbox died", "sandbox", e.ID, "reason", reason)
+	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	derr := m.node.Delete(nctx, e.ID)
+	m.markKilled(nctx, sb, reason, derr)
+	if IsStandby(sb) {
+		m.PoolTrigger("") // replace the standby now
+	}
+}
+
+// endedRetention is how long the not-found for a killed sandbox keeps
+// naming how and when it ended.
+const endedRetention = 24 * time.Hour
+
+// endedError is the not-found err (from get) as Get's caller should see
+// it: when id is a sandbox the caller may see (teamSees) that ended within
+// endedRetention, it names the end and its time ("sandbox 'x' not found:
+// killed: out of memory at 2026-…Z"), so users learn why; otherwise err.
+func (m *Manager) endedError(ctx context.Context, id string, err error) error {
+	if !errors.Is(err, ErrNotFound) {
+		return err
+	}
+	sb, gerr := m.store.GetSandbox(ctx, id)
+	if gerr != nil || !teamSees(ctx, sb) {
+		return err
+	}
+	if how := EndedReason(sb); how != "" {
+		return fmt.Errorf("%w: sandbox '%s' not found: %s", ErrNotFound, id, how)
+	}
+	return err
+}
+
+// EndedReason says how and when a killed sandbox ended ("killed: out of
+// memory at 2026-…Z", "timeout at …"), or "" for a warm-pool standby, once
+// that is older than endedRetention, or when unknown.
+func EndedReason(sb *store.Sandbox) string {
+	if sb.State != store.StateKilled || IsStandby(sb) || sb.KilledAt.IsZero() || time.Since(sb.KilledAt) > endedRetention {
+		return ""
+	}
+	reason := sb.KillReason
+	if reason == "" {
+		reason = "killed"
+	}
+	return reason + " at " + sb.KilledAt.UTC().Format(time.RFC3339)
 }

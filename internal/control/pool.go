@@ -97,9 +97,10 @@ func (m *Manager) claim(ctx context.Context, o CreateOptions, tpl template.Templ
 		}
 		m.pool.claims.WithLabelValues(result).Inc()
 	}()
-	got, err := m.store.ClaimPoolSandbox(ctx, tpl.ID, tpl.BuildID)
+	got, err := m.store.ClaimPoolSandbox(ctx, tpl.ID, tpl.BuildID, o.TeamID)
 	if err != nil {
-		if !errors.Is(err, store.ErrNotFound) {
+		// At its quota, the team's boot is refused with the quota error.
+		if !errors.Is(err, store.ErrNotFound) && !errors.Is(err, store.ErrQuota) {
 			m.log.Warn("warm-pool claim", "template", tpl.ID, "err", err)
 		}
 		return nil, false
@@ -173,6 +174,7 @@ func (m *Manager) runPool(ctx context.Context) {
 
 type poolTarget struct {
 	size int
+	team string            // the template's team: its standbys count against it
 	tpl  template.Template // BuildID "" = no ready build: keep no standbys
 }
 
@@ -193,7 +195,7 @@ func (m *Manager) poolTargets(ctx context.Context) (map[string]poolTarget, error
 			if t.PoolSize <= 0 {
 				continue
 			}
-			tgt := poolTarget{size: t.PoolSize}
+			tgt := poolTarget{size: t.PoolSize, team: t.TeamID}
 			tpl, err := m.templates.Resolve(ctx, t.ID)
 			switch {
 			case err == nil:
@@ -271,7 +273,10 @@ func (m *Manager) reconcilePool(ctx context.Context) error {
 			if ctx.Err() != nil || m.userCreates.Load() > 0 {
 				return nil
 			}
-			if err := m.createStandby(ctx, tgt.tpl); err != nil {
+			if err := m.createStandby(ctx, tgt.team, tgt.tpl); err != nil {
+				if errors.Is(err, store.ErrQuota) {
+					break // this team is full; other templates and teams go on
+				}
 				if errors.Is(err, ErrCapacity) || errors.Is(err, ErrBusy) {
 					return nil // try again next tick
 				}
@@ -283,8 +288,8 @@ func (m *Manager) reconcilePool(ctx context.Context) error {
 	return nil
 }
 
-func (m *Manager) createStandby(ctx context.Context, tpl template.Template) error {
-	sb, err := m.createFrom(ctx, CreateOptions{TemplateID: tpl.ID, Timeout: m.standbyTimeout(),
+func (m *Manager) createStandby(ctx context.Context, team string, tpl template.Template) error {
+	sb, err := m.createFrom(ctx, CreateOptions{TemplateID: tpl.ID, TeamID: team, Timeout: m.standbyTimeout(),
 		Metadata: map[string]string{PoolKey: tpl.ID, PoolBuildKey: tpl.BuildID},
 		// The default egress policy, so most claims need no node policy
 		// change; no public traffic reaches an unclaimed standby (the

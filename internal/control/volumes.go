@@ -57,7 +57,11 @@ func (m *Manager) plugin(driver string) (volume.Plugin, error) {
 // CreateVolume creates a volume through its driver's Create hook. The row is
 // written first (creating) so a crash between the hook and the final write
 // is found and rolled back by the reconciler.
-func (m *Manager) CreateVolume(ctx context.Context, name, driver string) (_ *store.Volume, err error) {
+//
+// Names are per team. The default team's volumes keep ID = name (as before
+// teams existed); another team's get a generated ID, so no team learns
+// whether a name is taken elsewhere.
+func (m *Manager) CreateVolume(ctx context.Context, teamID, name, driver string) (_ *store.Volume, err error) {
 	start := time.Now()
 	if name == "" {
 		name = uuid.NewString()
@@ -75,7 +79,11 @@ func (m *Manager) CreateVolume(ctx context.Context, name, driver string) (_ *sto
 		return nil, invalid("unknown driver %q (configured: %s)", driver, strings.Join(m.volumes.Names(), ", "))
 	}
 	defer func() { m.volMetrics.op("create", driver, start, err) }()
-	v := &store.Volume{ID: name, Name: name, Driver: driver, State: store.VolumeCreating}
+	id := name
+	if teamID != store.DefaultTeamID {
+		id = "vol_" + token(8)
+	}
+	v := &store.Volume{ID: id, TeamID: teamID, Name: name, Driver: driver, State: store.VolumeCreating}
 	if err := m.store.CreateVolume(ctx, v); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			return nil, fmt.Errorf("%w: volume '%s' already exists", ErrConflict, name)
@@ -112,18 +120,26 @@ func (m *Manager) CreateVolume(ctx context.Context, name, driver string) (_ *sto
 	return v, nil
 }
 
-// GetVolume returns a volume that exists (any state but creating).
-func (m *Manager) GetVolume(ctx context.Context, id string) (*store.Volume, error) {
-	v, err := m.store.GetVolume(ctx, id)
+// GetVolume returns a volume of the team that exists (any state but
+// creating), by ID or name. Another team's volume is ErrVolumeNotFound,
+// exactly like a missing one.
+func (m *Manager) GetVolume(ctx context.Context, teamID, ref string) (*store.Volume, error) {
+	v, err := m.store.GetVolume(ctx, ref)
+	if err == nil && v.TeamID != teamID {
+		v, err = nil, store.ErrNotFound
+	}
+	if errors.Is(err, store.ErrNotFound) {
+		v, err = m.store.VolumeByName(ctx, teamID, ref)
+	}
 	if errors.Is(err, store.ErrNotFound) || (err == nil && v.State == store.VolumeCreating) {
-		return nil, fmt.Errorf("%w: volume '%s' not found", ErrVolumeNotFound, id)
+		return nil, fmt.Errorf("%w: volume '%s' not found", ErrVolumeNotFound, ref)
 	}
 	return v, err
 }
 
-// ListVolumes lists ready and deleting volumes.
-func (m *Manager) ListVolumes(ctx context.Context) ([]*store.Volume, error) {
-	vs, err := m.store.ListVolumes(ctx)
+// ListVolumes lists the team's ready and deleting volumes.
+func (m *Manager) ListVolumes(ctx context.Context, teamID string) ([]*store.Volume, error) {
+	vs, err := m.store.ListTeamVolumes(ctx, teamID)
 	if err != nil {
 		return nil, err
 	}
@@ -143,11 +159,12 @@ func (m *Manager) VolumeAttachments(ctx context.Context, id string) ([]*store.Vo
 
 // DeleteVolume destroys an unreferenced volume: ErrVolumeInUse while any
 // sandbox row references it (the delete guard), ErrVolumeNotFound if absent.
-func (m *Manager) DeleteVolume(ctx context.Context, id string) (err error) {
-	v, err := m.GetVolume(ctx, id)
+func (m *Manager) DeleteVolume(ctx context.Context, teamID, ref string) (err error) {
+	v, err := m.GetVolume(ctx, teamID, ref)
 	if err != nil {
 		return err
 	}
+	id := v.ID
 	start := time.Now()
 	defer func() { m.volMetrics.op("delete", v.Driver, start, err) }()
 	p, err := m.plugin(v.Driver)
@@ -191,8 +208,9 @@ func (m *Manager) revertDeleting(ctx context.Context, v *store.Volume) {
 	}
 }
 
-// resolveMounts validates requested mounts against the store and the node.
-func (m *Manager) resolveMounts(ctx context.Context, req []VolumeMount) ([]store.VolumeMount, []node.VolumeAttachment, error) {
+// resolveMounts validates requested mounts against the store and the node;
+// names resolve in the team's namespace only.
+func (m *Manager) resolveMounts(ctx context.Context, teamID string, req []VolumeMount) ([]store.VolumeMount, []node.VolumeAttachment, error) {
 	if len(req) == 0 {
 		return nil, nil, nil
 	}
@@ -221,7 +239,7 @@ func (m *Manager) resolveMounts(ctx context.Context, req []VolumeMount) ([]store
 			return nil, nil, invalid("volumeMounts: path %s is used more than once", p)
 		}
 		seenVol[vm.Name], seenPath[p] = true, true
-		v, err := m.store.GetVolume(ctx, vm.Name)
+		v, err := m.store.VolumeByName(ctx, teamID, vm.Name)
 		if errors.Is(err, store.ErrNotFound) || (err == nil && v.State == store.VolumeCreating) {
 			return nil, nil, invalid("volumeMounts: volume '%s' not found; create it first", vm.Name)
 		}

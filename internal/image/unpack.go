@@ -138,7 +138,13 @@ func applyLayer(root string, r io.Reader) error {
 			continue
 		}
 		if strings.HasPrefix(base, whiteoutPrefix) {
-			if err := os.RemoveAll(filepath.Join(parent, strings.TrimPrefix(base, whiteoutPrefix))); err != nil {
+			// ".wh.", ".wh.." and ".wh..." name no sibling: they would remove
+			// the directory itself or, at the top, the root's parent.
+			gone := strings.TrimPrefix(base, whiteoutPrefix)
+			if gone == "" || gone == "." || gone == ".." {
+				return fmt.Errorf("%w: whiteout %q", ErrUnsafePath, hdr.Name)
+			}
+			if err := os.RemoveAll(filepath.Join(parent, gone)); err != nil {
 				return err
 			}
 			continue
@@ -303,21 +309,13 @@ func writeEntry(root, target string, hdr *tar.Header, r io.Reader) error {
 		}
 		// Link the entry itself, not what it may point at.
 		return os.Link(filepath.Join(lp, lbase), target)
-	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
-		dev := int(unix.Mkdev(uint32(hdr.Devmajor), uint32(hdr.Devminor)))
-		kind := uint32(unix.S_IFIFO)
-		switch hdr.Typeflag {
-		case tar.TypeChar:
-			kind = unix.S_IFCHR
-		case tar.TypeBlock:
-			kind = unix.S_IFBLK
-		}
-		if err := unix.Mknod(target, kind|mode, dev); err != nil {
-			// Unprivileged callers cannot make devices; the sandbox runtime
-			// mounts its own /dev anyway.
-			if errors.Is(err, unix.EPERM) {
-				return nil
-			}
+	case tar.TypeChar, tar.TypeBlock:
+		// Never made: the sandbox runtime mounts its own /dev, and a device
+		// node in a rootfs on the host (say the host disk, mode 0666) would
+		// hand it to any host user who can reach the tree.
+		return nil
+	case tar.TypeFifo:
+		if err := unix.Mkfifo(target, mode); err != nil {
 			return err
 		}
 	default:

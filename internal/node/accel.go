@@ -72,7 +72,7 @@ func accelSpec(att accel.Attachment) ([]runtime.Device, []runtime.Mount) {
 
 // checkGuest is the guest stage of the contract, run by the agent inside
 // the sandbox once it is up.
-func (l *Local) checkGuest(ctx context.Context, addr netip.Addr, token string, att accel.Attachment, c *accel.Contract) error {
+func (l *Local) checkGuest(ctx context.Context, id string, addr netip.Addr, token string, att accel.Attachment, c *accel.Contract) error {
 	creq := agent.AccelCheckRequest{Ldconfig: true, TimeoutMs: int(accelGuestTimeout / time.Millisecond)}
 	for _, d := range att.Devices {
 		creq.Devices = append(creq.Devices, d.Path)
@@ -108,7 +108,7 @@ func (l *Local) checkGuest(ctx context.Context, addr netip.Addr, token string, a
 	body, _ := json.Marshal(creq)
 	cctx, cancel := context.WithTimeout(ctx, accelGuestTimeout+5*time.Second)
 	defer cancel()
-	r, _ := http.NewRequestWithContext(cctx, http.MethodPost, agentURL(addr, "/cubicle/accelerators/check"), bytes.NewReader(body))
+	r, _ := http.NewRequestWithContext(cctx, http.MethodPost, agentURL(id, addr, "/cubicle/accelerators/check"), bytes.NewReader(body))
 	r.Header.Set("Content-Type", "application/json")
 	r.Header.Set("X-Access-Token", token)
 	resp, err := l.client.Do(r)

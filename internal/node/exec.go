@@ -21,7 +21,7 @@ func (l *Local) Run(ctx context.Context, id, token, user, cmd string) (int, erro
 	if err != nil {
 		return -1, l.notFound(err)
 	}
-	pc := processconnect.NewProcessClient(l.client, agentURL(ep.Addr, ""), connect.WithProtoJSON())
+	pc := processconnect.NewProcessClient(l.client, agentURL(id, ep.Addr, ""), connect.WithProtoJSON())
 	req := connect.NewRequest(&process.StartRequest{Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", cmd}}})
 	req.Header().Set("X-Access-Token", token)
 	if user != "" {

@@ -37,7 +37,9 @@ type LocalConfig struct {
 	AgentReadyTimeout time.Duration
 	// ResolvConf, when set, is bind-mounted read-only at /etc/resolv.conf.
 	ResolvConf string
-	PIDsLimit  int64
+	// PIDsLimit, when set, is every sandbox's pids limit; 0 sizes it from
+	// the sandbox's memory (PIDsFor).
+	PIDsLimit int64
 
 	// VolumeDir keeps the durable per-(volume, holder) references.
 	VolumeDir string
@@ -63,6 +65,13 @@ type Local struct {
 	// creating marks creates in flight, so the accelerator reconciler does
 	// not release devices whose sandbox has no runtime process yet.
 	creating map[string]bool
+	// Exit watches (watch.go): the watch per running sandbox, operations in
+	// flight and their generations (so List does not re-adopt a sandbox an
+	// operation just paused or deleted), and the exits reported.
+	watches map[string]*exitWatch
+	busy    map[string]int
+	gens    map[string]uint64
+	exits   chan Exit
 }
 
 type cpuSample struct {
@@ -86,9 +95,6 @@ func NewLocal(cfg LocalConfig) (*Local, error) {
 	if cfg.AgentReadyTimeout == 0 {
 		cfg.AgentReadyTimeout = 15 * time.Second
 	}
-	if cfg.PIDsLimit == 0 {
-		cfg.PIDsLimit = 4096
-	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -101,19 +107,25 @@ func NewLocal(cfg LocalConfig) (*Local, error) {
 	if cfg.VolumeBaseDir == "" {
 		cfg.VolumeBaseDir = volume.DefaultBaseDir
 	}
-	if err := os.MkdirAll(cfg.VolumeBaseDir, 0o755); err != nil {
+	// Root only: volume data is written by sandboxes, and a set-ID file in
+	// it must not be reachable by the host's other users (docs/security.md).
+	if err := os.MkdirAll(cfg.VolumeBaseDir, 0o700); err != nil {
+		return nil, fmt.Errorf("node: volume base dir: %w", err)
+	}
+	if err := os.Chmod(cfg.VolumeBaseDir, 0o700); err != nil {
 		return nil, fmt.Errorf("node: volume base dir: %w", err)
 	}
 	if err := os.MkdirAll(cfg.VolumeDir, 0o700); err != nil {
 		return nil, fmt.Errorf("node: volume ref dir: %w", err)
 	}
 	tr := &http.Transport{
-		DialContext:         (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
+		DialContext:         DialSandbox(&net.Dialer{Timeout: 2 * time.Second}), // a pool per sandbox: see SandboxHost
 		MaxIdleConnsPerHost: 4,
 		IdleConnTimeout:     30 * time.Second,
 	}
 	vols := &volumes{dir: cfg.VolumeDir, baseDir: cfg.VolumeBaseDir, plugins: cfg.VolumePlugin, log: cfg.Logger, metrics: cfg.VolumeMetrics}
-	return &Local{cfg: cfg, client: &http.Client{Transport: tr}, lastCPU: map[string]cpuSample{}, vols: vols, creating: map[string]bool{}}, nil
+	return &Local{cfg: cfg, client: &http.Client{Transport: tr}, lastCPU: map[string]cpuSample{}, vols: vols, creating: map[string]bool{},
+		watches: map[string]*exitWatch{}, busy: map[string]int{}, gens: map[string]uint64{}, exits: make(chan Exit, 64)}, nil
 }
 
 // ID names the node.
@@ -122,6 +134,7 @@ func (l *Local) ID() string { return l.cfg.ID }
 // Create wires network, starts the runtime and initialises the agent. Any
 // failure undoes the steps already taken.
 func (l *Local) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err error) {
+	defer l.begin(req.ID, false)()
 	ep, err := l.cfg.Network.Setup(ctx, req.ID, req.Policy)
 	if err != nil {
 		return Sandbox{}, fmt.Errorf("network setup: %w", err)
@@ -211,37 +224,50 @@ func (l *Local) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err e
 		NetNSPath: ep.NetNSPath,
 		Mounts:    mounts,
 		Devices:   devices,
-		Resources: runtime.Resources{CPUCount: req.CPUCount, MemoryMB: req.MemoryMB, PIDs: l.cfg.PIDsLimit},
+		Resources: runtime.Resources{CPUCount: req.CPUCount, MemoryMB: req.MemoryMB, DiskMB: req.DiskSizeMB, PIDs: PIDsFor(l.cfg.PIDsLimit, req.MemoryMB)},
 	})
 	if err != nil {
 		return Sandbox{}, fmt.Errorf("runtime create: %w", err)
 	}
-	if err := l.initAgent(ctx, ep.Addr, req, ""); err != nil {
+	if err := l.initAgent(ctx, req.ID, ep.Addr, req, ""); err != nil {
 		return Sandbox{}, err
 	}
 	if len(req.Accelerators) > 0 {
-		if err := l.checkGuest(ctx, ep.Addr, req.EnvdToken, att, req.AccelContract); err != nil {
+		if err := l.checkGuest(ctx, req.ID, ep.Addr, req.EnvdToken, att, req.AccelContract); err != nil {
 			return Sandbox{}, err
 		}
 		if err := l.cfg.Accel.Attached(req.ID); err != nil {
 			return Sandbox{}, err
 		}
 	}
+	l.watch(req.ID, info.Pid)
 	return Sandbox{ID: req.ID, Addr: ep.Addr, State: runtime.StateRunning, Pid: info.Pid}, nil
 }
 
-func agentURL(addr netip.Addr, path string) string {
-	return "http://" + netip.AddrPortFrom(addr, AgentPort).String() + path
+// PIDsFor is a sandbox's pids limit: fixed when set, else one task per MiB
+// of memory within [256, 4096]. Sized so that a fork storm of small
+// processes (a few hundred KiB each) meets the pids limit well before the
+// memory limit: fork fails with EAGAIN, nothing is OOM-killed, and the
+// sandbox stays usable.
+func PIDsFor(fixed int64, memoryMB int) int64 {
+	if fixed > 0 {
+		return fixed
+	}
+	return min(max(int64(memoryMB), 256), 4096)
+}
+
+func agentURL(id string, addr netip.Addr, path string) string {
+	return "http://" + SandboxHost(id, netip.AddrPortFrom(addr, AgentPort)) + path
 }
 
 // initAgent waits for /health then POSTs /init. currentToken authorises
 // re-initialisation of an agent that already has a token (resume).
-func (l *Local) initAgent(ctx context.Context, addr netip.Addr, req CreateRequest, currentToken string) error {
+func (l *Local) initAgent(ctx context.Context, id string, addr netip.Addr, req CreateRequest, currentToken string) error {
 	deadline := time.Now().Add(l.cfg.AgentReadyTimeout)
 	delay := 2 * time.Millisecond
 	for {
 		hctx, cancel := context.WithTimeout(ctx, time.Second)
-		r, _ := http.NewRequestWithContext(hctx, http.MethodGet, agentURL(addr, "/health"), nil)
+		r, _ := http.NewRequestWithContext(hctx, http.MethodGet, agentURL(id, addr, "/health"), nil)
 		resp, err := l.client.Do(r)
 		cancel()
 		if err == nil {
@@ -277,7 +303,7 @@ func (l *Local) initAgent(ctx context.Context, addr netip.Addr, req CreateReques
 		initBody["defaultWorkdir"] = req.DefaultWorkdir
 	}
 	body, _ := json.Marshal(initBody)
-	r, _ := http.NewRequestWithContext(ctx, http.MethodPost, agentURL(addr, "/init"), bytes.NewReader(body))
+	r, _ := http.NewRequestWithContext(ctx, http.MethodPost, agentURL(id, addr, "/init"), bytes.NewReader(body))
 	r.Header.Set("Content-Type", "application/json")
 	if currentToken != "" {
 		r.Header.Set("X-Access-Token", currentToken)
@@ -296,6 +322,8 @@ func (l *Local) initAgent(ctx context.Context, addr netip.Addr, req CreateReques
 
 // Delete tears down runtime then network; both are idempotent.
 func (l *Local) Delete(ctx context.Context, id string) error {
+	done := l.begin(id, true)
+	defer func() { done(); l.forget(id) }()
 	l.mu.Lock()
 	delete(l.lastCPU, id)
 	l.mu.Unlock()
@@ -336,11 +364,18 @@ func (l *Local) notFound(err error) error {
 
 // Pause freezes (runc) or checkpoints (runsc) the sandbox.
 func (l *Local) Pause(ctx context.Context, id string) error {
-	return l.notFound(l.cfg.Runtime.Pause(ctx, id))
+	// Not watched while paused: a runsc checkpoint ends the sandbox process.
+	defer l.begin(id, true)()
+	err := l.cfg.Runtime.Pause(ctx, id)
+	if err != nil {
+		l.watchAfter(ctx, id) // still running, most likely
+	}
+	return l.notFound(err)
 }
 
 // Resume undoes Pause and re-initialises the agent.
 func (l *Local) Resume(ctx context.Context, id string, req CreateRequest) error {
+	defer l.begin(id, true)()
 	if err := l.cfg.Runtime.Resume(ctx, id); err != nil {
 		return l.notFound(err)
 	}
@@ -348,7 +383,11 @@ func (l *Local) Resume(ctx context.Context, id string, req CreateRequest) error 
 	if err != nil {
 		return l.notFound(err)
 	}
-	return l.initAgent(ctx, ep.Addr, req, req.EnvdToken)
+	if err := l.initAgent(ctx, id, ep.Addr, req, req.EnvdToken); err != nil {
+		return err
+	}
+	l.watchAfter(ctx, id)
+	return nil
 }
 
 // Reinit implements Node: the agent is already up, so this is one /init.
@@ -357,7 +396,7 @@ func (l *Local) Reinit(ctx context.Context, id string, req CreateRequest, curren
 	if err != nil {
 		return l.notFound(err)
 	}
-	return l.initAgent(ctx, ep.Addr, req, currentToken)
+	return l.initAgent(ctx, id, ep.Addr, req, currentToken)
 }
 
 // Get reports runtime state and address.
@@ -376,10 +415,13 @@ func (l *Local) Get(ctx context.Context, id string) (Sandbox, error) {
 // List joins runtime and network views; a sandbox missing either half is
 // still listed (with what is known) so recovery can clean it up.
 func (l *Local) List(ctx context.Context) ([]Sandbox, error) {
+	gens := l.snapshotGens()
 	infos, err := l.cfg.Runtime.List(ctx)
 	if err != nil {
 		return nil, err
 	}
+	// Re-adopts running sandboxes after a restart (and any whose watch was lost).
+	l.adopt(infos, gens)
 	eps, err := l.cfg.Network.List(ctx)
 	if err != nil {
 		return nil, err
@@ -444,7 +486,7 @@ func (l *Local) AgentMetrics(ctx context.Context, id, token string) (map[string]
 	if err != nil {
 		return nil, l.notFound(err)
 	}
-	r, _ := http.NewRequestWithContext(ctx, http.MethodGet, agentURL(ep.Addr, "/metrics"), nil)
+	r, _ := http.NewRequestWithContext(ctx, http.MethodGet, agentURL(id, ep.Addr, "/metrics"), nil)
 	r.Header.Set("X-Access-Token", token)
 	resp, err := l.client.Do(r)
 	if err != nil {

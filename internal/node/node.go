@@ -31,8 +31,10 @@ type CreateRequest struct {
 	DefaultUser string
 	CPUCount    int
 	MemoryMB    int
-	Policy      network.Policy
-	Mounts      []runtime.Mount
+	// DiskSizeMB limits the sandbox's writable layer (ENOSPC past it).
+	DiskSizeMB int
+	Policy     network.Policy
+	Mounts     []runtime.Mount
 	// Volumes are attached through their plugins before the runtime starts
 	// and bind-mounted at their Path; Delete detaches them.
 	Volumes []VolumeAttachment

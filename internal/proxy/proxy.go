@@ -51,6 +51,10 @@ type targetKey struct{}
 
 type target struct {
 	addr netip.AddrPort
+	// pool is the URL host: node.SandboxHost, so that every sandbox has its
+	// own keep-alive pool rather than inheriting the connections to a dead
+	// sandbox that had the same address.
+	pool string
 }
 
 // New wraps api: requests that name a sandbox are proxied, the rest served by api.
@@ -60,7 +64,7 @@ func New(cfg Config, mgr *control.Manager, st store.Store, api http.Handler) *Pr
 	}
 	p := &Proxy{cfg: cfg, mgr: mgr, st: st, api: api, log: cfg.Logger}
 	tr := &http.Transport{
-		DialContext:           (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:           node.DialSandbox(&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}),
 		MaxIdleConns:          1024,
 		MaxIdleConnsPerHost:   64,
 		IdleConnTimeout:       60 * time.Second,
@@ -71,7 +75,7 @@ func New(cfg Config, mgr *control.Manager, st store.Store, api http.Handler) *Pr
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			t := pr.In.Context().Value(targetKey{}).(target)
 			pr.Out.URL.Scheme = "http"
-			pr.Out.URL.Host = t.addr.String()
+			pr.Out.URL.Host = t.pool // the Host header stays the inbound one
 			pr.Out.Header.Del(headerTrafficToken)
 			pr.SetXForwarded()
 		},
@@ -90,9 +94,12 @@ func New(cfg Config, mgr *control.Manager, st store.Store, api http.Handler) *Pr
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
 	b, _ := json.Marshal(map[string]any{"code": status, "message": msg})
+	w.Header().Set("Content-Type", "application/json")
+	// A sized body is complete once flushed, so a client still sending its
+	// request body can read the error while forward drains that body.
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
 	w.Write(b)
 }
 
@@ -172,7 +179,15 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	sb, err := p.st.GetSandbox(r.Context(), id)
 	if err != nil || !sb.State.Live() {
-		writeError(w, http.StatusBadGateway, "The sandbox "+id+" was not found")
+		// 502 is what the SDKs read as "sandbox not running". A caller that
+		// holds the sandbox's token learns how and when it ended.
+		msg := "The sandbox " + id + " was not found"
+		if err == nil && holdsToken(r, sb) {
+			if how := control.EndedReason(sb); how != "" {
+				msg += ": " + how
+			}
+		}
+		writeError(w, http.StatusBadGateway, msg)
 		return
 	}
 	if port == node.AgentPort && r.URL.Path == "/init" {
@@ -212,10 +227,38 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, sb *store.Sandbo
 	// closes the body under the transport, which kills the upstream
 	// connection mid-stream. HTTP/2 is always full duplex.
 	if r.ProtoMajor == 1 {
-		_ = http.NewResponseController(w).EnableFullDuplex()
+		if http.NewResponseController(w).EnableFullDuplex() == nil {
+			// With full duplex, an unread body (the dial failed, or the
+			// upstream answered without reading it) is drained by the server
+			// after the handler returns, after it has stopped its background
+			// read; reaching EOF there starts a new background read that races
+			// the next request's read and panics with "invalid concurrent
+			// Body.Read call" (golang/go#68560). Draining here, before
+			// returning, lets the server stop that read. Close waits for a
+			// transport read still in flight and bounds what it reads itself
+			// (256 KiB, then the connection is not reused); the flush first
+			// sends the response, a 502 say, that the client may read before
+			// it sends the rest of its body.
+			defer func() {
+				if r.Context().Err() == nil {
+					_ = http.NewResponseController(w).Flush()
+				}
+				r.Body.Close()
+			}()
+		}
 	}
-	ctx := context.WithValue(r.Context(), targetKey{}, target{addr: netip.AddrPortFrom(addr, uint16(port))})
+	ap := netip.AddrPortFrom(addr, uint16(port))
+	ctx := context.WithValue(r.Context(), targetKey{}, target{addr: ap, pool: node.SandboxHost(sb.ID, ap)})
 	p.rp.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// holdsToken reports whether r carries sb's envd access token or its
+// traffic token.
+func holdsToken(r *http.Request, sb *store.Sandbox) bool {
+	match := func(got, want string) bool {
+		return got != "" && want != "" && subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
+	}
+	return match(r.Header.Get("X-Access-Token"), sb.EnvdToken) || match(r.Header.Get(headerTrafficToken), sb.TrafficToken)
 }
 
 func (p *Proxy) bySignature(r *http.Request) *store.Sandbox {

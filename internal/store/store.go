@@ -5,13 +5,57 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
 var (
 	ErrNotFound = errors.New("store: not found")
 	ErrConflict = errors.New("store: conflict")
+	// ErrQuota is what a QuotaError matches with errors.Is.
+	ErrQuota = errors.New("store: team quota exceeded")
 )
+
+// DefaultTeamID is the team every object of a pre-tenancy install was
+// migrated into, and the team `cubicle apikey create` puts keys in.
+const DefaultTeamID = "default"
+
+// SystemTeamID owns rows no API key may reach (a template build's
+// throwaway ready-probe sandbox). No team row has this ID and no quota
+// applies to it.
+const SystemTeamID = ""
+
+// Team is a tenant: every API key belongs to one, and every sandbox,
+// volume and template is owned by one. Another team's objects are
+// invisible (the API answers 404 as if they did not exist).
+type Team struct {
+	ID        string
+	Name      string
+	Quota     Quota
+	CreatedAt time.Time
+}
+
+// Quota bounds what a team may hold at once; 0 means unlimited. Sandbox
+// limits count every live sandbox row of the team (warm-pool standbys of
+// its templates included); the check and the insert are one transaction.
+type Quota struct {
+	MaxSandboxes int // concurrent live sandboxes
+	MaxVCPUs     int // sum of cpuCount over live sandboxes
+	MaxMemoryMB  int // sum of memoryMB over live sandboxes
+	MaxDiskMB    int // sum of diskSizeMB over live sandboxes
+	MaxVolumes   int // volumes
+}
+
+// QuotaError names the quota a create would exceed.
+type QuotaError struct {
+	Quota string // e.g. "concurrent sandboxes"
+	Limit int
+}
+
+func (e *QuotaError) Error() string {
+	return fmt.Sprintf("team quota exceeded: %s (%d)", e.Quota, e.Limit)
+}
+func (e *QuotaError) Unwrap() error { return ErrQuota }
 
 // SandboxState is the control-plane state of a sandbox.
 type SandboxState string
@@ -39,7 +83,9 @@ type Network struct {
 
 // Sandbox is one sandbox row.
 type Sandbox struct {
-	ID           string
+	ID string
+	// TeamID owns the sandbox (SystemTeamID for internal ones).
+	TeamID       string
 	TemplateID   string
 	Alias        string
 	State        SandboxState
@@ -91,7 +137,9 @@ const (
 // Volume is one volume row. PrivateData is the plugin's opaque blob; it is
 // never returned to API clients.
 type Volume struct {
-	ID          string
+	ID string
+	// TeamID owns the volume; Name is unique within the team.
+	TeamID      string
 	Name        string
 	Driver      string
 	State       VolumeState
@@ -113,6 +161,9 @@ type VolumeAttachment struct {
 
 // SandboxFilter selects sandboxes in List. Zero values match everything.
 type SandboxFilter struct {
+	// TeamID restricts the list to one team's rows ("" = every team: the
+	// control plane's own scans). The API always sets it.
+	TeamID   string
 	States   []SandboxState
 	Metadata map[string]string
 	Template string
@@ -137,7 +188,11 @@ const (
 
 // APIKey is a stored key; only the hash of the secret is kept.
 type APIKey struct {
-	ID        string
+	ID     string
+	TeamID string
+	// Admin keys may also manage what all teams share: nodes and
+	// accelerators, the image store, public and built-in templates.
+	Admin     bool
 	Name      string
 	Hash      string // hex sha256 of the key
 	Prefix    string // first chars, for display
@@ -158,6 +213,9 @@ type Event struct {
 
 // Store is the persistence boundary. Implementations must be safe for concurrent use.
 type Store interface {
+	// CreateSandbox inserts the row (and its volume attachment rows). The
+	// team's quota is checked in the same transaction, counting its live
+	// rows: a *QuotaError (ErrQuota) when the new row would exceed it.
 	CreateSandbox(ctx context.Context, s *Sandbox) error
 	GetSandbox(ctx context.Context, id string) (*Sandbox, error)
 	// UpdateSandbox writes every field of s. ErrNotFound if missing.
@@ -168,21 +226,45 @@ type Store interface {
 	ListSandboxes(ctx context.Context, f SandboxFilter) ([]*Sandbox, error)
 	CountSandboxes(ctx context.Context, states []SandboxState) (int, error)
 	// ClaimPoolSandbox atomically picks the oldest running standby of
-	// templateID on buildID, removes its pool metadata keys and returns it,
-	// so two concurrent claims never get the same row. ErrNotFound when
-	// there is none.
-	ClaimPoolSandbox(ctx context.Context, templateID, buildID string) (*Sandbox, error)
+	// templateID on buildID, removes its pool metadata keys, hands it to
+	// teamID and returns it, so two concurrent claims never get the same
+	// row. ErrNotFound when there is none; a *QuotaError when moving it to
+	// teamID would exceed that team's quota (checked in the same
+	// transaction).
+	ClaimPoolSandbox(ctx context.Context, templateID, buildID, teamID string) (*Sandbox, error)
 
+	// CreateAPIKey stores a key of an existing team (ErrNotFound when the
+	// team is missing); ErrConflict when the ID or hash exists.
 	CreateAPIKey(ctx context.Context, k *APIKey) error
+	// APIKeyByHash reads the key row on every call: nothing may cache it,
+	// so a deleted key stops working with the next request.
 	APIKeyByHash(ctx context.Context, hash string) (*APIKey, error)
 	ListAPIKeys(ctx context.Context) ([]*APIKey, error)
 	DeleteAPIKey(ctx context.Context, id string) error
 	TouchAPIKey(ctx context.Context, id string, t time.Time) error
 
-	// CreateVolume inserts a row; ErrConflict if the ID or name exists.
+	// CreateTeam inserts a team; ErrConflict if the ID or name exists.
+	CreateTeam(ctx context.Context, t *Team) error
+	GetTeam(ctx context.Context, id string) (*Team, error)
+	TeamByName(ctx context.Context, name string) (*Team, error)
+	ListTeams(ctx context.Context) ([]*Team, error)
+	// UpdateTeam writes the name and quota. ErrNotFound if missing.
+	UpdateTeam(ctx context.Context, t *Team) error
+	// DeleteTeam removes a team that owns nothing: ErrConflict while any
+	// API key, live sandbox, volume or template belongs to it.
+	DeleteTeam(ctx context.Context, id string) error
+
+	// CreateVolume inserts a row; ErrConflict if the ID, or the name within
+	// the team, exists; a *QuotaError when the team is at its volume quota
+	// (checked in the same transaction).
 	CreateVolume(ctx context.Context, v *Volume) error
 	GetVolume(ctx context.Context, id string) (*Volume, error)
+	// VolumeByName finds a team's volume by name.
+	VolumeByName(ctx context.Context, teamID, name string) (*Volume, error)
+	// ListVolumes returns every team's volumes (the reconciler's scan).
 	ListVolumes(ctx context.Context) ([]*Volume, error)
+	// ListTeamVolumes returns one team's volumes, oldest first.
+	ListTeamVolumes(ctx context.Context, teamID string) ([]*Volume, error)
 	// UpdateVolume writes every field of v. ErrNotFound if missing.
 	UpdateVolume(ctx context.Context, v *Volume) error
 	// MarkVolumeDeleting moves a ready volume with no attachment rows to
@@ -219,7 +301,11 @@ const (
 // Template is one catalog row. ReadyImage is what sandboxes boot; it only
 // changes when a later build reaches ready.
 type Template struct {
-	ID            string
+	ID string
+	// TeamID owns the template; its names are unique within the team.
+	// Public templates are visible to (and resolvable by name from) every
+	// team, but only admin keys change them.
+	TeamID        string
 	PrimaryName   string
 	Names         []string // primary name and name:tag entries (loaded by Get/List)
 	Public        bool
@@ -287,17 +373,25 @@ type Idempotency struct {
 // TemplateStore is the template catalog's persistence.
 type TemplateStore interface {
 	// CreateTemplate inserts the template, its names and its first build in
-	// one transaction; ErrConflict when the ID or any name is taken.
+	// one transaction; ErrConflict when the ID or any name is taken in the
+	// template's team.
 	CreateTemplate(ctx context.Context, t *Template, b *TemplateBuild) error
 	GetTemplate(ctx context.Context, id string) (*Template, error)
-	// TemplateByName looks a template up by any of its names.
-	TemplateByName(ctx context.Context, name string) (*Template, error)
-	// ListTemplates pages in creation order after afterID (exclusive).
+	// TemplateByName looks a name up as teamID sees it: the team's own
+	// templates first, then public ones (the oldest, when several share it).
+	TemplateByName(ctx context.Context, teamID, name string) (*Template, error)
+	// ListTemplates pages every team's templates in creation order after
+	// afterID (exclusive).
 	ListTemplates(ctx context.Context, afterID string, limit int) ([]*Template, error)
+	// ListTeamTemplates pages like ListTemplates over what teamID sees: its
+	// own templates and public ones.
+	ListTeamTemplates(ctx context.Context, teamID, afterID string, limit int) ([]*Template, error)
 	UpdateTemplate(ctx context.Context, t *Template) error
 	// AddTemplateBuild records a new build and makes it the latest one.
 	AddTemplateBuild(ctx context.Context, t *Template, b *TemplateBuild) error
 	DeleteTemplate(ctx context.Context, id string) error
+	// SetTemplateNames replaces the names (unique within the template's
+	// team; ErrConflict when one is taken).
 	SetTemplateNames(ctx context.Context, id string, names []string) error
 	GetTemplateBuild(ctx context.Context, id string) (*TemplateBuild, error)
 	ListTemplateBuilds(ctx context.Context, templateID string) ([]*TemplateBuild, error)

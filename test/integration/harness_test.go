@@ -94,6 +94,9 @@ type server struct {
 	listenOn string
 	// lastHeader is the header of the latest response from do.
 	lastHeader http.Header
+	// seen holds every sandbox ID the harness created or listed, for the
+	// leak check (their host veths must be gone).
+	seen map[string]bool
 }
 
 var poolCounter = 0
@@ -127,7 +130,7 @@ func startServerEnv(t *testing.T, env []string, extra ...string) *server {
 	rand.Read(b)
 	suffix := hex.EncodeToString(b)
 	poolCounter++
-	s := &server{t: t, DataDir: data, Bridge: "cbi" + suffix, Cgroup: "cubicle-it-" + suffix, client: &http.Client{Timeout: 2 * time.Minute}, env: env}
+	s := &server{t: t, DataDir: data, Bridge: "cbi" + suffix, Cgroup: "cubicle-it-" + suffix, client: &http.Client{Timeout: 2 * time.Minute}, env: env, seen: map[string]bool{}}
 	out, err := exec.Command(filepath.Join(binDir, "cubicle"), "apikey", "create", "--data-dir", data).Output()
 	if err != nil {
 		t.Fatalf("apikey create: %v", err)
@@ -194,17 +197,25 @@ func (s *server) stop(sig syscall.Signal) {
 }
 
 // destroy kills every sandbox through the API, stops the server and
-// removes the bridge, nft table and data dir it created.
+// removes the bridge, nft table and data dir it created. It fails the test
+// if the killed sandboxes left anything on the host (containers, netns,
+// veths, cgroups, mounts) or if anything of the server's survives the clean-up.
 func (s *server) destroy() {
+	var leaks []string
 	if s.cmd != nil {
 		var list []map[string]any
 		if s.do("GET", "/v2/sandboxes", nil, &list) == 200 {
 			for _, sb := range list {
-				s.do("DELETE", "/sandboxes/"+sb["sandboxID"].(string), nil, nil)
+				id := sb["sandboxID"].(string)
+				s.seen[id] = true
+				s.do("DELETE", "/sandboxes/"+id, nil, nil)
 			}
 		}
+		s.waitNoContainers(15 * time.Second)
 		s.stop(syscall.SIGTERM)
+		leaks = s.sandboxLeftovers()
 	}
+	s.forceClean()
 	exec.Command("ip", "link", "del", s.Bridge).Run()
 	exec.Command("nft", "delete", "table", "inet", "cubicle_"+s.Bridge).Run()
 	exec.Command("nft", "delete", "table", "bridge", "cubicle_"+s.Bridge).Run()
@@ -212,11 +223,16 @@ func (s *server) destroy() {
 		os.Remove(filepath.Join("/sys/fs/cgroup", ctrl, s.Cgroup))
 	}
 	unmountUnder(s.DataDir)
+	unmountUnder(filepath.Join("/run/cubicle", s.Bridge))
 	os.RemoveAll(filepath.Join("/run/cubicle", s.Bridge))
+	os.RemoveAll(s.DataDir)
+	leaks = append(leaks, s.infraLeftovers()...)
+	if len(leaks) > 0 {
+		s.t.Errorf("server %s left host state behind:\n  %s", s.Bridge, strings.Join(leaks, "\n  "))
+	}
 	if s.t.Failed() {
 		s.t.Logf("server logs:\n%s", s.logs)
 	}
-	os.RemoveAll(s.DataDir)
 }
 
 // do sends a JSON API request and decodes the response into out.
@@ -263,6 +279,7 @@ func (s *server) create(body map[string]any) created {
 	if st := s.do("POST", "/v2/sandboxes", body, &c); st != http.StatusCreated {
 		s.t.Fatalf("create: status %d; logs:\n%s", st, s.logs)
 	}
+	s.seen[c.SandboxID] = true
 	return c
 }
 

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -244,5 +245,37 @@ func TestSetuidInVolumeDoesNotElevate(t *testing.T) {
 	}
 	if !errors.Is(err, fs.ErrPermission) {
 		t.Errorf("host user's exec: %v, want permission denied", err)
+	}
+}
+
+// diskSizeMB is the size of the sandbox's writable layer: df inside shows
+// it, a write past it fails with ENOSPC, and the host's disk loses no more
+// than that.
+func TestDiskSizeEnforced(t *testing.T) {
+	for _, rt := range []string{"runc", "runsc"} {
+		t.Run(rt, func(t *testing.T) {
+			s := startServer(t, "--runtime", rt, "--disk-size-mb", "64")
+			c := s.create(map[string]any{"templateID": "base", "timeout": 120})
+			out, code := s.runAs(t, c, "user", "df -k / | tail -1 | awk '{print $2}'")
+			if kb, err := strconv.Atoi(out); code != 0 || err != nil || kb < 50<<10 || kb > 64<<10 {
+				t.Fatalf("df / inside: %q (exit %d), want about 64 MiB", out, code)
+			}
+			var before, after syscall.Statfs_t
+			if err := syscall.Statfs(s.DataDir, &before); err != nil {
+				t.Fatal(err)
+			}
+			out, _ = s.runAs(t, c, "user", "dd if=/dev/zero of=/home/user/fill bs=1M count=256 2>&1; echo rc=$?")
+			if !strings.Contains(out, "No space left on device") || strings.HasSuffix(out, "rc=0") {
+				t.Fatalf("filling the disk: %q, want ENOSPC", out)
+			}
+			if err := syscall.Statfs(s.DataDir, &after); err != nil {
+				t.Fatal(err)
+			}
+			if used := (int64(before.Bavail) - int64(after.Bavail)) * before.Bsize; used > 80<<20 {
+				t.Errorf("the host's disk lost %d MiB to a 64 MiB sandbox", used>>20)
+			}
+			// Freeing space inside works again, and the sandbox is fine.
+			s.mustRun(c, "rm /home/user/fill && echo ok > /home/user/after")
+		})
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // The same lifecycle under gVisor: pause is a checkpoint to disk and resume a
@@ -64,4 +65,64 @@ func TestRunscSandbox(t *testing.T) {
 func atoi(s string) int {
 	n, _ := strconv.Atoi(strings.TrimSpace(s))
 	return n
+}
+
+func requireRunsc(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("runsc"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("runsc missing in CI: scripts/install must install it")
+		}
+		t.Skip("runsc not installed")
+	}
+}
+
+// The first command in a fresh sandbox must work, on every sandbox, on both
+// runtimes. Sandboxes reuse the lowest free address (and its derived MAC),
+// so a keep-alive connection the proxy (or node) still holds to a killed
+// sandbox at the same address must never carry the next sandbox's first
+// request: gVisor dies without sending FIN, so on runsc that connection
+// stays ESTABLISHED on the host and the new netstack answers it with RST.
+func TestFirstCommandEverySandbox(t *testing.T) {
+	for _, rt := range []string{"runc", "runsc"} {
+		t.Run(rt, func(t *testing.T) {
+			if rt == "runsc" {
+				requireRunsc(t)
+			}
+			s := startServer(t, "--runtime", rt)
+			const rounds = 6
+			var failed []string
+			start := time.Now()
+			for i := 0; i < rounds; i++ {
+				c := s.create(map[string]any{"templateID": "base"})
+				if _, errOut, code, err := s.run(c, "true"); err != nil || code != 0 {
+					failed = append(failed, fmt.Sprintf("round %d: code %d err %v stderr %q", i, code, err, errOut))
+				}
+				if st := s.do("DELETE", "/sandboxes/"+c.SandboxID, nil, nil); st != http.StatusNoContent {
+					t.Fatalf("kill: %d", st)
+				}
+			}
+			t.Logf("%s: %d create/run/kill rounds in %s", rt, rounds, time.Since(start).Round(time.Millisecond))
+			// A runsc pause is a checkpoint: the restored netstack does not
+			// know the host's connections from before either.
+			c := s.create(map[string]any{"templateID": "base"})
+			s.mustRun(c, "true")
+			start = time.Now()
+			for i := 0; i < 3; i++ {
+				if st := s.do("POST", "/sandboxes/"+c.SandboxID+"/pause", map[string]any{}, nil); st != http.StatusNoContent {
+					t.Fatalf("pause: %d", st)
+				}
+				if st := s.do("POST", "/v2/sandboxes/"+c.SandboxID+"/connect", map[string]any{}, nil); st != http.StatusCreated {
+					t.Fatalf("resume: %d", st)
+				}
+				if _, errOut, code, err := s.run(c, "true"); err != nil || code != 0 {
+					failed = append(failed, fmt.Sprintf("after resume %d: code %d err %v stderr %q", i, code, err, errOut))
+				}
+			}
+			t.Logf("%s: 3 pause/resume/run rounds in %s", rt, time.Since(start).Round(time.Millisecond))
+			if len(failed) > 0 {
+				t.Fatalf("%d first commands failed:\n%s\nserver logs:\n%s", len(failed), strings.Join(failed, "\n"), s.logs)
+			}
+		})
+	}
 }

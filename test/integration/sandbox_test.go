@@ -116,6 +116,10 @@ func TestBadInput(t *testing.T) {
 	errShape(t, s, "POST", "/v2/sandboxes", map[string]any{"templateID": "../../etc"}, http.StatusNotFound)
 	errShape(t, s, "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "timeout": -5}, http.StatusBadRequest)
 	errShape(t, s, "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "timeout": 10 * 24 * 3600}, http.StatusBadRequest)
+	// 18446744074 s overflows a time.Duration; it used to wrap to 0.29 s.
+	errShape(t, s, "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "timeout": int64(18446744074)}, http.StatusBadRequest)
+	errShape(t, s, "POST", "/sandboxes/aaaaaaaaaaaaaaaaaaaa/timeout", map[string]any{"timeout": int64(18446744074)}, http.StatusBadRequest)
+	errShape(t, s, "POST", "/sandboxes/aaaaaaaaaaaaaaaaaaaa/connect", map[string]any{"timeout": int64(18446744074)}, http.StatusBadRequest)
 	errShape(t, s, "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "metadata": map[string]string{"k": strings.Repeat("v", 5000)}}, http.StatusBadRequest)
 	big := map[string]string{}
 	for i := 0; i < 100; i++ {

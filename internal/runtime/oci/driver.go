@@ -8,10 +8,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -115,7 +117,13 @@ func New(cfg Config) (*Driver, error) {
 		if !filepath.IsAbs(d) {
 			return nil, fmt.Errorf("%w: %q is not absolute", ErrConfig, d)
 		}
-		if err := os.MkdirAll(d, 0o711); err != nil {
+		// Root only: sandbox root filesystems' upper dirs live here, and
+		// their files (set-ID binaries included) must not be reachable by
+		// the host's other users.
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, err
+		}
+		if err := os.Chmod(d, 0o700); err != nil {
 			return nil, err
 		}
 	}
@@ -246,6 +254,7 @@ func (d *Driver) state(ctx context.Context, id string) (ociState, bool, error) {
 		if jerr := json.Unmarshal(out, &s); jerr != nil {
 			return s, false, fmt.Errorf("%w: state %s: %v", ErrCommand, id, jerr)
 		}
+		d.settle(&s)
 		return s, true, nil
 	}
 	// `state` fails both for unknown ids and for real errors; decide which
@@ -296,7 +305,33 @@ func (d *Driver) list(ctx context.Context) ([]ociState, error) {
 	if err := json.Unmarshal(out, &l); err != nil {
 		return nil, fmt.Errorf("%w: list: %v", ErrCommand, err)
 	}
+	for i := range l {
+		d.settle(&l[i])
+	}
 	return l, nil
+}
+
+// settle corrects runsc's view of a sandbox whose process is gone: runsc
+// keeps reporting "running" for a second or two after the sandbox process
+// exited (its init was killed, or the OOM killer took the sandbox), while
+// runc reports "stopped" at once.
+func (d *Driver) settle(s *ociState) {
+	if d.cfg.Runtime == "runsc" && s.Status == "running" && s.Pid > 0 && !pidAlive(s.Pid) {
+		s.Status = "stopped"
+	}
+}
+
+// pidAlive reports whether pid exists and is not a zombie.
+func pidAlive(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(b, ')') // "pid (comm) S ...", comm may hold ')'
+	if i < 0 || i+2 >= len(b) {
+		return false
+	}
+	return b[i+2] != 'Z' && b[i+2] != 'X'
 }
 
 func mapState(status string) runtime.State {
@@ -360,12 +395,21 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Info,
 
 	rootfs := filepath.Join(dir, "rootfs")
 	bundle := filepath.Join(dir, "bundle")
-	for _, sub := range []string{"upper", "work", "rootfs", "bundle"} {
+	for _, sub := range []string{"rootfs", "bundle"} {
 		if err := os.Mkdir(filepath.Join(dir, sub), 0o755); err != nil {
 			return runtime.Info{}, err
 		}
 	}
-	if err := mountOverlay(spec.Layers, filepath.Join(dir, "upper"), filepath.Join(dir, "work"), rootfs); err != nil {
+	if err := d.setupDisk(ctx, spec.ID, spec.Resources.DiskMB); err != nil {
+		return runtime.Info{}, err
+	}
+	upper, work := d.UpperDir(spec.ID), filepath.Join(d.diskDir(spec.ID), "work")
+	for _, p := range []string{upper, work} {
+		if err := os.Mkdir(p, 0o755); err != nil {
+			return runtime.Info{}, err
+		}
+	}
+	if err := mountOverlay(spec.Layers, upper, work, rootfs); err != nil {
 		return runtime.Info{}, err
 	}
 	if err := prepareRootfs(rootfs, spec.Mounts); err != nil {
@@ -433,6 +477,7 @@ func (d *Driver) destroy(ctx context.Context, id string) error {
 			}
 		}
 	}
+	d.abortHostConns(id)
 	dir := d.dir(id)
 	if err := unmountUnder(dir); err != nil {
 		errs = append(errs, err)
@@ -505,6 +550,7 @@ func (d *Driver) checkpoint(ctx context.Context, id string) error {
 	if _, err := d.run(ctx, "delete", "--force", id); err != nil {
 		return err
 	}
+	d.abortHostConns(id)
 	return os.WriteFile(d.pausedMarker(id), nil, 0o600)
 }
 
@@ -632,7 +678,7 @@ func (d *Driver) CgroupFile(id, controller, file string) ([]byte, error) {
 func (d *Driver) ConsoleLog(id string) string { return filepath.Join(d.dir(id), "console.log") }
 
 // UpperDir is the sandbox's writable overlay layer (what a snapshot keeps).
-func (d *Driver) UpperDir(id string) string { return filepath.Join(d.dir(id), "upper") }
+func (d *Driver) UpperDir(id string) string { return filepath.Join(d.diskDir(id), "upper") }
 
 // CheckLeaks reports anything the driver may have left behind once every
 // sandbox is deleted: containers under --root, sandbox dirs, mounts under
@@ -654,6 +700,9 @@ func (d *Driver) CheckLeaks(ctx context.Context) error {
 	} else if len(mps) > 0 {
 		errs = append(errs, fmt.Errorf("oci: mounts left: %v", mps))
 	}
+	if loops := loopsUnder(d.cfg.SandboxDir); len(loops) > 0 {
+		errs = append(errs, fmt.Errorf("oci: loop devices left: %v", loops))
+	}
 	for _, h := range CgroupHierarchies() {
 		ents, err := os.ReadDir(filepath.Join(h, d.cfg.CgroupParent))
 		if err != nil {
@@ -667,6 +716,24 @@ func (d *Driver) CheckLeaks(ctx context.Context) error {
 	}
 	return errors.Join(errs...)
 }
+
+// abortHostConns ends the host's connections to a stopped gVisor sandbox
+// (see abortHostConns in netsave.go). A kernel without SOCK_DESTROY
+// (CONFIG_INET_DIAG_DESTROY) leaves them; the proxy and node still keep a
+// connection pool per sandbox, so only a restored sandbox's first request
+// can then meet one.
+func (d *Driver) abortHostConns(id string) {
+	if d.cfg.Runtime != "runsc" {
+		return // the kernel ends runc and crun containers' connections itself
+	}
+	if err := abortHostConns(filepath.Join(d.dir(id), "netns.json")); err != nil {
+		abortWarn.Do(func() {
+			slog.Warn("oci: could not abort host connections to a stopped gVisor sandbox", "sandbox", id, "err", err)
+		})
+	}
+}
+
+var abortWarn sync.Once
 
 // restoreNetnsFor re-applies the saved netns config (see netsave.go), using
 // the netns path recorded in the bundle.

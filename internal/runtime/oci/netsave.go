@@ -152,3 +152,59 @@ func restoreNetns(path, file string) error {
 	}
 	return nil
 }
+
+// abortHostConns aborts the host's TCP connections to the sandbox addresses
+// recorded in file, once its gVisor sandbox has stopped (deleted, or
+// checkpointed for a pause). When a runc container dies, the kernel closes
+// its sockets and the host's connections to it end with a FIN or RST, so
+// keep-alive pools drop them. gVisor's netstack lives in the sandbox process
+// and dies without a word: the host's side stays ESTABLISHED, and the next
+// netstack at that address (the same sandbox restored, or a new one given
+// the freed address) answers the next request on it with a reset. Aborting
+// them (SOCK_DESTROY, as `ss -K` does) makes a runsc stop look like a runc
+// one to every host client: the proxy, the node's agent client, anything else.
+func abortHostConns(file string) error {
+	b, err := os.ReadFile(file)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var s savedNet
+	if err := json.Unmarshal(b, &s); err != nil {
+		return err
+	}
+	ips := map[[4]byte]bool{}
+	for _, a := range s.Addrs {
+		if p, err := netlink.ParseAddr(a.CIDR); err == nil {
+			if v4 := p.IP.To4(); v4 != nil {
+				ips[[4]byte(v4)] = true
+			}
+		}
+	}
+	if len(ips) == 0 {
+		return nil
+	}
+	socks, err := netlink.SocketDiagTCP(unix.AF_INET)
+	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
+		return fmt.Errorf("oci: list host TCP sockets: %w", err)
+	}
+	var errs []error
+	for _, sk := range socks {
+		dst := sk.ID.Destination.To4()
+		if dst == nil || !ips[[4]byte(dst)] {
+			continue
+		}
+		switch sk.State {
+		case unix.BPF_TCP_LISTEN, unix.BPF_TCP_TIME_WAIT, unix.BPF_TCP_CLOSE:
+			continue
+		}
+		local := &net.TCPAddr{IP: sk.ID.Source, Port: int(sk.ID.SourcePort)}
+		remote := &net.TCPAddr{IP: dst, Port: int(sk.ID.DestinationPort)}
+		if err := netlink.SocketDestroy(local, remote); err != nil && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("oci: abort %s->%s: %w", local, remote, err))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -74,23 +74,48 @@ func (s *Store) migrate(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		tx, err := s.db.BeginTx(ctx, nil)
-		if err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, string(body)); err != nil {
-			tx.Rollback()
-			return fmt.Errorf("%s: %w", name, err)
-		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations(name, applied_at) VALUES(?,?)`, name, time.Now().Unix()); err != nil {
-			tx.Rollback()
-			return err
-		}
-		if err := tx.Commit(); err != nil {
+		if err := s.apply(ctx, name, string(body)); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// apply runs one migration in a transaction on a pinned connection with
+// foreign keys off, SQLite's procedure for rebuilding a table that others
+// reference (the pragma is a no-op inside a transaction). The references
+// are checked before the commit instead.
+func (s *Store) apply(ctx context.Context, name, body string) error {
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, `PRAGMA foreign_keys=OFF`); err != nil {
+		return err
+	}
+	defer conn.ExecContext(context.WithoutCancel(ctx), `PRAGMA foreign_keys=ON`)
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, body); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	rows, err := tx.QueryContext(ctx, `PRAGMA foreign_key_check`)
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	bad := rows.Next()
+	rows.Close()
+	if bad {
+		return fmt.Errorf("%s: leaves dangling foreign keys", name)
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations(name, applied_at) VALUES(?,?)`, name, time.Now().Unix()); err != nil {
+		return err
+	}
+	return tx.Commit()
 }
 
 // Close closes the database.
@@ -115,12 +140,12 @@ func js(v any) string {
 	return string(b)
 }
 
-const sandboxCols = `id, template_id, alias, state, node, metadata, env_vars, envd_token, traffic_token,
+const sandboxCols = `id, team_id, template_id, alias, state, node, metadata, env_vars, envd_token, traffic_token,
 cpu_count, memory_mb, disk_size_mb, network, auto_pause, auto_resume, addr, api_key_id,
 started_at, end_at, updated_at, killed_at, kill_reason, volumes, default_user, accelerators`
 
 func sandboxArgs(sb *store.Sandbox) []any {
-	return []any{sb.ID, sb.TemplateID, sb.Alias, string(sb.State), sb.Node, js(orEmpty(sb.Metadata)), js(orEmpty(sb.EnvVars)),
+	return []any{sb.ID, sb.TeamID, sb.TemplateID, sb.Alias, string(sb.State), sb.Node, js(orEmpty(sb.Metadata)), js(orEmpty(sb.EnvVars)),
 		sb.EnvdToken, sb.TrafficToken, sb.CPUCount, sb.MemoryMB, sb.DiskSizeMB, js(sb.Network),
 		sb.AutoPause, sb.AutoResume, sb.Addr, sb.APIKeyID, ts(sb.StartedAt), ts(sb.EndAt), ts(sb.UpdatedAt),
 		ts(sb.KilledAt), sb.KillReason, js(mountsOrEmpty(sb.Volumes)), sb.DefaultUser, sb.Accelerators}
@@ -146,7 +171,7 @@ func scanSandbox(r scanner) (*store.Sandbox, error) {
 	var sb store.Sandbox
 	var state, meta, envs, network, vols string
 	var started, end, updated, killed int64
-	if err := r.Scan(&sb.ID, &sb.TemplateID, &sb.Alias, &state, &sb.Node, &meta, &envs, &sb.EnvdToken, &sb.TrafficToken,
+	if err := r.Scan(&sb.ID, &sb.TeamID, &sb.TemplateID, &sb.Alias, &state, &sb.Node, &meta, &envs, &sb.EnvdToken, &sb.TrafficToken,
 		&sb.CPUCount, &sb.MemoryMB, &sb.DiskSizeMB, &network, &sb.AutoPause, &sb.AutoResume, &sb.Addr, &sb.APIKeyID,
 		&started, &end, &updated, &killed, &sb.KillReason, &vols, &sb.DefaultUser, &sb.Accelerators); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
@@ -185,7 +210,10 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 		return err
 	}
 	defer tx.Rollback()
-	_, err = tx.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, sandboxArgs(sb)...)
+	if err := checkSandboxQuota(ctx, tx, sb.TeamID, sb); err != nil {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, sandboxArgs(sb)...)
 	if isConstraint(err) {
 		return fmt.Errorf("%w: sandbox %s exists", store.ErrConflict, sb.ID)
 	}
@@ -220,7 +248,7 @@ func (s *Store) GetSandbox(ctx context.Context, id string) (*store.Sandbox, erro
 func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	sb.UpdatedAt = time.Now()
 	args := sandboxArgs(sb)
-	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET template_id=?, alias=?, state=?, node=?, metadata=?, env_vars=?, envd_token=?, traffic_token=?,
+	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET team_id=?, template_id=?, alias=?, state=?, node=?, metadata=?, env_vars=?, envd_token=?, traffic_token=?,
 cpu_count=?, memory_mb=?, disk_size_mb=?, network=?, auto_pause=?, auto_resume=?, addr=?, api_key_id=?,
 started_at=?, end_at=?, updated_at=?, killed_at=?, kill_reason=?, volumes=?, default_user=?, accelerators=? WHERE id=?`, append(args[1:], sb.ID)...)
 	if err != nil {
@@ -260,6 +288,10 @@ func (s *Store) CompareAndSetState(ctx context.Context, id string, from []store.
 func (s *Store) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]*store.Sandbox, error) {
 	var where []string
 	var args []any
+	if f.TeamID != "" {
+		where = append(where, `team_id = ?`)
+		args = append(args, f.TeamID)
+	}
 	if len(f.States) > 0 {
 		where = append(where, `state IN (`+strings.TrimSuffix(strings.Repeat("?,", len(f.States)), ",")+`)`)
 		for _, st := range f.States {
@@ -323,22 +355,79 @@ func (s *Store) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]*st
 // poolPath is the JSON path of a metadata key (quoted: the keys contain dots).
 func poolPath(key string) string { return `$."` + key + `"` }
 
-// ClaimPoolSandbox is one UPDATE, so the pick and the unmarking cannot
-// interleave with another claim.
-func (s *Store) ClaimPoolSandbox(ctx context.Context, templateID, buildID string) (*store.Sandbox, error) {
+// ClaimPoolSandbox picks, checks the claiming team's quota and unmarks in
+// one transaction, so the pick and the unmarking cannot interleave with
+// another claim or create.
+func (s *Store) ClaimPoolSandbox(ctx context.Context, templateID, buildID, teamID string) (*store.Sandbox, error) {
 	pk, bk := poolPath(store.PoolMetadataKey), poolPath(store.PoolBuildMetadataKey)
-	var id string
-	err := s.db.QueryRowContext(ctx, `UPDATE sandboxes SET metadata = json_remove(metadata, ?, ?), updated_at = ?
-WHERE id = (SELECT id FROM sandboxes WHERE state = ? AND json_extract(metadata, ?) = ? AND json_extract(metadata, ?) = ?
-ORDER BY started_at ASC, id ASC LIMIT 1) RETURNING id`,
-		pk, bk, time.Now().UnixNano(), string(store.StateRunning), pk, templateID, bk, buildID).Scan(&id)
-	if errors.Is(err, sql.ErrNoRows) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback()
+	sb, err := scanSandbox(tx.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE state = ? AND json_extract(metadata, ?) = ? AND json_extract(metadata, ?) = ?
+ORDER BY started_at ASC, id ASC LIMIT 1`, string(store.StateRunning), pk, templateID, bk, buildID))
+	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("%w: no standby of template %s on build %s", store.ErrNotFound, templateID, buildID)
 	}
 	if err != nil {
 		return nil, err
 	}
-	return s.GetSandbox(ctx, id)
+	if sb.TeamID != teamID {
+		// A standby of a public template changes hands: it now counts
+		// against the claiming team.
+		if err := checkSandboxQuota(ctx, tx, teamID, sb); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET metadata = json_remove(metadata, ?, ?), team_id = ?, updated_at = ? WHERE id = ?`,
+		pk, bk, teamID, time.Now().UnixNano(), sb.ID); err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, err
+	}
+	return s.GetSandbox(ctx, sb.ID)
+}
+
+// liveStates are the sandbox states that hold node resources.
+var liveStates = []any{string(store.StateCreating), string(store.StateRunning), string(store.StatePausing), string(store.StatePaused), string(store.StateResuming)}
+
+// checkSandboxQuota fails with a *store.QuotaError when one more sandbox
+// of sb's size would exceed teamID's quota. It reads inside tx, so with the
+// insert that follows it is one serialised step (the store has a single
+// connection; a server backend would lock the team row).
+func checkSandboxQuota(ctx context.Context, tx *sql.Tx, teamID string, sb *store.Sandbox) error {
+	if teamID == store.SystemTeamID {
+		return nil
+	}
+	t, err := scanTeam(tx.QueryRowContext(ctx, `SELECT `+teamCols+` FROM teams WHERE id=?`, teamID))
+	if errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("%w: team %s does not exist", store.ErrNotFound, teamID)
+	}
+	if err != nil {
+		return err
+	}
+	q := t.Quota
+	if q == (store.Quota{}) {
+		return nil
+	}
+	var n, cpu, mem, disk int
+	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*), COALESCE(SUM(cpu_count),0), COALESCE(SUM(memory_mb),0), COALESCE(SUM(disk_size_mb),0)
+FROM sandboxes WHERE team_id = ? AND id != ? AND state IN (?,?,?,?,?)`, append([]any{teamID, sb.ID}, liveStates...)...).Scan(&n, &cpu, &mem, &disk); err != nil {
+		return err
+	}
+	switch {
+	case q.MaxSandboxes > 0 && n+1 > q.MaxSandboxes:
+		return &store.QuotaError{Quota: "concurrent sandboxes", Limit: q.MaxSandboxes}
+	case q.MaxVCPUs > 0 && cpu+sb.CPUCount > q.MaxVCPUs:
+		return &store.QuotaError{Quota: "vCPUs", Limit: q.MaxVCPUs}
+	case q.MaxMemoryMB > 0 && mem+sb.MemoryMB > q.MaxMemoryMB:
+		return &store.QuotaError{Quota: "memory MiB", Limit: q.MaxMemoryMB}
+	case q.MaxDiskMB > 0 && disk+sb.DiskSizeMB > q.MaxDiskMB:
+		return &store.QuotaError{Quota: "disk MiB", Limit: q.MaxDiskMB}
+	}
+	return nil
 }
 
 // CountSandboxes counts rows in the given states (all when empty).
@@ -356,20 +445,31 @@ func (s *Store) CountSandboxes(ctx context.Context, states []store.SandboxState)
 	return n, err
 }
 
-// CreateAPIKey stores a key (hash only).
+const keyCols = `id, team_id, admin, name, hash, prefix, created_at, last_used`
+
+// CreateAPIKey stores a key (hash only) of an existing team.
 func (s *Store) CreateAPIKey(ctx context.Context, k *store.APIKey) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO api_keys(id, name, hash, prefix, created_at, last_used) VALUES(?,?,?,?,?,?)`,
-		k.ID, k.Name, k.Hash, k.Prefix, ts(k.CreatedAt), ts(k.LastUsed))
+	if k.TeamID == store.SystemTeamID {
+		return fmt.Errorf("%w: an API key needs a team", store.ErrNotFound)
+	}
+	res, err := s.db.ExecContext(ctx, `INSERT INTO api_keys(`+keyCols+`) SELECT ?,?,?,?,?,?,?,? WHERE EXISTS (SELECT 1 FROM teams WHERE id=?)`,
+		k.ID, k.TeamID, k.Admin, k.Name, k.Hash, k.Prefix, ts(k.CreatedAt), ts(k.LastUsed), k.TeamID)
 	if isConstraint(err) {
 		return fmt.Errorf("%w: api key exists", store.ErrConflict)
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("%w: team %s does not exist", store.ErrNotFound, k.TeamID)
+	}
+	return nil
 }
 
 func scanKey(r scanner) (*store.APIKey, error) {
 	var k store.APIKey
 	var created, used int64
-	if err := r.Scan(&k.ID, &k.Name, &k.Hash, &k.Prefix, &created, &used); err != nil {
+	if err := r.Scan(&k.ID, &k.TeamID, &k.Admin, &k.Name, &k.Hash, &k.Prefix, &created, &used); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil, store.ErrNotFound
 		}
@@ -379,14 +479,14 @@ func scanKey(r scanner) (*store.APIKey, error) {
 	return &k, nil
 }
 
-// APIKeyByHash looks a key up by the hash of its secret.
+// APIKeyByHash looks a key up by the hash of its secret (never cached).
 func (s *Store) APIKeyByHash(ctx context.Context, hash string) (*store.APIKey, error) {
-	return scanKey(s.db.QueryRowContext(ctx, `SELECT id, name, hash, prefix, created_at, last_used FROM api_keys WHERE hash=?`, hash))
+	return scanKey(s.db.QueryRowContext(ctx, `SELECT `+keyCols+` FROM api_keys WHERE hash=?`, hash))
 }
 
 // ListAPIKeys returns all keys, oldest first.
 func (s *Store) ListAPIKeys(ctx context.Context) ([]*store.APIKey, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id, name, hash, prefix, created_at, last_used FROM api_keys ORDER BY created_at`)
+	rows, err := s.db.QueryContext(ctx, `SELECT `+keyCols+` FROM api_keys ORDER BY created_at, id`)
 	if err != nil {
 		return nil, err
 	}

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/store"
@@ -12,13 +13,13 @@ import (
 
 var _ store.TemplateStore = (*Store)(nil)
 
-const templateCols = `id, primary_name, public, cpu_count, memory_mb, disk_size_mb, start_cmd, ready_cmd, run_as, workdir,
+const templateCols = `id, team_id, primary_name, public, cpu_count, memory_mb, disk_size_mb, start_cmd, ready_cmd, run_as, workdir,
 ready_build_id, ready_image, latest_build_id, build_status, build_count, spawn_count, last_spawned_at, pool_size, created_at, updated_at, accelerators`
 
 func scanTemplate(r scanner) (*store.Template, error) {
 	var t store.Template
 	var spawned, created, updated int64
-	if err := r.Scan(&t.ID, &t.PrimaryName, &t.Public, &t.CPUCount, &t.MemoryMB, &t.DiskSizeMB, &t.StartCmd, &t.ReadyCmd, &t.RunAs, &t.Workdir,
+	if err := r.Scan(&t.ID, &t.TeamID, &t.PrimaryName, &t.Public, &t.CPUCount, &t.MemoryMB, &t.DiskSizeMB, &t.StartCmd, &t.ReadyCmd, &t.RunAs, &t.Workdir,
 		&t.ReadyBuildID, &t.ReadyImage, &t.LatestBuildID, &t.BuildStatus, &t.BuildCount, &t.SpawnCount, &spawned, &t.PoolSize, &created, &updated, &t.Accelerators); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil, store.ErrNotFound
@@ -30,7 +31,7 @@ func scanTemplate(r scanner) (*store.Template, error) {
 }
 
 func templateArgs(t *store.Template) []any {
-	return []any{t.ID, t.PrimaryName, t.Public, t.CPUCount, t.MemoryMB, t.DiskSizeMB, t.StartCmd, t.ReadyCmd, t.RunAs, t.Workdir,
+	return []any{t.ID, t.TeamID, t.PrimaryName, t.Public, t.CPUCount, t.MemoryMB, t.DiskSizeMB, t.StartCmd, t.ReadyCmd, t.RunAs, t.Workdir,
 		t.ReadyBuildID, t.ReadyImage, t.LatestBuildID, t.BuildStatus, t.BuildCount, t.SpawnCount, ts(t.LastSpawnedAt), t.PoolSize, ts(t.CreatedAt), ts(t.UpdatedAt), t.Accelerators}
 }
 
@@ -53,9 +54,17 @@ func buildArgs(b *store.TemplateBuild) []any {
 	return []any{b.ID, b.TemplateID, b.Status, b.CPUCount, b.MemoryMB, b.DiskSizeMB, b.Image, b.Rootfs, b.Reason, b.Step, b.Spec, ts(b.CreatedAt), ts(b.UpdatedAt), ts(b.FinishedAt)}
 }
 
+// insertNames registers names in the template's team (looked up in tx).
 func insertNames(ctx context.Context, tx *sql.Tx, id string, names []string) error {
+	var team string
+	if err := tx.QueryRowContext(ctx, `SELECT team_id FROM templates WHERE id=?`, id).Scan(&team); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return store.ErrNotFound
+		}
+		return err
+	}
 	for _, n := range names {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO template_names(name, template_id) VALUES(?,?)`, n, id); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO template_names(team_id, name, template_id) VALUES(?,?,?)`, team, n, id); err != nil {
 			if isConstraint(err) {
 				return fmt.Errorf("%w: template name %q is taken", store.ErrConflict, n)
 			}
@@ -75,7 +84,7 @@ func (s *Store) CreateTemplate(ctx context.Context, t *store.Template, b *store.
 		return err
 	}
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, `INSERT INTO templates(`+templateCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, templateArgs(t)...); err != nil {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO templates(`+templateCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, templateArgs(t)...); err != nil {
 		if isConstraint(err) {
 			return fmt.Errorf("%w: template %s (%s) exists", store.ErrConflict, t.ID, t.PrimaryName)
 		}
@@ -118,10 +127,12 @@ func (s *Store) GetTemplate(ctx context.Context, id string) (*store.Template, er
 	return t, s.loadNames(ctx, t)
 }
 
-// TemplateByName resolves any registered name.
-func (s *Store) TemplateByName(ctx context.Context, name string) (*store.Template, error) {
+// TemplateByName resolves a name as teamID sees it: its own first, then
+// the oldest public template registering it.
+func (s *Store) TemplateByName(ctx context.Context, teamID, name string) (*store.Template, error) {
 	var id string
-	if err := s.db.QueryRowContext(ctx, `SELECT template_id FROM template_names WHERE name=?`, name).Scan(&id); err != nil {
+	if err := s.db.QueryRowContext(ctx, `SELECT n.template_id FROM template_names n JOIN templates t ON t.id = n.template_id
+WHERE n.name = ? AND (n.team_id = ? OR t.public = 1) ORDER BY (n.team_id = ?) DESC, t.created_at, t.id LIMIT 1`, name, teamID, teamID).Scan(&id); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil, store.ErrNotFound
 		}
@@ -132,11 +143,26 @@ func (s *Store) TemplateByName(ctx context.Context, name string) (*store.Templat
 
 // ListTemplates pages by (created_at, id).
 func (s *Store) ListTemplates(ctx context.Context, afterID string, limit int) ([]*store.Template, error) {
+	return s.listTemplates(ctx, "", nil, afterID, limit)
+}
+
+// ListTeamTemplates pages teamID's own and the public templates.
+func (s *Store) ListTeamTemplates(ctx context.Context, teamID, afterID string, limit int) ([]*store.Template, error) {
+	return s.listTemplates(ctx, `(team_id = ? OR public = 1)`, []any{teamID}, afterID, limit)
+}
+
+func (s *Store) listTemplates(ctx context.Context, cond string, args []any, afterID string, limit int) ([]*store.Template, error) {
 	q := `SELECT ` + templateCols + ` FROM templates`
-	var args []any
+	var where []string
+	if cond != "" {
+		where = append(where, cond)
+	}
 	if afterID != "" {
-		q += ` WHERE (created_at, id) > (SELECT created_at, id FROM templates WHERE id=?)`
+		where = append(where, `(created_at, id) > (SELECT created_at, id FROM templates WHERE id=?)`)
 		args = append(args, afterID)
+	}
+	if len(where) > 0 {
+		q += ` WHERE ` + strings.Join(where, " AND ")
 	}
 	q += ` ORDER BY created_at, id`
 	if limit > 0 {
@@ -173,7 +199,7 @@ func (s *Store) UpdateTemplate(ctx context.Context, t *store.Template) error {
 	a := templateArgs(t)
 	res, err := s.db.ExecContext(ctx, `UPDATE templates SET primary_name=?, public=?, cpu_count=?, memory_mb=?, disk_size_mb=?, start_cmd=?, ready_cmd=?, run_as=?, workdir=?,
 ready_build_id=?, ready_image=?, latest_build_id=?, build_status=?, build_count=?, spawn_count=?, last_spawned_at=?, pool_size=?, updated_at=?, accelerators=? WHERE id=?`,
-		append(append(a[1:18:18], a[19], a[20]), t.ID)...)
+		append(append(a[2:19:19], a[20], a[21]), t.ID)...)
 	if err != nil {
 		return err
 	}
@@ -199,7 +225,7 @@ func (s *Store) AddTemplateBuild(ctx context.Context, t *store.Template, b *stor
 	a := templateArgs(t)
 	if _, err := tx.ExecContext(ctx, `UPDATE templates SET primary_name=?, public=?, cpu_count=?, memory_mb=?, disk_size_mb=?, start_cmd=?, ready_cmd=?, run_as=?, workdir=?,
 ready_build_id=?, ready_image=?, latest_build_id=?, build_status=?, build_count=?, spawn_count=?, last_spawned_at=?, pool_size=?, updated_at=?, accelerators=? WHERE id=?`,
-		append(append(a[1:18:18], a[19], a[20]), t.ID)...); err != nil {
+		append(append(a[2:19:19], a[20], a[21]), t.ID)...); err != nil {
 		return err
 	}
 	return tx.Commit()

@@ -10,13 +10,13 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/store"
 )
 
-const volumeCols = `id, name, driver, state, token, private_data, created_at, updated_at`
+const volumeCols = `id, team_id, name, driver, state, token, private_data, created_at, updated_at`
 
 func scanVolume(r scanner) (*store.Volume, error) {
 	var v store.Volume
 	var state string
 	var created, updated int64
-	if err := r.Scan(&v.ID, &v.Name, &v.Driver, &state, &v.Token, &v.PrivateData, &created, &updated); err != nil {
+	if err := r.Scan(&v.ID, &v.TeamID, &v.Name, &v.Driver, &state, &v.Token, &v.PrivateData, &created, &updated); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil, store.ErrNotFound
 		}
@@ -27,19 +27,46 @@ func scanVolume(r scanner) (*store.Volume, error) {
 	return &v, nil
 }
 
-// CreateVolume inserts a volume row.
+// CreateVolume inserts a volume row, checking the team's volume quota in
+// the same transaction.
 func (s *Store) CreateVolume(ctx context.Context, v *store.Volume) error {
 	now := time.Now().UTC()
 	if v.CreatedAt.IsZero() {
 		v.CreatedAt = now
 	}
 	v.UpdatedAt = now
-	_, err := s.db.ExecContext(ctx, `INSERT INTO volumes(`+volumeCols+`) VALUES(?,?,?,?,?,?,?,?)`,
-		v.ID, v.Name, v.Driver, string(v.State), v.Token, v.PrivateData, ts(v.CreatedAt), ts(v.UpdatedAt))
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if v.TeamID != store.SystemTeamID {
+		t, err := scanTeam(tx.QueryRowContext(ctx, `SELECT `+teamCols+` FROM teams WHERE id=?`, v.TeamID))
+		if errors.Is(err, store.ErrNotFound) {
+			return fmt.Errorf("%w: team %s does not exist", store.ErrNotFound, v.TeamID)
+		}
+		if err != nil {
+			return err
+		}
+		if max := t.Quota.MaxVolumes; max > 0 {
+			var n int
+			if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM volumes WHERE team_id=?`, v.TeamID).Scan(&n); err != nil {
+				return err
+			}
+			if n+1 > max {
+				return &store.QuotaError{Quota: "volumes", Limit: max}
+			}
+		}
+	}
+	_, err = tx.ExecContext(ctx, `INSERT INTO volumes(`+volumeCols+`) VALUES(?,?,?,?,?,?,?,?,?)`,
+		v.ID, v.TeamID, v.Name, v.Driver, string(v.State), v.Token, v.PrivateData, ts(v.CreatedAt), ts(v.UpdatedAt))
 	if isConstraint(err) {
 		return fmt.Errorf("%w: volume %s already exists", store.ErrConflict, v.Name)
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	return tx.Commit()
 }
 
 // GetVolume returns ErrNotFound for unknown IDs.
@@ -47,9 +74,23 @@ func (s *Store) GetVolume(ctx context.Context, id string) (*store.Volume, error)
 	return scanVolume(s.db.QueryRowContext(ctx, `SELECT `+volumeCols+` FROM volumes WHERE id=?`, id))
 }
 
+// VolumeByName returns ErrNotFound unless teamID has a volume called name.
+func (s *Store) VolumeByName(ctx context.Context, teamID, name string) (*store.Volume, error) {
+	return scanVolume(s.db.QueryRowContext(ctx, `SELECT `+volumeCols+` FROM volumes WHERE team_id=? AND name=?`, teamID, name))
+}
+
 // ListVolumes returns every volume, oldest first.
 func (s *Store) ListVolumes(ctx context.Context) ([]*store.Volume, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT `+volumeCols+` FROM volumes ORDER BY created_at, id`)
+	return s.listVolumes(ctx, `SELECT `+volumeCols+` FROM volumes ORDER BY created_at, id`)
+}
+
+// ListTeamVolumes returns teamID's volumes, oldest first.
+func (s *Store) ListTeamVolumes(ctx context.Context, teamID string) ([]*store.Volume, error) {
+	return s.listVolumes(ctx, `SELECT `+volumeCols+` FROM volumes WHERE team_id=? ORDER BY created_at, id`, teamID)
+}
+
+func (s *Store) listVolumes(ctx context.Context, q string, args ...any) ([]*store.Volume, error) {
+	rows, err := s.db.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, err
 	}

@@ -24,6 +24,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 	t.Run("Templates", func(t *testing.T) { testTemplates(t, open(t)) })
 	t.Run("PoolClaimAndExclude", func(t *testing.T) { testPoolClaim(t, open(t)) })
 	t.Run("PoolClaimRace", func(t *testing.T) { testPoolClaimRace(t, open(t)) })
+	runTenancy(t, open)
 }
 
 func standby(id, tpl, build string, started time.Time) *store.Sandbox {
@@ -49,7 +50,7 @@ func testPoolClaim(t *testing.T, s store.Store) {
 			t.Fatal(err)
 		}
 	}
-	got, err := s.ClaimPoolSandbox(ctx, "t1", "b1")
+	got, err := s.ClaimPoolSandbox(ctx, "t1", "b1", "")
 	if err != nil || got.ID != "aaaaaaaaaaaaaaaaaaaa" {
 		t.Fatalf("first claim: want the oldest standby, got %v, %v", got, err)
 	}
@@ -59,11 +60,11 @@ func testPoolClaim(t *testing.T, s store.Store) {
 	if again, _ := s.GetSandbox(ctx, got.ID); len(again.Metadata) != 0 {
 		t.Fatalf("stored row keeps pool metadata: %v", again.Metadata)
 	}
-	if got, err = s.ClaimPoolSandbox(ctx, "t1", "b1"); err != nil || got.ID != "bbbbbbbbbbbbbbbbbbbb" {
+	if got, err = s.ClaimPoolSandbox(ctx, "t1", "b1", ""); err != nil || got.ID != "bbbbbbbbbbbbbbbbbbbb" {
 		t.Fatalf("second claim: %v, %v", got, err)
 	}
 	// Only the stale-build, other-template and paused standbys are left.
-	if got, err := s.ClaimPoolSandbox(ctx, "t1", "b1"); !errors.Is(err, store.ErrNotFound) {
+	if got, err := s.ClaimPoolSandbox(ctx, "t1", "b1", ""); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("third claim: want ErrNotFound, got %v, %v", got, err)
 	}
 	rows, err := s.ListSandboxes(ctx, store.SandboxFilter{ExcludeMetadataKey: store.PoolMetadataKey})
@@ -100,7 +101,7 @@ func testPoolClaimRace(t *testing.T, s store.Store) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sb, err := s.ClaimPoolSandbox(ctx, "t1", "b1")
+			sb, err := s.ClaimPoolSandbox(ctx, "t1", "b1", "")
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
@@ -266,15 +267,15 @@ func testCAS(t *testing.T, s store.Store) {
 
 func testKeys(t *testing.T, s store.Store) {
 	ctx := context.Background()
-	k := &store.APIKey{ID: "key_1", Name: "n", Hash: "h1", Prefix: "e2b_12", CreatedAt: time.Now()}
+	k := &store.APIKey{ID: "key_1", TeamID: store.DefaultTeamID, Admin: true, Name: "n", Hash: "h1", Prefix: "e2b_12", CreatedAt: time.Now()}
 	if err := s.CreateAPIKey(ctx, k); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.CreateAPIKey(ctx, &store.APIKey{ID: "key_2", Name: "n", Hash: "h1", CreatedAt: time.Now()}); !errors.Is(err, store.ErrConflict) {
+	if err := s.CreateAPIKey(ctx, &store.APIKey{ID: "key_2", TeamID: store.DefaultTeamID, Name: "n", Hash: "h1", CreatedAt: time.Now()}); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("duplicate hash: want ErrConflict, got %v", err)
 	}
 	got, err := s.APIKeyByHash(ctx, "h1")
-	if err != nil || got.ID != "key_1" {
+	if err != nil || got.ID != "key_1" || got.TeamID != store.DefaultTeamID || !got.Admin {
 		t.Fatalf("lookup: %+v %v", got, err)
 	}
 	if _, err := s.APIKeyByHash(ctx, "nope"); !errors.Is(err, store.ErrNotFound) {

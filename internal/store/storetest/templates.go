@@ -26,7 +26,7 @@ func testTemplates(t *testing.T, s store.Store) {
 	if _, err := s.GetTemplate(ctx, other.ID); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("failed create left a row: %v", err)
 	}
-	got, err := s.TemplateByName(ctx, "my-template:v1")
+	got, err := s.TemplateByName(ctx, "", "my-template:v1")
 	if err != nil || got.ID != tpl.ID || len(got.Names) != 2 || got.Names[0] != "my-template" {
 		t.Fatalf("by name: %+v %v", got, err)
 	}
@@ -83,7 +83,7 @@ func testTemplates(t *testing.T, s store.Store) {
 	if err := s.SetTemplateNames(ctx, tpl.ID, []string{"my-template", "my-template:v2"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.TemplateByName(ctx, "my-template:v1"); !errors.Is(err, store.ErrNotFound) {
+	if _, err := s.TemplateByName(ctx, "", "my-template:v1"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("old name still resolves: %v", err)
 	}
 	if err := s.RecordSpawn(ctx, tpl.ID, time.Now()); err != nil {
@@ -108,7 +108,7 @@ func testTemplates(t *testing.T, s store.Store) {
 	if err := s.DeleteTemplate(ctx, tpl.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.TemplateByName(ctx, "my-template"); !errors.Is(err, store.ErrNotFound) {
+	if _, err := s.TemplateByName(ctx, "", "my-template"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("names survive delete: %v", err)
 	}
 	if l, _ := s.ListBuildLogs(ctx, b2.ID, 0, 100); len(l) != 0 {

@@ -64,7 +64,21 @@ func New(cfg Config) (*Builder, error) {
 	return &Builder{cfg: cfg}, nil
 }
 
-func (b *Builder) haveTar(h string) bool { return b.cfg.Contexts != nil && b.cfg.Contexts.Has(h) }
+// contexts is the build-context store of the team that started the job:
+// only its own uploads are present for it.
+func (b *Builder) contexts(job catalog.Job) (*contextstore.Store, error) {
+	if b.cfg.Contexts == nil {
+		return nil, errors.New("builder: no build-context store")
+	}
+	return b.cfg.Contexts.Team(job.TeamID)
+}
+
+func (b *Builder) haveTar(job catalog.Job) func(string) bool {
+	return func(h string) bool {
+		cs, err := b.contexts(job)
+		return err == nil && cs.Has(h)
+	}
+}
 
 func steps(job catalog.Job) recipe.BuildStart {
 	req := recipe.BuildStart{FromImage: job.Start.FromImage, FromTemplate: job.Start.FromTemplate, Force: job.Start.Force,
@@ -99,7 +113,7 @@ func (b *Builder) Validate(ctx context.Context, job catalog.Job) error {
 	if b.cfg.Solver == nil {
 		return fmt.Errorf("%w: builds with steps need BuildKit, which is not running on this server", catalog.ErrNotImplemented)
 	}
-	if _, err := recipe.Render(steps(job), "base", job.BuildID, b.haveTar); err != nil {
+	if _, err := recipe.Render(steps(job), "base", job.BuildID, b.haveTar(job)); err != nil {
 		return fmt.Errorf("%w: %v", catalog.ErrInvalid, err)
 	}
 	return nil
@@ -158,7 +172,7 @@ func (b *Builder) withSteps(ctx context.Context, job catalog.Job, dest string, l
 	if ref := b.localRef(base); ref != "" {
 		base = b.cfg.Registry + "/" + ref
 	}
-	res, err := recipe.Render(steps(job), base, job.BuildID, b.haveTar)
+	res, err := recipe.Render(steps(job), base, job.BuildID, b.haveTar(job))
 	if err != nil {
 		return catalog.Output{}, &catalog.BuildError{Step: "base", Err: err}
 	}
@@ -168,7 +182,11 @@ func (b *Builder) withSteps(ctx context.Context, job catalog.Job, dest string, l
 	}
 	defer os.RemoveAll(work)
 	for _, h := range res.Hashes {
-		if err := b.cfg.Contexts.Extract(h, work); err != nil {
+		cs, err := b.contexts(job)
+		if err == nil {
+			err = cs.Extract(h, work)
+		}
+		if err != nil {
 			return catalog.Output{}, &catalog.BuildError{Step: "base", Err: fmt.Errorf("unpack build context %s: %v", h, err)}
 		}
 	}

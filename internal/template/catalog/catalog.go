@@ -50,7 +50,10 @@ var (
 type Job struct {
 	TemplateID string
 	BuildID    string
-	Start      StartRequest
+	// TeamID is whose uploaded build contexts the COPY steps read: the team
+	// of the key that started the build.
+	TeamID string
+	Start  StartRequest
 	// FromImage is the base image reference (fromImage, or the ready image
 	// of fromTemplate); FromRootfs is fromTemplate's unpacked rootfs.
 	FromImage  string
@@ -88,8 +91,13 @@ type Config struct {
 	CPUCount   int
 	MemoryMB   int
 	DiskSizeMB int
-	Logger     *slog.Logger
-	Registry   prometheus.Registerer
+	// Server maxima for a template's sizes (0 = 64 CPUs, 1 TiB memory, no
+	// disk bound); a request above one is ErrInvalid naming it.
+	MaxCPUCount   int
+	MaxMemoryMB   int
+	MaxDiskSizeMB int
+	Logger        *slog.Logger
+	Registry      prometheus.Registerer
 }
 
 // Catalog is the template service.
@@ -121,6 +129,12 @@ func New(cfg Config) *Catalog {
 	}
 	if cfg.DiskSizeMB == 0 {
 		cfg.DiskSizeMB = 1024
+	}
+	if cfg.MaxCPUCount == 0 {
+		cfg.MaxCPUCount = 64
+	}
+	if cfg.MaxMemoryMB == 0 {
+		cfg.MaxMemoryMB = 1 << 20
 	}
 	return &Catalog{cfg: cfg, st: cfg.Store, log: cfg.Logger, queue: make(chan string, 256), secrets: map[string][]string{},
 		metrics: newMetrics(cfg.Registry, cfg.Store)}
@@ -178,7 +192,7 @@ func (c *Catalog) seedBase(ctx context.Context) error {
 		return err
 	}
 	now := time.Now().UTC()
-	t = &store.Template{ID: BaseID, PrimaryName: "base", Names: builtinNames, CPUCount: c.cfg.CPUCount, MemoryMB: c.cfg.MemoryMB,
+	t = &store.Template{ID: BaseID, TeamID: store.DefaultTeamID, PrimaryName: "base", Names: builtinNames, CPUCount: c.cfg.CPUCount, MemoryMB: c.cfg.MemoryMB,
 		DiskSizeMB: c.cfg.DiskSizeMB, ReadyBuildID: "bld_base", LatestBuildID: "bld_base", BuildStatus: store.BuildReady, BuildCount: 1, Public: true}
 	b := &store.TemplateBuild{ID: "bld_base", TemplateID: BaseID, Status: store.BuildReady, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB,
 		DiskSizeMB: t.DiskSizeMB, Rootfs: c.cfg.BaseRootfs, FinishedAt: now}
@@ -227,13 +241,14 @@ func (c *Catalog) recover(ctx context.Context) error {
 
 // CreateRequest is POST /v3/templates (and the older /templates, /v2/templates).
 type CreateRequest struct {
-	Name          string   `json:"name"`
-	Tags          []string `json:"tags"`
-	Alias         string   `json:"alias"`
-	TeamID        string   `json:"teamID"`
-	CPUCount      *int     `json:"cpuCount"`
-	MemoryMB      *int     `json:"memoryMB"`
-	MinFreeDiskMB *int     `json:"minFreeDiskMb"`
+	Name  string   `json:"name"`
+	Tags  []string `json:"tags"`
+	Alias string   `json:"alias"`
+	// TeamID (deprecated in e2b) may only name the key's own team.
+	TeamID        string `json:"teamID"`
+	CPUCount      *int   `json:"cpuCount"`
+	MemoryMB      *int   `json:"memoryMB"`
+	MinFreeDiskMB *int   `json:"minFreeDiskMb"`
 	// Accelerators is Cubicle's extension: the template's accelerator
 	// compatibility contract, validated here (registration stage).
 	Accelerators *accel.Contract `json:"accelerators,omitempty"`
@@ -292,14 +307,20 @@ func (c *Catalog) sizes(req CreateRequest, t *store.Template) (cpu, mem, disk in
 		cpu, mem, disk = t.CPUCount, t.MemoryMB, t.DiskSizeMB
 	}
 	if req.CPUCount != nil {
-		if *req.CPUCount < 1 || *req.CPUCount > 64 {
-			return 0, 0, 0, invalid("cpuCount must be between 1 and 64")
+		if *req.CPUCount < 1 {
+			return 0, 0, 0, invalid("cpuCount must be at least 1")
+		}
+		if *req.CPUCount > c.cfg.MaxCPUCount {
+			return 0, 0, 0, invalid("cpuCount %d exceeds the server maximum of %d", *req.CPUCount, c.cfg.MaxCPUCount)
 		}
 		cpu = *req.CPUCount
 	}
 	if req.MemoryMB != nil {
-		if *req.MemoryMB < 128 || *req.MemoryMB > 1<<20 {
+		if *req.MemoryMB < 128 {
 			return 0, 0, 0, invalid("memoryMB must be at least 128")
+		}
+		if *req.MemoryMB > c.cfg.MaxMemoryMB {
+			return 0, 0, 0, invalid("memoryMB %d exceeds the server maximum of %d", *req.MemoryMB, c.cfg.MaxMemoryMB)
 		}
 		mem = *req.MemoryMB
 	}
@@ -307,9 +328,22 @@ func (c *Catalog) sizes(req CreateRequest, t *store.Template) (cpu, mem, disk in
 		if *req.MinFreeDiskMB < 0 {
 			return 0, 0, 0, invalid("minFreeDiskMb must be >= 0")
 		}
+		if max := c.cfg.MaxDiskSizeMB; max > 0 && *req.MinFreeDiskMB > max {
+			return 0, 0, 0, invalid("minFreeDiskMb %d exceeds the server maximum of %d", *req.MinFreeDiskMB, max)
+		}
 		if *req.MinFreeDiskMB > disk {
 			disk = *req.MinFreeDiskMB
 		}
+	}
+	// A rebuild keeps sizes the maxima may since have been lowered below.
+	if cpu > c.cfg.MaxCPUCount {
+		return 0, 0, 0, invalid("cpuCount %d exceeds the server maximum of %d", cpu, c.cfg.MaxCPUCount)
+	}
+	if mem > c.cfg.MaxMemoryMB {
+		return 0, 0, 0, invalid("memoryMB %d exceeds the server maximum of %d", mem, c.cfg.MaxMemoryMB)
+	}
+	if max := c.cfg.MaxDiskSizeMB; max > 0 && disk > max {
+		return 0, 0, 0, invalid("diskSizeMB %d exceeds the server maximum of %d", disk, max)
 	}
 	return cpu, mem, disk, nil
 }
@@ -327,13 +361,14 @@ func names(primary string, tags []string) []string {
 // Create registers a template, or a rebuild of the template with the same
 // primary name (same templateID, new buildID). idemKey, when set, replays
 // the first response for the same body.
-func (c *Catalog) Create(ctx context.Context, req CreateRequest, idemKey string, body []byte) (*CreateResponse, error) {
+func (c *Catalog) Create(ctx context.Context, caller Caller, req CreateRequest, idemKey string, body []byte) (*CreateResponse, error) {
 	if idemKey == "" {
-		return c.create(ctx, req)
+		return c.create(ctx, caller, req)
 	}
 	sum := sha256.Sum256(body)
 	hash := hex.EncodeToString(sum[:])
-	key := "templates:" + idemKey
+	// Keys are per team: another team's key never replays this response.
+	key := "templates:" + caller.TeamID + ":" + idemKey
 	prev, err := c.st.PutIdempotency(ctx, &store.Idempotency{Key: key, BodyHash: hash})
 	if err != nil {
 		return nil, err
@@ -347,7 +382,7 @@ func (c *Catalog) Create(ctx context.Context, req CreateRequest, idemKey string,
 			return &r, nil
 		}
 	}
-	resp, err := c.create(ctx, req)
+	resp, err := c.create(ctx, caller, req)
 	if err != nil {
 		return nil, err
 	}
@@ -358,20 +393,34 @@ func (c *Catalog) Create(ctx context.Context, req CreateRequest, idemKey string,
 	return resp, nil
 }
 
-func (c *Catalog) create(ctx context.Context, req CreateRequest) (*CreateResponse, error) {
+func (c *Catalog) create(ctx context.Context, caller Caller, req CreateRequest) (*CreateResponse, error) {
 	name, tags, err := splitName(req)
 	if err != nil {
 		return nil, err
 	}
-	existing, err := c.st.TemplateByName(ctx, name)
+	if req.TeamID != "" && req.TeamID != caller.TeamID {
+		return nil, invalid("teamID %q is not the team of this API key", req.TeamID)
+	}
+	if contains(builtinNames, name) {
+		return nil, fmt.Errorf("%w: %q is a name of the built-in base template", ErrConflict, name)
+	}
+	existing, err := c.st.TemplateByName(ctx, caller.TeamID, name)
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return nil, err
+	}
+	if existing != nil && existing.TeamID != caller.TeamID && !caller.system {
+		// Another team's public template: this team gets its own, which
+		// then shadows the public one for it.
+		existing = nil
 	}
 	if existing != nil && existing.PrimaryName != name {
 		return nil, fmt.Errorf("%w: name %q belongs to template %s", ErrConflict, name, existing.ID)
 	}
 	if existing != nil && existing.ID == BaseID {
 		return nil, fmt.Errorf("%w: %q is the built-in base template", ErrConflict, name)
+	}
+	if existing != nil && !caller.mayChange(existing) {
+		return nil, fmt.Errorf("%w: template '%s' is public; only admin API keys rebuild it", ErrForbidden, name)
 	}
 	cpu, mem, disk, err := c.sizes(req, existing)
 	if err != nil {
@@ -383,7 +432,7 @@ func (c *Catalog) create(ctx context.Context, req CreateRequest) (*CreateRespons
 	}
 	b := &store.TemplateBuild{ID: NewBuildID(), Status: store.BuildWaiting, CPUCount: cpu, MemoryMB: mem, DiskSizeMB: disk}
 	if existing == nil {
-		t := &store.Template{ID: NewTemplateID(), PrimaryName: name, Names: names(name, tags), CPUCount: cpu, MemoryMB: mem, DiskSizeMB: disk,
+		t := &store.Template{ID: NewTemplateID(), TeamID: caller.TeamID, PrimaryName: name, Names: names(name, tags), CPUCount: cpu, MemoryMB: mem, DiskSizeMB: disk,
 			LatestBuildID: b.ID, BuildStatus: store.BuildWaiting, BuildCount: 1, Accelerators: contract}
 		b.TemplateID = t.ID
 		if err := c.st.CreateTemplate(ctx, t, b); err != nil {
@@ -462,21 +511,25 @@ func (c *Catalog) response(t *store.Template, buildID string, tags []string) *Cr
 
 // ---- lookups ------------------------------------------------------------------
 
-// Get finds a template by ID or any name.
-func (c *Catalog) Get(ctx context.Context, ref string) (*store.Template, error) {
-	t, err := c.st.GetTemplate(ctx, ref)
+// Get finds a template the caller sees by ID or any name; one it does not
+// see is ErrNotFound, exactly like one that does not exist.
+func (c *Catalog) Get(ctx context.Context, caller Caller, ref string) (*store.Template, error) {
+	t, err := c.byID(ctx, caller, ref)
 	if errors.Is(err, store.ErrNotFound) {
-		t, err = c.st.TemplateByName(ctx, ref)
+		t, err = c.st.TemplateByName(ctx, caller.TeamID, ref)
 	}
 	if errors.Is(err, store.ErrNotFound) {
-		return nil, fmt.Errorf("%w: '%s'", ErrNotFound, ref)
+		return nil, notFound(ref)
 	}
 	return t, err
 }
 
-// List pages templates in creation order.
-func (c *Catalog) List(ctx context.Context, after string, limit int) ([]*store.Template, error) {
-	return c.st.ListTemplates(ctx, after, limit)
+// List pages the templates the caller sees in creation order.
+func (c *Catalog) List(ctx context.Context, caller Caller, after string, limit int) ([]*store.Template, error) {
+	if caller.system {
+		return c.st.ListTemplates(ctx, after, limit)
+	}
+	return c.st.ListTeamTemplates(ctx, caller.TeamID, after, limit)
 }
 
 // Builds lists a template's builds, newest first.
@@ -513,12 +566,12 @@ func Contract(t *store.Template) (*accel.Contract, error) {
 }
 
 // SetAccelerators replaces a template's contract (PATCH); nil clears it.
-func (c *Catalog) SetAccelerators(ctx context.Context, ref string, ct *accel.Contract) (*store.Template, error) {
+func (c *Catalog) SetAccelerators(ctx context.Context, caller Caller, ref string, ct *accel.Contract) (*store.Template, error) {
 	enc, err := contractJSON(ct)
 	if err != nil {
 		return nil, err
 	}
-	t, err := c.Get(ctx, ref)
+	t, err := c.Writable(ctx, caller, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -529,11 +582,16 @@ func (c *Catalog) SetAccelerators(ctx context.Context, ref string, ct *accel.Con
 	return t, c.st.UpdateTemplate(ctx, t)
 }
 
-// SetPublic implements PATCH.
-func (c *Catalog) SetPublic(ctx context.Context, ref string, public bool) (*store.Template, error) {
-	t, err := c.Get(ctx, ref)
+// SetPublic implements PATCH. Only admin keys publish: a public template
+// is resolvable by name from every team, so publishing is the operator's
+// call (see docs/tenancy.md).
+func (c *Catalog) SetPublic(ctx context.Context, caller Caller, ref string, public bool) (*store.Template, error) {
+	t, err := c.Writable(ctx, caller, ref)
 	if err != nil {
 		return nil, err
+	}
+	if public && !t.Public && !caller.Admin {
+		return nil, fmt.Errorf("%w: only admin API keys make a template public", ErrForbidden)
 	}
 	t.Public = public
 	return t, c.st.UpdateTemplate(ctx, t)
@@ -545,11 +603,11 @@ const MaxPoolSize = 64
 // SetPoolSize sets how many idle standbys the warm pool keeps for the
 // template. The size is durable (it survives restarts); the ready hooks are
 // told so the pool reconciler acts now rather than on its next tick.
-func (c *Catalog) SetPoolSize(ctx context.Context, ref string, n int) (*store.Template, error) {
+func (c *Catalog) SetPoolSize(ctx context.Context, caller Caller, ref string, n int) (*store.Template, error) {
 	if n < 0 || n > MaxPoolSize {
 		return nil, invalid("pool size must be between 0 and %d, got %d", MaxPoolSize, n)
 	}
-	t, err := c.Get(ctx, ref)
+	t, err := c.Writable(ctx, caller, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -572,8 +630,8 @@ type InUse func(ctx context.Context, templateID string) (string, error)
 
 // Delete removes a template unless it is building or in use; force skips
 // both checks. Rootfs dirs of its builds are left to the caller's GC.
-func (c *Catalog) Delete(ctx context.Context, ref string, force bool, inUse InUse) error {
-	t, err := c.Get(ctx, ref)
+func (c *Catalog) Delete(ctx context.Context, caller Caller, ref string, force bool, inUse InUse) error {
+	t, err := c.Writable(ctx, caller, ref)
 	if err != nil {
 		return err
 	}
@@ -646,13 +704,16 @@ func (r *Registry) secrets() []string {
 }
 
 // StartBuild validates and queues a build (202 at the API).
-func (c *Catalog) StartBuild(ctx context.Context, templateID, buildID string, req StartRequest) error {
-	t, err := c.st.GetTemplate(ctx, templateID)
+func (c *Catalog) StartBuild(ctx context.Context, caller Caller, templateID, buildID string, req StartRequest) error {
+	t, err := c.byID(ctx, caller, templateID)
 	if errors.Is(err, store.ErrNotFound) {
-		return fmt.Errorf("%w: '%s'", ErrNotFound, templateID)
+		return notFound(templateID)
 	}
 	if err != nil {
 		return err
+	}
+	if !caller.mayChange(t) {
+		return fmt.Errorf("%w: template '%s' is public; only admin API keys build it", ErrForbidden, templateID)
 	}
 	b, err := c.st.GetTemplateBuild(ctx, buildID)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && b.TemplateID != t.ID) {
@@ -672,9 +733,9 @@ func (c *Catalog) StartBuild(ctx context.Context, templateID, buildID string, re
 		// the base template plays that role.
 		req.FromImage, req.FromTemplate = "", BaseID
 	}
-	job := Job{TemplateID: t.ID, BuildID: b.ID, Start: req}
+	job := Job{TemplateID: t.ID, BuildID: b.ID, TeamID: caller.TeamID, Start: req}
 	if req.FromTemplate != "" {
-		src, err := c.readyBuildOf(ctx, req.FromTemplate)
+		src, err := c.readyBuildOf(ctx, caller, req.FromTemplate)
 		if err != nil {
 			return err
 		}
@@ -692,7 +753,7 @@ func (c *Catalog) StartBuild(ctx context.Context, templateID, buildID string, re
 	c.mu.Lock()
 	c.secrets[b.ID] = req.FromImageRegistry.secrets()
 	c.mu.Unlock()
-	spec := req
+	spec := storedSpec{StartRequest: req, Team: caller.TeamID, Admin: caller.Admin}
 	spec.FromImageRegistry = nil
 	js, _ := json.Marshal(spec)
 	b.Spec = string(js)
@@ -708,10 +769,30 @@ func (c *Catalog) StartBuild(ctx context.Context, templateID, buildID string, re
 	return nil
 }
 
-// readyBuildOf resolves fromTemplate to its ready build.
-func (c *Catalog) readyBuildOf(ctx context.Context, ref string) (*store.TemplateBuild, error) {
+// storedSpec is a build's start request as the store keeps it: the
+// request without credentials, plus who started it (server-side fields a
+// client body cannot set: StartRequest has no such keys).
+type storedSpec struct {
+	StartRequest
+	// Team and Admin are the starting key's: the team's uploaded build
+	// contexts are what COPY steps read, and fromTemplate resolves as that
+	// key sees templates when the queued build runs.
+	Team  string `json:"cubicleTeam,omitempty"`
+	Admin bool   `json:"cubicleAdmin,omitempty"`
+}
+
+// caller is who started the build (System for specs from before teams).
+func (s storedSpec) caller() Caller {
+	if s.Team == "" {
+		return System()
+	}
+	return Caller{TeamID: s.Team, Admin: s.Admin}
+}
+
+// readyBuildOf resolves fromTemplate, as the caller sees it, to its ready build.
+func (c *Catalog) readyBuildOf(ctx context.Context, caller Caller, ref string) (*store.TemplateBuild, error) {
 	name, tag, hasTag := strings.Cut(ref, ":")
-	t, err := c.Get(ctx, name)
+	t, err := c.Get(ctx, caller, name)
 	if err != nil {
 		return nil, invalid("fromTemplate %q: %v", ref, err)
 	}
@@ -770,12 +851,14 @@ func APIStatus(s string) string {
 
 // templateBuild finds buildID of templateID: ErrNotFound when the template
 // is unknown, ErrBuildNotFound when the build is not one of its builds.
-func (c *Catalog) templateBuild(ctx context.Context, templateID, buildID string) (*store.TemplateBuild, error) {
+func (c *Catalog) templateBuild(ctx context.Context, caller Caller, templateID, buildID string) (*store.TemplateBuild, error) {
+	if _, err := c.byID(ctx, caller, templateID); errors.Is(err, store.ErrNotFound) {
+		return nil, notFound(templateID)
+	} else if err != nil {
+		return nil, err
+	}
 	b, err := c.st.GetTemplateBuild(ctx, buildID)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && b.TemplateID != templateID) {
-		if _, terr := c.st.GetTemplate(ctx, templateID); errors.Is(terr, store.ErrNotFound) {
-			return nil, fmt.Errorf("%w: '%s'", ErrNotFound, templateID)
-		}
 		return nil, fmt.Errorf("%w: build '%s' of template '%s'", ErrBuildNotFound, buildID, templateID)
 	}
 	return b, err
@@ -791,8 +874,8 @@ func levelMin(level string) (int, error) {
 }
 
 // BuildStatus returns status plus log entries from offset.
-func (c *Catalog) BuildStatus(ctx context.Context, templateID, buildID string, offset, limit int, level string) (*Status, error) {
-	b, err := c.templateBuild(ctx, templateID, buildID)
+func (c *Catalog) BuildStatus(ctx context.Context, caller Caller, templateID, buildID string, offset, limit int, level string) (*Status, error) {
+	b, err := c.templateBuild(ctx, caller, templateID, buildID)
 	if err != nil {
 		return nil, err
 	}
@@ -828,8 +911,8 @@ func (c *Catalog) BuildStatus(ctx context.Context, templateID, buildID string, o
 }
 
 // BuildLogs is GET .../logs (cursor = ms timestamp; direction forward|backward).
-func (c *Catalog) BuildLogs(ctx context.Context, templateID, buildID string, cursor time.Time, limit int, backward bool, level string) ([]LogEntry, error) {
-	if _, err := c.templateBuild(ctx, templateID, buildID); err != nil {
+func (c *Catalog) BuildLogs(ctx context.Context, caller Caller, templateID, buildID string, cursor time.Time, limit int, backward bool, level string) ([]LogEntry, error) {
+	if _, err := c.templateBuild(ctx, caller, templateID, buildID); err != nil {
 		return nil, err
 	}
 	min, err := levelMin(level)
@@ -885,8 +968,8 @@ func (c *Catalog) taggedBuild(ctx context.Context, templateID, tag string) (stri
 }
 
 // Tags lists a template's tags.
-func (c *Catalog) Tags(ctx context.Context, ref string) ([]store.TemplateTag, error) {
-	t, err := c.Get(ctx, ref)
+func (c *Catalog) Tags(ctx context.Context, caller Caller, ref string) ([]store.TemplateTag, error) {
+	t, err := c.Get(ctx, caller, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -894,9 +977,9 @@ func (c *Catalog) Tags(ctx context.Context, ref string) ([]store.TemplateTag, er
 }
 
 // AssignTags points tags at the build target ("name:tag" or "name") names.
-func (c *Catalog) AssignTags(ctx context.Context, target string, tags []string) (string, error) {
+func (c *Catalog) AssignTags(ctx context.Context, caller Caller, target string, tags []string) (string, error) {
 	name, tag, _ := strings.Cut(target, ":")
-	t, err := c.Get(ctx, name)
+	t, err := c.Writable(ctx, caller, name)
 	if err != nil {
 		return "", err
 	}
@@ -934,8 +1017,8 @@ func (c *Catalog) AssignTags(ctx context.Context, target string, tags []string) 
 }
 
 // RemoveTags deletes tags of the template called name.
-func (c *Catalog) RemoveTags(ctx context.Context, name string, tags []string) error {
-	t, err := c.Get(ctx, name)
+func (c *Catalog) RemoveTags(ctx context.Context, caller Caller, name string, tags []string) error {
+	t, err := c.Writable(ctx, caller, name)
 	if err != nil {
 		return err
 	}

@@ -18,6 +18,9 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/template/catalog"
 )
 
+// dev is the key `cubicle apikey create` makes: the default team's admin.
+var dev = catalog.Caller{TeamID: store.DefaultTeamID, Admin: true}
+
 type env struct {
 	cat    *catalog.Catalog
 	st     *sqlite.Store
@@ -59,7 +62,7 @@ func (e *env) wait(t *testing.T, tplID, buildID string) *catalog.Status {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
-		st, err := e.cat.BuildStatus(context.Background(), tplID, buildID, 0, 100, "")
+		st, err := e.cat.BuildStatus(context.Background(), dev, tplID, buildID, 0, 100, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -88,35 +91,35 @@ func TestIDsNamesAndIdempotency(t *testing.T) {
 			t.Fatalf("build id %q", id)
 		}
 	}
-	r, err := e.cat.Create(ctx, catalog.CreateRequest{Name: "app:v1", Tags: []string{"v1", "prod"}}, "", nil)
+	r, err := e.cat.Create(ctx, dev, catalog.CreateRequest{Name: "app:v1", Tags: []string{"v1", "prod"}}, "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !tplRE.MatchString(r.TemplateID) || !bldRE.MatchString(r.BuildID) || len(r.Tags) != 2 || r.Tags[0] != "v1" || r.Tags[1] != "prod" {
 		t.Fatalf("create: %+v", r)
 	}
-	if r2, _ := e.cat.Create(ctx, catalog.CreateRequest{Alias: "legacy"}, "", nil); r2 == nil || r2.Tags[0] != "default" || r2.Names[0] != "legacy" {
+	if r2, _ := e.cat.Create(ctx, dev, catalog.CreateRequest{Alias: "legacy"}, "", nil); r2 == nil || r2.Tags[0] != "default" || r2.Names[0] != "legacy" {
 		t.Fatalf("alias-only create (deprecated field) with the default tag: %+v", r2)
 	}
 	for _, bad := range []catalog.CreateRequest{{}, {Name: "Upper"}, {Name: "a:b:c"}, {Name: "x", Tags: []string{"bad tag"}}, {Name: "base"}} {
-		if _, err := e.cat.Create(ctx, bad, "", nil); !errors.Is(err, catalog.ErrInvalid) && !errors.Is(err, catalog.ErrConflict) {
+		if _, err := e.cat.Create(ctx, dev, bad, "", nil); !errors.Is(err, catalog.ErrInvalid) && !errors.Is(err, catalog.ErrConflict) {
 			t.Fatalf("create %+v: %v", bad, err)
 		}
 	}
 	body := []byte(`{"name":"idem"}`)
-	a, err := e.cat.Create(ctx, catalog.CreateRequest{Name: "idem"}, "key-1", body)
+	a, err := e.cat.Create(ctx, dev, catalog.CreateRequest{Name: "idem"}, "key-1", body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := e.cat.Create(ctx, catalog.CreateRequest{Name: "idem"}, "key-1", body)
+	b, err := e.cat.Create(ctx, dev, catalog.CreateRequest{Name: "idem"}, "key-1", body)
 	if err != nil || b.TemplateID != a.TemplateID || b.BuildID != a.BuildID {
 		t.Fatalf("replay: %+v %v (first %+v)", b, err, a)
 	}
-	if _, err := e.cat.Create(ctx, catalog.CreateRequest{Name: "other"}, "key-1", []byte(`{"name":"other"}`)); !errors.Is(err, catalog.ErrConflict) {
+	if _, err := e.cat.Create(ctx, dev, catalog.CreateRequest{Name: "other"}, "key-1", []byte(`{"name":"other"}`)); !errors.Is(err, catalog.ErrConflict) {
 		t.Fatalf("same key, different body: %v", err)
 	}
 	// Same name without a key is a rebuild: same template, new build.
-	c, err := e.cat.Create(ctx, catalog.CreateRequest{Name: "idem"}, "", nil)
+	c, err := e.cat.Create(ctx, dev, catalog.CreateRequest{Name: "idem"}, "", nil)
 	if err != nil || c.TemplateID != a.TemplateID || c.BuildID == a.BuildID {
 		t.Fatalf("rebuild: %+v %v", c, err)
 	}
@@ -141,7 +144,7 @@ func TestBuildsResolutionAndGuards(t *testing.T) {
 	}
 	// A template that has not built yet: not ready (409 at the API).
 	cpu, mem := 1, 256
-	r, _ := e.cat.Create(ctx, catalog.CreateRequest{Name: "img", CPUCount: &cpu, MemoryMB: &mem}, "", nil)
+	r, _ := e.cat.Create(ctx, dev, catalog.CreateRequest{Name: "img", CPUCount: &cpu, MemoryMB: &mem}, "", nil)
 	if _, err := e.cat.Resolve(ctx, "img"); !errors.Is(err, template.ErrNotReady) {
 		t.Fatalf("not built: %v", err)
 	}
@@ -152,7 +155,7 @@ func TestBuildsResolutionAndGuards(t *testing.T) {
 	if err := e.images.ImportRootfs("tools/img:1", src); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.cat.StartBuild(ctx, r.TemplateID, r.BuildID, catalog.StartRequest{FromImage: "tools/img:1"}); err != nil {
+	if err := e.cat.StartBuild(ctx, dev, r.TemplateID, r.BuildID, catalog.StartRequest{FromImage: "tools/img:1"}); err != nil {
 		t.Fatal(err)
 	}
 	if st := e.wait(t, r.TemplateID, r.BuildID); st.Status != store.BuildReady {
@@ -166,37 +169,37 @@ func TestBuildsResolutionAndGuards(t *testing.T) {
 		t.Fatalf("unpacked rootfs: %v", err)
 	}
 	// Validation is synchronous.
-	r2, _ := e.cat.Create(ctx, catalog.CreateRequest{Name: "img"}, "", nil)
+	r2, _ := e.cat.Create(ctx, dev, catalog.CreateRequest{Name: "img"}, "", nil)
 	for _, bad := range []catalog.StartRequest{{}, {FromImage: "a", FromTemplate: "b"}, {FromImage: "not/imported:1"},
 		{FromTemplate: "base", Steps: []catalog.Step{{Type: "RUN", Args: []string{"true"}}}}} {
-		if err := e.cat.StartBuild(ctx, r2.TemplateID, r2.BuildID, bad); err == nil {
+		if err := e.cat.StartBuild(ctx, dev, r2.TemplateID, r2.BuildID, bad); err == nil {
 			t.Fatalf("start %+v accepted", bad)
 		}
 	}
-	if err := e.cat.StartBuild(ctx, r2.TemplateID, "bld_00000000", catalog.StartRequest{FromTemplate: "base"}); !errors.Is(err, catalog.ErrBuildNotFound) {
+	if err := e.cat.StartBuild(ctx, dev, r2.TemplateID, "bld_00000000", catalog.StartRequest{FromTemplate: "base"}); !errors.Is(err, catalog.ErrBuildNotFound) {
 		t.Fatalf("unknown build: %v", err)
 	}
 	// A failing rebuild (base image vanished) keeps the ready build.
 	if err := e.images.Delete("tools/img:1"); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.cat.StartBuild(ctx, r2.TemplateID, r2.BuildID, catalog.StartRequest{FromTemplate: "missing"}); !errors.Is(err, catalog.ErrInvalid) {
+	if err := e.cat.StartBuild(ctx, dev, r2.TemplateID, r2.BuildID, catalog.StartRequest{FromTemplate: "missing"}); !errors.Is(err, catalog.ErrInvalid) {
 		t.Fatalf("fromTemplate of a missing template: %v", err)
 	}
 	// Logs: offset and level filter.
-	st, _ := e.cat.BuildStatus(ctx, r.TemplateID, r.BuildID, 0, 100, "")
+	st, _ := e.cat.BuildStatus(ctx, dev, r.TemplateID, r.BuildID, 0, 100, "")
 	if len(st.LogEntries) < 2 {
 		t.Fatalf("logs: %+v", st.LogEntries)
 	}
-	tail, _ := e.cat.BuildStatus(ctx, r.TemplateID, r.BuildID, len(st.LogEntries), 100, "")
+	tail, _ := e.cat.BuildStatus(ctx, dev, r.TemplateID, r.BuildID, len(st.LogEntries), 100, "")
 	if len(tail.LogEntries) != 0 {
 		t.Fatalf("logs past the offset: %+v", tail.LogEntries)
 	}
-	errOnly, _ := e.cat.BuildStatus(ctx, r.TemplateID, r.BuildID, 0, 100, "error")
+	errOnly, _ := e.cat.BuildStatus(ctx, dev, r.TemplateID, r.BuildID, 0, 100, "error")
 	if len(errOnly.LogEntries) != 0 {
 		t.Fatalf("level filter: %+v", errOnly.LogEntries)
 	}
-	if _, err := e.cat.BuildStatus(ctx, r.TemplateID, r.BuildID, 0, 100, "loud"); !errors.Is(err, catalog.ErrInvalid) {
+	if _, err := e.cat.BuildStatus(ctx, dev, r.TemplateID, r.BuildID, 0, 100, "loud"); !errors.Is(err, catalog.ErrInvalid) {
 		t.Fatalf("bad level: %v", err)
 	}
 	if catalog.APIStatus(store.BuildUploaded) != store.BuildBuilding {
@@ -204,16 +207,16 @@ func TestBuildsResolutionAndGuards(t *testing.T) {
 	}
 	// Delete guards.
 	inUse := func(context.Context, string) (string, error) { return "sandbox x uses it", nil }
-	if err := e.cat.Delete(ctx, "img", false, inUse); !errors.Is(err, catalog.ErrConflict) {
+	if err := e.cat.Delete(ctx, dev, "img", false, inUse); !errors.Is(err, catalog.ErrConflict) {
 		t.Fatalf("delete in use: %v", err)
 	}
-	if err := e.cat.Delete(ctx, "base", false, nil); !errors.Is(err, catalog.ErrConflict) {
+	if err := e.cat.Delete(ctx, dev, "base", false, nil); !errors.Is(err, catalog.ErrConflict) {
 		t.Fatalf("delete base: %v", err)
 	}
-	if err := e.cat.Delete(ctx, "img", true, inUse); err != nil {
+	if err := e.cat.Delete(ctx, dev, "img", true, inUse); err != nil {
 		t.Fatalf("force delete: %v", err)
 	}
-	if _, err := e.cat.Get(ctx, "img"); !errors.Is(err, catalog.ErrNotFound) {
+	if _, err := e.cat.Get(ctx, dev, "img"); !errors.Is(err, catalog.ErrNotFound) {
 		t.Fatalf("after delete: %v", err)
 	}
 }
@@ -222,7 +225,7 @@ func TestBuildsResolutionAndGuards(t *testing.T) {
 func TestRecoverFailsRunningBuilds(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	r, _ := e.cat.Create(ctx, catalog.CreateRequest{Name: "crashy"}, "", nil)
+	r, _ := e.cat.Create(ctx, dev, catalog.CreateRequest{Name: "crashy"}, "", nil)
 	b, _ := e.st.GetTemplateBuild(ctx, r.BuildID)
 	b.Status, b.Spec = store.BuildBuilding, `{"fromTemplate":"base"}`
 	e.st.UpdateTemplateBuild(ctx, b)
@@ -232,7 +235,7 @@ func TestRecoverFailsRunningBuilds(t *testing.T) {
 	if err := cat2.Start(cctx); err != nil {
 		t.Fatal(err)
 	}
-	st, err := cat2.BuildStatus(ctx, r.TemplateID, r.BuildID, 0, 100, "")
+	st, err := cat2.BuildStatus(ctx, dev, r.TemplateID, r.BuildID, 0, 100, "")
 	if err != nil || st.Status != store.BuildError || st.Reason == nil || st.Reason.Message != "builder disappeared" {
 		t.Fatalf("after restart: %+v %v", st, err)
 	}
@@ -249,13 +252,13 @@ func TestAcceleratorContract(t *testing.T) {
 		{Class: "gpu", Count: 99},
 	} {
 		bad := bad
-		_, err := e.cat.Create(ctx, catalog.CreateRequest{Name: "gpu-bad", Accelerators: &bad}, "", nil)
+		_, err := e.cat.Create(ctx, dev, catalog.CreateRequest{Name: "gpu-bad", Accelerators: &bad}, "", nil)
 		var ce *accel.CompatError
 		if !errors.Is(err, catalog.ErrInvalid) || !errors.As(err, &ce) || ce.Stage != accel.StageRegistration {
 			t.Fatalf("contract %+v: %v", bad, err)
 		}
 	}
-	r, err := e.cat.Create(ctx, catalog.CreateRequest{Name: "gpu-app", Accelerators: &accel.Contract{Count: 1, DriverVersion: ">=535", CUDAVersion: ">=12.0"}}, "", nil)
+	r, err := e.cat.Create(ctx, dev, catalog.CreateRequest{Name: "gpu-app", Accelerators: &accel.Contract{Count: 1, DriverVersion: ">=535", CUDAVersion: ">=12.0"}}, "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,22 +271,22 @@ func TestAcceleratorContract(t *testing.T) {
 		t.Fatalf("stored contract %+v %v", c, err)
 	}
 	// A rebuild naming no contract keeps it; GPU templates have no warm pool.
-	if _, err := e.cat.Create(ctx, catalog.CreateRequest{Name: "gpu-app"}, "", nil); err != nil {
+	if _, err := e.cat.Create(ctx, dev, catalog.CreateRequest{Name: "gpu-app"}, "", nil); err != nil {
 		t.Fatal(err)
 	}
 	if tpl, _ = e.st.GetTemplate(ctx, r.TemplateID); tpl.Accelerators == "" {
 		t.Fatal("rebuild dropped the contract")
 	}
-	if _, err := e.cat.SetPoolSize(ctx, r.TemplateID, 2); !errors.Is(err, catalog.ErrConflict) {
+	if _, err := e.cat.SetPoolSize(ctx, dev, r.TemplateID, 2); !errors.Is(err, catalog.ErrConflict) {
 		t.Fatalf("pool on a GPU template: %v", err)
 	}
-	if _, err := e.cat.SetAccelerators(ctx, r.TemplateID, nil); err != nil {
+	if _, err := e.cat.SetAccelerators(ctx, dev, r.TemplateID, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.cat.SetPoolSize(ctx, r.TemplateID, 1); err != nil {
+	if _, err := e.cat.SetPoolSize(ctx, dev, r.TemplateID, 1); err != nil {
 		t.Fatalf("pool after clearing the contract: %v", err)
 	}
-	if _, err := e.cat.SetAccelerators(ctx, r.TemplateID, &accel.Contract{Class: "gpu"}); !errors.Is(err, catalog.ErrConflict) {
+	if _, err := e.cat.SetAccelerators(ctx, dev, r.TemplateID, &accel.Contract{Class: "gpu"}); !errors.Is(err, catalog.ErrConflict) {
 		t.Fatalf("contract on a pooled template: %v", err)
 	}
 }

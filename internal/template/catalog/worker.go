@@ -70,11 +70,12 @@ func (c *Catalog) run(ctx context.Context, buildID string) {
 	if err != nil {
 		return
 	}
-	var req StartRequest
-	if err := json.Unmarshal([]byte(b.Spec), &req); err != nil {
+	var spec storedSpec
+	if err := json.Unmarshal([]byte(b.Spec), &spec); err != nil {
 		c.finish(ctx, t.ID, b.ID, nil, &BuildError{Step: "base", Err: fmt.Errorf("stored build request unreadable: %v", err)}, nil)
 		return
 	}
+	req, caller := spec.StartRequest, spec.caller()
 	if v, ok := c.pending.LoadAndDelete(b.ID); ok {
 		req.FromImageRegistry, _ = v.(*Registry)
 	}
@@ -87,9 +88,9 @@ func (c *Catalog) run(ctx context.Context, buildID string) {
 		_ = c.st.UpdateTemplate(ctx, t)
 	}
 	c.logf(ctx, b.ID, "info", "base", "build %s of template %s (%s) started", b.ID, t.ID, t.PrimaryName)
-	job := Job{TemplateID: t.ID, BuildID: b.ID, Start: req}
+	job := Job{TemplateID: t.ID, BuildID: b.ID, TeamID: caller.TeamID, Start: req}
 	if req.FromTemplate != "" {
-		src, err := c.readyBuildOf(ctx, req.FromTemplate)
+		src, err := c.readyBuildOf(ctx, caller, req.FromTemplate)
 		if err != nil {
 			c.finish(ctx, t.ID, b.ID, nil, &BuildError{Step: "base", Err: err}, nil)
 			return
@@ -197,22 +198,33 @@ func (c *Catalog) OnReady(h ReadyHook) {
 	c.mu.Unlock()
 }
 
-// Resolve implements template.Resolver in the CEP's order: "" → base; a
-// name, name:tag or ID of a catalog template → its ready build (409 while
-// none); otherwise the fallback resolver (image dirs / local images); else
-// not found.
+// Resolve implements template.Resolver for the control plane itself (the
+// pool reconciler): every template, names in the default team.
 func (c *Catalog) Resolve(ctx context.Context, ref string) (template.Template, error) {
+	return c.resolve(ctx, System(), ref)
+}
+
+// ResolveTeam resolves ref as teamID sees templates (its own and public
+// ones; any other team's is not found).
+func (c *Catalog) ResolveTeam(ctx context.Context, teamID, ref string) (template.Template, error) {
+	return c.resolve(ctx, Caller{TeamID: teamID}, ref)
+}
+
+// resolve goes in the CEP's order: "" → base; a name, name:tag or ID of a
+// catalog template → its ready build (409 while none); otherwise the
+// fallback resolver (image dirs / local images); else not found.
+func (c *Catalog) resolve(ctx context.Context, caller Caller, ref string) (template.Template, error) {
 	if ref == "" {
 		ref = BaseID
 	}
 	name, tag, hasTag := strings.Cut(ref, ":")
-	t, err := c.st.GetTemplate(ctx, ref)
+	t, err := c.byID(ctx, caller, ref)
 	if errors.Is(err, store.ErrNotFound) {
-		t, err = c.st.TemplateByName(ctx, ref)
+		t, err = c.st.TemplateByName(ctx, caller.TeamID, ref)
 	}
 	if errors.Is(err, store.ErrNotFound) && hasTag {
 		// name:default and name:latest mean the ready build.
-		t, err = c.st.TemplateByName(ctx, name)
+		t, err = c.st.TemplateByName(ctx, caller.TeamID, name)
 		if err == nil && tag != "default" && tag != "latest" {
 			t, err = nil, store.ErrNotFound
 		}

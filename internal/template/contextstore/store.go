@@ -3,7 +3,9 @@
 //
 // The key is the SDK's own content hash (calculateFilesHash), not a digest of
 // the body, so the store cannot verify it; it only guarantees that one key
-// never maps to two different archives. Bodies are gzip (the SDK default) or
+// never maps to two different archives. Uploads are kept per team (Team):
+// a hash one team uploaded is absent for every other team, so no team can
+// plant the context another team's build copies in. Bodies are gzip (the SDK default) or
 // plain tar and are stored decompressed as dir/<hash>.tar. Every member is
 // checked before the tar becomes visible, so a stored tar always extracts
 // inside its own directory.
@@ -36,9 +38,16 @@ var (
 	ErrBadArchive  = errors.New("contextstore: body is not a valid gzip or tar archive")
 	ErrUnsafePath  = errors.New("contextstore: archive member escapes the context")
 	ErrInvalidHash = errors.New("contextstore: hash must be 64 lowercase hex characters")
+	ErrInvalidTeam = errors.New("contextstore: invalid team ID")
 )
 
-var hashRe = regexp.MustCompile(`^[0-9a-f]{64}$`)
+var (
+	hashRe = regexp.MustCompile(`^[0-9a-f]{64}$`)
+	teamRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$`)
+)
+
+// teamsDir holds one sub-store per team under the root directory.
+const teamsDir = "teams"
 
 const (
 	tarSuffix     = ".tar"
@@ -53,6 +62,31 @@ type Store struct {
 	// mu serialises the commit step (compare-or-rename) so two uploads of
 	// one hash cannot both think they created it.
 	mu sync.Mutex
+	// teams are the per-team sub-stores handed out by Team (root only).
+	teams sync.Map // team ID -> *Store
+}
+
+// Team returns the store of one team's uploads (<dir>/teams/<team>), the
+// same *Store for every call with one team, so uploads of one hash by two
+// requests still commit one at a time.
+func (s *Store) Team(team string) (*Store, error) {
+	if !teamRe.MatchString(team) {
+		return nil, fmt.Errorf("%w: %q", ErrInvalidTeam, team)
+	}
+	if t, ok := s.teams.Load(team); ok {
+		return t.(*Store), nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t, ok := s.teams.Load(team); ok {
+		return t.(*Store), nil
+	}
+	t, err := Open(filepath.Join(s.dir, teamsDir, team), s.maxBytes)
+	if err != nil {
+		return nil, err
+	}
+	s.teams.Store(team, t)
+	return t, nil
 }
 
 // Open creates dir if needed and returns a Store limiting each decompressed
@@ -274,6 +308,28 @@ func syncDir(dir string) {
 // GC removes stored tars (and stray partial files) whose mtime is older
 // than maxAge, and reports how many tars it removed.
 func (s *Store) GC(maxAge time.Duration) (int, error) {
+	removed, err := s.gc(maxAge)
+	// Every team's uploads age out the same way, also those of teams no
+	// request named since this process started.
+	teams, _ := os.ReadDir(filepath.Join(s.dir, teamsDir))
+	errs := []error{err}
+	for _, e := range teams {
+		if !e.IsDir() || !teamRe.MatchString(e.Name()) {
+			continue
+		}
+		t, err := s.Team(e.Name())
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		n, err := t.gc(maxAge)
+		removed += n
+		errs = append(errs, err)
+	}
+	return removed, errors.Join(errs...)
+}
+
+func (s *Store) gc(maxAge time.Duration) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ents, err := os.ReadDir(s.dir)

@@ -68,6 +68,59 @@ function quiet(cmd, args) {
   return spawnSync(cmd, args, { stdio: 'ignore', timeout: 15000 })
 }
 
+// containers lists the container IDs under an OCI runtime's state root. runc takes -q
+// or --quiet; runsc only -quiet or --quiet (it rejects -q, which once made this list
+// silently empty and left gVisor sandboxes running). A failing list is an error.
+function containers(bin, rootDir) {
+  if (!fs.existsSync(rootDir)) return []
+  const r = spawnSync(bin, ['--root', rootDir, 'list', '--quiet'], { encoding: 'utf8', timeout: 15000 })
+  if (r.status !== 0) {
+    throw new Error(`${bin} --root ${rootDir} list --quiet: status ${r.status}: ${(r.stderr || r.error || '').toString().trim()}`)
+  }
+  return r.stdout.split('\n').filter(Boolean)
+}
+
+// cgroupHierarchies are the cgroup mounts a cgroup parent can live in (v2: one; v1: one
+// per controller, symlinks such as cpu -> cpu,cpuacct skipped).
+function cgroupHierarchies() {
+  if (fs.existsSync('/sys/fs/cgroup/cgroup.controllers')) return ['/sys/fs/cgroup']
+  try {
+    return fs
+      .readdirSync('/sys/fs/cgroup', { withFileTypes: true })
+      .filter((e) => e.isDirectory())
+      .map((e) => path.join('/sys/fs/cgroup', e.name))
+  } catch {
+    return []
+  }
+}
+
+function subdirs(dir) {
+  try {
+    return fs.readdirSync(dir, { withFileTypes: true }).filter((e) => e.isDirectory()).map((e) => path.join(dir, e.name))
+  } catch {
+    return []
+  }
+}
+
+// vethOf is the host veth name of a sandbox: prefix cbv + 8 hex of sha256(id).
+function vethOf(id) {
+  return 'cbv' + crypto.createHash('sha256').update(id).digest('hex').slice(0, 8)
+}
+
+function linkExists(name) {
+  return spawnSync('ip', ['link', 'show', name], { stdio: 'ignore', timeout: 15000 }).status === 0
+}
+
+function nftTablesOf(bridge) {
+  const nft = spawnSync('nft', ['list', 'tables'], { encoding: 'utf8', timeout: 15000 })
+  const out = []
+  for (const line of (nft.stdout || '').split('\n')) {
+    const m = /^table (\S+) (\S+)$/.exec(line.trim())
+    if (m && m[2].endsWith(`_${bridge}`)) out.push([m[1], m[2]])
+  }
+  return out
+}
+
 class Server {
   constructor({ runtime = RUNTIME, imagesDir = IMAGES_DIR } = {}) {
     this.runtime = runtime
@@ -75,11 +128,14 @@ class Server {
     this.proc = null
     this.stderrTail = ''
     this.sandboxes = []
+    // Every sandbox ID this server had (tracked, or listed at stop), for the leak check.
+    this.seen = new Set()
   }
 
   // track registers an SDK sandbox so stop() kills it even when a test failed midway.
   track(sbx) {
     this.sandboxes.push(sbx)
+    if (sbx && sbx.sandboxId) this.seen.add(sbx.sandboxId)
     return sbx
   }
 
@@ -101,6 +157,7 @@ class Server {
     this.port = await freePort()
     const rand = crypto.randomBytes(3).toString('hex')
     this.bridge = `cbe${rand}`
+    this.cgroupParent = `cubicle-e2e-${rand}`
     this.pool = `10.212.${crypto.randomInt(0, 256)}.0/24`
     this.url = `http://127.0.0.1:${this.port}`
 
@@ -132,6 +189,7 @@ class Server {
       '--domain', DOMAIN,
       '--bridge', this.bridge,
       '--pool', this.pool,
+      '--cgroup-parent', this.cgroupParent,
       ...extraArgs,
     ]
     this.proc = spawn(CUBICLE, args, { stdio: ['ignore', 'pipe', 'pipe'] })
@@ -193,12 +251,93 @@ class Server {
     return this.stderrTail.slice(-n)
   }
 
+  // stateRoot is the --root of the server's OCI driver (<data>/run/<runtime>).
+  stateRoot() {
+    return path.join(this.dataDir, 'run', this.runtime)
+  }
+
+  // sandboxLeftovers lists what the server's sandboxes left on the host once every
+  // sandbox was killed and the server stopped: containers in its state root, netns
+  // files, host veths (on its bridge or named for a sandbox it had), cgroups under its
+  // cgroup parent, sandbox dirs and mounts.
+  sandboxLeftovers() {
+    const left = []
+    try {
+      const ids = containers(this.runtime, this.stateRoot())
+      if (ids.length) left.push(`containers in ${this.stateRoot()}: ${ids.join(' ')}`)
+    } catch (e) {
+      left.push(e.message)
+    }
+    const nsDir = path.join('/run/cubicle', this.bridge, 'netns')
+    try {
+      for (const e of fs.readdirSync(nsDir, { withFileTypes: true })) {
+        if (e.isFile()) left.push(`netns file ${path.join(nsDir, e.name)}`)
+      }
+    } catch {}
+    try {
+      for (const f of fs.readdirSync(path.join(nsDir, '.addr'))) left.push(`netns address record ${f}`)
+    } catch {}
+    const links = spawnSync('ip', ['-o', 'link', 'show', 'master', this.bridge], { encoding: 'utf8', timeout: 15000 })
+    for (const l of (links.stdout || '').split('\n').filter(Boolean)) left.push(`link on bridge ${this.bridge}: ${l}`)
+    for (const id of this.seen) {
+      if (linkExists(vethOf(id))) left.push(`host veth ${vethOf(id)} of sandbox ${id}`)
+    }
+    for (const h of cgroupHierarchies()) {
+      for (const d of subdirs(path.join(h, this.cgroupParent))) left.push(`cgroup ${d}`)
+    }
+    try {
+      for (const f of fs.readdirSync(path.join(this.dataDir, 'sandboxes'))) left.push(`sandbox dir ${f}`)
+    } catch {}
+    // runsc keeps one null-netns bind mount per state root; it is the runtime's.
+    const runRoot = path.join(this.dataDir, 'run')
+    for (const mp of [...mountsUnder(path.join('/run/cubicle', this.bridge)), ...mountsUnder(this.dataDir)]) {
+      if (!mp.startsWith(runRoot + '/')) left.push(`mount ${mp}`)
+    }
+    return left
+  }
+
+  // infraLeftovers lists what survived the clean-up: the bridge, nft tables, cgroup
+  // parent, netns dir and data dir must all be gone.
+  infraLeftovers() {
+    const left = []
+    if (linkExists(this.bridge)) left.push(`bridge ${this.bridge}`)
+    for (const [fam, name] of nftTablesOf(this.bridge)) left.push(`nft table ${fam} ${name}`)
+    for (const h of cgroupHierarchies()) {
+      if (fs.existsSync(path.join(h, this.cgroupParent))) left.push(`cgroup parent ${path.join(h, this.cgroupParent)}`)
+    }
+    for (const d of [path.join('/run/cubicle', this.bridge), this.dataDir]) {
+      if (fs.existsSync(d)) left.push(`dir ${d}`)
+    }
+    return left
+  }
+
+  // stop kills every sandbox (tracked ones through the SDK, then whatever the server
+  // still lists), stops the server, removes everything it created and throws (failing
+  // the test file) if the sandboxes left anything behind or the clean-up missed anything.
   async stop() {
     const alive = () => this.proc && this.proc.exitCode === null && this.proc.signalCode === null
-    if (alive() && this.sandboxes.length) {
+    let leaks = []
+    const wasAlive = alive()
+    if (wasAlive && this.sandboxes.length) {
       await Promise.allSettled(this.sandboxes.map((s) => s.kill({ requestTimeoutMs: 20000 })))
     }
-    if (this.proc && this.proc.exitCode === null && this.proc.signalCode === null) {
+    if (wasAlive) {
+      // Sandboxes a test created without track() (or whose kill failed), paused ones too.
+      for (let page = 0; page < 20; page++) {
+        let r
+        try {
+          r = await this.api('GET', '/v2/sandboxes?limit=100')
+        } catch {
+          break
+        }
+        if (r.status !== 200 || !Array.isArray(r.json) || r.json.length === 0) break
+        for (const sb of r.json) {
+          this.seen.add(sb.sandboxID)
+          await this.api('DELETE', `/sandboxes/${sb.sandboxID}`).catch(() => {})
+        }
+      }
+    }
+    if (alive()) {
       try {
         process.kill(this.proc.pid, 'SIGTERM')
       } catch {}
@@ -211,31 +350,51 @@ class Server {
       }
     }
     if (!this.dataDir) return
-    // Belt and braces: remove any container the server left behind in its own state
-    // roots (<data>/run/<driver>), then our bridge, then mounts and the data dir.
+    if (wasAlive) leaks = this.sandboxLeftovers()
+    // Remove whatever is left: containers first, by the runtime with the server's own
+    // state roots (<data>/run/<driver>), so no sandbox keeps running once its state dir
+    // is gone; then veths, the bridge, cgroups, mounts, nft tables and the data dir.
     for (const drv of ['runc', 'runsc']) {
       const rootDir = path.join(this.dataDir, 'run', drv)
-      if (!fs.existsSync(rootDir)) continue
-      const bin = drv === 'runc' ? 'runc' : 'runsc'
-      const r = spawnSync(bin, ['--root', rootDir, 'list', '-q'], { encoding: 'utf8', timeout: 15000 })
-      for (const id of (r.stdout || '').split('\n').filter(Boolean)) {
-        quiet(bin, ['--root', rootDir, 'kill', id, 'KILL'])
-        quiet(bin, ['--root', rootDir, 'delete', '--force', id])
+      let ids = []
+      try {
+        ids = containers(drv, rootDir)
+      } catch (e) {
+        leaks.push(e.message)
       }
+      for (const id of ids) {
+        quiet(drv, ['--root', rootDir, 'kill', id, 'KILL'])
+        quiet(drv, ['--root', rootDir, 'delete', '--force', id])
+      }
+      try {
+        const still = containers(drv, rootDir)
+        if (still.length) leaks.push(`containers survived delete --force in ${rootDir}: ${still.join(' ')}`)
+      } catch {}
     }
+    for (const id of this.seen) quiet('ip', ['link', 'del', vethOf(id)])
     quiet('ip', ['link', 'del', this.bridge])
+    for (const h of cgroupHierarchies()) {
+      for (const d of subdirs(path.join(h, this.cgroupParent))) {
+        try {
+          fs.rmdirSync(d)
+        } catch {}
+      }
+      try {
+        fs.rmdirSync(path.join(h, this.cgroupParent))
+      } catch {}
+    }
     // netns bind mounts (default --netns-dir /run/cubicle/<bridge>/netns) and our data dir.
     const runDir = path.join('/run/cubicle', this.bridge)
     for (const mp of [...mountsUnder(runDir), ...mountsUnder(this.dataDir)]) quiet('umount', ['-l', mp])
     fs.rmSync(runDir, { recursive: true, force: true })
     // nftables tables this server created for its bridge (named cubicle_<bridge>).
-    const nft = spawnSync('nft', ['list', 'tables'], { encoding: 'utf8', timeout: 15000 })
-    for (const line of (nft.stdout || '').split('\n')) {
-      const m = /^table (\S+) (\S+)$/.exec(line.trim())
-      if (m && m[2].endsWith(`_${this.bridge}`)) quiet('nft', ['delete', 'table', m[1], m[2]])
-    }
+    for (const [fam, name] of nftTablesOf(this.bridge)) quiet('nft', ['delete', 'table', fam, name])
     fs.rmSync(this.dataDir, { recursive: true, force: true, maxRetries: 3 })
+    leaks.push(...this.infraLeftovers())
     this.dataDir = null
+    if (leaks.length) {
+      throw new Error(`cubicle server ${this.bridge} (${this.runtime}) left host state behind:\n  ${leaks.join('\n  ')}`)
+    }
   }
 }
 

@@ -1,0 +1,97 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/control"
+	"github.com/cubicle-dev/cubicle/internal/store"
+)
+
+// decodeJSON is decode after the body is read: it returns the message of the
+// 400 that refuses body, or "". Unknown fields are ignored, as e2b's API
+// ignores them, so a client field this server does not know changes nothing.
+func decodeJSON(body []byte, v any, optional bool) string {
+	if len(bytes.TrimSpace(body)) == 0 {
+		if optional {
+			return ""
+		}
+		return "request body is required"
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		return "malformed JSON body: " + err.Error()
+	}
+	return ""
+}
+
+// options turns a create body into the manager's options (without the
+// caller's key and team), or returns the message of the 400 that refuses it.
+// Pure, so the fuzz target can check it; the manager validates the rest.
+func (req *newSandbox) options(v2 bool) (control.CreateOptions, string) {
+	if req.TemplateID == nil {
+		// Required by the spec; an explicit "" still means the base template.
+		return control.CreateOptions{}, "templateID is required"
+	}
+	timeout := int64(15) // v1 spec default
+	if v2 {
+		timeout = int64(control.DefaultTimeout / time.Second)
+	}
+	if req.Timeout != nil {
+		timeout = *req.Timeout
+	}
+	timeoutD, msg := timeoutDuration(timeout)
+	if msg != "" {
+		return control.CreateOptions{}, msg
+	}
+	netw := store.Network{AllowInternet: true, AllowPublicTraffic: true}
+	if req.AllowInternetAccess != nil {
+		netw.AllowInternet = *req.AllowInternetAccess
+	}
+	if req.Network != nil {
+		if req.Network.AllowPublicTraffic != nil {
+			netw.AllowPublicTraffic = *req.Network.AllowPublicTraffic
+		}
+		netw.AllowOut, netw.DenyOut, netw.MaskRequestHost = req.Network.AllowOut, req.Network.DenyOut, req.Network.MaskRequestHost
+	}
+	opts := control.CreateOptions{
+		TemplateID: *req.TemplateID, Timeout: timeoutD,
+		Metadata: req.Metadata, EnvVars: req.EnvVars, Network: netw, AutoPause: req.AutoPause,
+	}
+	if req.AutoResume != nil {
+		opts.AutoResume = req.AutoResume.Enabled
+	}
+	for _, vm := range req.VolumeMounts {
+		opts.VolumeMounts = append(opts.VolumeMounts, control.VolumeMount{Name: vm.Name, Path: vm.Path, ReadOnly: vm.ReadOnly})
+	}
+	opts.Accelerators = req.Accelerators
+	return opts, ""
+}
+
+// networkUpdate is the PUT /sandboxes/{id}/network body.
+type networkUpdate struct {
+	AllowOut            []string `json:"allowOut"`
+	DenyOut             []string `json:"denyOut"`
+	AllowInternetAccess *bool    `json:"allow_internet_access"`
+}
+
+// network is the policy the body asks for; the manager validates it.
+func (req *networkUpdate) network() store.Network {
+	n := store.Network{AllowInternet: true, AllowOut: req.AllowOut, DenyOut: req.DenyOut}
+	if req.AllowInternetAccess != nil {
+		n.AllowInternet = *req.AllowInternetAccess
+	}
+	return n
+}
+
+// volumeName is the requested name ("" for a generated one), or the message
+// of the 400 that refuses an explicit empty one.
+func (req *newVolume) volumeName() (string, string) {
+	if req.Name == nil {
+		return "", ""
+	}
+	if *req.Name == "" {
+		return "", "volume name must not be empty; omit it to get a generated one"
+	}
+	return *req.Name, ""
+}
