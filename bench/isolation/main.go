@@ -1,8 +1,9 @@
 // Command isolation measures what the isolation layers cost a sandbox's
 // create+delete, on the runtime driver directly (no API, no agent), in one
-// invocation: the baseline (no disk limit) and each variant, interleaved so
-// that drift on a shared machine hits both alike. It prints p50/p95/p99 and
-// the p50 ratio against the baseline.
+// invocation: the baseline (no user namespace, no disk limit) and each
+// variant (disk limit, user namespace, both), interleaved so that drift on
+// a shared machine hits all alike. It prints p50/p95/p99 and the p50 ratio
+// against the baseline.
 //
 //	go run ./bench/isolation [-runtime runc|runsc] [-samples 30] [-rootfs DIR] [-disk-mb 1024]
 //
@@ -40,29 +41,49 @@ func run(rt string, samples int, rootfs string, diskMB int) error {
 		return err
 	}
 	defer os.RemoveAll(base)
-	d, err := oci.New(oci.Config{Runtime: rt, StateDir: filepath.Join(base, "state"), SandboxDir: filepath.Join(base, "sandboxes"),
-		CgroupParent: "cubicle-bench-" + filepath.Base(base)})
+	if err := os.Chmod(base, 0o711); err != nil { // as serve keeps its data dir
+		return err
+	}
+	newDriver := func(userns bool) (*oci.Driver, error) {
+		sub := filepath.Join(base, fmt.Sprint(userns))
+		return oci.New(oci.Config{Runtime: rt, StateDir: filepath.Join(sub, "state"), SandboxDir: filepath.Join(sub, "sandboxes"),
+			CgroupParent: "cubicle-bench-" + filepath.Base(base), UserNS: userns})
+	}
+	plain, err := newDriver(false)
 	if err != nil {
 		return err
 	}
 	ctx := context.Background()
-	variants := []struct {
+	res := runtime.Resources{CPUCount: 1, MemoryMB: 256, PIDs: 256}
+	limited := res
+	limited.DiskMB = diskMB
+	type variant struct {
 		name string
+		d    *oci.Driver
 		res  runtime.Resources
-	}{
-		{"no disk limit (baseline)", runtime.Resources{CPUCount: 1, MemoryMB: 256, PIDs: 256}},
-		{fmt.Sprintf("disk limit %d MiB", diskMB), runtime.Resources{CPUCount: 1, MemoryMB: 256, PIDs: 256, DiskMB: diskMB}},
+	}
+	variants := []variant{
+		{"baseline", plain, res},
+		{fmt.Sprintf("disk limit %d MiB", diskMB), plain, limited},
+	}
+	if rt != "runsc" {
+		userns, err := newDriver(true)
+		if err != nil {
+			return err
+		}
+		variants = append(variants, variant{"user namespace", userns, res},
+			variant{fmt.Sprintf("user namespace + disk %d MiB", diskMB), userns, limited})
 	}
 	times := make([][]time.Duration, len(variants))
 	for i := 0; i < samples; i++ {
 		for v, vr := range variants {
 			id := fmt.Sprintf("bench%015d", i*len(variants)+v)
 			start := time.Now()
-			if _, err := d.Create(ctx, runtime.Spec{ID: id, Layers: []string{rootfs}, Args: []string{"/bin/sleep", "60"}, Resources: vr.res}); err != nil {
-				d.Delete(ctx, id)
+			if _, err := vr.d.Create(ctx, runtime.Spec{ID: id, Layers: []string{rootfs}, Args: []string{"/bin/sleep", "60"}, Resources: vr.res}); err != nil {
+				vr.d.Delete(ctx, id)
 				return fmt.Errorf("%s: create: %w", vr.name, err)
 			}
-			if err := d.Delete(ctx, id); err != nil {
+			if err := vr.d.Delete(ctx, id); err != nil {
 				return fmt.Errorf("%s: delete: %w", vr.name, err)
 			}
 			times[v] = append(times[v], time.Since(start))
@@ -78,7 +99,12 @@ func run(rt string, samples int, rootfs string, diskMB int) error {
 		fmt.Printf("  %-28s p50 %7.1f ms  p95 %7.1f ms  p99 %7.1f ms  ratio(p50) %.2f\n", vr.name,
 			ms(p[0]), ms(p[1]), ms(p[2]), float64(p[0])/float64(baseP50))
 	}
-	return d.CheckLeaks(ctx)
+	for _, vr := range variants {
+		if err := vr.d.CheckLeaks(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func percentiles(ts []time.Duration) [3]time.Duration {

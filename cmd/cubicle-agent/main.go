@@ -22,11 +22,6 @@ import (
 )
 
 func main() {
-	// Before anything else: as the trampoline this process becomes a
-	// sandbox program (see agent.IsChildExec).
-	if agent.IsChildExec() {
-		agent.RunChildExec()
-	}
 	port := flag.Int("port", agent.Port, "port to listen on (all interfaces)")
 	listen := flag.String("listen", "", "listen address host:port (overrides -port)")
 	version := flag.Bool("version", false, "print version and exit")

@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"maps"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -86,16 +85,7 @@ type Agent struct {
 	procs    *processTable
 	watchers *watcherTable
 	metrics  metricsState
-
-	// selfExe is this binary, re-executed as the trampoline that starts
-	// sandbox processes (childexec.go).
-	selfExe string
-	selfErr error
 }
-
-// executable locates the trampoline binary (childexec.go); tests point it
-// at a copy that every sandbox user may execute.
-var executable = os.Executable
 
 // New creates an Agent. It starts the reaper goroutine when cfg.ReapAll is set.
 func New(cfg Config) *Agent {
@@ -122,7 +112,6 @@ func New(cfg Config) *Agent {
 	if a.envVars == nil {
 		a.envVars = map[string]string{}
 	}
-	a.selfExe, a.selfErr = executable()
 	return a
 }
 

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -44,25 +43,6 @@ func TestChildOOMScoreAdj(t *testing.T) {
 	}
 	if after, _ := os.ReadFile("/proc/self/oom_score_adj"); string(after) != string(before) {
 		t.Errorf("agent's oom_score_adj changed: %q -> %q", before, after)
-	}
-}
-
-// An exec failure in the trampoline is the start error, as with a direct
-// fork+exec, and leaves no child behind.
-func TestChildExecErrorReported(t *testing.T) {
-	a := New(Config{})
-	p := filepath.Join(t.TempDir(), "notexec")
-	if err := os.WriteFile(p, []byte("#!/bin/sh\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	null, _ := os.Open(os.DevNull)
-	defer null.Close()
-	_, err := a.forkExec(p, []string{p}, &syscall.ProcAttr{Files: []uintptr{null.Fd(), null.Fd(), null.Fd()}})
-	if !errors.Is(err, syscall.EACCES) {
-		t.Fatalf("exec of a non-executable file: %v, want EACCES", err)
-	}
-	if _, err := unix.Wait4(-1, nil, unix.WNOHANG, nil); !errors.Is(err, unix.ECHILD) {
-		t.Errorf("a child was left unreaped (wait4: %v)", err)
 	}
 }
 

@@ -20,16 +20,6 @@ import (
 const reaperHelperEnv = "CUBICLE_AGENT_REAPER_HELPER"
 
 func TestMain(m *testing.M) {
-	if IsChildExec() {
-		RunChildExec()
-	}
-	// Processes run as other users re-execute this binary as their
-	// trampoline; go test keeps it in a directory only root may enter.
-	if err := exposeTestBinary(); err != nil {
-		fmt.Println("expose test binary:", err)
-		os.RemoveAll(exposedDir)
-		os.Exit(1)
-	}
 	if os.Getenv(reaperHelperEnv) == startCmdScenarioName {
 		if err := startCmdReapScenario(); err != nil {
 			fmt.Println("REAPER-FAIL:", err)
@@ -46,36 +36,7 @@ func TestMain(m *testing.M) {
 		fmt.Println("REAPER-OK")
 		os.Exit(0)
 	}
-	code := m.Run()
-	os.RemoveAll(exposedDir)
-	os.Exit(code)
-}
-
-var exposedDir string
-
-// exposeTestBinary copies the test binary into a world-executable temp dir
-// and points executable at it.
-func exposeTestBinary() error {
-	self, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	if exposedDir, err = os.MkdirTemp("", "cubicle-agent-test-"); err != nil {
-		return err
-	}
-	if err := os.Chmod(exposedDir, 0o755); err != nil {
-		return err
-	}
-	b, err := os.ReadFile(self)
-	if err != nil {
-		return err
-	}
-	dst := filepath.Join(exposedDir, "agent.test")
-	if err := os.WriteFile(dst, b, 0o755); err != nil {
-		return err
-	}
-	executable = func() (string, error) { return dst, nil }
-	return nil
+	os.Exit(m.Run())
 }
 
 // TestReapAllMode runs the PID-1 style reaper in a child copy of the test

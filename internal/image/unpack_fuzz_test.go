@@ -44,7 +44,12 @@ func layerFromSpec(spec string) (layer []byte, escapes bool) {
 			_, err := cleanEntry(n)
 			return errors.Is(err, ErrUnsafePath)
 		}
-		if climbs(h.Name) || (h.Typeflag == tar.TypeLink && climbs(h.Linkname)) {
+		// An entry for the root itself ("", ".", "./") is skipped unread.
+		root := false
+		if rel, err := cleanEntry(h.Name); err == nil && rel == "" {
+			root = true
+		}
+		if climbs(h.Name) || (h.Typeflag == tar.TypeLink && !root && climbs(h.Linkname)) {
 			escapes = true
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -130,6 +131,12 @@ func TestSandboxPrivileges(t *testing.T) {
 			if out, _ := s.runAs(t, c, "root", "grep CapEff /proc/self/status"); out != "CapEff:\t00000000a80405fb" {
 				t.Errorf("root CapEff: %q, want 00000000a80405fb", out)
 			}
+			// runc: root inside is an unprivileged host uid (its own range).
+			if rt == "runc" {
+				if f := strings.Fields(s.mustRun(c, "cat /proc/self/uid_map")); len(f) != 3 || f[0] != "0" || f[1] == "0" || f[2] != "65536" {
+					t.Errorf("uid_map %q: want root mapped to a 65536-uid host range", f)
+				}
+			}
 			for _, cse := range []struct{ user, arg, want string }{
 				{"root", "packet", "EPERM"},
 				{"root", "rawip", "EPERM"},
@@ -168,6 +175,16 @@ func TestAgentSurvivesWorkload(t *testing.T) {
 	if len(f) != 2 || f[1] != "EAGAIN" {
 		t.Fatalf("fork storm: %q, want the pids limit (EAGAIN) to stop it", out)
 	}
+	// While the storm's processes hold every pid, the agent still answers.
+	resp, err := s.envdClient(c).Get(s.URL + "/health")
+	if err != nil {
+		t.Fatalf("agent during the fork storm: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		t.Fatalf("agent during the fork storm: status %d", resp.StatusCode)
+	}
+	time.Sleep(3500 * time.Millisecond) // the probe's sleepers end after 3 s
 	if got := s.mustRun(c, "echo alive"); strings.TrimSpace(got) != "alive" {
 		t.Fatalf("after the fork storm: %q", got)
 	}
@@ -212,8 +229,12 @@ func TestSetuidInVolumeDoesNotElevate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fi.Mode().Perm() != 0o700 {
-		t.Errorf("data dir mode %v, want 0700", fi.Mode().Perm())
+	if fi.Mode().Perm() != 0o711 {
+		t.Errorf("data dir mode %v, want 0711", fi.Mode().Perm())
+	}
+	// Template images are built from untrusted recipes too.
+	if fi, err := os.Stat(imagesDir(t)); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("images dir: %v %v, want 0700", fi.Mode(), err)
 	}
 	var planted string
 	filepath.Walk(s.DataDir, func(p string, fi os.FileInfo, err error) error {

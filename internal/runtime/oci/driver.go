@@ -53,6 +53,9 @@ type Config struct {
 	RunscPauseMode string
 	// CommandTimeout bounds every runtime invocation. Default 60s.
 	CommandTimeout time.Duration
+	// UserNS runs runc/crun sandboxes in user namespaces of their own
+	// (userns.go). Ignored by runsc, which has its own.
+	UserNS bool
 }
 
 // Driver is an OCI runtime driver. Safe for concurrent use.
@@ -63,6 +66,7 @@ type Driver struct {
 
 	mu    sync.Mutex
 	locks map[string]*idLock
+	slots map[string]int // user namespace slot per sandbox (userns.go)
 }
 
 type idLock struct {
@@ -113,22 +117,36 @@ func New(cfg Config) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
-	for _, d := range []string{cfg.StateDir, cfg.SandboxDir} {
-		if !filepath.IsAbs(d) {
-			return nil, fmt.Errorf("%w: %q is not absolute", ErrConfig, d)
+	// No host user but root may enter a sandbox's dir (each is 0700, owned
+	// by root or by the sandbox's user namespace root): its filesystem,
+	// set-ID binaries included, is not theirs to run. The sandbox dir
+	// itself is traversable, so runc in a user namespace can reach its
+	// rootfs.
+	for _, dm := range []struct {
+		dir  string
+		mode os.FileMode
+	}{{cfg.StateDir, 0o700}, {cfg.SandboxDir, 0o711}} {
+		if !filepath.IsAbs(dm.dir) {
+			return nil, fmt.Errorf("%w: %q is not absolute", ErrConfig, dm.dir)
 		}
-		// Root only: sandbox root filesystems' upper dirs live here, and
-		// their files (set-ID binaries included) must not be reachable by
-		// the host's other users.
-		if err := os.MkdirAll(d, 0o700); err != nil {
+		if err := os.MkdirAll(dm.dir, dm.mode); err != nil {
 			return nil, err
 		}
-		if err := os.Chmod(d, 0o700); err != nil {
+		if err := os.Chmod(dm.dir, dm.mode); err != nil {
 			return nil, err
 		}
 	}
 	_, nsErr := os.Stat("/proc/self/ns/cgroup")
-	return &Driver{cfg: cfg, bin: p, cgroupNS: nsErr == nil, locks: map[string]*idLock{}}, nil
+	d := &Driver{cfg: cfg, bin: p, cgroupNS: nsErr == nil, locks: map[string]*idLock{}, slots: map[string]int{}}
+	if d.userns() {
+		if err := checkIdmap(cfg.SandboxDir); err != nil {
+			return nil, fmt.Errorf("%w: user namespaces need idmapped mounts of the image filesystem: %v", ErrHostUnsupported, err)
+		}
+		if err := d.loadSlots(); err != nil {
+			return nil, err
+		}
+	}
+	return d, nil
 }
 
 // Name implements runtime.Driver.
@@ -393,6 +411,12 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Info,
 		}
 	}()
 
+	var nsBase uint32
+	if d.userns() {
+		if nsBase, err = d.allocSlot(spec.ID); err != nil {
+			return runtime.Info{}, err
+		}
+	}
 	rootfs := filepath.Join(dir, "rootfs")
 	bundle := filepath.Join(dir, "bundle")
 	for _, sub := range []string{"rootfs", "bundle"} {
@@ -409,13 +433,17 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Info,
 			return runtime.Info{}, err
 		}
 	}
-	if err := mountOverlay(spec.Layers, upper, work, rootfs); err != nil {
+	if nsBase != 0 {
+		if spec.Mounts, err = d.idmappedRootfs(spec.ID, nsBase, spec.Layers, upper, work, rootfs, spec.Mounts, spec.Devices); err != nil {
+			return runtime.Info{}, err
+		}
+	} else if err := mountOverlay(spec.Layers, upper, work, rootfs); err != nil {
 		return runtime.Info{}, err
 	}
 	if err := prepareRootfs(rootfs, spec.Mounts); err != nil {
 		return runtime.Info{}, err
 	}
-	ociSpec, err := d.buildSpec(spec, rootfs)
+	ociSpec, err := d.buildSpec(spec, rootfs, nsBase)
 	if err != nil {
 		return runtime.Info{}, err
 	}
@@ -488,6 +516,8 @@ func (d *Driver) destroy(ctx context.Context, id string) error {
 	if len(errs) == 0 {
 		if err := os.RemoveAll(dir); err != nil {
 			errs = append(errs, err)
+		} else {
+			d.freeSlot(id) // only once nothing of the sandbox holds its uids
 		}
 	}
 	return errors.Join(errs...)

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -46,6 +46,12 @@ func prepareRootfs(rootfs string, mounts []runtime.Mount) error {
 			return fmt.Errorf("%w: mount source: %v", ErrInvalidSpec, err)
 		}
 		dst := filepath.Clean(m.Destination)
+		if inKernelFS(dst) {
+			// Over a file of the sandbox's own procfs or sysfs (lxcfs's
+			// views), which the runtime mounts before the extra mounts: the
+			// mountpoint exists there, and nothing goes into the image.
+			continue
+		}
 		if fi.IsDir() {
 			if err := mkdirInRoot(rootfs, dst, 0o755); err != nil {
 				return err
@@ -69,6 +75,12 @@ func prepareRootfs(rootfs string, mounts []runtime.Mount) error {
 		f.Close()
 	}
 	return nil
+}
+
+// inKernelFS: dst is below /proc or /sys, which are the sandbox's procfs
+// and sysfs, not directories of the image.
+func inKernelFS(dst string) bool {
+	return strings.HasPrefix(dst, "/proc/") || strings.HasPrefix(dst, "/sys/")
 }
 
 func mkdirInRoot(rootfs, rel string, mode os.FileMode) error {
@@ -100,7 +112,10 @@ func mkdirInRoot(rootfs, rel string, mode os.FileMode) error {
 	return nil
 }
 
-// mountsUnder lists mount points at or below dir, deepest first.
+// mountsUnder lists mount points at or below dir, most recent first:
+// mountinfo lists a namespace's mounts in the order they were made, so the
+// reverse unmounts a mount on top of another (or one that uses another, as
+// an overlay uses its idmapped layers) before what is under it.
 func mountsUnder(dir string) ([]string, error) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
@@ -121,7 +136,7 @@ func mountsUnder(dir string) ([]string, error) {
 			out = append(out, mp)
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
+	slices.Reverse(out)
 	return out, sc.Err()
 }
 

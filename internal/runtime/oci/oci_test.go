@@ -27,6 +27,10 @@ type testEnv struct {
 }
 
 func newTestEnv(tb testing.TB, rt string) *testEnv {
+	return newTestEnvWith(tb, rt, false)
+}
+
+func newTestEnvWith(tb testing.TB, rt string, userns bool) *testEnv {
 	tb.Helper()
 	if os.Geteuid() != 0 {
 		tb.Skip("needs root")
@@ -43,6 +47,10 @@ func newTestEnv(tb testing.TB, rt string) *testEnv {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	// As a data dir is: traversable, so runc in a user namespace gets in.
+	if err := os.Chmod(base, 0o711); err != nil {
+		tb.Fatal(err)
+	}
 	parent := fmt.Sprintf("cubicle-test-%d-%s", os.Getpid(), rt)
 	d, err := New(Config{
 		Runtime:      rt,
@@ -50,6 +58,7 @@ func newTestEnv(tb testing.TB, rt string) *testEnv {
 		StateDir:     filepath.Join(base, "run", rt),
 		SandboxDir:   filepath.Join(base, "sandboxes"),
 		CgroupParent: parent,
+		UserNS:       userns,
 	})
 	if errors.Is(err, ErrHostUnsupported) {
 		os.RemoveAll(base)
@@ -91,6 +100,12 @@ func TestRuncSuite(t *testing.T) {
 	runtimetest.RunDriverSuite(t, env.d, env.layers)
 }
 
+// The same suite with each sandbox in a user namespace of its own.
+func TestRuncUsernsSuite(t *testing.T) {
+	env := newTestEnvWith(t, "runc", true)
+	runtimetest.RunDriverSuiteWith(t, env.d, env.layers, runtimetest.Options{UserNS: true})
+}
+
 // crun is optional everywhere (not required in CI).
 func TestCrunSuite(t *testing.T) {
 	if _, err := exec.LookPath("crun"); err != nil {
@@ -122,7 +137,7 @@ func TestSpecDefaults(t *testing.T) {
 		ID: "abc", Args: []string{"/a"}, NetNSPath: "/run/cubicle/netns/abc",
 		Mounts:    []runtime.Mount{{Source: "/h", Destination: "/.cubicle/cubicle-agent", ReadOnly: true}},
 		Resources: runtime.Resources{CPUCount: 2, MemoryMB: 512, PIDs: 1000},
-	}, "/r")
+	}, "/r", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +186,7 @@ func TestSpecDevices(t *testing.T) {
 			{Path: "/dev/nvidia0", Type: 'c', Major: 195, Minor: 0},
 			{Path: "/dev/sdz", Type: 'b', Major: 8, Minor: 3, FileMode: 0o600, UID: 1000, GID: 44},
 		},
-	}, "/r")
+	}, "/r", 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -52,7 +52,9 @@ func ptr[T any](v T) *T { return &v }
 
 // buildSpec generates the OCI config for a sandbox whose rootfs is already
 // mounted at rootfs.
-func (d *Driver) buildSpec(s runtime.Spec, rootfs string) (*specs.Spec, error) {
+// nsBase, when not 0, puts the sandbox in a user namespace mapping 0..65535
+// to nsBase.. (userns.go).
+func (d *Driver) buildSpec(s runtime.Spec, rootfs string, nsBase uint32) (*specs.Spec, error) {
 	seccomp, err := DefaultSeccomp()
 	if err != nil {
 		return nil, fmt.Errorf("seccomp profile: %w", err)
@@ -87,6 +89,22 @@ func (d *Driver) buildSpec(s runtime.Spec, rootfs string) (*specs.Spec, error) {
 		{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
 		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 	}
+	var uidMap []specs.LinuxIDMapping
+	if nsBase != 0 {
+		nsList = append(nsList, specs.LinuxNamespace{Type: specs.UserNamespace})
+		uidMap = []specs.LinuxIDMapping{{ContainerID: 0, HostID: nsBase, Size: usernsSize}}
+		// sysfs can only be mounted by the user namespace that owns the
+		// network namespace, and the sandbox's netns is made by the host
+		// beforehand: bind the host's read-only instead (as rootless
+		// containers do), with the cgroup tree, which would show other
+		// sandboxes, covered.
+		for i := range mounts {
+			if mounts[i].Destination == "/sys" {
+				mounts[i] = specs.Mount{Destination: "/sys", Type: "bind", Source: "/sys", Options: []string{"rbind", "nosuid", "noexec", "nodev", "ro"}}
+			}
+		}
+		mounts = append(mounts, specs.Mount{Destination: "/sys/fs/cgroup", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "noexec", "nodev", "ro", "size=4k", "mode=755"}})
+	}
 	for _, m := range s.Mounts {
 		opts := []string{"rbind", "nosuid", "nodev"}
 		if m.ReadOnly {
@@ -111,16 +129,21 @@ func (d *Driver) buildSpec(s runtime.Spec, rootfs string) (*specs.Spec, error) {
 	var res specs.LinuxResources
 	res.Devices = append([]specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}}, allowedDevices...)
 	var devices []specs.LinuxDevice
-	for _, dev := range s.Devices {
+	for i, dev := range s.Devices {
 		mode := os.FileMode(dev.FileMode & 0o7777)
 		if mode == 0 {
 			mode = 0o666
 		}
 		typ := string(rune(dev.Type))
-		devices = append(devices, specs.LinuxDevice{
-			Path: filepath.Clean(dev.Path), Type: typ, Major: dev.Major, Minor: dev.Minor,
-			FileMode: ptr(mode), UID: ptr(dev.UID), GID: ptr(dev.GID),
-		})
+		if nsBase != 0 {
+			// Made on the host by idmappedRootfs; a bind without nodev.
+			mounts = append(mounts, specs.Mount{Destination: filepath.Clean(dev.Path), Type: "bind", Source: d.devNode(s.ID, i), Options: []string{"bind", "nosuid"}})
+		} else {
+			devices = append(devices, specs.LinuxDevice{
+				Path: filepath.Clean(dev.Path), Type: typ, Major: dev.Major, Minor: dev.Minor,
+				FileMode: ptr(mode), UID: ptr(dev.UID), GID: ptr(dev.GID),
+			})
+		}
 		res.Devices = append(res.Devices, specs.LinuxDeviceCgroup{
 			Allow: true, Type: typ, Major: ptr(dev.Major), Minor: ptr(dev.Minor), Access: "rwm",
 		})
@@ -157,13 +180,15 @@ func (d *Driver) buildSpec(s runtime.Spec, rootfs string) (*specs.Spec, error) {
 			Capabilities: &specs.LinuxCapabilities{
 				Bounding: caps, Effective: caps, Permitted: caps,
 			},
-			Rlimits: []specs.POSIXRlimit{nofileRlimit()},
+			Rlimits: []specs.POSIXRlimit{nofileRlimit(nsBase != 0)},
 			// setuid binaries (su/sudo-like helpers used by the agent) need this off.
 			NoNewPrivileges: false,
 		},
 		Hostname: hostname,
 		Mounts:   mounts,
 		Linux: &specs.Linux{
+			UIDMappings:   uidMap,
+			GIDMappings:   uidMap,
 			CgroupsPath:   "/" + d.cfg.CgroupParent + "/" + s.ID,
 			Devices:       devices,
 			Namespaces:    nsList,
@@ -234,12 +259,13 @@ func hasEnv(env []string, key string) bool {
 }
 
 // nofileRlimit is 65536/1048576, capped at our own hard limit: without
-// CAP_SYS_RESOURCE (some hosts drop it) the runtime cannot raise it and
-// container init fails with EPERM.
-func nofileRlimit() specs.POSIXRlimit {
+// CAP_SYS_RESOURCE (some hosts drop it, and a user namespace never has it
+// towards the host) the runtime cannot raise it and container init fails
+// with EPERM.
+func nofileRlimit(userns bool) specs.POSIXRlimit {
 	hard, soft := uint64(nofileHard), uint64(nofileSoft)
 	var cur unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &cur); err == nil && cur.Max < hard && !hasCapSysResource() {
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &cur); err == nil && cur.Max < hard && (userns || !hasCapSysResource()) {
 		hard = cur.Max
 	}
 	soft = min(soft, hard)

@@ -50,6 +50,9 @@ type Options struct {
 	// still runs for drivers whose SupportsDevices() is true, and drivers
 	// reporting false are checked to refuse Spec.Devices cleanly.
 	Devices bool
+	// UserNS: the driver puts sandboxes in user namespaces; root inside
+	// must map to an unprivileged host uid.
+	UserNS bool
 }
 
 // SandboxCapEff is the exact capability set of a sandbox's processes as a
@@ -179,6 +182,7 @@ func waitTickAbove(t testing.TB, path string, min int, timeout time.Duration) in
 // and resume-with-memory (tick continues from where it was) are observable.
 const probeScript = `
 grep -E '^(CapEff|Seccomp):' /proc/1/status > /out/status
+cat /proc/self/uid_map > /out/uidmap
 if unshare -U true 2>/dev/null; then echo 0 > /out/unshare.rc; else echo 1 > /out/unshare.rc; fi
 if echo x > /ro/written 2>/dev/null; then echo 0 > /out/ro.rc; else echo 1 > /out/ro.rc; fi
 cat /ro/hello > /out/ro.content
@@ -289,6 +293,15 @@ func RunDriverSuiteWith(t *testing.T, d runtime.Driver, layers []string, o Optio
 		}
 		if capEff != SandboxCapEff {
 			t.Errorf("CapEff = %#x, want exactly %#x", capEff, uint64(SandboxCapEff))
+		}
+		// Root inside is host root only without a user namespace.
+		uidmap := strings.Fields(string(waitFile(t, filepath.Join(out, "uidmap"), o.Timeout)))
+		if len(uidmap) != 3 || uidmap[0] != "0" {
+			t.Errorf("uid_map %q", uidmap)
+		} else if o.UserNS && (uidmap[1] == "0" || uidmap[2] != "65536") {
+			t.Errorf("uid_map %q: want root mapped to an unprivileged 65536-uid range", uidmap)
+		} else if !o.UserNS && uidmap[1] != "0" {
+			t.Errorf("uid_map %q without a user namespace", uidmap)
 		}
 		// Seccomp: user namespaces need no capability, so only the filter stops this.
 		if strings.Contains(status, "Seccomp:") && !strings.Contains(status, "Seccomp:\t2") {

@@ -1,0 +1,106 @@
+package oci
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// newUserns returns a user namespace mapping uids and gids 0..size-1 to
+// base..base+size-1, as an open /proc/<pid>/ns/user of a short-lived helper
+// (a multithreaded Go process cannot unshare a user namespace itself).
+func newUserns(base, size uint32) (*os.File, error) {
+	cat, err := exec.LookPath("cat")
+	if err != nil {
+		return nil, fmt.Errorf("oci: user namespace helper: %w", err)
+	}
+	cmd := exec.Command(cat)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	m := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(base), Size: int(size)}}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWUSER, UidMappings: m, GidMappings: m, Pdeathsig: unix.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		in.Close()
+		return nil, fmt.Errorf("oci: user namespace helper: %w", err)
+	}
+	f, err := os.Open("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/ns/user")
+	in.Close() // cat sees EOF and exits
+	werr := cmd.Wait()
+	if err != nil {
+		return nil, fmt.Errorf("oci: user namespace: %w", err)
+	}
+	if werr != nil {
+		f.Close()
+		return nil, fmt.Errorf("oci: user namespace helper: %w", werr)
+	}
+	return f, nil
+}
+
+// errNoIdmap: the filesystem under a mount cannot be idmapped.
+var errNoIdmap = errors.New("filesystem does not support idmapped mounts")
+
+// idmapMount mounts an idmapped clone of the mount tree at src on dst: a
+// file owned by uid u on disk appears owned by base+u, so root in a
+// sandbox whose user namespace maps 0 to base sees the image's root-owned
+// files as its own, and what it writes is stored as uid 0 again: no chown
+// pass over images or volumes, and every sandbox gets its own range.
+func idmapMount(src, dst string, userns *os.File, recursive bool) error {
+	flags := unix.OPEN_TREE_CLONE | unix.OPEN_TREE_CLOEXEC
+	setFlags := unix.AT_EMPTY_PATH
+	if recursive {
+		flags |= unix.AT_RECURSIVE
+		setFlags |= unix.AT_RECURSIVE
+	}
+	fd, err := unix.OpenTree(unix.AT_FDCWD, src, uint(flags))
+	if err != nil {
+		return fmt.Errorf("oci: open_tree %s: %w", src, err)
+	}
+	defer unix.Close(fd)
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(userns.Fd())}
+	if err := unix.MountSetattr(fd, "", uint(setFlags), &attr); err != nil {
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EPERM) || errors.Is(err, unix.EOPNOTSUPP) {
+			return fmt.Errorf("oci: idmap %s: %w (%v)", src, errNoIdmap, err)
+		}
+		return fmt.Errorf("oci: idmap %s: %w", src, err)
+	}
+	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, dst, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("oci: move_mount %s: %w", dst, err)
+	}
+	return nil
+}
+
+// checkIdmap probes that dir's filesystem can be idmapped (Linux 5.12+,
+// ext4/xfs/btrfs...), so a host that cannot run user-namespaced sandboxes
+// fails at start rather than at the first create.
+func checkIdmap(dir string) error {
+	ns, err := newUserns(usernsBase, usernsSize)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	tmp, err := os.MkdirTemp(dir, ".idmap-probe-")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp)
+	src := filepath.Join(tmp, "src")
+	dst := filepath.Join(tmp, "dst")
+	for _, p := range []string{src, dst} {
+		if err := os.Mkdir(p, 0o700); err != nil {
+			return err
+		}
+		defer os.Remove(p)
+	}
+	if err := idmapMount(src, dst, ns, false); err != nil {
+		return err
+	}
+	return unix.Unmount(dst, unix.MNT_DETACH)
+}

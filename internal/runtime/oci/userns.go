@@ -1,0 +1,187 @@
+package oci
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cubicle-dev/cubicle/internal/runtime"
+)
+
+// runc sandboxes run in a user namespace of their own: uid and gid 0..65535
+// inside are usernsBase+slot*usernsSize+0..65535 on the host, one slot per
+// sandbox, so root in a sandbox is an unprivileged host user no other
+// sandbox shares. Image layers (and volumes) are mounted idmapped, so the
+// same root-owned files serve every sandbox without a chown pass. The
+// sandbox's own writable layer is stored under its host uids.
+//
+// The slot is recorded as the owner of the sandbox's dir (which is 0700,
+// so only that uid and host root can enter it); New rebuilds the
+// allocation from those owners after a restart.
+const (
+	usernsBase  = 1 << 30
+	usernsSize  = 1 << 16
+	usernsSlots = (1<<31 - usernsBase) / usernsSize // keeps kuids below 2^31 (ping_group_range)
+)
+
+// ErrUsernsExhausted: every user namespace slot is taken.
+var ErrUsernsExhausted = errors.New("oci: no free user namespace range")
+
+func slotBase(slot int) uint32 { return uint32(usernsBase + slot*usernsSize) }
+
+// loadSlots reads the slots of existing sandbox dirs.
+func (d *Driver) loadSlots() error {
+	ents, err := os.ReadDir(d.cfg.SandboxDir)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		fi, err := os.Stat(filepath.Join(d.cfg.SandboxDir, e.Name()))
+		if err != nil || !fi.IsDir() {
+			continue
+		}
+		uid := fi.Sys().(*syscall.Stat_t).Uid
+		if uid >= usernsBase && (uid-usernsBase)%usernsSize == 0 {
+			d.slots[e.Name()] = int((uid - usernsBase) / usernsSize)
+		}
+	}
+	return nil
+}
+
+// allocSlot gives id the lowest free slot and hands its dir to that range.
+func (d *Driver) allocSlot(id string) (uint32, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	used := make(map[int]bool, len(d.slots))
+	for _, s := range d.slots {
+		used[s] = true
+	}
+	for s := 0; s < usernsSlots; s++ {
+		if used[s] {
+			continue
+		}
+		base := slotBase(s)
+		if err := os.Chown(d.dir(id), int(base), int(base)); err != nil {
+			return 0, err
+		}
+		d.slots[id] = s
+		return base, nil
+	}
+	return 0, ErrUsernsExhausted
+}
+
+func (d *Driver) freeSlot(id string) {
+	d.mu.Lock()
+	delete(d.slots, id)
+	d.mu.Unlock()
+}
+
+// userns reports whether sandboxes of this driver get a user namespace.
+func (d *Driver) userns() bool { return d.cfg.UserNS && d.cfg.Runtime != "runsc" }
+
+// idmappedRootfs builds the rootfs for a user-namespaced sandbox: each
+// layer idmapped to the sandbox's range under <dir>/l/<i>, the upper dir
+// owned by its root, then the overlay. It also stages every bind mount
+// under <dir>/m/<i> (idmapped where the filesystem allows it, a plain
+// bind otherwise) and returns the mounts with their staged sources: runc
+// resolves sources inside the user namespace, which cannot traverse the
+// host's root-only dirs.
+func (d *Driver) idmappedRootfs(id string, base uint32, layers []string, upper, work, rootfs string, mounts []runtime.Mount, devs []runtime.Device) ([]runtime.Mount, error) {
+	ns, err := newUserns(base, usernsSize)
+	if err != nil {
+		return nil, err
+	}
+	defer ns.Close()
+	// Only root and the sandbox's uid can enter <dir>; runc, as the
+	// latter, must pass through m/ to the staged sources.
+	for _, sub := range []string{"l", "m"} {
+		if err := os.Mkdir(filepath.Join(d.dir(id), sub), 0o711); err != nil {
+			return nil, err
+		}
+	}
+	mapped := make([]string, len(layers))
+	for i, l := range layers {
+		mapped[i] = filepath.Join(d.dir(id), "l", fmt.Sprint(i))
+		if err := os.Mkdir(mapped[i], 0o700); err != nil {
+			return nil, err
+		}
+		if err := idmapMount(l, mapped[i], ns, false); err != nil {
+			return nil, err
+		}
+	}
+	// The overlay's root takes the upper dir's owner and mode.
+	top, err := os.Stat(layers[0])
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(upper, top.Mode().Perm()); err != nil {
+		return nil, err
+	}
+	if err := os.Chown(upper, int(base), int(base)); err != nil {
+		return nil, err
+	}
+	if err := mountOverlay(mapped, upper, work, rootfs); err != nil {
+		return nil, err
+	}
+	staged := make([]runtime.Mount, len(mounts))
+	for i, m := range mounts {
+		fi, err := os.Stat(m.Source)
+		if err != nil {
+			return nil, fmt.Errorf("%w: mount source: %v", ErrInvalidSpec, err)
+		}
+		dst := filepath.Join(d.dir(id), "m", fmt.Sprint(i))
+		if fi.IsDir() {
+			err = os.Mkdir(dst, 0o700)
+		} else {
+			err = os.WriteFile(dst, nil, 0o600)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if err := idmapMount(m.Source, dst, ns, true); errors.Is(err, errNoIdmap) {
+			// FUSE (s3fs volumes) and other filesystems without idmap
+			// support: a plain bind; their files show as unmapped owners.
+			err = unix.Mount(m.Source, dst, "", unix.MS_BIND|unix.MS_REC, "")
+			if err != nil {
+				return nil, fmt.Errorf("oci: stage mount %s: %w", m.Source, err)
+			}
+		} else if err != nil {
+			return nil, err
+		}
+		staged[i] = m
+		staged[i].Source = dst
+	}
+	// A user namespace cannot mknod: device nodes are made here, owned by
+	// the sandbox's range, and bound in by buildSpec (the device cgroup
+	// still decides what may be opened).
+	for i, dev := range devs {
+		mode := uint32(dev.FileMode & 0o7777)
+		if mode == 0 {
+			mode = 0o666
+		}
+		typ := uint32(unix.S_IFCHR)
+		if dev.Type == 'b' {
+			typ = unix.S_IFBLK
+		}
+		p := d.devNode(id, i)
+		if err := unix.Mknod(p, typ|mode, int(unix.Mkdev(uint32(dev.Major), uint32(dev.Minor)))); err != nil {
+			return nil, fmt.Errorf("oci: device node %s: %w", dev.Path, err)
+		}
+		if err := os.Chown(p, int(base+dev.UID), int(base+dev.GID)); err != nil {
+			return nil, err
+		}
+		if err := os.Chmod(p, os.FileMode(mode&0o777)); err != nil { // mknod's mode went through the umask
+			return nil, err
+		}
+	}
+	return staged, nil
+}
+
+// devNode is where idmappedRootfs makes the i-th device node.
+func (d *Driver) devNode(id string, i int) string {
+	return filepath.Join(d.dir(id), "m", fmt.Sprintf("dev%d", i))
+}
