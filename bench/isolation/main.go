@@ -46,6 +46,9 @@ func run(rt string, samples int, rootfs string, diskMB int) error {
 	}
 	newDriver := func(userns bool) (*oci.Driver, error) {
 		sub := filepath.Join(base, fmt.Sprint(userns))
+		if err := os.Mkdir(sub, 0o711); err != nil {
+			return nil, err
+		}
 		return oci.New(oci.Config{Runtime: rt, StateDir: filepath.Join(sub, "state"), SandboxDir: filepath.Join(sub, "sandboxes"),
 			CgroupParent: "cubicle-bench-" + filepath.Base(base), UserNS: userns})
 	}
@@ -96,7 +99,7 @@ func run(rt string, samples int, rootfs string, diskMB int) error {
 		if v == 0 {
 			baseP50 = p[0]
 		}
-		fmt.Printf("  %-28s p50 %7.1f ms  p95 %7.1f ms  p99 %7.1f ms  ratio(p50) %.2f\n", vr.name,
+		fmt.Printf("  %-32s p50 %7.1f ms  p95 %7.1f ms  p99 %7.1f ms  ratio(p50) %.2f\n", vr.name,
 			ms(p[0]), ms(p[1]), ms(p[2]), float64(p[0])/float64(baseP50))
 	}
 	for _, vr := range variants {

@@ -139,6 +139,9 @@ func New(cfg Config) (*Driver, error) {
 	_, nsErr := os.Stat("/proc/self/ns/cgroup")
 	d := &Driver{cfg: cfg, bin: p, cgroupNS: nsErr == nil, locks: map[string]*idLock{}, slots: map[string]int{}}
 	if d.userns() {
+		if err := checkTraversable(cfg.SandboxDir); err != nil {
+			return nil, err
+		}
 		if err := checkIdmap(cfg.SandboxDir); err != nil {
 			return nil, fmt.Errorf("%w: user namespaces need idmapped mounts of the image filesystem: %v", ErrHostUnsupported, err)
 		}

@@ -185,3 +185,23 @@ func (d *Driver) idmappedRootfs(id string, base uint32, layers []string, upper, 
 func (d *Driver) devNode(id string, i int) string {
 	return filepath.Join(d.dir(id), "m", fmt.Sprintf("dev%d", i))
 }
+
+// checkTraversable: runc resolves a user-namespaced sandbox's rootfs as
+// the sandbox's root, an unprivileged host uid, so every directory above
+// the sandbox dir must let others pass (x). A root-only ancestor would fail
+// every create with a bare "permission denied".
+func checkTraversable(dir string) error {
+	for p := filepath.Dir(filepath.Clean(dir)); ; p = filepath.Dir(p) {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return err
+		}
+		if fi.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("%w: %s is mode %v: user-namespaced sandboxes need every directory above %s to be traversable (chmod o+x), or --userns off",
+				ErrHostUnsupported, p, fi.Mode().Perm(), dir)
+		}
+		if p == "/" {
+			return nil
+		}
+	}
+}
