@@ -40,11 +40,14 @@ type serveOptions struct {
 	volumeConfig, nodeConfig, volumeBaseDir               string
 	contentIdle                                           time.Duration
 	registryListen, buildkitd                             string
+	lxcfsBin                                              string
+	lxcfs                                                 bool
 	readyTimeout                                          time.Duration
 	warmPools                                             []string
 	accel                                                 accelOptions
 	maxCPU, maxMemoryMB, maxDiskMB                        int
 	maxImageBytes                                         int64
+	userns                                                string
 }
 
 func serveCmd() *cobra.Command {
@@ -62,6 +65,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&o.imagesDir, "images-dir", "", "image directory holding <name>/rootfs (default <data-dir>/images)")
 	f.StringVar(&o.listen, "listen", "127.0.0.1:3000", "address for the API and the sandbox proxy")
 	f.StringVar(&o.runtime, "runtime", "runc", "OCI runtime: runc or runsc (gVisor)")
+	f.StringVar(&o.userns, "userns", "auto", "user namespace per sandbox (root inside is an unprivileged host uid): on, off, or auto (on for runc/crun; runsc has its own sandboxing)")
 	f.StringVar(&o.agentBin, "agent-bin", "", "path of the static cubicle-agent binary (default: next to this binary)")
 	f.StringVar(&o.domain, "domain", "", "sandbox domain returned to SDKs; hosts <port>-<id>.<domain> are proxied")
 	f.StringVar(&o.pool, "pool", "10.211.0.0/16", "sandbox address pool")
@@ -79,6 +83,8 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&o.volumeConfig, "volume-config", "", "control-plane YAML with a volume_plugins: list (default: the built-in local plugin)")
 	f.StringVar(&o.nodeConfig, "node-config", "", "node TOML with the volume_plugins list and volume_plugin_base_dir (default: the built-in local plugin)")
 	f.StringVar(&o.registryListen, "registry-listen", "127.0.0.1:0", "loopback address of the local OCI registry BuildKit pulls from and pushes to")
+	f.BoolVar(&o.lxcfs, "lxcfs", true, "give runc sandboxes lxcfs's /proc/meminfo, cpuinfo, stat, uptime... so free and friends show their limits; false: they see the host's (logged)")
+	f.StringVar(&o.lxcfsBin, "lxcfs-bin", "lxcfs", "lxcfs binary (Debian package lxcfs; scripts/install installs it)")
 	f.StringVar(&o.buildkitd, "buildkitd", "", "buildkitd binary for template builds (default: next to this binary; off disables builds with steps)")
 	f.DurationVar(&o.readyTimeout, "ready-timeout", 120*time.Second, "how long a template's ready command may take at sandbox create")
 	f.DurationVar(&o.contentIdle, "volume-content-idle", 30*time.Second, "how long the volume-content API keeps a volume attached after its last request")
@@ -121,6 +127,10 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err := sandboxMaxima(&o); err != nil {
 		return err
 	}
+	userns, err := usernsMode(o.userns, o.runtime)
+	if err != nil {
+		return err
+	}
 	pool, err := netip.ParsePrefix(o.pool)
 	if err != nil {
 		return fmt.Errorf("--pool: %w", err)
@@ -151,15 +161,23 @@ func serve(ctx context.Context, o serveOptions) error {
 		return err
 	}
 	defer st.Close()
-	// Root only, even when it existed before (make run's mkdir -p): sandbox
-	// filesystems and volumes live below it (docs/security.md).
-	if err := os.Chmod(o.dataDir, 0o700); err != nil {
+	// Not listable, even when it existed before (make run's mkdir -p):
+	// sandbox filesystems and volumes live below it, in root-only dirs;
+	// traversable, so runc in a sandbox's user namespace reaches its rootfs
+	// (docs/security.md).
+	if err := os.Chmod(o.dataDir, 0o711); err != nil {
 		return fmt.Errorf("data dir: %w", err)
+	}
+	// Root only: template images are built from untrusted recipes, and a
+	// set-ID binary in one must not be runnable by the host's other users.
+	if err := os.Chmod(o.imagesDir, 0o700); err != nil {
+		return fmt.Errorf("images dir: %w", err)
 	}
 
 	sandboxDir := filepath.Join(o.dataDir, "sandboxes")
 	drv, err := oci.New(oci.Config{
 		Runtime:      o.runtime,
+		UserNS:       userns,
 		StateDir:     filepath.Join(o.dataDir, "run", o.runtime),
 		SandboxDir:   sandboxDir,
 		CgroupParent: o.cgroupParent,
@@ -167,6 +185,11 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err != nil {
 		return fmt.Errorf("runtime %s: %w", o.runtime, err)
 	}
+	lx, err := startLxcfs(ctx, o, log)
+	if err != nil {
+		return err
+	}
+	defer stopLxcfs(lx, drv, log)
 	resolv := filepath.Join(o.dataDir, "resolv.conf")
 	resolvers, err := node.WriteResolvConf("/etc/resolv.conf", resolv)
 	if err != nil {
@@ -189,6 +212,7 @@ func serve(ctx context.Context, o serveOptions) error {
 		VolumeDir: filepath.Join(o.dataDir, "node", "volumes"), VolumeBaseDir: vc.node.BaseDir,
 		VolumePlugin:  func(d string) (volume.Node, error) { return nodePlugins.Get(d) },
 		VolumeDrivers: nodePlugins.Names(), VolumeMetrics: volMetrics, Logger: log,
+		Lxcfs: lx.Mountpoint(), LxcfsFiles: lx.Files(),
 	})
 	if err != nil {
 		return err
@@ -241,7 +265,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	srv.Protocols = new(http.Protocols)
 	srv.Protocols.SetHTTP1(true)
 	srv.Protocols.SetUnencryptedHTTP2(true)
-	log.Info("cubicle serving", "listen", ln.Addr().String(), "runtime", o.runtime, "data", o.dataDir, "images", o.imagesDir,
+	log.Info("cubicle serving", "listen", ln.Addr().String(), "runtime", o.runtime, "userns", userns, "data", o.dataDir, "images", o.imagesDir,
 		"volume_drivers", ctrlPlugins.Names(), "volume_base_dir", vc.node.BaseDir)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
@@ -350,4 +374,21 @@ func loadVolumeConfig(o serveOptions) (volumeConfig, error) {
 		return vc, fmt.Errorf("volume plugins: --volume-config and --node-config must register the same driver names: %w", err)
 	}
 	return vc, nil
+}
+
+// usernsMode resolves --userns: runsc runs its sandboxes in gVisor, whose
+// own user namespace the flag cannot change, so "on" is refused there.
+func usernsMode(v, runtime string) (bool, error) {
+	switch v {
+	case "auto":
+		return runtime != "runsc", nil
+	case "on":
+		if runtime == "runsc" {
+			return false, fmt.Errorf("--userns on: runsc sandboxes already run in gVisor's own user namespace; the flag applies to runc and crun")
+		}
+		return true, nil
+	case "off":
+		return false, nil
+	}
+	return false, fmt.Errorf("--userns %q: want on, off or auto", v)
 }

@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/lxcfs"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/volume"
@@ -37,6 +38,12 @@ type LocalConfig struct {
 	AgentReadyTimeout time.Duration
 	// ResolvConf, when set, is bind-mounted read-only at /etc/resolv.conf.
 	ResolvConf string
+	// Lxcfs, when set, is the mountpoint of the node's lxcfs; LxcfsFiles
+	// (/proc/meminfo...) are bound read-only from it over the procfs of
+	// every sandbox but runsc ones (gVisor's /proc is its own), so free and
+	// friends show the sandbox's limits (internal/lxcfs).
+	Lxcfs      string
+	LxcfsFiles []string
 	// PIDsLimit, when set, is every sandbox's pids limit; 0 sizes it from
 	// the sandbox's memory (PIDsFor).
 	PIDsLimit int64
@@ -150,6 +157,9 @@ func (l *Local) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err e
 	mounts := []runtime.Mount{{Source: l.cfg.AgentBin, Destination: AgentPathInSandbox, ReadOnly: true}}
 	if l.cfg.ResolvConf != "" {
 		mounts = append(mounts, runtime.Mount{Source: l.cfg.ResolvConf, Destination: "/etc/resolv.conf", ReadOnly: true})
+	}
+	if l.cfg.Lxcfs != "" && l.cfg.Runtime.Name() != "runsc" {
+		mounts = append(mounts, lxcfs.BindMounts(l.cfg.Lxcfs, l.cfg.LxcfsFiles)...)
 	}
 	mounts = append(mounts, req.Mounts...)
 	var devices []runtime.Device
