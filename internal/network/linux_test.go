@@ -164,9 +164,15 @@ func newExtHostAt(t *testing.T, hostIP, ip netip.Addr) *extHost {
 // the client's address and closes. Returns "ip:port".
 func listen(t *testing.T, nsPath string, ip netip.Addr) string {
 	t.Helper()
+	return listenAt(t, nsPath, netip.AddrPortFrom(ip, 0))
+}
+
+// listenAt is listen on a given port.
+func listenAt(t *testing.T, nsPath string, ap netip.AddrPort) string {
+	t.Helper()
 	var ln net.Listener
 	open := func() (err error) {
-		ln, err = net.Listen("tcp", netip.AddrPortFrom(ip, 0).String())
+		ln, err = net.Listen("tcp", ap.String())
 		return err
 	}
 	var err error
@@ -176,7 +182,7 @@ func listen(t *testing.T, nsPath string, ip netip.Addr) string {
 		err = RunInNetns(nsPath, open)
 	}
 	if err != nil {
-		t.Fatalf("listen %s in %q: %v", ip, nsPath, err)
+		t.Fatalf("listen %s in %q: %v", ap, nsPath, err)
 	}
 	t.Cleanup(func() { ln.Close() })
 	go func() {

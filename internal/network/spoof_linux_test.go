@@ -348,7 +348,7 @@ func TestInternalRangesDeniedByDefault(t *testing.T) {
 	mustFail(t, "private network (non-DNS port on the resolver)", s.NetNSPath, privSrv)
 
 	// DNS to the resolver: a UDP and a TCP listener on :53 in its netns.
-	dnsTCP := listenTCPAt(t, priv.path, netip.AddrPortFrom(priv.ip, 53))
+	dnsTCP := listenAt(t, priv.path, netip.AddrPortFrom(priv.ip, 53))
 	mustConnect(t, "resolver tcp/53", s.NetNSPath, dnsTCP)
 	if !udpRoundTrip(t, s.NetNSPath, priv.path, netip.AddrPortFrom(priv.ip, 53)) {
 		t.Fatal("resolver udp/53 unreachable")
@@ -377,29 +377,6 @@ func TestMergePrefixes(t *testing.T) {
 			t.Fatalf("got %v want %v", got, want)
 		}
 	}
-}
-
-func listenTCPAt(t *testing.T, path string, ap netip.AddrPort) string {
-	t.Helper()
-	var ln net.Listener
-	if err := RunInNetns(path, func() (err error) {
-		ln, err = net.Listen("tcp", ap.String())
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Write([]byte(c.RemoteAddr().String() + "\n"))
-			c.Close()
-		}
-	}()
-	return ln.Addr().String()
 }
 
 // udpRoundTrip sends a datagram from the netns at from to an echo server
