@@ -54,3 +54,15 @@ func TestGPUDiscoverFakeHost(t *testing.T) {
 		t.Fatalf("discovered %+v", devs)
 	}
 }
+
+// vfio hands a device to a microVM; with runc (or runsc) it would never reach
+// the sandbox, so serve refuses it before it touches the host.
+func TestServeRefusesVFIOWithOCIRuntime(t *testing.T) {
+	dir := t.TempDir()
+	for _, rt := range []string{"runc", "runsc"} {
+		_, err := run(t, "serve", "--runtime", rt, "--accel-backend", "vfio", "--data-dir", dir, "--images-dir", dir)
+		if !errors.Is(err, errVFIONeedsVM) || !strings.Contains(err.Error(), rt) {
+			t.Fatalf("serve --runtime %s --accel-backend vfio: %v, want errVFIONeedsVM", rt, err)
+		}
+	}
+}

@@ -101,6 +101,9 @@ func serveCmd() *cobra.Command {
 func serve(ctx context.Context, o serveOptions) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	slog.SetDefault(log)
+	if err := checkAccelBackend(o.accel.backend, o.runtime); err != nil {
+		return err
+	}
 	if o.imagesDir == "" {
 		o.imagesDir = filepath.Join(o.dataDir, "images")
 	}
@@ -254,6 +257,7 @@ func serve(ctx context.Context, o serveOptions) error {
 
 	apiSrv := api.New(api.Config{Domain: o.domain, Logger: log, Registry: reg, Templates: tpls.api, Images: tpls.images,
 		MaxImageBytes: o.maxImageBytes}, mgr, st)
+	tpls.startCollector(ctx, apiSrv)
 	handler := proxy.New(proxy.Config{Domain: o.domain, Logger: log}, mgr, st, apiSrv)
 
 	ln, err := net.Listen("tcp", o.listen)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -35,6 +36,20 @@ func (o *accelOptions) flags(f *pflag.FlagSet) {
 	f.BoolVar(&o.vfioRebind, "accel-vfio-rebind", false, "allow the vfio backend to rebind devices to vfio-pci")
 	f.DurationVar(&o.releaseTimeout, "accel-release-timeout", 30*time.Second, "how long a released device may stay held by a process before it is quarantined")
 	f.DurationVar(&o.reconcileT, "accel-reconcile-interval", 10*time.Second, "how often accelerator state is reconciled with the host")
+}
+
+// errVFIONeedsVM: the vfio backend binds a device to vfio-pci for a microVM
+// to take; no runtime here is a VM (runc and runsc are OCI runtimes), so the
+// device would never reach the sandbox.
+var errVFIONeedsVM = errors.New("--accel-backend vfio needs a microVM runtime")
+
+// checkAccelBackend refuses backend/runtime pairs that cannot deliver a
+// device, before serve touches the host.
+func checkAccelBackend(backend, runtime string) error {
+	if accel.BackendType(backend) == accel.BackendVFIO {
+		return fmt.Errorf("%w, and --runtime %s is an OCI runtime where a vfio-bound device never reaches the sandbox; use --accel-backend passthrough (or none)", errVFIONeedsVM, runtime)
+	}
+	return nil
 }
 
 // newAccelManager builds the node's accelerator manager (nil for "none").

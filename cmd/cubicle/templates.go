@@ -30,7 +30,14 @@ type templateStack struct {
 	api      *api.Templates
 	images   *image.Store
 	registry string // host:port of the local registry
+	contexts *contextstore.Store
 	closers  []func()
+}
+
+// startCollector runs the catalog's garbage collector (idempotency keys,
+// unreferenced uploaded build contexts, the API's expired upload grants).
+func (t *templateStack) startCollector(ctx context.Context, apiSrv *api.Server) {
+	go t.catalog.RunCollector(ctx, catalog.CollectorConfig{Contexts: t.contexts.GCExcept, Also: apiSrv.PruneUploads})
 }
 
 func (t *templateStack) Close() {
@@ -62,6 +69,7 @@ func setupTemplates(ctx context.Context, o serveOptions, st store.Store, reg pro
 		ts.Close()
 		return nil, fmt.Errorf("context store: %w", err)
 	}
+	ts.contexts = ctxs
 	solver, closeSolver, err := startSolver(ctx, o, ts.registry, log)
 	if err != nil {
 		log.Warn("BuildKit unavailable: template builds with steps are disabled", "err", err)

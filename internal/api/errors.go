@@ -2,12 +2,14 @@
 package api
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"github.com/cubicle-dev/cubicle/internal/accel"
 	"net/http"
 	"strconv"
 
+	"github.com/cubicle-dev/cubicle/internal/accel"
 	"github.com/cubicle-dev/cubicle/internal/control"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
@@ -83,8 +85,16 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case http.StatusTooManyRequests, http.StatusServiceUnavailable:
 		// The JS SDK (2.49.1+) retries a 429 only when Retry-After is present.
 		w.Header().Set("Retry-After", strconv.Itoa(s.cfg.RetryAfterSeconds))
-	case http.StatusInternalServerError, http.StatusBadGateway, http.StatusGatewayTimeout:
+	case http.StatusBadGateway, http.StatusGatewayTimeout:
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	case http.StatusInternalServerError:
+		// An untyped error's text names internals (paths, SQL, node
+		// addresses): the client gets an ID to quote, the log the detail.
+		id := newErrorID()
+		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "error_id", id, "err", err)
+		w.Header().Set("X-Error-Id", id)
+		writeJSON(w, st, errorBody{Code: st, Message: "internal error (error id " + id + ")", ErrorCode: errorCode(err)})
+		return
 	}
 	msg := err.Error()
 	var qe *store.QuotaError
@@ -119,4 +129,11 @@ func errorCode(err error) string {
 		return "accelerator_unsupported"
 	}
 	return ""
+}
+
+// newErrorID names one 500 so a client's report can be matched to the log.
+func newErrorID() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails (Go 1.24+)
+	return hex.EncodeToString(b)
 }

@@ -378,13 +378,25 @@ func (u *uploads) grant(team, hash string) string {
 		u.tokens = map[string]uploadGrant{}
 	}
 	now := time.Now()
+	u.pruneLocked(now)
+	u.tokens[tok] = uploadGrant{team: team, hash: hash, expires: now.Add(time.Hour)}
+	return tok
+}
+
+func (u *uploads) pruneLocked(now time.Time) {
 	for k, g := range u.tokens {
 		if now.After(g.expires) {
 			delete(u.tokens, k)
 		}
 	}
-	u.tokens[tok] = uploadGrant{team: team, hash: hash, expires: now.Add(time.Hour)}
-	return tok
+}
+
+// PruneUploads drops expired upload grants (URLs handed out and never
+// used); the collector calls it, so they go even when no new grant does.
+func (s *Server) PruneUploads() {
+	s.uploads.mu.Lock()
+	defer s.uploads.mu.Unlock()
+	s.uploads.pruneLocked(time.Now())
 }
 
 // check returns the team the upload URL was issued to.

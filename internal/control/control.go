@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"github.com/cubicle-dev/cubicle/internal/accel"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -88,8 +87,9 @@ type Manager struct {
 	log       *slog.Logger
 
 	createSlots chan struct{}
-	locks       sync.Map // id -> *sync.Mutex; serialises lifecycle ops per sandbox
+	locks       idLocks // serialises lifecycle ops per sandbox
 	samples     sampler
+	sampleEvery time.Duration // sampleInterval; tests shorten it
 	metrics     *opMetrics
 	volumes     VolumeRegistry
 	volMetrics  *VolumeMetrics
@@ -125,16 +125,13 @@ func New(cfg Config, st store.Store, n node.Node, tr template.Resolver) *Manager
 	}
 	m := &Manager{cfg: cfg, store: st, node: n, templates: tr, log: cfg.Logger,
 		createSlots: make(chan struct{}, cfg.MaxConcurrentCreates), metrics: newOpMetrics(cfg.Registry),
-		volumes: cfg.Volumes, volMetrics: cfg.VolumeMetrics, pool: newPoolMetrics(cfg.Registry), poolKick: make(chan struct{}, 1)}
+		volumes: cfg.Volumes, volMetrics: cfg.VolumeMetrics, pool: newPoolMetrics(cfg.Registry), poolKick: make(chan struct{}, 1),
+		sampleEvery: sampleInterval}
 	m.leases = newLeases(m, cfg.ContentIdle)
 	return m
 }
 
-func (m *Manager) lock(id string) func() {
-	mu, _ := m.locks.LoadOrStore(id, &sync.Mutex{})
-	mu.(*sync.Mutex).Lock()
-	return mu.(*sync.Mutex).Unlock
-}
+func (m *Manager) lock(id string) func() { return m.locks.lock(id) }
 
 // NewID returns 20 chars of [a-z0-9], the shape the e2b proxy accepts.
 func NewID() string {
@@ -270,6 +267,11 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ *store.Sandbox
 			return nil, fmt.Errorf("%w: template '%s' is not ready", ErrConflict, o.TemplateID)
 		}
 		return nil, err
+	}
+	// Devices cannot be checkpointed, so autoPause would silently become a
+	// kill at timeout: refuse it up front.
+	if o.AutoPause && (len(o.Accelerators) > 0 || tpl.Accelerators != nil) {
+		return nil, invalid("autoPause is not supported for sandboxes with accelerators (GPU sandboxes cannot pause); create it without autoPause")
 	}
 	var sb *store.Sandbox
 	claimed := false

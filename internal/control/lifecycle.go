@@ -85,8 +85,9 @@ func (m *Manager) Run(ctx context.Context) {
 	defer reap.Stop()
 	reconcile := time.NewTicker(reconcileInterval)
 	defer reconcile.Stop()
-	sample := time.NewTicker(sampleInterval)
-	defer sample.Stop()
+	// Sampling has its own loop: an agent slow to answer a metrics call
+	// must never hold up timeout enforcement.
+	go m.runSampler(ctx)
 	go m.runPool(ctx)
 	if w, ok := m.node.(node.ExitWatcher); ok {
 		go m.watchExits(ctx, w)
@@ -97,8 +98,6 @@ func (m *Manager) Run(ctx context.Context) {
 			return
 		case <-reap.C:
 			m.reapExpired(ctx)
-		case <-sample.C:
-			m.sampleAll(ctx)
 		case <-reconcile.C:
 			if err := m.reconcile(ctx); err != nil && !errors.Is(err, context.Canceled) {
 				m.log.Error("reconcile", "err", err)

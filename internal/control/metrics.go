@@ -12,6 +12,10 @@ import (
 const (
 	sampleInterval = 5 * time.Second
 	sampleKeep     = 720 // one hour at 5 s
+	// sampleTimeout bounds one metrics call; sampleParallel how many run at
+	// once, so one pass is bounded even with many slow agents.
+	sampleTimeout  = 2 * time.Second
+	sampleParallel = 8
 )
 
 // sampler keeps a bounded in-memory history of metric samples per sandbox.
@@ -50,19 +54,44 @@ func (s *sampler) forget(keep map[string]bool) {
 	}
 }
 
+// runSampler records a metrics sample of every running sandbox each
+// sampleEvery until ctx ends.
+func (m *Manager) runSampler(ctx context.Context) {
+	t := time.NewTicker(m.sampleEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			m.sampleAll(ctx)
+		}
+	}
+}
+
 func (m *Manager) sampleAll(ctx context.Context) {
 	rows, err := m.store.ListSandboxes(ctx, store.SandboxFilter{States: []store.SandboxState{store.StateRunning}})
 	if err != nil {
 		return
 	}
 	keep := map[string]bool{}
+	sem := make(chan struct{}, sampleParallel)
+	var wg sync.WaitGroup
 	for _, sb := range rows {
 		keep[sb.ID] = true
-		if st, err := m.node.Stats(ctx, sb.ID, sb.EnvdToken); err == nil {
-			st.CPUCount = sb.CPUCount
-			m.samples.add(sb.ID, st)
-		}
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			cctx, cancel := context.WithTimeout(ctx, sampleTimeout)
+			defer cancel()
+			if st, err := m.node.Stats(cctx, sb.ID, sb.EnvdToken); err == nil {
+				st.CPUCount = sb.CPUCount
+				m.samples.add(sb.ID, st)
+			}
+		}()
 	}
+	wg.Wait()
 	m.samples.forget(keep)
 }
 

@@ -370,6 +370,14 @@ type Idempotency struct {
 	CreatedAt               time.Time
 }
 
+// TemplateReady is what a ready build sets on its template.
+type TemplateReady struct {
+	Image                          string
+	StartCmd, ReadyCmd             string
+	RunAs, Workdir                 string
+	CPUCount, MemoryMB, DiskSizeMB int
+}
+
 // TemplateStore is the template catalog's persistence.
 type TemplateStore interface {
 	// CreateTemplate inserts the template, its names and its first build in
@@ -386,9 +394,27 @@ type TemplateStore interface {
 	// ListTeamTemplates pages like ListTemplates over what teamID sees: its
 	// own templates and public ones.
 	ListTeamTemplates(ctx context.Context, teamID, afterID string, limit int) ([]*Template, error)
+	// UpdateTemplate writes the template's settings. The counters
+	// (BuildCount, SpawnCount, LastSpawnedAt) are not written: they only
+	// change by the store's atomic increments (AddTemplateBuild,
+	// RecordSpawn), so a stale row cannot roll them back.
 	UpdateTemplate(ctx context.Context, t *Template) error
-	// AddTemplateBuild records a new build and makes it the latest one.
-	AddTemplateBuild(ctx context.Context, t *Template, b *TemplateBuild) error
+	// AddTemplateBuild records a new build, makes it the latest one and
+	// increments BuildCount (t.BuildCount gets the stored value), in one
+	// transaction and only while the template's latest build is still
+	// prevLatestID and that build is neither running (building, uploaded)
+	// nor queued (waiting with a spec): ErrConflict otherwise, e.g. when
+	// another rebuild got there first. A prevLatestID build that was never
+	// started is marked error, superseded, in the same transaction.
+	AddTemplateBuild(ctx context.Context, t *Template, b *TemplateBuild, prevLatestID string) error
+	// StartTemplateBuild stores the start request (spec) of a waiting build
+	// that has none yet; ErrConflict when it was started or superseded.
+	StartTemplateBuild(ctx context.Context, buildID, spec string) error
+	// RecordTemplateBuild writes the build row and, in the same
+	// transaction, mirrors its status onto the template when it is the
+	// latest build; ready (for a ready build) also makes it the template's
+	// ready build. Only those columns change, never the rest of the row.
+	RecordTemplateBuild(ctx context.Context, b *TemplateBuild, ready *TemplateReady) error
 	DeleteTemplate(ctx context.Context, id string) error
 	// SetTemplateNames replaces the names (unique within the template's
 	// team; ErrConflict when one is taken).
@@ -407,4 +433,6 @@ type TemplateStore interface {
 	PutIdempotency(ctx context.Context, k *Idempotency) (*Idempotency, error)
 	// SetIdempotencyResponse records the response of a stored key.
 	SetIdempotencyResponse(ctx context.Context, key, response string) error
+	// DeleteIdempotencyBefore removes keys created before t and says how many.
+	DeleteIdempotencyBefore(ctx context.Context, t time.Time) (int, error)
 }

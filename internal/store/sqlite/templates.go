@@ -193,13 +193,21 @@ func (s *Store) listTemplates(ctx context.Context, cond string, args []any, afte
 	return out, nil
 }
 
-// UpdateTemplate writes every column but the ID and creation time.
+// templateSettings is the UPDATE every whole-template write shares: all
+// columns but the ID, team, creation time and the counters, which only
+// change by atomic increments.
+const templateSettings = `UPDATE templates SET primary_name=?, public=?, cpu_count=?, memory_mb=?, disk_size_mb=?, start_cmd=?, ready_cmd=?, run_as=?, workdir=?,
+ready_build_id=?, ready_image=?, latest_build_id=?, build_status=?, pool_size=?, updated_at=?, accelerators=?`
+
+func templateSettingsArgs(t *store.Template) []any {
+	return []any{t.PrimaryName, t.Public, t.CPUCount, t.MemoryMB, t.DiskSizeMB, t.StartCmd, t.ReadyCmd, t.RunAs, t.Workdir,
+		t.ReadyBuildID, t.ReadyImage, t.LatestBuildID, t.BuildStatus, t.PoolSize, ts(t.UpdatedAt), t.Accelerators}
+}
+
+// UpdateTemplate writes the settings; the counters are left alone.
 func (s *Store) UpdateTemplate(ctx context.Context, t *store.Template) error {
 	t.UpdatedAt = time.Now().UTC()
-	a := templateArgs(t)
-	res, err := s.db.ExecContext(ctx, `UPDATE templates SET primary_name=?, public=?, cpu_count=?, memory_mb=?, disk_size_mb=?, start_cmd=?, ready_cmd=?, run_as=?, workdir=?,
-ready_build_id=?, ready_image=?, latest_build_id=?, build_status=?, build_count=?, spawn_count=?, last_spawned_at=?, pool_size=?, updated_at=?, accelerators=? WHERE id=?`,
-		append(append(a[2:19:19], a[20], a[21]), t.ID)...)
+	res, err := s.db.ExecContext(ctx, templateSettings+` WHERE id=?`, append(templateSettingsArgs(t), t.ID)...)
 	if err != nil {
 		return err
 	}
@@ -209,8 +217,9 @@ ready_build_id=?, ready_image=?, latest_build_id=?, build_status=?, build_count=
 	return nil
 }
 
-// AddTemplateBuild inserts b and updates t in one transaction.
-func (s *Store) AddTemplateBuild(ctx context.Context, t *store.Template, b *store.TemplateBuild) error {
+// AddTemplateBuild inserts b and updates t in one transaction, guarded by
+// the previous latest build (two concurrent rebuilds: one wins).
+func (s *Store) AddTemplateBuild(ctx context.Context, t *store.Template, b *store.TemplateBuild, prevLatestID string) error {
 	now := time.Now().UTC()
 	b.CreatedAt, b.UpdatedAt = now, now
 	tx, err := s.db.BeginTx(ctx, nil)
@@ -218,15 +227,86 @@ func (s *Store) AddTemplateBuild(ctx context.Context, t *store.Template, b *stor
 		return err
 	}
 	defer tx.Rollback()
+	t.UpdatedAt = now
+	res, err := tx.ExecContext(ctx, templateSettings+`, build_count=build_count+1 WHERE id=? AND latest_build_id=?
+AND NOT EXISTS (SELECT 1 FROM template_builds WHERE id=? AND (status IN (?,?) OR (status=? AND spec<>'')))`,
+		append(templateSettingsArgs(t), t.ID, prevLatestID, prevLatestID, store.BuildBuilding, store.BuildUploaded, store.BuildWaiting)...)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		var latest string
+		if err := tx.QueryRowContext(ctx, `SELECT latest_build_id FROM templates WHERE id=?`, t.ID).Scan(&latest); err != nil {
+			if errors.Is(err, sql.ErrNoRows) {
+				return store.ErrNotFound
+			}
+			return err
+		}
+		if latest != prevLatestID {
+			return fmt.Errorf("%w: template %s has a newer build (%s)", store.ErrConflict, t.ID, latest)
+		}
+		return fmt.Errorf("%w: template %s is building or has a queued build (%s)", store.ErrConflict, t.ID, latest)
+	}
+	// The previous build, when it was never started, is superseded here,
+	// in the same transaction (StartTemplateBuild then finds it taken).
+	if _, err := tx.ExecContext(ctx, `UPDATE template_builds SET status=?, reason=?, updated_at=?, finished_at=? WHERE id=? AND status=? AND spec=''`,
+		store.BuildError, "superseded by build "+b.ID, ts(now), ts(now), prevLatestID, store.BuildWaiting); err != nil {
+		return err
+	}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO template_builds(`+buildCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, buildArgs(b)...); err != nil {
 		return err
 	}
-	t.UpdatedAt = now
-	a := templateArgs(t)
-	if _, err := tx.ExecContext(ctx, `UPDATE templates SET primary_name=?, public=?, cpu_count=?, memory_mb=?, disk_size_mb=?, start_cmd=?, ready_cmd=?, run_as=?, workdir=?,
-ready_build_id=?, ready_image=?, latest_build_id=?, build_status=?, build_count=?, spawn_count=?, last_spawned_at=?, pool_size=?, updated_at=?, accelerators=? WHERE id=?`,
-		append(append(a[2:19:19], a[20], a[21]), t.ID)...); err != nil {
+	if err := tx.QueryRowContext(ctx, `SELECT build_count FROM templates WHERE id=?`, t.ID).Scan(&t.BuildCount); err != nil {
 		return err
+	}
+	return tx.Commit()
+}
+
+// StartTemplateBuild stores the spec of a waiting, unstarted build.
+func (s *Store) StartTemplateBuild(ctx context.Context, buildID, spec string) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE template_builds SET spec=?, updated_at=? WHERE id=? AND status=? AND spec=''`,
+		spec, ts(time.Now().UTC()), buildID, store.BuildWaiting)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		var status string
+		if err := s.db.QueryRowContext(ctx, `SELECT status FROM template_builds WHERE id=?`, buildID).Scan(&status); err != nil {
+			if errors.Is(err, sql.ErrNoRows) {
+				return store.ErrNotFound
+			}
+			return err
+		}
+		return fmt.Errorf("%w: build %s is %s or already started", store.ErrConflict, buildID, status)
+	}
+	return nil
+}
+
+// RecordTemplateBuild writes b and the template columns its outcome owns.
+func (s *Store) RecordTemplateBuild(ctx context.Context, b *store.TemplateBuild, ready *store.TemplateReady) error {
+	now := time.Now().UTC()
+	b.UpdatedAt = now
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	res, err := tx.ExecContext(ctx, `UPDATE template_builds SET status=?, cpu_count=?, memory_mb=?, disk_size_mb=?, image=?, rootfs=?, reason=?, step=?, spec=?, updated_at=?, finished_at=? WHERE id=?`,
+		b.Status, b.CPUCount, b.MemoryMB, b.DiskSizeMB, b.Image, b.Rootfs, b.Reason, b.Step, b.Spec, ts(b.UpdatedAt), ts(b.FinishedAt), b.ID)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return store.ErrNotFound
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE templates SET build_status=?, updated_at=? WHERE id=? AND latest_build_id=?`, b.Status, ts(now), b.TemplateID, b.ID); err != nil {
+		return err
+	}
+	if ready != nil {
+		if _, err := tx.ExecContext(ctx, `UPDATE templates SET ready_build_id=?, ready_image=?, start_cmd=?, ready_cmd=?, run_as=?, workdir=?, cpu_count=?, memory_mb=?, disk_size_mb=?, updated_at=? WHERE id=?`,
+			b.ID, ready.Image, ready.StartCmd, ready.ReadyCmd, ready.RunAs, ready.Workdir, ready.CPUCount, ready.MemoryMB, ready.DiskSizeMB, ts(now), b.TemplateID); err != nil {
+			return err
+		}
 	}
 	return tx.Commit()
 }
@@ -410,6 +490,16 @@ func (s *Store) PutIdempotency(ctx context.Context, k *store.Idempotency) (*stor
 	}
 	got.CreatedAt = fromTS(c)
 	return &got, nil
+}
+
+// DeleteIdempotencyBefore drops keys older than t (the collector).
+func (s *Store) DeleteIdempotencyBefore(ctx context.Context, t time.Time) (int, error) {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM idempotency_keys WHERE created_at < ?`, ts(t))
+	if err != nil {
+		return 0, err
+	}
+	n, _ := res.RowsAffected()
+	return int(n), nil
 }
 
 // SetIdempotencyResponse fills in the response once the request finished.

@@ -22,6 +22,8 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 	t.Run("Volumes", func(t *testing.T) { testVolumes(t, open(t)) })
 	t.Run("VolumeDeleteGuardRace", func(t *testing.T) { testVolumeGuardRace(t, open(t)) })
 	t.Run("Templates", func(t *testing.T) { testTemplates(t, open(t)) })
+	t.Run("TemplateCounters", func(t *testing.T) { testTemplateCounters(t, open(t)) })
+	t.Run("IdempotencyGC", func(t *testing.T) { testIdempotencyGC(t, open(t)) })
 	t.Run("PoolClaimAndExclude", func(t *testing.T) { testPoolClaim(t, open(t)) })
 	t.Run("PoolClaimRace", func(t *testing.T) { testPoolClaimRace(t, open(t)) })
 	runTenancy(t, open)

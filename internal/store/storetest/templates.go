@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -36,9 +37,12 @@ func testTemplates(t *testing.T, s store.Store) {
 	}
 	// A rebuild adds a build without touching the ready image.
 	b2 := &store.TemplateBuild{ID: "bld_00000003", TemplateID: tpl.ID, Status: store.BuildBuilding, CPUCount: 1, MemoryMB: 256}
-	got.LatestBuildID, got.BuildStatus, got.BuildCount = b2.ID, store.BuildBuilding, 2
-	if err := s.AddTemplateBuild(ctx, got, b2); err != nil {
+	got.LatestBuildID, got.BuildStatus = b2.ID, store.BuildBuilding
+	if err := s.AddTemplateBuild(ctx, got, b2, b.ID); err != nil {
 		t.Fatal(err)
+	}
+	if got.BuildCount != 2 {
+		t.Fatalf("AddTemplateBuild: BuildCount %d, want the stored 2", got.BuildCount)
 	}
 	again, _ := s.GetTemplate(ctx, tpl.ID)
 	if again.ReadyImage != "img@sha256:1" || again.LatestBuildID != b2.ID || again.BuildStatus != store.BuildBuilding || again.RunAs != "0" || again.BuildCount != 2 {
@@ -124,5 +128,154 @@ func testTemplates(t *testing.T, s store.Store) {
 	}
 	if again, err := s.PutIdempotency(ctx, &store.Idempotency{Key: "k1", BodyHash: "h2", Response: "r2"}); err != nil || again.Response != "r1" || again.BodyHash != "h1" {
 		t.Fatalf("replay: %+v %v", again, err)
+	}
+}
+
+// testTemplateCounters: counters only move by atomic increments, a stale
+// whole-row write cannot roll them back, and of two rebuilds from the same
+// latest build exactly one is recorded.
+func testTemplateCounters(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	tpl := &store.Template{ID: "tpl_c0000001", PrimaryName: "ctr", Names: []string{"ctr"}, BuildStatus: store.BuildReady, LatestBuildID: "bld_c0", BuildCount: 1}
+	if err := s.CreateTemplate(ctx, tpl, &store.TemplateBuild{ID: "bld_c0", TemplateID: tpl.ID, Status: store.BuildReady}); err != nil {
+		t.Fatal(err)
+	}
+	stale, _ := s.GetTemplate(ctx, tpl.ID)
+	var wg sync.WaitGroup
+	for i := 0; i < 20; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := s.RecordSpawn(ctx, tpl.ID, time.Now()); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	stale.Public = true
+	if err := s.UpdateTemplate(ctx, stale); err != nil {
+		t.Fatal(err)
+	}
+	if g, _ := s.GetTemplate(ctx, tpl.ID); g.SpawnCount != 20 || g.LastSpawnedAt.IsZero() || !g.Public {
+		t.Fatalf("a stale UpdateTemplate rolled back the spawn counter: %+v", g)
+	}
+
+	// Concurrent rebuilds from the same latest build: one wins, the rest
+	// get ErrConflict, and BuildCount counts only the winner.
+	const n = 8
+	errs := make([]error, n)
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			row, err := s.GetTemplate(ctx, tpl.ID)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			b := &store.TemplateBuild{ID: fmt.Sprintf("bld_c%d", i+1), TemplateID: tpl.ID, Status: store.BuildWaiting}
+			row.LatestBuildID, row.BuildStatus = b.ID, store.BuildWaiting
+			errs[i] = s.AddTemplateBuild(ctx, row, b, "bld_c0")
+		}(i)
+	}
+	wg.Wait()
+	won := 0
+	for _, err := range errs {
+		switch {
+		case err == nil:
+			won++
+		case !errors.Is(err, store.ErrConflict):
+			t.Fatalf("losing rebuild: %v, want ErrConflict", err)
+		}
+	}
+	g, _ := s.GetTemplate(ctx, tpl.ID)
+	if won != 1 || g.BuildCount != 2 || g.SpawnCount != 20 {
+		t.Fatalf("%d rebuilds won; template %+v", won, g)
+	}
+	if builds, _ := s.ListTemplateBuilds(ctx, tpl.ID); len(builds) != 2 {
+		t.Fatalf("%d builds recorded, want 2", len(builds))
+	}
+
+	// RecordTemplateBuild mirrors the latest build's status and, when
+	// ready, its image; it leaves settings and counters alone.
+	lb, err := s.GetTemplateBuild(ctx, g.LatestBuildID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb.Status, lb.Rootfs, lb.FinishedAt = store.BuildReady, "/r", time.Now()
+	if err := s.RecordTemplateBuild(ctx, lb, &store.TemplateReady{Image: "img@x", RunAs: "0", CPUCount: 3, MemoryMB: 256}); err != nil {
+		t.Fatal(err)
+	}
+	g2, _ := s.GetTemplate(ctx, tpl.ID)
+	if g2.BuildStatus != store.BuildReady || g2.ReadyBuildID != lb.ID || g2.ReadyImage != "img@x" || g2.CPUCount != 3 || !g2.Public || g2.BuildCount != 2 || g2.SpawnCount != 20 {
+		t.Fatalf("after RecordTemplateBuild: %+v", g2)
+	}
+	old, _ := s.GetTemplateBuild(ctx, "bld_c0")
+	old.Status = store.BuildError
+	if err := s.RecordTemplateBuild(ctx, old, nil); err != nil {
+		t.Fatal(err)
+	}
+	if g3, _ := s.GetTemplate(ctx, tpl.ID); g3.BuildStatus != store.BuildReady {
+		t.Fatalf("an older build's status reached the template: %s", g3.BuildStatus)
+	}
+	if err := s.RecordTemplateBuild(ctx, &store.TemplateBuild{ID: "bld_nope", TemplateID: tpl.ID}, nil); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("unknown build: %v", err)
+	}
+
+	// A rebuild supersedes an unstarted latest build in its transaction,
+	// which StartTemplateBuild then refuses; a started (queued) or running
+	// latest build refuses the rebuild.
+	cur, _ := s.GetTemplate(ctx, tpl.ID)
+	w := &store.TemplateBuild{ID: "bld_w1", TemplateID: tpl.ID, Status: store.BuildWaiting}
+	cur.LatestBuildID = w.ID
+	if err := s.AddTemplateBuild(ctx, cur, w, lb.ID); err != nil {
+		t.Fatal(err)
+	}
+	w2 := &store.TemplateBuild{ID: "bld_w2", TemplateID: tpl.ID, Status: store.BuildWaiting}
+	cur.LatestBuildID = w2.ID
+	if err := s.AddTemplateBuild(ctx, cur, w2, w.ID); err != nil {
+		t.Fatal(err)
+	}
+	if gw, _ := s.GetTemplateBuild(ctx, w.ID); gw.Status != store.BuildError || gw.Reason != "superseded by build "+w2.ID {
+		t.Fatalf("unstarted build not superseded: %+v", gw)
+	}
+	if err := s.StartTemplateBuild(ctx, w.ID, `{}`); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("start of a superseded build: %v", err)
+	}
+	if err := s.StartTemplateBuild(ctx, w2.ID, `{"fromTemplate":"base"}`); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.StartTemplateBuild(ctx, w2.ID, `{}`); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("second start: %v", err)
+	}
+	w3 := &store.TemplateBuild{ID: "bld_w3", TemplateID: tpl.ID, Status: store.BuildWaiting}
+	cur.LatestBuildID = w3.ID
+	if err := s.AddTemplateBuild(ctx, cur, w3, w2.ID); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("rebuild over a queued build: %v", err)
+	}
+	if gw, _ := s.GetTemplateBuild(ctx, w2.ID); gw.Status != store.BuildWaiting || gw.Spec == "" {
+		t.Fatalf("queued build touched by a refused rebuild: %+v", gw)
+	}
+}
+
+// testIdempotencyGC: keys older than the cutoff go, newer ones stay.
+func testIdempotencyGC(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	now := time.Now().UTC()
+	for _, k := range []*store.Idempotency{{Key: "old", BodyHash: "h", CreatedAt: now.Add(-48 * time.Hour)}, {Key: "new", BodyHash: "h", CreatedAt: now}} {
+		if _, err := s.PutIdempotency(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := s.DeleteIdempotencyBefore(ctx, now.Add(-24*time.Hour))
+	if err != nil || n != 1 {
+		t.Fatalf("deleted %d, %v", n, err)
+	}
+	// The old key is free again; the new one still replays.
+	if got, _ := s.PutIdempotency(ctx, &store.Idempotency{Key: "old", BodyHash: "h2"}); got.BodyHash != "h2" {
+		t.Fatalf("old key survived: %+v", got)
+	}
+	if got, _ := s.PutIdempotency(ctx, &store.Idempotency{Key: "new", BodyHash: "h2"}); got.BodyHash != "h" {
+		t.Fatalf("new key was collected: %+v", got)
 	}
 }

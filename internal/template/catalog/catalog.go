@@ -98,6 +98,13 @@ type Config struct {
 	MaxDiskSizeMB int
 	Logger        *slog.Logger
 	Registry      prometheus.Registerer
+	// StoreRetries and StoreRetryDelay bound the retries of a build's
+	// state writes (default 5 tries from 100ms, doubling); SweepInterval
+	// is how often unwritten outcomes are retried and orphaned builds
+	// failed (default 30s).
+	StoreRetries    int
+	StoreRetryDelay time.Duration
+	SweepInterval   time.Duration
 }
 
 // Catalog is the template service.
@@ -107,13 +114,16 @@ type Catalog struct {
 	log   *slog.Logger
 	queue chan string
 
-	mu       sync.Mutex
-	prober   Prober
-	secrets  map[string][]string // buildID -> strings to scrub from logs
-	pending  sync.Map            // buildID -> *Registry (pull credentials, memory only)
-	metrics  *metrics
-	hooks    []ReadyHook
-	fallback template.Resolver
+	runMu sync.Mutex // held by the worker for a build and by the orphan sweep
+
+	mu         sync.Mutex
+	unrecorded map[string]func(context.Context) error // buildID -> outcome write still to do
+	prober     Prober
+	secrets    map[string][]string // buildID -> strings to scrub from logs
+	pending    sync.Map            // buildID -> *Registry (pull credentials, memory only)
+	metrics    *metrics
+	hooks      []ReadyHook
+	fallback   template.Resolver
 }
 
 // New builds the catalog; call Start before serving.
@@ -136,7 +146,16 @@ func New(cfg Config) *Catalog {
 	if cfg.MaxMemoryMB == 0 {
 		cfg.MaxMemoryMB = 1 << 20
 	}
-	return &Catalog{cfg: cfg, st: cfg.Store, log: cfg.Logger, queue: make(chan string, 256), secrets: map[string][]string{},
+	if cfg.StoreRetries == 0 {
+		cfg.StoreRetries = 5
+	}
+	if cfg.StoreRetryDelay == 0 {
+		cfg.StoreRetryDelay = 100 * time.Millisecond
+	}
+	if cfg.SweepInterval == 0 {
+		cfg.SweepInterval = 30 * time.Second
+	}
+	return &Catalog{cfg: cfg, st: cfg.Store, log: cfg.Logger, queue: make(chan string, 256), secrets: map[string][]string{}, unrecorded: map[string]func(context.Context) error{},
 		metrics: newMetrics(cfg.Registry, cfg.Store)}
 }
 
@@ -172,6 +191,7 @@ func (c *Catalog) Start(ctx context.Context) error {
 		return err
 	}
 	go c.worker(ctx)
+	go c.sweepLoop(ctx)
 	return nil
 }
 
@@ -207,6 +227,10 @@ func (c *Catalog) seedBase(ctx context.Context) error {
 // adopted (the builder session is gone), so it fails with a clear reason;
 // the template keeps its previous ready image.
 func (c *Catalog) recover(ctx context.Context) error {
+	// No worker runs yet: every building build is an orphan.
+	if err := c.failOrphans(ctx); err != nil {
+		return err
+	}
 	var after string
 	for {
 		ts, err := c.st.ListTemplates(ctx, after, 500)
@@ -223,14 +247,9 @@ func (c *Catalog) recover(ctx context.Context) error {
 				return err
 			}
 			for _, b := range builds {
-				switch b.Status {
-				case store.BuildBuilding, store.BuildUploaded:
-					c.finish(ctx, t.ID, b.ID, nil, errors.New("builder disappeared"), nil)
-				case store.BuildWaiting:
-					if b.Spec != "" {
-						// Start was accepted but not begun: run it now.
-						c.queue <- b.ID
-					}
+				if b.Status == store.BuildWaiting && b.Spec != "" {
+					// Start was accepted but not begun: run it now.
+					c.queue <- b.ID
 				}
 			}
 		}
@@ -441,8 +460,8 @@ func (c *Catalog) create(ctx context.Context, caller Caller, req CreateRequest) 
 			}
 			return nil, err
 		}
-		for _, tag := range tags {
-			_ = c.st.SetTemplateTag(ctx, t.ID, tag, b.ID)
+		if err := c.setTags(ctx, t.ID, b.ID, tags); err != nil {
+			return nil, err
 		}
 		return c.response(t, b.ID, tags), nil
 	}
@@ -460,23 +479,28 @@ func (c *Catalog) create(ctx context.Context, caller Caller, req CreateRequest) 
 			case old.Status == store.BuildWaiting && old.Spec != "":
 				// A waiting build whose start was accepted is queued: as good as building.
 				return nil, fmt.Errorf("%w: template %s has a queued build (%s)", ErrConflict, t.ID, old.ID)
-			case old.Status == store.BuildWaiting:
-				// One that was never started is superseded.
-				old.Status, old.Reason, old.FinishedAt = store.BuildError, "superseded by build "+b.ID, time.Now().UTC()
-				_ = c.st.UpdateTemplateBuild(ctx, old)
 			}
 		}
 	}
 	b.TemplateID = t.ID
-	t.LatestBuildID, t.BuildStatus, t.BuildCount = b.ID, store.BuildWaiting, t.BuildCount+1
+	prev := t.LatestBuildID
+	t.LatestBuildID, t.BuildStatus = b.ID, store.BuildWaiting
 	t.CPUCount, t.MemoryMB, t.DiskSizeMB = cpu, mem, disk
 	if req.Accelerators != nil {
 		// A rebuild that names no contract keeps the old one.
 		t.Accelerators = contract
 	}
-	if err := c.st.AddTemplateBuild(ctx, t, b); err != nil {
+	// The check above is repeated by the store in the insert's
+	// transaction (latest build unchanged, not running or queued): of two
+	// concurrent rebuilds the second gets 409. A previous build that was
+	// never started is superseded there too.
+	if err := c.st.AddTemplateBuild(ctx, t, b, prev); err != nil {
+		if errors.Is(err, store.ErrConflict) {
+			return nil, fmt.Errorf("%w: template %s was rebuilt concurrently: %v", ErrConflict, t.ID, err)
+		}
 		return nil, err
 	}
+
 	all := append([]string{}, t.Names...)
 	for _, n := range names(name, tags) {
 		if !contains(all, n) {
@@ -489,10 +513,21 @@ func (c *Catalog) create(ctx context.Context, caller Caller, req CreateRequest) 
 		}
 		return nil, err
 	}
-	for _, tag := range tags {
-		_ = c.st.SetTemplateTag(ctx, t.ID, tag, b.ID)
+	if err := c.setTags(ctx, t.ID, b.ID, tags); err != nil {
+		return nil, err
 	}
 	return c.response(t, b.ID, tags), nil
+}
+
+// setTags points the request's tags at the new build, with retries; the
+// error (a 500) tells the client its tags are not all in place.
+func (c *Catalog) setTags(ctx context.Context, templateID, buildID string, tags []string) error {
+	for _, tag := range tags {
+		if err := c.retry(ctx, "set tag "+tag, buildID, func(ctx context.Context) error { return c.st.SetTemplateTag(ctx, templateID, tag, buildID) }); err != nil {
+			return fmt.Errorf("template %s: tag %q: %w", templateID, tag, err)
+		}
+	}
+	return nil
 }
 
 func contains(ss []string, s string) bool {
@@ -757,7 +792,11 @@ func (c *Catalog) StartBuild(ctx context.Context, caller Caller, templateID, bui
 	spec.FromImageRegistry = nil
 	js, _ := json.Marshal(spec)
 	b.Spec = string(js)
-	if err := c.st.UpdateTemplateBuild(ctx, b); err != nil {
+	// Conditional: a rebuild may have superseded this build since it was read.
+	if err := c.st.StartTemplateBuild(ctx, b.ID, b.Spec); err != nil {
+		if errors.Is(err, store.ErrConflict) {
+			return fmt.Errorf("%w: %v", ErrConflict, err)
+		}
 		return err
 	}
 	c.pending.Store(b.ID, req.FromImageRegistry)

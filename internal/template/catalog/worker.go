@@ -32,7 +32,10 @@ func (c *Catalog) worker(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case id := <-c.queue:
+			// runMu: the orphan sweep never sees this build half way.
+			c.runMu.Lock()
 			c.run(ctx, id)
+			c.runMu.Unlock()
 		}
 	}
 }
@@ -80,12 +83,10 @@ func (c *Catalog) run(ctx context.Context, buildID string) {
 		req.FromImageRegistry, _ = v.(*Registry)
 	}
 	b.Status = store.BuildBuilding
-	if err := c.st.UpdateTemplateBuild(ctx, b); err != nil {
+	if err := c.retry(ctx, "mark build building", b.ID, func(ctx context.Context) error { return c.st.RecordTemplateBuild(ctx, b, nil) }); err != nil {
+		// Still waiting with its spec: fail it rather than leave it queued forever.
+		c.finish(ctx, t.ID, b.ID, nil, &BuildError{Step: "base", Err: errors.New("could not record the build start")}, nil)
 		return
-	}
-	if t.LatestBuildID == b.ID {
-		t.BuildStatus = store.BuildBuilding
-		_ = c.st.UpdateTemplate(ctx, t)
 	}
 	c.logf(ctx, b.ID, "info", "base", "build %s of template %s (%s) started", b.ID, t.ID, t.PrimaryName)
 	job := Job{TemplateID: t.ID, BuildID: b.ID, TeamID: caller.TeamID, Start: req}
@@ -107,7 +108,9 @@ func (c *Catalog) run(ctx context.Context, buildID string) {
 	}
 	// The image exists; the readyCmd probe decides (uploaded is internal).
 	b.Status, b.Image, b.Rootfs = store.BuildUploaded, out.Image, out.Rootfs
-	_ = c.st.UpdateTemplateBuild(ctx, b)
+	// Uploaded is internal (the API says building either way): a failed
+	// write only loses the intermediate step; finish records the outcome.
+	_ = c.retry(ctx, "mark build uploaded", b.ID, func(ctx context.Context) error { return c.st.RecordTemplateBuild(ctx, b, nil) })
 	if req.ReadyCmd != "" {
 		c.mu.Lock()
 		p := c.prober
@@ -128,7 +131,10 @@ func (c *Catalog) run(ctx context.Context, buildID string) {
 }
 
 // finish records the outcome. Only a ready build touches the template's
-// ready image; a failed one leaves the previous ready build serving.
+// ready image; a failed one leaves the previous ready build serving. The
+// write is retried; when it still fails the outcome is kept in memory for
+// the sweep to write (and a restart fails the build), so a build never
+// stays "building" with no worker.
 func (c *Catalog) finish(ctx context.Context, templateID, buildID string, out *Output, berr error, req *StartRequest) {
 	ctx = context.WithoutCancel(ctx)
 	defer func() {
@@ -136,43 +142,140 @@ func (c *Catalog) finish(ctx context.Context, templateID, buildID string, out *O
 		delete(c.secrets, buildID)
 		c.mu.Unlock()
 	}()
-	b, err := c.st.GetTemplateBuild(ctx, buildID)
-	if err != nil {
-		return
-	}
-	t, err := c.st.GetTemplate(ctx, templateID)
-	if err != nil {
-		return
-	}
-	b.FinishedAt = time.Now().UTC()
+	status, reason, step := store.BuildReady, "", ""
 	if berr != nil {
-		step := "base"
+		step = "base"
 		var be *BuildError
 		if errors.As(berr, &be) && be.Step != "" {
 			step = be.Step
 		}
-		b.Status, b.Reason, b.Step = store.BuildError, c.scrub(buildID, berr.Error()), step
-		c.logf(ctx, buildID, "error", step, "build failed: %s", b.Reason)
-		c.log.Info("template build finished", "templateID", templateID, "buildID", buildID, "result", "error")
+		status, reason = store.BuildError, c.scrub(buildID, berr.Error())
+		c.logf(ctx, buildID, "error", step, "build failed: %s", reason)
 	} else {
-		b.Status = store.BuildReady
 		c.logf(ctx, buildID, "info", "finalize", "build %s is ready", buildID)
-		c.log.Info("template build finished", "templateID", templateID, "buildID", buildID, "result", "ready")
 	}
-	_ = c.st.UpdateTemplateBuild(ctx, b)
-	if t.LatestBuildID == buildID {
-		t.BuildStatus = b.Status
+	finished := time.Now().UTC()
+	record := func(ctx context.Context) error {
+		b, err := c.st.GetTemplateBuild(ctx, buildID)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil // deleted with its template meanwhile: nothing to record
+		}
+		if err != nil {
+			return err
+		}
+		b.FinishedAt, b.Status = finished, status
+		if berr != nil {
+			b.Reason, b.Step = reason, step
+		}
+		var ready *store.TemplateReady
+		if out != nil {
+			ready = &store.TemplateReady{Image: out.Image, StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd, RunAs: out.RunAs, Workdir: out.Workdir,
+				CPUCount: b.CPUCount, MemoryMB: b.MemoryMB, DiskSizeMB: b.DiskSizeMB}
+		}
+		if err := c.st.RecordTemplateBuild(ctx, b, ready); err != nil && !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
+		c.log.Info("template build finished", "templateID", templateID, "buildID", buildID, "result", status)
+		if out != nil {
+			c.notifyReady(templateID)
+		}
+		return nil
 	}
-	if out != nil {
-		t.ReadyBuildID, t.ReadyImage = b.ID, out.Image
-		t.StartCmd, t.ReadyCmd, t.RunAs, t.Workdir = req.StartCmd, req.ReadyCmd, out.RunAs, out.Workdir
-		t.CPUCount, t.MemoryMB, t.DiskSizeMB = b.CPUCount, b.MemoryMB, b.DiskSizeMB
+	if err := c.retry(ctx, "record build outcome", buildID, record); err != nil {
+		c.mu.Lock()
+		c.unrecorded[buildID] = record
+		c.mu.Unlock()
 	}
-	if err := c.st.UpdateTemplate(ctx, t); err != nil {
-		c.log.Error("update template after build", "template", templateID, "err", err)
+}
+
+// retry runs a store write with bounded exponential backoff, logging each
+// failure; the last error is returned.
+func (c *Catalog) retry(ctx context.Context, what, buildID string, f func(context.Context) error) error {
+	ctx = context.WithoutCancel(ctx)
+	delay := c.cfg.StoreRetryDelay
+	var err error
+	for i := 0; i < c.cfg.StoreRetries; i++ {
+		if i > 0 {
+			time.Sleep(delay)
+			delay = min(2*delay, 5*time.Second)
+		}
+		if err = f(ctx); err == nil {
+			return nil
+		}
+		c.log.Warn("template store write failed", "what", what, "build", buildID, "attempt", i+1, "err", err)
 	}
-	if out != nil {
-		c.notifyReady(templateID)
+	c.log.Error("template store write gave up", "what", what, "build", buildID, "err", err)
+	return err
+}
+
+// sweepLoop retries outcomes that could not be written and fails builds
+// the store says are building but no worker runs (the in-process twin of
+// Start's recovery).
+func (c *Catalog) sweepLoop(ctx context.Context) {
+	t := time.NewTicker(c.cfg.SweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			c.Sweep(ctx)
+		}
+	}
+}
+
+// Sweep runs one pass of the sweep loop.
+func (c *Catalog) Sweep(ctx context.Context) {
+	c.mu.Lock()
+	pending := make(map[string]func(context.Context) error, len(c.unrecorded))
+	for id, f := range c.unrecorded {
+		pending[id] = f
+	}
+	c.mu.Unlock()
+	for id, f := range pending {
+		if err := f(context.WithoutCancel(ctx)); err != nil {
+			c.log.Warn("template store write failed", "what", "record build outcome (sweep)", "build", id, "err", err)
+			continue
+		}
+		c.mu.Lock()
+		delete(c.unrecorded, id)
+		c.mu.Unlock()
+	}
+	c.runMu.Lock()
+	defer c.runMu.Unlock()
+	if err := c.failOrphans(ctx); err != nil {
+		c.log.Warn("template build sweep", "err", err)
+	}
+}
+
+// failOrphans fails builds in building/uploaded whose outcome is not
+// waiting to be written; with runMu held no worker runs, so their builder
+// session is gone and they cannot finish.
+func (c *Catalog) failOrphans(ctx context.Context) error {
+	var after string
+	for {
+		ts, err := c.st.ListTemplates(ctx, after, 500)
+		if err != nil || len(ts) == 0 {
+			return err
+		}
+		for _, t := range ts {
+			after = t.ID
+			builds, err := c.st.ListTemplateBuilds(ctx, t.ID)
+			if err != nil {
+				return err
+			}
+			for _, b := range builds {
+				if b.Status != store.BuildBuilding && b.Status != store.BuildUploaded {
+					continue
+				}
+				c.mu.Lock()
+				_, pending := c.unrecorded[b.ID]
+				c.mu.Unlock()
+				if !pending {
+					c.finish(ctx, t.ID, b.ID, nil, errors.New("builder disappeared"), nil)
+				}
+			}
+		}
 	}
 }
 

@@ -307,8 +307,12 @@ func syncDir(dir string) {
 
 // GC removes stored tars (and stray partial files) whose mtime is older
 // than maxAge, and reports how many tars it removed.
-func (s *Store) GC(maxAge time.Duration) (int, error) {
-	removed, err := s.gc(maxAge)
+func (s *Store) GC(maxAge time.Duration) (int, error) { return s.GCExcept(maxAge, nil) }
+
+// GCExcept is GC that keeps the tars whose hash keep reports (those a
+// queued or running build still reads), whatever their age.
+func (s *Store) GCExcept(maxAge time.Duration, keep func(hash string) bool) (int, error) {
+	removed, err := s.gc(maxAge, keep)
 	// Every team's uploads age out the same way, also those of teams no
 	// request named since this process started.
 	teams, _ := os.ReadDir(filepath.Join(s.dir, teamsDir))
@@ -322,14 +326,14 @@ func (s *Store) GC(maxAge time.Duration) (int, error) {
 			errs = append(errs, err)
 			continue
 		}
-		n, err := t.gc(maxAge)
+		n, err := t.gc(maxAge, keep)
 		removed += n
 		errs = append(errs, err)
 	}
 	return removed, errors.Join(errs...)
 }
 
-func (s *Store) gc(maxAge time.Duration) (int, error) {
+func (s *Store) gc(maxAge time.Duration, keep func(string) bool) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ents, err := os.ReadDir(s.dir)
@@ -343,6 +347,9 @@ func (s *Store) gc(maxAge time.Duration) (int, error) {
 		name := e.Name()
 		isTar := strings.HasSuffix(name, tarSuffix) && hashRe.MatchString(strings.TrimSuffix(name, tarSuffix))
 		if !isTar && !strings.HasSuffix(name, partialSuffix) {
+			continue
+		}
+		if isTar && keep != nil && keep(strings.TrimSuffix(name, tarSuffix)) {
 			continue
 		}
 		fi, err := e.Info()

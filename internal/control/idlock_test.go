@@ -1,0 +1,58 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Lifecycle calls on IDs that do not exist (or do) must leave no lock entry
+// behind, or the map grows with every ID ever asked for.
+func TestLockMapEmptyAfterLookups(t *testing.T) {
+	ctx := context.Background()
+	m, _, _ := newPoolManager(t)
+	var wg sync.WaitGroup
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := 0; j < 50; j++ {
+				id := NewID()
+				if err := m.Kill(ctx, id, "user"); !errors.Is(err, ErrNotFound) {
+					t.Errorf("Kill %s: %v", id, err)
+				}
+				_ = m.SetTimeout(ctx, id, time.Minute)
+				_ = m.Refresh(ctx, id, time.Minute)
+				_ = m.Pause(ctx, id)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := m.locks.size(); n != 0 {
+		t.Fatalf("lock map holds %d entries after lookups of made-up IDs", n)
+	}
+}
+
+// The lock still excludes: a waiter on the same ID keeps the entry alive.
+func TestLockSerialises(t *testing.T) {
+	var l idLocks
+	unlock := l.lock("a")
+	got := make(chan struct{})
+	go func() {
+		u := l.lock("a")
+		close(got)
+		u()
+	}()
+	select {
+	case <-got:
+		t.Fatal("second holder got the lock while the first held it")
+	case <-time.After(50 * time.Millisecond):
+	}
+	unlock()
+	<-got
+	if n := l.size(); n != 0 {
+		t.Fatalf("%d entries left", n)
+	}
+}
