@@ -306,12 +306,19 @@ func (s *server) envdClient(c created) *http.Client {
 // stdout, stderr and the exit code.
 func (s *server) run(c created, cmdline string) (string, string, int32, error) {
 	s.t.Helper()
-	pc := processconnect.NewProcessClient(s.envdClient(c), s.URL, connect.WithProtoJSON())
+	return s.runWith(s.envdClient(c), []string{"-l", "-c", cmdline})
+}
+
+// runWith runs /bin/bash with args through hc (which carries the sandbox's
+// routing and auth headers) and returns stdout, stderr and the exit code.
+func (s *server) runWith(hc *http.Client, args []string) (string, string, int32, error) {
+	s.t.Helper()
+	pc := processconnect.NewProcessClient(hc, s.URL, connect.WithProtoJSON())
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	stdin := false
 	stream, err := pc.Start(ctx, connect.NewRequest(&process.StartRequest{
-		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", cmdline}},
+		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: args},
 		Stdin:   &stdin,
 	}))
 	if err != nil {

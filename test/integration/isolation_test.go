@@ -16,11 +16,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"connectrpc.com/connect"
-
-	"github.com/cubicle-dev/cubicle/sdk/go/envd/process"
-	"github.com/cubicle-dev/cubicle/sdk/go/envd/process/processconnect"
 )
 
 var (
@@ -78,31 +73,11 @@ func (s *server) upload(t *testing.T, c created, hostPath, path string) {
 func (s *server) runAs(t *testing.T, c created, user, cmdline string) (string, int32) {
 	t.Helper()
 	hc := &http.Client{Transport: userTransport{headerTransport{id: c.SandboxID, token: c.EnvdAccessToken}, user}}
-	pc := processconnect.NewProcessClient(hc, s.URL, connect.WithProtoJSON())
-	stdin := false
-	stream, err := pc.Start(t.Context(), connect.NewRequest(&process.StartRequest{
-		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-c", cmdline}},
-		Stdin:   &stdin,
-	}))
+	out, _, code, err := s.runWith(hc, []string{"-c", cmdline})
 	if err != nil {
 		t.Fatalf("run %q as %s: %v", cmdline, user, err)
 	}
-	defer stream.Close()
-	var out bytes.Buffer
-	var code int32 = -1
-	for stream.Receive() {
-		ev := stream.Msg().GetEvent()
-		if d := ev.GetData(); d != nil {
-			out.Write(d.GetStdout())
-		}
-		if e := ev.GetEnd(); e != nil {
-			code = e.GetExitCode()
-		}
-	}
-	if err := stream.Err(); err != nil {
-		t.Fatalf("run %q as %s: %v", cmdline, user, err)
-	}
-	return strings.TrimSpace(out.String()), code
+	return strings.TrimSpace(out), code
 }
 
 type userTransport struct {
