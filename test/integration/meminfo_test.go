@@ -117,6 +117,10 @@ func TestMeminfoLxcfs(t *testing.T) {
 	}
 	check(c, "new sandbox")
 	// Read as the sandbox's unprivileged user too.
+	// free (procps, in the base image) reads /proc/meminfo.
+	if out := strings.TrimSpace(s.mustRun(c, "free -m | awk '/^Mem:/ {print $2}'")); out != "256" {
+		t.Errorf("free -m total: %q, want 256", out)
+	}
 	if out, code := s.runAs(t, c, "user", "awk '/MemTotal/ {print $2}' /proc/meminfo"); code != 0 || strings.TrimSpace(out) != "262144" {
 		t.Errorf("MemTotal as user: %q (exit %d)", out, code)
 	}
