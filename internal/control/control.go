@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cubicle-dev/cubicle/internal/agent"
+	"github.com/cubicle-dev/cubicle/internal/idlock"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/store"
@@ -87,7 +88,7 @@ type Manager struct {
 	log       *slog.Logger
 
 	createSlots chan struct{}
-	locks       idLocks // serialises lifecycle ops per sandbox
+	locks       idlock.Map // serialises lifecycle ops per sandbox
 	samples     sampler
 	sampleEvery time.Duration // sampleInterval; tests shorten it
 	metrics     *opMetrics
@@ -131,7 +132,7 @@ func New(cfg Config, st store.Store, n node.Node, tr template.Resolver) *Manager
 	return m
 }
 
-func (m *Manager) lock(id string) func() { return m.locks.lock(id) }
+func (m *Manager) lock(id string) func() { return m.locks.Lock(id) }
 
 // NewID returns 20 chars of [a-z0-9], the shape the e2b proxy accepts.
 func NewID() string {

@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/idlock"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 )
 
@@ -64,14 +65,10 @@ type Driver struct {
 	bin      string
 	cgroupNS bool
 
-	mu    sync.Mutex
-	locks map[string]*idLock
-	slots map[string]int // user namespace slot per sandbox (userns.go)
-}
+	locks idlock.Map // serialises lifecycle ops per sandbox
 
-type idLock struct {
-	mu   sync.Mutex
-	refs int
+	mu    sync.Mutex
+	slots map[string]int // user namespace slot per sandbox (userns.go)
 }
 
 var (
@@ -137,7 +134,7 @@ func New(cfg Config) (*Driver, error) {
 		}
 	}
 	_, nsErr := os.Stat("/proc/self/ns/cgroup")
-	d := &Driver{cfg: cfg, bin: p, cgroupNS: nsErr == nil, locks: map[string]*idLock{}, slots: map[string]int{}}
+	d := &Driver{cfg: cfg, bin: p, cgroupNS: nsErr == nil, slots: map[string]int{}}
 	if d.userns() {
 		if err := checkTraversable(cfg.SandboxDir); err != nil {
 			return nil, err
@@ -163,25 +160,7 @@ func (d *Driver) SupportsDevices() bool { return d.cfg.Runtime != "runsc" }
 // Config returns the effective configuration (defaults filled in).
 func (d *Driver) Config() Config { return d.cfg }
 
-func (d *Driver) lock(id string) func() {
-	d.mu.Lock()
-	l := d.locks[id]
-	if l == nil {
-		l = &idLock{}
-		d.locks[id] = l
-	}
-	l.refs++
-	d.mu.Unlock()
-	l.mu.Lock()
-	return func() {
-		l.mu.Unlock()
-		d.mu.Lock()
-		if l.refs--; l.refs == 0 {
-			delete(d.locks, id)
-		}
-		d.mu.Unlock()
-	}
-}
+func (d *Driver) lock(id string) func() { return d.locks.Lock(id) }
 
 func (d *Driver) dir(id string) string { return filepath.Join(d.cfg.SandboxDir, id) }
 

@@ -101,17 +101,28 @@ func saveNetns(path, file string) error {
 	return os.WriteFile(file, b, 0o600)
 }
 
-// restoreNetns re-adds what saveNetns recorded (idempotently).
-func restoreNetns(path, file string) error {
+// loadNetns reads what saveNetns recorded in file; (nil, nil) when there is
+// no file, as for sandboxes saveNetns skips (not runsc, or no netns): there
+// is then nothing to act on.
+func loadNetns(file string) (*savedNet, error) {
 	b, err := os.ReadFile(file)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil
+		return nil, nil
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var s savedNet
 	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// restoreNetns re-adds what saveNetns recorded (idempotently).
+func restoreNetns(path, file string) error {
+	s, err := loadNetns(file)
+	if s == nil || err != nil {
 		return err
 	}
 	h, done, err := netHandle(path)
@@ -164,15 +175,8 @@ func restoreNetns(path, file string) error {
 // them (SOCK_DESTROY, as `ss -K` does) makes a runsc stop look like a runc
 // one to every host client: the proxy, the node's agent client, anything else.
 func abortHostConns(file string) error {
-	b, err := os.ReadFile(file)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	var s savedNet
-	if err := json.Unmarshal(b, &s); err != nil {
+	s, err := loadNetns(file)
+	if s == nil || err != nil {
 		return err
 	}
 	ips := map[[4]byte]bool{}

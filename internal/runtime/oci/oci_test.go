@@ -218,7 +218,7 @@ func TestSpecDevices(t *testing.T) {
 func TestCreateInvalidDevices(t *testing.T) {
 	base := t.TempDir()
 	for _, rt := range []string{"runc", "runsc"} {
-		d := &Driver{cfg: Config{Runtime: rt, SandboxDir: base, StateDir: base, CommandTimeout: time.Second}, locks: map[string]*idLock{}}
+		d := &Driver{cfg: Config{Runtime: rt, SandboxDir: base, StateDir: base, CommandTimeout: time.Second}}
 		for _, dev := range []runtime.Device{
 			{Path: "dev/x", Type: 'c', Major: 1, Minor: 7},
 			{Path: "/etc/x", Type: 'c', Major: 1, Minor: 7},

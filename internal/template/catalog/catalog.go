@@ -231,14 +231,24 @@ func (c *Catalog) recover(ctx context.Context) error {
 	if err := c.failOrphans(ctx); err != nil {
 		return err
 	}
+	return c.eachBuild(ctx, func(_ *store.Template, b *store.TemplateBuild) error {
+		if b.Status == store.BuildWaiting && b.Spec != "" {
+			// Start was accepted but not begun: run it now.
+			c.queue <- b.ID
+		}
+		return nil
+	})
+}
+
+// eachBuild calls f on every build of every template, a page of templates
+// at a time so no store call returns the whole catalog. It stops at the
+// first error, f's or the store's.
+func (c *Catalog) eachBuild(ctx context.Context, f func(*store.Template, *store.TemplateBuild) error) error {
 	var after string
 	for {
 		ts, err := c.st.ListTemplates(ctx, after, 500)
-		if err != nil {
+		if err != nil || len(ts) == 0 {
 			return err
-		}
-		if len(ts) == 0 {
-			return nil
 		}
 		for _, t := range ts {
 			after = t.ID
@@ -247,9 +257,8 @@ func (c *Catalog) recover(ctx context.Context) error {
 				return err
 			}
 			for _, b := range builds {
-				if b.Status == store.BuildWaiting && b.Spec != "" {
-					// Start was accepted but not begun: run it now.
-					c.queue <- b.ID
+				if err := f(t, b); err != nil {
+					return err
 				}
 			}
 		}

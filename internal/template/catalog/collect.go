@@ -78,32 +78,23 @@ func (c *Catalog) Collect(ctx context.Context, cfg CollectorConfig) {
 // run (queued) or running read.
 func (c *Catalog) referencedContexts(ctx context.Context) (map[string]bool, error) {
 	refs := map[string]bool{}
-	var after string
-	for {
-		ts, err := c.st.ListTemplates(ctx, after, 500)
-		if err != nil || len(ts) == 0 {
-			return refs, err
+	err := c.eachBuild(ctx, func(_ *store.Template, b *store.TemplateBuild) error {
+		if b.Spec == "" || (b.Status != store.BuildWaiting && b.Status != store.BuildBuilding && b.Status != store.BuildUploaded) {
+			return nil
 		}
-		for _, t := range ts {
-			after = t.ID
-			builds, err := c.st.ListTemplateBuilds(ctx, t.ID)
-			if err != nil {
-				return nil, err
-			}
-			for _, b := range builds {
-				if b.Spec == "" || (b.Status != store.BuildWaiting && b.Status != store.BuildBuilding && b.Status != store.BuildUploaded) {
-					continue
-				}
-				var spec storedSpec
-				if err := json.Unmarshal([]byte(b.Spec), &spec); err != nil {
-					continue
-				}
-				for _, s := range spec.Steps {
-					if s.FilesHash != "" {
-						refs[s.FilesHash] = true
-					}
-				}
+		var spec storedSpec
+		if err := json.Unmarshal([]byte(b.Spec), &spec); err != nil {
+			return nil
+		}
+		for _, s := range spec.Steps {
+			if s.FilesHash != "" {
+				refs[s.FilesHash] = true
 			}
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
+	return refs, nil
 }

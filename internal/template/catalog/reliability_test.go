@@ -90,18 +90,36 @@ func settle(t *testing.T, cat *catalog.Catalog, tplID, buildID string, within ti
 	}
 }
 
-// A transient failure of the final write is retried: the build ends ready.
-func TestBuildFinalWriteRetried(t *testing.T) {
+// startFromBase creates a template called name and starts its first build
+// from the base image.
+func startFromBase(t *testing.T, cat *catalog.Catalog, name string) *catalog.CreateResponse {
+	t.Helper()
 	ctx := context.Background()
-	cat, st, _ := newFlakyEnv(t, time.Hour)
-	st.failFinal.Store(2) // fewer than StoreRetries
-	r, err := cat.Create(ctx, dev, catalog.CreateRequest{Name: "retry"}, "", nil)
+	r, err := cat.Create(ctx, dev, catalog.CreateRequest{Name: name}, "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := cat.StartBuild(ctx, dev, r.TemplateID, r.BuildID, catalog.StartRequest{FromTemplate: "base"}); err != nil {
 		t.Fatal(err)
 	}
+	return r
+}
+
+// waitFailedWrites waits until st has refused n final writes (or gives up);
+// callers then assert on the state, so giving up shows as their failure.
+func waitFailedWrites(st *flakyStore, n int64, within time.Duration) {
+	deadline := time.Now().Add(within)
+	for st.failed.Load() < n && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A transient failure of the final write is retried: the build ends ready.
+func TestBuildFinalWriteRetried(t *testing.T) {
+	ctx := context.Background()
+	cat, st, _ := newFlakyEnv(t, time.Hour)
+	st.failFinal.Store(2) // fewer than StoreRetries
+	r := startFromBase(t, cat, "retry")
 	if s := settle(t, cat, r.TemplateID, r.BuildID, 30*time.Second); s.Status != store.BuildReady || st.failed.Load() != 2 {
 		t.Fatalf("build %s after %d failed writes, want ready", s.Status, st.failed.Load())
 	}
@@ -113,20 +131,10 @@ func TestBuildFinalWriteRetried(t *testing.T) {
 // A final write that fails past the retries leaves the build "building"
 // only until the sweep: it writes the kept outcome once the store heals.
 func TestBuildUnwrittenOutcomeSwept(t *testing.T) {
-	ctx := context.Background()
 	cat, st, _ := newFlakyEnv(t, 20*time.Millisecond)
 	st.failFinal.Store(1 << 30)
-	r, err := cat.Create(ctx, dev, catalog.CreateRequest{Name: "swept"}, "", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cat.StartBuild(ctx, dev, r.TemplateID, r.BuildID, catalog.StartRequest{FromTemplate: "base"}); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for st.failed.Load() < 3 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	r := startFromBase(t, cat, "swept")
+	waitFailedWrites(st, 3, 30*time.Second)
 	if s := buildStatus(t, cat, r.TemplateID, r.BuildID); s.Status != store.BuildBuilding {
 		t.Fatalf("with the store failing: %s", s.Status)
 	}
@@ -139,20 +147,10 @@ func TestBuildUnwrittenOutcomeSwept(t *testing.T) {
 // A build whose outcome was never written (the process died) is failed by
 // the next Start's recovery, not left building.
 func TestBuildUnwrittenOutcomeRecoveredOnRestart(t *testing.T) {
-	ctx := context.Background()
 	cat, st, restart := newFlakyEnv(t, time.Hour)
 	st.failFinal.Store(1 << 30)
-	r, err := cat.Create(ctx, dev, catalog.CreateRequest{Name: "restart"}, "", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cat.StartBuild(ctx, dev, r.TemplateID, r.BuildID, catalog.StartRequest{FromTemplate: "base"}); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for st.failed.Load() < 3 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	r := startFromBase(t, cat, "restart")
+	waitFailedWrites(st, 3, 30*time.Second)
 	st.failFinal.Store(0)
 	cat2 := restart()
 	if s := buildStatus(t, cat2, r.TemplateID, r.BuildID); s.Status != store.BuildError || s.Reason == nil || s.Reason.Message != "builder disappeared" {

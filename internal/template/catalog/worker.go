@@ -252,31 +252,18 @@ func (c *Catalog) Sweep(ctx context.Context) {
 // waiting to be written; with runMu held no worker runs, so their builder
 // session is gone and they cannot finish.
 func (c *Catalog) failOrphans(ctx context.Context) error {
-	var after string
-	for {
-		ts, err := c.st.ListTemplates(ctx, after, 500)
-		if err != nil || len(ts) == 0 {
-			return err
+	return c.eachBuild(ctx, func(t *store.Template, b *store.TemplateBuild) error {
+		if b.Status != store.BuildBuilding && b.Status != store.BuildUploaded {
+			return nil
 		}
-		for _, t := range ts {
-			after = t.ID
-			builds, err := c.st.ListTemplateBuilds(ctx, t.ID)
-			if err != nil {
-				return err
-			}
-			for _, b := range builds {
-				if b.Status != store.BuildBuilding && b.Status != store.BuildUploaded {
-					continue
-				}
-				c.mu.Lock()
-				_, pending := c.unrecorded[b.ID]
-				c.mu.Unlock()
-				if !pending {
-					c.finish(ctx, t.ID, b.ID, nil, errors.New("builder disappeared"), nil)
-				}
-			}
+		c.mu.Lock()
+		_, pending := c.unrecorded[b.ID]
+		c.mu.Unlock()
+		if !pending {
+			c.finish(ctx, t.ID, b.ID, nil, errors.New("builder disappeared"), nil)
 		}
-	}
+		return nil
+	})
 }
 
 // ---- resolution for sandbox create ------------------------------------------

@@ -16,6 +16,25 @@ import (
 
 const fuzzHash = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 
+// specLines splits a fuzz spec into its entries, one a line, of n
+// "|"-separated fields each: the last field keeps any further "|", missing
+// ones are "", and lines with no kind or no name are skipped, so every
+// mutation still parses into entries.
+func specLines(spec string, n int) [][]string {
+	var out [][]string
+	for _, line := range strings.Split(spec, "\n") {
+		f := strings.SplitN(line, "|", n)
+		if len(f) < 2 || f[0] == "" {
+			continue
+		}
+		for len(f) < n {
+			f = append(f, "")
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
 // tarFromSpec builds a tar from a line-per-entry spec,
 // "type|name|linkname|octal mode|body", so the fuzzer mutates members rather
 // than tar checksums. unsafeSpec reports a member the rules refuse as unsafe
@@ -35,14 +54,7 @@ func tarFromSpec(spec string) (b []byte, unsafeSpec bool) {
 		}
 		return false
 	}
-	for _, line := range strings.Split(spec, "\n") {
-		f := strings.SplitN(line, "|", 5)
-		if len(f) < 2 || f[0] == "" {
-			continue
-		}
-		for len(f) < 5 {
-			f = append(f, "")
-		}
+	for _, f := range specLines(spec, 5) {
 		mode, _ := strconv.ParseInt(f[3], 8, 64)
 		h := &tar.Header{Typeflag: f[0][0], Name: f[1], Linkname: f[2], Mode: mode & 0o7777,
 			ModTime: time.Unix(1700000000, 0), Devmajor: 8, Devminor: 0}

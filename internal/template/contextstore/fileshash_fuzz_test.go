@@ -23,14 +23,7 @@ func treeFromSpec(t *testing.T, dir, spec string) (firstFile string) {
 	if err := os.MkdirAll(app, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(spec, "\n") {
-		f := strings.SplitN(line, "|", 4)
-		if len(f) < 2 || f[0] == "" {
-			continue
-		}
-		for len(f) < 4 {
-			f = append(f, "")
-		}
+	for _, f := range specLines(spec, 4) {
 		rel := path.Clean("/" + f[1])[1:]
 		if rel == "" || strings.ContainsRune(rel, 0) || len(rel) > 200 {
 			continue

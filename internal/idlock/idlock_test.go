@@ -1,0 +1,28 @@
+package idlock
+
+import (
+	"testing"
+	"time"
+)
+
+// The lock still excludes: a waiter on the same ID keeps the entry alive.
+func TestLockSerialises(t *testing.T) {
+	var l Map
+	unlock := l.Lock("a")
+	got := make(chan struct{})
+	go func() {
+		u := l.Lock("a")
+		close(got)
+		u()
+	}()
+	select {
+	case <-got:
+		t.Fatal("second holder got the lock while the first held it")
+	case <-time.After(50 * time.Millisecond):
+	}
+	unlock()
+	<-got
+	if n := l.Len(); n != 0 {
+		t.Fatalf("%d entries left", n)
+	}
+}
