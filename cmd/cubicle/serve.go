@@ -134,6 +134,14 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err != nil {
 		return err
 	}
+	// Bound before the slow setup below (BuildKit, recovery): the port is
+	// held from here, and a taken port fails before anything touches the
+	// host. Connections made meanwhile wait in the backlog.
+	ln, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
 	pool, err := netip.ParsePrefix(o.pool)
 	if err != nil {
 		return fmt.Errorf("--pool: %w", err)
@@ -260,10 +268,6 @@ func serve(ctx context.Context, o serveOptions) error {
 	tpls.startCollector(ctx, apiSrv)
 	handler := proxy.New(proxy.Config{Domain: o.domain, Logger: log}, mgr, st, apiSrv)
 
-	ln, err := net.Listen("tcp", o.listen)
-	if err != nil {
-		return err
-	}
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 30 * time.Second}
 	// HTTP/1.1 for the JS SDK, cleartext HTTP/2 for clients that prefer it.
 	srv.Protocols = new(http.Protocols)

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -136,12 +137,7 @@ func startServerEnv(t *testing.T, env []string, extra ...string) *server {
 		t.Fatalf("apikey create: %v", err)
 	}
 	s.Key = strings.TrimSpace(string(out))
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.listenOn = ln.Addr().String()
-	ln.Close()
+	s.listenOn = freeListenAddr(t)
 	s.URL = "http://" + s.listenOn
 	s.args = []string{"serve", "--data-dir", data, "--listen", s.listenOn, "--images-dir", imagesDir(t),
 		"--bridge", s.Bridge, "--pool", freePool(),
@@ -446,4 +442,31 @@ func (s *server) requireMetrics(t *testing.T, wants ...string) {
 			t.Fatalf("metrics lack %s", want)
 		}
 	}
+}
+
+// freeListenAddr picks a free loopback port below the kernel's ephemeral
+// range: a port from that range (what listen on :0 hands out) can be taken
+// by any outgoing connection between this check and serve's own bind.
+func freeListenAddr(t *testing.T) string {
+	t.Helper()
+	low := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				low = n
+			}
+		}
+	}
+	from := max(1024, low-12000)
+	for range 100 {
+		b := make([]byte, 2)
+		rand.Read(b)
+		addr := fmt.Sprintf("127.0.0.1:%d", from+(int(b[0])<<8|int(b[1]))%(low-from))
+		if ln, err := net.Listen("tcp", addr); err == nil {
+			ln.Close()
+			return addr
+		}
+	}
+	t.Fatalf("no free loopback port in %d-%d", from, low-1)
+	return ""
 }

@@ -22,16 +22,30 @@ function sleep(ms) {
   return new Promise((r) => setTimeout(r, ms))
 }
 
-function freePort() {
-  return new Promise((resolve, reject) => {
+function canListen(port) {
+  return new Promise((resolve) => {
     const s = net.createServer()
     s.unref()
-    s.on('error', reject)
-    s.listen(0, '127.0.0.1', () => {
-      const { port } = s.address()
-      s.close(() => resolve(port))
-    })
+    s.on('error', () => resolve(false))
+    s.listen(port, '127.0.0.1', () => s.close(() => resolve(true)))
   })
+}
+
+// freePort picks a free loopback port below the kernel's ephemeral range: a port
+// from that range (what listen(0) hands out) can be taken by any outgoing
+// connection between this check and serve's own bind, which made serve fail with
+// "address already in use" under load.
+async function freePort() {
+  let low = 32768
+  try {
+    low = parseInt(fs.readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/)[0], 10) || low
+  } catch {}
+  const from = Math.max(1024, low - 12000)
+  for (let i = 0; i < 100; i++) {
+    const port = from + crypto.randomInt(0, low - from)
+    if (await canListen(port)) return port
+  }
+  throw new Error(`no free loopback port in ${from}-${low - 1}`)
 }
 
 // waitFor polls fn until it returns a truthy value or the deadline passes.
