@@ -1,40 +1,50 @@
 package agent
 
 import (
-	"fmt"
 	"os"
-	"strconv"
+	"strings"
+	"sync"
 	"syscall"
 )
 
 // workloadOOMScoreAdj is every sandbox process's OOM score adjustment; the
-// agent (PID 1) stays at 0. When a memory bomb fills the sandbox's memory
-// cgroup, the OOM killer then picks the workload's processes and never the
-// agent, so the sandbox stays reachable. Raising a process's adjustment
-// needs no privilege; lowering it below 0 needs CAP_SYS_RESOURCE, which no
-// sandbox process has (and these hosts' root lacks too, so the agent cannot
-// be given -1000 instead).
+// agent (PID 1) stays at its own (0). When a memory bomb fills the sandbox's
+// memory cgroup, the OOM killer then picks the workload's processes and
+// never the agent, so the sandbox stays reachable. Raising a process's
+// adjustment needs no privilege; lowering it below the minimum it inherited
+// (0) needs CAP_SYS_RESOURCE, which no sandbox process has (and these
+// hosts' root lacks too, so the agent cannot be given -1000 instead).
 const workloadOOMScoreAdj = "500"
 
-// forkExec starts path with argv like syscall.ForkExec and raises the new
-// process's oom_score_adj as soon as it returns, i.e. right after the exec.
-// A program that forks within those microseconds leaves children at 0,
-// level with the agent: that harms only its own sandbox, and no ordinary
-// workload forks before its runtime has started. (A trampoline that raised
-// its own score before exec'ing the program would close that window, but a
-// Go trampoline needs several threads and fails when a fork storm has taken
-// the pids limit, where a plain exec still works.)
+const ownOOMScoreAdj = "/proc/self/oom_score_adj"
+
+// spawnMu serialises forkExec: the agent's own score is raised across one
+// fork at a time.
+var spawnMu sync.Mutex
+
+// forkExec starts path with argv like syscall.ForkExec. The child must be
+// at workloadOOMScoreAdj before any of its code runs (a fork storm's first
+// forks come within microseconds, and under load the parent's write after
+// the exec came too late in tests), so the agent raises its own score for
+// the fork, which the child inherits, and lowers it back at once; lowering
+// to the score it started with is allowed, as it is not below its minimum.
+// Only during that fork is the agent at the workload's level, where the
+// largest process still goes first.
 func (a *Agent) forkExec(path string, argv []string, attr *syscall.ProcAttr) (int, error) {
-	pid, err := syscall.ForkExec(path, argv, attr)
+	spawnMu.Lock()
+	defer spawnMu.Unlock()
+	own, err := os.ReadFile(ownOOMScoreAdj)
+	if err == nil {
+		err = os.WriteFile(ownOOMScoreAdj, []byte(workloadOOMScoreAdj), 0)
+	}
 	if err != nil {
-		return 0, err
+		a.log.Warn("cannot raise sandbox processes' OOM score", "err", err)
+	} else {
+		defer func() {
+			if err := os.WriteFile(ownOOMScoreAdj, []byte(strings.TrimSpace(string(own))), 0); err != nil {
+				a.log.Error("cannot restore the agent's OOM score", "err", err)
+			}
+		}()
 	}
-	if err := os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", []byte(workloadOOMScoreAdj), 0); err != nil {
-		// The process may already have exited (ESRCH/ENOENT): nothing left
-		// to protect the agent from.
-		if _, serr := os.Stat("/proc/" + strconv.Itoa(pid)); serr == nil {
-			a.log.Warn("cannot raise a process's OOM score", "pid", pid, "err", fmt.Sprint(err))
-		}
-	}
-	return pid, nil
+	return syscall.ForkExec(path, argv, attr)
 }
