@@ -234,6 +234,20 @@ func (s *server) destroy() {
 // do sends a JSON API request and decodes the response into out.
 func (s *server) do(method, path string, body any, out any) int {
 	s.t.Helper()
+	st, h, raw := s.raw(method, path, body)
+	s.lastHeader = h
+	if out != nil && len(raw) > 0 {
+		if err := json.Unmarshal(raw, out); err != nil {
+			s.t.Fatalf("%s %s: decode %q: %v", method, path, raw, err)
+		}
+	}
+	return st
+}
+
+// raw sends a request with the server's key (a string body is sent as is,
+// anything else as JSON) and returns status, headers and body.
+func (s *server) raw(method, path string, body any) (int, http.Header, []byte) {
+	s.t.Helper()
 	var rd io.Reader
 	if body != nil {
 		if raw, ok := body.(string); ok {
@@ -251,14 +265,8 @@ func (s *server) do(method, path string, body any, out any) int {
 		s.t.Fatalf("%s %s: %v", method, path, err)
 	}
 	defer resp.Body.Close()
-	s.lastHeader = resp.Header
-	raw, _ := io.ReadAll(resp.Body)
-	if out != nil && len(raw) > 0 {
-		if err := json.Unmarshal(raw, out); err != nil {
-			s.t.Fatalf("%s %s: decode %q: %v", method, path, raw, err)
-		}
-	}
-	return resp.StatusCode
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, b
 }
 
 type created struct {

@@ -42,26 +42,6 @@ type apiErr struct {
 	Message string `json:"message"`
 }
 
-// raw sends a request and returns status, headers and body.
-func (s *server) raw(method, path string, body any) (int, http.Header, []byte) {
-	s.t.Helper()
-	var rd io.Reader
-	if body != nil {
-		b, _ := json.Marshal(body)
-		rd = bytes.NewReader(b)
-	}
-	req, _ := http.NewRequest(method, s.URL+path, rd)
-	req.Header.Set("X-API-Key", s.Key)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := s.client.Do(req)
-	if err != nil {
-		s.t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, resp.Header, b
-}
-
 // notFoundLikeMissing asserts that path (naming another team's object) is a
 // 404 whose body is the one the same route gives for an ID that never
 // existed, so the answer confirms nothing.

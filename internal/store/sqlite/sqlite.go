@@ -167,6 +167,24 @@ func orEmpty(m map[string]string) map[string]string {
 
 type scanner interface{ Scan(...any) error }
 
+// queryAll runs q and scans every row with scan.
+func queryAll[T any](ctx context.Context, db *sql.DB, scan func(scanner) (T, error), q string, args ...any) ([]T, error) {
+	rows, err := db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []T
+	for rows.Next() {
+		v, err := scan(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}
+
 func scanSandbox(r scanner) (*store.Sandbox, error) {
 	var sb store.Sandbox
 	var state, meta, envs, network, vols string
@@ -336,20 +354,7 @@ func (s *Store) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]*st
 	if f.Limit > 0 {
 		q += fmt.Sprintf(` LIMIT %d`, f.Limit)
 	}
-	rows, err := s.db.QueryContext(ctx, q, args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []*store.Sandbox
-	for rows.Next() {
-		sb, err := scanSandbox(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, sb)
-	}
-	return out, rows.Err()
+	return queryAll(ctx, s.db, scanSandbox, q, args...)
 }
 
 // poolPath is the JSON path of a metadata key (quoted: the keys contain dots).
@@ -486,20 +491,7 @@ func (s *Store) APIKeyByHash(ctx context.Context, hash string) (*store.APIKey, e
 
 // ListAPIKeys returns all keys, oldest first.
 func (s *Store) ListAPIKeys(ctx context.Context) ([]*store.APIKey, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT `+keyCols+` FROM api_keys ORDER BY created_at, id`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []*store.APIKey
-	for rows.Next() {
-		k, err := scanKey(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, k)
-	}
-	return out, rows.Err()
+	return queryAll(ctx, s.db, scanKey, `SELECT `+keyCols+` FROM api_keys ORDER BY created_at, id`)
 }
 
 // DeleteAPIKey removes a key; ErrNotFound if absent.

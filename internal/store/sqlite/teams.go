@@ -55,20 +55,7 @@ func (s *Store) TeamByName(ctx context.Context, name string) (*store.Team, error
 
 // ListTeams returns every team, oldest first.
 func (s *Store) ListTeams(ctx context.Context) ([]*store.Team, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT `+teamCols+` FROM teams ORDER BY created_at, id`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []*store.Team
-	for rows.Next() {
-		t, err := scanTeam(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, t)
-	}
-	return out, rows.Err()
+	return queryAll(ctx, s.db, scanTeam, `SELECT `+teamCols+` FROM teams ORDER BY created_at, id`)
 }
 
 // UpdateTeam writes the name and quota.

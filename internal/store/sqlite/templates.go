@@ -346,20 +346,7 @@ func (s *Store) GetTemplateBuild(ctx context.Context, id string) (*store.Templat
 
 // ListTemplateBuilds returns a template's builds, newest first.
 func (s *Store) ListTemplateBuilds(ctx context.Context, templateID string) ([]*store.TemplateBuild, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT `+buildCols+` FROM template_builds WHERE template_id=? ORDER BY created_at DESC, id DESC`, templateID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []*store.TemplateBuild
-	for rows.Next() {
-		b, err := scanBuild(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, b)
-	}
-	return out, rows.Err()
+	return queryAll(ctx, s.db, scanBuild, `SELECT `+buildCols+` FROM template_builds WHERE template_id=? ORDER BY created_at DESC, id DESC`, templateID)
 }
 
 // UpdateTemplateBuild writes every mutable column.

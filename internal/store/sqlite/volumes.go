@@ -90,20 +90,7 @@ func (s *Store) ListTeamVolumes(ctx context.Context, teamID string) ([]*store.Vo
 }
 
 func (s *Store) listVolumes(ctx context.Context, q string, args ...any) ([]*store.Volume, error) {
-	rows, err := s.db.QueryContext(ctx, q, args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []*store.Volume
-	for rows.Next() {
-		v, err := scanVolume(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, v)
-	}
-	return out, rows.Err()
+	return queryAll(ctx, s.db, scanVolume, q, args...)
 }
 
 // UpdateVolume overwrites all fields.
