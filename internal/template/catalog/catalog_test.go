@@ -29,9 +29,10 @@ type env struct {
 	dir    string
 }
 
-func newEnv(t *testing.T) *env {
+// deps makes what a catalog needs under dir: a SQLite store, a base
+// rootfs, an image store and a builder.
+func deps(t *testing.T, dir string) (*sqlite.Store, string, *image.Store, *builder.Builder) {
 	t.Helper()
-	dir := t.TempDir()
 	st, err := sqlite.Open(filepath.Join(dir, "db"))
 	if err != nil {
 		t.Fatal(err)
@@ -48,6 +49,13 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return st, base, imgs, b
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	dir := t.TempDir()
+	st, base, imgs, b := deps(t, dir)
 	cat := catalog.New(catalog.Config{Store: st, Builder: b, BaseRootfs: base, CPUCount: 2, MemoryMB: 512, DiskSizeMB: 1024})
 	cat.SetFallback(&template.Images{Dir: filepath.Join(dir, "images"), CPUCount: 2, MemoryMB: 512, DiskSizeMB: 1024})
 	ctx, cancel := context.WithCancel(context.Background())

@@ -3,17 +3,14 @@ package catalog_test
 import (
 	"context"
 	"errors"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/cubicle-dev/cubicle/internal/image"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
-	"github.com/cubicle-dev/cubicle/internal/template/builder"
 	"github.com/cubicle-dev/cubicle/internal/template/catalog"
 )
 
@@ -38,24 +35,8 @@ func (f *flakyStore) RecordTemplateBuild(ctx context.Context, b *store.TemplateB
 
 func newFlakyEnv(t *testing.T, sweep time.Duration) (*catalog.Catalog, *flakyStore, func() *catalog.Catalog) {
 	t.Helper()
-	dir := t.TempDir()
-	sq, err := sqlite.Open(filepath.Join(dir, "db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sq.Close() })
+	sq, base, _, b := deps(t, t.TempDir())
 	st := &flakyStore{Store: sq}
-	base := filepath.Join(dir, "images", "base", "rootfs")
-	os.MkdirAll(filepath.Join(base, "etc"), 0o755)
-	os.WriteFile(filepath.Join(base, "etc", "os-release"), []byte("ID=test\n"), 0o644)
-	imgs, err := image.Open(filepath.Join(dir, "oci"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := builder.New(builder.Config{Images: imgs, RootfsDir: filepath.Join(dir, "images", "builds"), WorkDir: filepath.Join(dir, "work")})
-	if err != nil {
-		t.Fatal(err)
-	}
 	start := func() *catalog.Catalog {
 		cat := catalog.New(catalog.Config{Store: st, Builder: b, BaseRootfs: base, StoreRetries: 3, StoreRetryDelay: time.Millisecond, SweepInterval: sweep})
 		ctx, cancel := context.WithCancel(context.Background())
