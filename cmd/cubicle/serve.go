@@ -27,6 +27,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/runtime/oci"
 	"github.com/cubicle-dev/cubicle/internal/template"
 	"github.com/cubicle-dev/cubicle/internal/template/catalog"
+	"github.com/cubicle-dev/cubicle/internal/cacerts"
 	"github.com/cubicle-dev/cubicle/internal/volume"
 	"github.com/cubicle-dev/cubicle/internal/volume/registry"
 )
@@ -48,6 +49,8 @@ type serveOptions struct {
 	maxCPU, maxMemoryMB, maxDiskMB                        int
 	maxImageBytes                                         int64
 	userns                                                string
+	caCertsFile                                           string
+	caCerts                                               *cacerts.Set
 }
 
 func serveCmd() *cobra.Command {
@@ -94,6 +97,7 @@ func serveCmd() *cobra.Command {
 	f.IntVar(&o.maxDiskMB, "max-sandbox-disk-mb", 0, "largest diskSizeMB a template or sandbox may ask for (default: the size of the data dir's filesystem); above it 400")
 	f.Int64Var(&o.maxImageBytes, "max-image-bytes", api.DefaultMaxImageBytes, "largest image body POST /images accepts; above it 413")
 	f.StringVar(&o.volumeBaseDir, "volume-base-dir", "", "volume_plugin_base_dir override (default: the node config's, else <data-dir>/volume-mounts)")
+	f.StringVar(&o.caCertsFile, "ca-certificates", "", "PEM file of extra CA certificates to trust in every sandbox and template build (a TLS-intercepting proxy's CA); default none")
 	o.accel.flags(f)
 	return cmd
 }
@@ -152,6 +156,11 @@ func serve(ctx context.Context, o serveOptions) error {
 	}
 
 	// Configuration errors first, before anything touches the host.
+	if o.caCertsFile != "" {
+		if o.caCerts, err = cacerts.Load(o.caCertsFile); err != nil {
+			return fmt.Errorf("--ca-certificates: %w", err)
+		}
+	}
 	vc, err := loadVolumeConfig(o)
 	if err != nil {
 		return err
@@ -223,7 +232,7 @@ func serve(ctx context.Context, o serveOptions) error {
 		VolumeDir: filepath.Join(o.dataDir, "node", "volumes"), VolumeBaseDir: vc.node.BaseDir,
 		VolumePlugin:  func(d string) (volume.Node, error) { return nodePlugins.Get(d) },
 		VolumeDrivers: nodePlugins.Names(), VolumeMetrics: volMetrics, Logger: log,
-		Lxcfs: lx.Mountpoint(), LxcfsFiles: lx.Files(),
+		Lxcfs: lx.Mountpoint(), LxcfsFiles: lx.Files(), CACerts: o.caCerts,
 	})
 	if err != nil {
 		return err

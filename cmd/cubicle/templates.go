@@ -77,12 +77,13 @@ func setupTemplates(ctx context.Context, o serveOptions, st store.Store, reg pro
 		ts.closers = append(ts.closers, closeSolver)
 	}
 	bld, err := builder.New(builder.Config{Images: imgs, Contexts: ctxs, Registry: ts.registry, Solver: solver,
-		RootfsDir: filepath.Join(o.imagesDir, "builds"), WorkDir: filepath.Join(o.dataDir, "build-work")})
+		RootfsDir: filepath.Join(o.imagesDir, "builds"), WorkDir: filepath.Join(o.dataDir, "build-work"), CACerts: o.caCerts})
 	if err != nil {
 		ts.Close()
 		return nil, err
 	}
 	ts.catalog = catalog.New(catalog.Config{Store: st, Builder: bld, BaseRootfs: filepath.Join(o.imagesDir, template.BaseTemplate, "rootfs"),
+		CodeInterpreterRootfs: codeInterpreterRootfs(o.imagesDir, log),
 		CPUCount: o.cpuCount, MemoryMB: o.memoryMB, DiskSizeMB: o.diskSizeMB, Logger: log, Registry: reg,
 		MaxCPUCount: o.maxCPU, MaxMemoryMB: o.maxMemoryMB, MaxDiskSizeMB: o.maxDiskMB})
 	ts.catalog.SetFallback(&builder.ImageRefs{Images: imgs, Dir: filepath.Join(o.imagesDir, "refs"),
@@ -165,4 +166,15 @@ func startSolver(ctx context.Context, o serveOptions, registry string, log *slog
 		return nil, nil, err
 	}
 	return bkSolver{d}, func() { d.Close() }, nil
+}
+
+// codeInterpreterRootfs is the code-interpreter-v1 template's layered rootfs
+// when its layer is installed (scripts/install builds it), else "".
+func codeInterpreterRootfs(imagesDir string, log *slog.Logger) string {
+	layers := template.ImageLayers(imagesDir, template.CodeInterpreterTemplate)
+	if _, err := os.Stat(layers[0]); err != nil {
+		log.Warn("the code interpreter image is not installed: template code-interpreter-v1 is unavailable (scripts/install builds it)", "layer", layers[0])
+		return ""
+	}
+	return template.JoinLayers(layers...)
 }

@@ -459,7 +459,7 @@ func (m *Manager) waitReady(ctx context.Context, sb *store.Sandbox, cmd string) 
 // Probe runs a build's ready command in a throwaway sandbox of its rootfs
 // (catalog.Prober).
 func (m *Manager) Probe(ctx context.Context, rootfs string, t template.Template) error {
-	t.Layers = []string{rootfs}
+	t.Layers = template.Layers(rootfs)
 	sb, err := m.createFrom(ctx, CreateOptions{Timeout: m.cfg.ReadyTimeout + time.Minute, Metadata: map[string]string{"cubicle.template-probe": t.ID},
 		Network: store.Network{AllowInternet: true}}, t)
 	if sb != nil {

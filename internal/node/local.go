@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"github.com/cubicle-dev/cubicle/internal/accel"
+	"github.com/cubicle-dev/cubicle/internal/cacerts"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
@@ -56,6 +58,10 @@ type LocalConfig struct {
 	VolumePlugin  func(driver string) (volume.Node, error)
 	VolumeDrivers []string
 	VolumeMetrics VolumeMetrics
+	// CACerts, when set, are added to every sandbox's trust store
+	// (internal/cacerts): the image's bundle plus them, and the env vars
+	// that make Node.js and certifi users read it.
+	CACerts *cacerts.Set
 	// Accel owns the node's accelerators (nil = the node has none).
 	Accel  *accel.Manager
 	Logger *slog.Logger
@@ -225,8 +231,22 @@ func (l *Local) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err e
 			mounts = append(mounts, runtime.Mount{Source: hp, Destination: va.Path, ReadOnly: va.ReadOnly})
 		}
 	}
+	var files []runtime.File
+	if l.cfg.CACerts != nil {
+		seed, err := l.cfg.CACerts.SandboxFiles(req.Layers)
+		if err != nil {
+			return Sandbox{}, err
+		}
+		for p, b := range seed {
+			files = append(files, runtime.File{Path: p, Data: b, Mode: 0o644})
+		}
+		env := cacerts.Env()
+		maps.Copy(env, req.EnvVars)
+		req.EnvVars = env
+	}
 	info, err := l.cfg.Runtime.Create(ctx, runtime.Spec{
 		ID:        req.ID,
+		Files:     files,
 		Layers:    req.Layers,
 		Hostname:  "cubicle",
 		Args:      []string{AgentPathInSandbox, "-port", strconv.Itoa(AgentPort)},

@@ -60,6 +60,17 @@ type Spec struct {
 	// and allows it in the device cgroup; drivers that cannot do so report
 	// false from DeviceCapable and fail Create with ErrUnsupported.
 	Devices []Device
+	// Files are written into the sandbox's writable layer before it starts,
+	// owned by the sandbox's root (the extra CA bundle, say). Each shadows
+	// the image's file at that path; the sandbox may change it later.
+	Files []File
+}
+
+// File is one file a sandbox starts with (Spec.Files).
+type File struct {
+	Path string // absolute, inside the sandbox
+	Data []byte
+	Mode uint32 // permission bits; 0 means 0644
 }
 
 // Device is one device node to expose inside a sandbox.

@@ -46,11 +46,35 @@ type Resolver interface {
 // BaseTemplate is what an empty templateID means.
 const BaseTemplate = "base"
 
-// builtinAliases are the e2b names that map onto the base image.
+// CodeInterpreterTemplate is e2b's code interpreter template (the
+// @e2b/code-interpreter and e2b-code-interpreter SDKs' default): the base
+// image with a layer holding ipykernel and the scientific stack above it.
+const CodeInterpreterTemplate = "code-interpreter-v1"
+
+// builtinAliases are the e2b names of the built-in images.
 var builtinAliases = map[string]string{
-	"code-interpreter":    BaseTemplate,
-	"code-interpreter-v1": BaseTemplate,
-	"python":              BaseTemplate,
+	"code-interpreter": CodeInterpreterTemplate,
+	"python":           BaseTemplate,
+}
+
+// LayerSep joins the layers of a layered rootfs in one string (a build's
+// Rootfs): overlayfs' own lowerdir separator, which no layer path can hold.
+const LayerSep = ":"
+
+// Layers splits a build's rootfs into its layers, top-most first.
+func Layers(rootfs string) []string { return strings.Split(rootfs, LayerSep) }
+
+// JoinLayers is the inverse of Layers.
+func JoinLayers(layers ...string) string { return strings.Join(layers, LayerSep) }
+
+// ImageLayers are the layers of the image directory <dir>/<name>: its rootfs
+// and, for the code interpreter, the base rootfs below it.
+func ImageLayers(dir, name string) []string {
+	l := []string{filepath.Join(dir, name, "rootfs")}
+	if name == CodeInterpreterTemplate {
+		l = append(l, filepath.Join(dir, BaseTemplate, "rootfs"))
+	}
+	return l
 }
 
 var nameRe = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,127}$`)
@@ -80,13 +104,15 @@ func (im *Images) Resolve(_ context.Context, ref string) (Template, error) {
 	if !nameRe.MatchString(name) {
 		return Template{}, fmt.Errorf("%w: %q", ErrNotFound, ref)
 	}
-	root := filepath.Join(im.Dir, name, "rootfs")
-	fi, err := os.Stat(root)
-	if err != nil || !fi.IsDir() {
-		return Template{}, fmt.Errorf("%w: %q", ErrNotFound, ref)
+	layers := ImageLayers(im.Dir, name)
+	for _, root := range layers {
+		fi, err := os.Stat(root)
+		if err != nil || !fi.IsDir() {
+			return Template{}, fmt.Errorf("%w: %q", ErrNotFound, ref)
+		}
 	}
 	return Template{
-		ID: name, Alias: alias, Layers: []string{root},
+		ID: name, Alias: alias, Layers: layers,
 		CPUCount: im.CPUCount, MemoryMB: im.MemoryMB, DiskSizeMB: im.DiskSizeMB,
 	}, nil
 }

@@ -415,6 +415,9 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Info,
 			return runtime.Info{}, err
 		}
 	}
+	if err := seedFiles(upper, spec.Files, int(nsBase)); err != nil {
+		return runtime.Info{}, err
+	}
 	if nsBase != 0 {
 		if spec.Mounts, err = d.idmappedRootfs(spec.ID, nsBase, spec.Layers, upper, work, rootfs, spec.Mounts, spec.Devices); err != nil {
 			return runtime.Info{}, err

@@ -358,3 +358,48 @@ func readStats(parent, id string) (runtime.Stats, error) {
 	}
 	return s, nil
 }
+
+// seedFiles writes files into a fresh, empty upper dir, owned by the
+// sandbox's root (owner: 0, or the first ID of its user-namespace range). The
+// directories it creates are 0755 and shadow the image's attributes for
+// those directories, which for /etc, /usr and the like are the same.
+func seedFiles(upper string, files []runtime.File, owner int) error {
+	for _, f := range files {
+		rel := filepath.Clean("/" + f.Path)
+		if rel == "/" || rel != filepath.Clean(f.Path) {
+			return fmt.Errorf("oci: seed file path %q is not absolute and clean", f.Path)
+		}
+		dst := filepath.Join(upper, rel)
+		dir := filepath.Dir(dst)
+		var made []string
+		for p := dir; p != upper; p = filepath.Dir(p) {
+			if _, err := os.Lstat(p); err == nil {
+				break
+			}
+			made = append(made, p)
+		}
+		for i := len(made) - 1; i >= 0; i-- {
+			if err := os.Mkdir(made[i], 0o755); err != nil {
+				return err
+			}
+			if err := os.Lchown(made[i], owner, owner); err != nil {
+				return err
+			}
+		}
+		mode := os.FileMode(f.Mode).Perm()
+		if mode == 0 {
+			mode = 0o644
+		}
+		// upper is new and written only here, so nothing in it is a symlink.
+		if err := os.WriteFile(dst, f.Data, mode); err != nil {
+			return err
+		}
+		if err := os.Chmod(dst, mode); err != nil {
+			return err
+		}
+		if err := os.Lchown(dst, owner, owner); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 
+	"github.com/cubicle-dev/cubicle/internal/cacerts"
 	"github.com/cubicle-dev/cubicle/internal/image"
 	"github.com/cubicle-dev/cubicle/internal/template/catalog"
 	"github.com/cubicle-dev/cubicle/internal/template/contextstore"
@@ -44,6 +45,8 @@ type Config struct {
 	Solver    Solver // nil: recipes with steps are refused (501)
 	RootfsDir string // <dir>/<buildID>/rootfs
 	WorkDir   string // scratch for build contexts
+	// CACerts, when set, are trusted by every RUN step (caOptions).
+	CACerts *cacerts.Set
 }
 
 // Builder implements catalog.Builder.
@@ -156,14 +159,22 @@ func (b *Builder) withSteps(ctx context.Context, job catalog.Job, dest string, l
 	if b.cfg.Solver == nil {
 		return catalog.Output{}, &catalog.BuildError{Step: "base", Err: errors.New("BuildKit is not running on this server")}
 	}
+	work := filepath.Join(b.cfg.WorkDir, job.BuildID)
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return catalog.Output{}, err
+	}
+	defer os.RemoveAll(work)
 	base := job.FromImage
 	if base == "" && job.FromRootfs != "" {
 		// fromTemplate of a template that has a rootfs but no image (the
-		// seeded base): make it an image once so BuildKit can start FROM it.
-		ref := "cubicle/rootfs-" + filepath.Base(filepath.Dir(job.FromRootfs)) + ":latest"
+		// seeded ones): make it an image once so BuildKit can start FROM it.
+		ref, err := rootfsRef(job.FromRootfs)
+		if err != nil {
+			return catalog.Output{}, &catalog.BuildError{Step: "base", Err: fmt.Errorf("base rootfs %s: %v", job.FromRootfs, err)}
+		}
 		if b.localRef(ref) == "" {
 			log("info", "importing the base rootfs into the image store", "base")
-			if err := b.cfg.Images.ImportRootfs(ref, job.FromRootfs); err != nil {
+			if err := b.importRootfs(ref, job.FromRootfs, work); err != nil {
 				return catalog.Output{}, &catalog.BuildError{Step: "base", Err: fmt.Errorf("import %s: %v", job.FromRootfs, err)}
 			}
 		}
@@ -172,19 +183,22 @@ func (b *Builder) withSteps(ctx context.Context, job catalog.Job, dest string, l
 	if ref := b.localRef(base); ref != "" {
 		base = b.cfg.Registry + "/" + ref
 	}
-	res, err := recipe.Render(steps(job), base, job.BuildID, b.haveTar(job))
+	ctxDir := filepath.Join(work, "context")
+	if err := os.MkdirAll(ctxDir, 0o700); err != nil {
+		return catalog.Output{}, err
+	}
+	opts, err := caOptions(b.cfg.CACerts, ctxDir)
+	if err != nil {
+		return catalog.Output{}, err
+	}
+	res, err := recipe.RenderWith(steps(job), base, job.BuildID, b.haveTar(job), opts)
 	if err != nil {
 		return catalog.Output{}, &catalog.BuildError{Step: "base", Err: err}
 	}
-	work := filepath.Join(b.cfg.WorkDir, job.BuildID)
-	if err := os.MkdirAll(work, 0o700); err != nil {
-		return catalog.Output{}, err
-	}
-	defer os.RemoveAll(work)
 	for _, h := range res.Hashes {
 		cs, err := b.contexts(job)
 		if err == nil {
-			err = cs.Extract(h, work)
+			err = cs.Extract(h, ctxDir)
 		}
 		if err != nil {
 			return catalog.Output{}, &catalog.BuildError{Step: "base", Err: fmt.Errorf("unpack build context %s: %v", h, err)}
@@ -197,7 +211,7 @@ func (b *Builder) withSteps(ctx context.Context, job catalog.Job, dest string, l
 	}
 	log("info", "building with BuildKit", "base")
 	lastStep := "base"
-	err = b.cfg.Solver.Solve(ctx, res.Dockerfile, work, res.NoCache, push, secrets, func(level, msg string, line int) {
+	err = b.cfg.Solver.Solve(ctx, res.Dockerfile, ctxDir, res.NoCache, push, secrets, func(level, msg string, line int) {
 		step := ""
 		if i, ok := res.StepOfLine[line]; ok {
 			step = strconv.Itoa(i)

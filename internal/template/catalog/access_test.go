@@ -53,7 +53,7 @@ func TestTeamsSeeOwnAndPublicTemplates(t *testing.T) {
 	if _, err := e.cat.ResolveTeam(ctx, "t_b", ra.TemplateID); !errors.Is(err, template.ErrNotFound) {
 		t.Fatalf("B resolves A's template: %v", err)
 	}
-	if tpl, err := e.cat.ResolveTeam(ctx, "t_b", "code-interpreter"); err != nil || tpl.ID != catalog.BaseID {
+	if tpl, err := e.cat.ResolveTeam(ctx, "t_b", "code-interpreter"); err != nil || tpl.ID != catalog.CodeInterpreterID {
 		t.Fatalf("B resolves a built-in name: %+v %v", tpl, err)
 	}
 	// base is visible and read-only to a non-admin; the built-in names are reserved.
@@ -93,7 +93,7 @@ func TestTeamsSeeOwnAndPublicTemplates(t *testing.T) {
 	for _, x := range ls {
 		ids = append(ids, x.ID)
 	}
-	if got := strings.Join(ids, ","); got != strings.Join([]string{catalog.BaseID, ra.TemplateID, rb.TemplateID}, ",") {
+	if got := strings.Join(ids, ","); got != strings.Join([]string{catalog.BaseID, catalog.CodeInterpreterID, ra.TemplateID, rb.TemplateID}, ",") {
 		t.Fatalf("B lists %s", got)
 	}
 	// An Idempotency-Key is per team.

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -38,8 +39,20 @@ var (
 // BaseID is the seeded template every empty templateID means.
 const BaseID = template.BaseTemplate
 
-// builtinNames resolve to the base template (e2b's default aliases).
-var builtinNames = []string{"base", "code-interpreter", "code-interpreter-v1", "python"}
+// CodeInterpreterID is the seeded code interpreter template (base + the
+// ipykernel layer; the agent serves e2b's interpreter on port 49999 in it).
+const CodeInterpreterID = template.CodeInterpreterTemplate
+
+// The names of the built-in templates (e2b's default aliases): reserved, so
+// no team can shadow them.
+var (
+	baseNames            = []string{"base", "python"}
+	codeInterpreterNames = []string{"code-interpreter-v1", "code-interpreter"}
+	builtinNames         = append(append([]string{}, baseNames...), codeInterpreterNames...)
+)
+
+// builtin reports whether id is a seeded template.
+func builtin(id string) bool { return id == BaseID || id == CodeInterpreterID }
 
 var (
 	nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,127}$`)
@@ -88,6 +101,9 @@ type Config struct {
 	Store      store.Store
 	Builder    Builder
 	BaseRootfs string // the seeded base template's rootfs
+	// CodeInterpreterRootfs is the seeded code-interpreter-v1 template's
+	// layered rootfs (template.JoinLayers); "" = not installed.
+	CodeInterpreterRootfs string
 	CPUCount   int
 	MemoryMB   int
 	DiskSizeMB int
@@ -199,11 +215,31 @@ func (c *Catalog) seedBase(ctx context.Context) error {
 	if c.cfg.BaseRootfs == "" {
 		return nil
 	}
-	t, err := c.st.GetTemplate(ctx, BaseID)
+	if err := c.seedBuiltin(ctx, BaseID, baseNames, c.cfg.BaseRootfs); err != nil {
+		return err
+	}
+	if c.cfg.CodeInterpreterRootfs == "" {
+		return nil
+	}
+	return c.seedBuiltin(ctx, CodeInterpreterID, codeInterpreterNames, c.cfg.CodeInterpreterRootfs)
+}
+
+// seedBuiltin creates the built-in template id with its seeded build, or
+// repoints an existing seeded build at rootfs (the image was rebuilt or moved)
+// and gives the row its names (earlier versions had every built-in name on
+// base).
+func (c *Catalog) seedBuiltin(ctx context.Context, id string, names []string, rootfs string) error {
+	buildID := "bld_" + id
+	t, err := c.st.GetTemplate(ctx, id)
 	if err == nil {
+		if !slices.Equal(t.Names, names) && slices.Contains(t.Names, names[0]) {
+			if err := c.st.SetTemplateNames(ctx, id, names); err != nil {
+				return fmt.Errorf("seeding template %s: names: %w", id, err)
+			}
+		}
 		// Keep the row the operator may have edited; only repoint the seeded build.
-		if b, err := c.st.GetTemplateBuild(ctx, t.ReadyBuildID); err == nil && b.Rootfs != c.cfg.BaseRootfs && t.ReadyBuildID == "bld_base" {
-			b.Rootfs = c.cfg.BaseRootfs
+		if b, err := c.st.GetTemplateBuild(ctx, t.ReadyBuildID); err == nil && b.Rootfs != rootfs && t.ReadyBuildID == buildID {
+			b.Rootfs = rootfs
 			return c.st.UpdateTemplateBuild(ctx, b)
 		}
 		return nil
@@ -212,13 +248,13 @@ func (c *Catalog) seedBase(ctx context.Context) error {
 		return err
 	}
 	now := time.Now().UTC()
-	t = &store.Template{ID: BaseID, TeamID: store.DefaultTeamID, PrimaryName: "base", Names: builtinNames, CPUCount: c.cfg.CPUCount, MemoryMB: c.cfg.MemoryMB,
-		DiskSizeMB: c.cfg.DiskSizeMB, ReadyBuildID: "bld_base", LatestBuildID: "bld_base", BuildStatus: store.BuildReady, BuildCount: 1, Public: true}
-	b := &store.TemplateBuild{ID: "bld_base", TemplateID: BaseID, Status: store.BuildReady, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB,
-		DiskSizeMB: t.DiskSizeMB, Rootfs: c.cfg.BaseRootfs, FinishedAt: now}
+	t = &store.Template{ID: id, TeamID: store.DefaultTeamID, PrimaryName: names[0], Names: names, CPUCount: c.cfg.CPUCount, MemoryMB: c.cfg.MemoryMB,
+		DiskSizeMB: c.cfg.DiskSizeMB, ReadyBuildID: buildID, LatestBuildID: buildID, BuildStatus: store.BuildReady, BuildCount: 1, Public: true}
+	b := &store.TemplateBuild{ID: buildID, TemplateID: id, Status: store.BuildReady, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB,
+		DiskSizeMB: t.DiskSizeMB, Rootfs: rootfs, FinishedAt: now}
 	err = c.st.CreateTemplate(ctx, t, b)
 	if errors.Is(err, store.ErrConflict) {
-		return fmt.Errorf("seeding the base template: a template already uses one of the names %v: %w", builtinNames, err)
+		return fmt.Errorf("seeding template %s: a template already uses one of the names %v: %w", id, names, err)
 	}
 	return err
 }
@@ -430,7 +466,7 @@ func (c *Catalog) create(ctx context.Context, caller Caller, req CreateRequest) 
 		return nil, invalid("teamID %q is not the team of this API key", req.TeamID)
 	}
 	if contains(builtinNames, name) {
-		return nil, fmt.Errorf("%w: %q is a name of the built-in base template", ErrConflict, name)
+		return nil, fmt.Errorf("%w: %q is a name of a built-in template", ErrConflict, name)
 	}
 	existing, err := c.st.TemplateByName(ctx, caller.TeamID, name)
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
@@ -444,8 +480,8 @@ func (c *Catalog) create(ctx context.Context, caller Caller, req CreateRequest) 
 	if existing != nil && existing.PrimaryName != name {
 		return nil, fmt.Errorf("%w: name %q belongs to template %s", ErrConflict, name, existing.ID)
 	}
-	if existing != nil && existing.ID == BaseID {
-		return nil, fmt.Errorf("%w: %q is the built-in base template", ErrConflict, name)
+	if existing != nil && builtin(existing.ID) {
+		return nil, fmt.Errorf("%w: %q is a built-in template", ErrConflict, name)
 	}
 	if existing != nil && !caller.mayChange(existing) {
 		return nil, fmt.Errorf("%w: template '%s' is public; only admin API keys rebuild it", ErrForbidden, name)
@@ -679,8 +715,8 @@ func (c *Catalog) Delete(ctx context.Context, caller Caller, ref string, force b
 	if err != nil {
 		return err
 	}
-	if t.ID == BaseID && !force {
-		return fmt.Errorf("%w: the base template cannot be deleted", ErrConflict)
+	if builtin(t.ID) && !force {
+		return fmt.Errorf("%w: the built-in template %s cannot be deleted", ErrConflict, t.ID)
 	}
 	if !force {
 		if t.BuildStatus == store.BuildBuilding || t.BuildStatus == store.BuildUploaded {

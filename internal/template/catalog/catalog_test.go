@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"testing"
 	"time"
 
@@ -26,6 +27,7 @@ type env struct {
 	st     *sqlite.Store
 	images *image.Store
 	base   string
+	ci     string // the code interpreter's layer
 	dir    string
 }
 
@@ -56,14 +58,17 @@ func newEnv(t *testing.T) *env {
 	t.Helper()
 	dir := t.TempDir()
 	st, base, imgs, b := deps(t, dir)
-	cat := catalog.New(catalog.Config{Store: st, Builder: b, BaseRootfs: base, CPUCount: 2, MemoryMB: 512, DiskSizeMB: 1024})
+	ci := filepath.Join(dir, "images", "code-interpreter-v1", "rootfs")
+	os.MkdirAll(filepath.Join(ci, "usr", "local"), 0o755)
+	cat := catalog.New(catalog.Config{Store: st, Builder: b, BaseRootfs: base, CodeInterpreterRootfs: template.JoinLayers(ci, base),
+		CPUCount: 2, MemoryMB: 512, DiskSizeMB: 1024})
 	cat.SetFallback(&template.Images{Dir: filepath.Join(dir, "images"), CPUCount: 2, MemoryMB: 512, DiskSizeMB: 1024})
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	if err := cat.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	return &env{cat: cat, st: st, images: imgs, base: base, dir: dir}
+	return &env{cat: cat, st: st, images: imgs, base: base, ci: ci, dir: dir}
 }
 
 func (e *env) wait(t *testing.T, tplID, buildID string) *catalog.Status {
@@ -141,11 +146,21 @@ func TestBuildsResolutionAndGuards(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	// Resolution of the seeded base and its built-in aliases.
-	for _, ref := range []string{"", "base", "code-interpreter", "code-interpreter-v1", "python", "base:default"} {
+	for _, ref := range []string{"", "base", "python", "base:default"} {
 		tpl, err := e.cat.Resolve(ctx, ref)
-		if err != nil || tpl.ID != catalog.BaseID || tpl.Layers[0] != e.base || tpl.CPUCount != 2 {
+		if err != nil || tpl.ID != catalog.BaseID || !slices.Equal(tpl.Layers, []string{e.base}) || tpl.CPUCount != 2 {
 			t.Fatalf("resolve %q: %+v %v", ref, tpl, err)
 		}
+	}
+	// The code interpreter is its own template: its layer above base.
+	for _, ref := range []string{"code-interpreter", "code-interpreter-v1", "code-interpreter-v1:default"} {
+		tpl, err := e.cat.Resolve(ctx, ref)
+		if err != nil || tpl.ID != catalog.CodeInterpreterID || !slices.Equal(tpl.Layers, []string{e.ci, e.base}) {
+			t.Fatalf("resolve %q: %+v %v", ref, tpl, err)
+		}
+	}
+	if err := e.cat.Delete(ctx, dev, catalog.CodeInterpreterID, false, nil); !errors.Is(err, catalog.ErrConflict) {
+		t.Fatalf("delete the built-in code interpreter: %v", err)
 	}
 	if _, err := e.cat.Resolve(ctx, "nope"); !errors.Is(err, template.ErrNotFound) {
 		t.Fatalf("unknown: %v", err)
@@ -296,5 +311,33 @@ func TestAcceleratorContract(t *testing.T) {
 	}
 	if _, err := e.cat.SetAccelerators(ctx, dev, r.TemplateID, &accel.Contract{Class: "gpu"}); !errors.Is(err, catalog.ErrConflict) {
 		t.Fatalf("contract on a pooled template: %v", err)
+	}
+}
+
+// A store seeded before the code interpreter had its own template held every
+// built-in name on base; the next start moves them.
+func TestSeedMovesCodeInterpreterNamesOffBase(t *testing.T) {
+	dir := t.TempDir()
+	st, base, _, b := deps(t, dir)
+	ctx := context.Background()
+	old := &store.Template{ID: catalog.BaseID, TeamID: store.DefaultTeamID, PrimaryName: "base",
+		Names: []string{"base", "code-interpreter", "code-interpreter-v1", "python"}, ReadyBuildID: "bld_base", LatestBuildID: "bld_base",
+		BuildStatus: store.BuildReady, BuildCount: 1, Public: true, CPUCount: 2, MemoryMB: 512, DiskSizeMB: 1024}
+	if err := st.CreateTemplate(ctx, old, &store.TemplateBuild{ID: "bld_base", TemplateID: catalog.BaseID, Status: store.BuildReady, Rootfs: base}); err != nil {
+		t.Fatal(err)
+	}
+	ci := filepath.Join(dir, "ci")
+	os.MkdirAll(ci, 0o755)
+	cat := catalog.New(catalog.Config{Store: st, Builder: b, BaseRootfs: base, CodeInterpreterRootfs: template.JoinLayers(ci, base)})
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if err := cat.Start(cctx); err != nil {
+		t.Fatal(err)
+	}
+	if tpl, err := cat.Resolve(ctx, "code-interpreter"); err != nil || tpl.ID != catalog.CodeInterpreterID || tpl.Layers[0] != ci {
+		t.Fatalf("code-interpreter after the upgrade: %+v %v", tpl, err)
+	}
+	if tpl, err := cat.Resolve(ctx, "python"); err != nil || tpl.ID != catalog.BaseID {
+		t.Fatalf("python after the upgrade: %+v %v", tpl, err)
 	}
 }

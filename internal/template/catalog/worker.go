@@ -117,7 +117,7 @@ func (c *Catalog) run(ctx context.Context, buildID string) {
 		c.mu.Unlock()
 		if p != nil {
 			c.logf(ctx, b.ID, "info", "finalize", "waiting for the ready command: %s", req.ReadyCmd)
-			pt := template.Template{ID: t.ID, Layers: []string{out.Rootfs}, CPUCount: b.CPUCount, MemoryMB: b.MemoryMB, DiskSizeMB: b.DiskSizeMB,
+			pt := template.Template{ID: t.ID, Layers: template.Layers(out.Rootfs), CPUCount: b.CPUCount, MemoryMB: b.MemoryMB, DiskSizeMB: b.DiskSizeMB,
 				StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd, RunAs: out.RunAs, Workdir: out.Workdir}
 			if err := p.Probe(ctx, out.Rootfs, pt); err != nil {
 				c.finish(ctx, t.ID, b.ID, nil, &BuildError{Step: "finalize", Err: fmt.Errorf("ready command failed: %v", err)}, nil)
@@ -345,7 +345,7 @@ func (c *Catalog) resolve(ctx context.Context, caller Caller, ref string) (templ
 	if err != nil {
 		return template.Template{}, err
 	}
-	return template.Template{ID: t.ID, Alias: name, Layers: []string{b.Rootfs}, CPUCount: b.CPUCount, MemoryMB: b.MemoryMB,
+	return template.Template{ID: t.ID, Alias: name, Layers: template.Layers(b.Rootfs), CPUCount: b.CPUCount, MemoryMB: b.MemoryMB,
 		DiskSizeMB: b.DiskSizeMB, StartCmd: t.StartCmd, ReadyCmd: t.ReadyCmd, RunAs: t.RunAs, Workdir: t.Workdir, BuildID: b.ID, PoolSize: t.PoolSize,
 		Accelerators: contract}, nil
 }

@@ -135,6 +135,29 @@ const workspace = "/workspace"
 // always re-run. A force on an ENV step (no Dockerfile line) moves to the
 // next emitted instruction.
 func Render(req BuildStart, base, buildID string, haveTar func(hash string) bool) (*Result, error) {
+	return RenderWith(req, base, buildID, haveTar, Options{})
+}
+
+// Options are the server's additions to every RUN step.
+type Options struct {
+	// RunMount is a --mount flag value every RUN gets (the extra CA bundle:
+	// `type=bind,source=...,target=...`); "" for none.
+	RunMount string
+	// RunEnv is exported before every RUN's command, before the template's
+	// own ENV steps (which may override it).
+	RunEnv [][2]string
+}
+
+// RenderWith is Render with server options.
+func RenderWith(req BuildStart, base, buildID string, haveTar func(hash string) bool, opts Options) (*Result, error) {
+	if strings.ContainsFunc(opts.RunMount, isSpaceOrControl) {
+		return nil, invalid(-1, "RUN mount %q is not a single token", opts.RunMount)
+	}
+	for _, kv := range opts.RunEnv {
+		if !envKeyRe.MatchString(kv[0]) {
+			return nil, invalid(-1, "RUN env key %q is not a shell variable name", kv[0])
+		}
+	}
 	if (req.FromImage == "") == (req.FromTemplate == "") {
 		return nil, invalid(-1, "exactly one of fromImage and fromTemplate must be set")
 	}
@@ -153,6 +176,7 @@ func Render(req BuildStart, base, buildID string, haveTar func(hash string) bool
 		haveTar: haveTar,
 		seen:    map[string]bool{},
 		workdir: "/",
+		opts:    opts,
 	}
 	r.line(-1, "FROM "+base)
 	for i, st := range req.Steps {
@@ -192,6 +216,7 @@ type renderer struct {
 	workdir string
 
 	pendingBust bool
+	opts        Options
 }
 
 // minSecretLen keeps a trivially short credential from matching ordinary
@@ -415,6 +440,9 @@ func (r *renderer) run(i int, st Step) error {
 	}
 
 	var b strings.Builder
+	for _, kv := range r.opts.RunEnv {
+		b.WriteString("export " + kv[0] + "=" + shellQuote(kv[1]) + "; ")
+	}
 	for _, k := range r.envKeys {
 		b.WriteString("export " + k + "=" + shellQuote(r.envVals[k]) + "; ")
 	}
@@ -427,7 +455,11 @@ func (r *renderer) run(i int, st Step) error {
 	if u != "" {
 		r.line(i, "USER "+u)
 	}
-	r.line(i, "RUN "+runForm(full))
+	mount := ""
+	if r.opts.RunMount != "" {
+		mount = "--mount=" + r.opts.RunMount + " "
+	}
+	r.line(i, "RUN "+mount+runForm(full))
 	if u != "" {
 		// The CEP omits the restore when no USER step was seen, which would
 		// leave every later instruction running as u. Base images default
