@@ -20,6 +20,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/cubicle-dev/cubicle/internal/api"
+	"github.com/cubicle-dev/cubicle/internal/cacerts"
 	"github.com/cubicle-dev/cubicle/internal/control"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
@@ -27,7 +28,6 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/runtime/oci"
 	"github.com/cubicle-dev/cubicle/internal/template"
 	"github.com/cubicle-dev/cubicle/internal/template/catalog"
-	"github.com/cubicle-dev/cubicle/internal/cacerts"
 	"github.com/cubicle-dev/cubicle/internal/volume"
 	"github.com/cubicle-dev/cubicle/internal/volume/registry"
 )

@@ -84,7 +84,7 @@ func setupTemplates(ctx context.Context, o serveOptions, st store.Store, reg pro
 	}
 	ts.catalog = catalog.New(catalog.Config{Store: st, Builder: bld, BaseRootfs: filepath.Join(o.imagesDir, template.BaseTemplate, "rootfs"),
 		CodeInterpreterRootfs: codeInterpreterRootfs(o.imagesDir, log),
-		CPUCount: o.cpuCount, MemoryMB: o.memoryMB, DiskSizeMB: o.diskSizeMB, Logger: log, Registry: reg,
+		CPUCount:              o.cpuCount, MemoryMB: o.memoryMB, DiskSizeMB: o.diskSizeMB, Logger: log, Registry: reg,
 		MaxCPUCount: o.maxCPU, MaxMemoryMB: o.maxMemoryMB, MaxDiskSizeMB: o.maxDiskMB})
 	ts.catalog.SetFallback(&builder.ImageRefs{Images: imgs, Dir: filepath.Join(o.imagesDir, "refs"),
 		CPUCount: o.cpuCount, MemoryMB: o.memoryMB, DiskSizeMB: o.diskSizeMB,

@@ -104,9 +104,9 @@ type Config struct {
 	// CodeInterpreterRootfs is the seeded code-interpreter-v1 template's
 	// layered rootfs (template.JoinLayers); "" = not installed.
 	CodeInterpreterRootfs string
-	CPUCount   int
-	MemoryMB   int
-	DiskSizeMB int
+	CPUCount              int
+	MemoryMB              int
+	DiskSizeMB            int
 	// Server maxima for a template's sizes (0 = 64 CPUs, 1 TiB memory, no
 	// disk bound); a request above one is ErrInvalid naming it.
 	MaxCPUCount   int
