@@ -5,6 +5,8 @@ DATA_DIR    ?= /var/lib/cubicle
 LISTEN      ?= 0.0.0.0:3000
 RUNTIME     ?= runc
 INSTALL_FLAGS ?=
+# Extra `cubicle serve` flags for make run, e.g. --ca-certificates FILE.
+SERVE_FLAGS ?=
 STAMP       := .cache/install.stamp
 # Fuzzing time per target: FUZZTIME for make fuzz, FUZZTIME_TEST for the
 # bounded run in make test (scripts/fuzz lists the targets).
@@ -26,7 +28,7 @@ build:
 
 # Dependencies (apt packages, runsc, base image, node_modules): scripts/install, once.
 # The stamp is refreshed when the install script or the JS lockfile changes.
-$(STAMP): scripts/install scripts/build-rootfs test/e2b-js/package-lock.json
+$(STAMP): scripts/install scripts/build-rootfs scripts/build-code-interpreter scripts/code-interpreter-requirements.txt test/e2b-js/package-lock.json test/e2b-py/requirements.txt
 	CUBICLE_DATA_DIR=$(DATA_DIR) scripts/install $(INSTALL_FLAGS)
 	@mkdir -p $(dir $(STAMP)) && touch $(STAMP)
 
@@ -47,7 +49,7 @@ run: deps build
 	echo "  export E2B_API_URL=http://127.0.0.1:$$port"; \
 	echo "  export E2B_SANDBOX_URL=http://127.0.0.1:$$port"; \
 	echo "  export E2B_API_KEY=$$key"; echo
-	exec bin/cubicle serve --data-dir $(DATA_DIR) --listen $(LISTEN) --runtime $(RUNTIME)
+	exec bin/cubicle serve --data-dir $(DATA_DIR) --listen $(LISTEN) --runtime $(RUNTIME) $(SERVE_FLAGS)
 
 test: deps build
 	$(GO) vet ./...
@@ -57,6 +59,7 @@ test: deps build
 	FUZZ_SEEDS=0 scripts/fuzz $(FUZZTIME_TEST)
 	cd test/e2b-js && CUBICLE_IMAGES_DIR=$${CUBICLE_IMAGES_DIR:-$(DATA_DIR)/images} CUBICLE_RUNTIME=runc npm test
 	cd test/e2b-js && CUBICLE_IMAGES_DIR=$${CUBICLE_IMAGES_DIR:-$(DATA_DIR)/images} CUBICLE_RUNTIME=runsc npm test
+	cd test/e2b-py && CUBICLE_IMAGES_DIR=$${CUBICLE_IMAGES_DIR:-$(DATA_DIR)/images} CUBICLE_RUNTIME=runc .venv/bin/python -m pytest -q
 
 .PHONY: fuzz
 fuzz:
@@ -72,6 +75,10 @@ test-e2b: deps build
 
 bench: deps build
 	CUBICLE_IMAGES_DIR=$${CUBICLE_IMAGES_DIR:-$(DATA_DIR)/images} node bench/create/run.js $(BENCH_FLAGS)
+
+.PHONY: bench-codeinterp
+bench-codeinterp: deps build
+	CUBICLE_IMAGES_DIR=$${CUBICLE_IMAGES_DIR:-$(DATA_DIR)/images} node bench/codeinterp/run.js $(BENCH_FLAGS)
 
 proto:
 	scripts/gen-proto

@@ -808,10 +808,11 @@ func (c *Catalog) StartBuild(ctx context.Context, caller Caller, templateID, bui
 	if (req.FromImage == "") == (req.FromTemplate == "") {
 		return invalid("exactly one of fromImage and fromTemplate must be set")
 	}
-	if isE2BBase(req.FromImage) {
-		// The SDK's default base (fromBaseImage) is e2b's own image; here
-		// the base template plays that role.
-		req.FromImage, req.FromTemplate = "", BaseID
+	if id := e2bImageTemplate(req.FromImage); id != "" {
+		// The SDK's default base (fromBaseImage) and e2b's code
+		// interpreter are e2b's own images; here the built-in templates
+		// play their role.
+		req.FromImage, req.FromTemplate = "", id
 	}
 	job := Job{TemplateID: t.ID, BuildID: b.ID, TeamID: caller.TeamID, Start: req}
 	if req.FromTemplate != "" {
@@ -1126,9 +1127,17 @@ func (c *Catalog) RemoveTags(ctx context.Context, caller Caller, name string, ta
 	return c.st.SetTemplateNames(ctx, t.ID, keep)
 }
 
-// isE2BBase matches e2b's default base image reference.
-func isE2BBase(ref string) bool {
+// e2bImageTemplate maps e2b's own image references (the SDK's
+// fromBaseImage default, e2bdev/base, and its code interpreter image) onto
+// the built-in template that plays that role; "" for any other image.
+func e2bImageTemplate(ref string) string {
 	ref = strings.TrimPrefix(ref, "docker.io/")
 	name, _, _ := strings.Cut(ref, ":")
-	return name == "e2bdev/base"
+	switch name {
+	case "e2bdev/base":
+		return BaseID
+	case "e2bdev/code-interpreter":
+		return CodeInterpreterID
+	}
+	return ""
 }
