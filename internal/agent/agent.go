@@ -83,6 +83,7 @@ type Agent struct {
 	startProc    *startProc
 
 	procs    *processTable
+	services *serviceTable
 	watchers *watcherTable
 	metrics  metricsState
 }
@@ -107,6 +108,7 @@ func New(cfg Config) *Agent {
 		defaultWorkdir: cfg.DefaultWorkdir,
 		envVars:        maps.Clone(cfg.EnvVars),
 		procs:          newProcessTable(),
+		services:       newServiceTable(),
 		watchers:       newWatcherTable(),
 	}
 	if a.envVars == nil {
@@ -163,21 +165,27 @@ func EnableH2C(srv *http.Server) {
 }
 
 // Shutdown terminates every running process group (SIGTERM, then SIGKILL after
-// a bounded grace) and closes all watchers.
+// a bounded grace), service processes (Spawn) included, and closes all
+// watchers.
 func (a *Agent) Shutdown() {
 	a.watchers.closeAll()
 	a.mu.RLock()
 	sp := a.startProc
 	a.mu.RUnlock()
-	done := make(chan struct{})
+	done, svcDone := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
 		if sp != nil {
 			sp.terminate()
 		}
 	}()
+	go func() {
+		defer close(svcDone)
+		a.services.terminateAll()
+	}()
 	a.procs.terminateAll()
 	<-done
+	<-svcDone
 }
 
 func corsMiddleware(next http.Handler) http.Handler {
