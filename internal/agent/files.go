@@ -13,8 +13,10 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -26,10 +28,15 @@ const (
 	maxMetadataTotal = 4096 // per-inode xattr budget
 )
 
+// The /files auth errors carry envd's texts (packages/envd/internal/api/
+// auth.go, validateSigning) because SDK users read them; all answer 401.
 var (
-	errBadSignature     = errors.New("agent: invalid signature")
-	errExpiredSignature = errors.New("agent: signature expired")
-	errBadMetadata      = errors.New("agent: invalid metadata")
+	ErrMissingSignature = errors.New("missing signature query parameter")
+	ErrInvalidSignature = errors.New("invalid signature")
+	ErrExpiredSignature = errors.New("signature is already expired")
+	errTokenMismatch    = errors.New("access token present in header but does not match")
+
+	errBadMetadata = errors.New("agent: invalid metadata")
 )
 
 // Signature computes envd's v1 signature for a /files URL.
@@ -54,26 +61,28 @@ func (a *Agent) checkFileAuth(r *http.Request, op string) error {
 		if tokenEqual(h, token) {
 			return nil
 		}
-		return ErrUnauthorized
+		return errTokenMismatch
 	}
 	q := r.URL.Query()
-	sig := q.Get("signature")
-	if sig == "" {
-		return ErrUnauthorized
+	if !q.Has("signature") {
+		return ErrMissingSignature
 	}
+	sig := q.Get("signature")
 	var exp int64
 	if s := q.Get("signature_expiration"); s != "" {
 		v, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {
-			return errBadSignature
+			return ErrInvalidSignature
 		}
 		exp = v
 	}
 	if !tokenEqual(sig, Signature(q.Get("path"), op, q.Get("username"), token, exp)) {
-		return errBadSignature
+		return ErrInvalidSignature
 	}
+	// Checked after the signature, as envd does, so an unsigned expiration
+	// reveals nothing.
 	if exp != 0 && exp < time.Now().Unix() {
-		return errExpiredSignature
+		return ErrExpiredSignature
 	}
 	return nil
 }
@@ -292,18 +301,18 @@ func setMetadata(f *os.File, md map[string]string) error {
 	return opErr
 }
 
-// writeFile streams src into path as user u, creating parent directories.
-// The file is opened with the user's identity (so permissions are enforced and
-// new files and directories are owned by the user) and then written by this
-// goroutine; only a fixed-size copy buffer is held in memory.
+// writeFile streams src into path as user u, creating parent directories
+// (see ensureDirs). The file is opened with the user's identity (so
+// permissions are enforced and a new file is owned by the user) and then
+// written by this goroutine; only a fixed-size copy buffer is held in memory.
 func writeFile(u *sysUser, path string, src io.Reader, md map[string]string) error {
+	if err := ensureDirs(u, filepath.Dir(path)); err != nil {
+		return err
+	}
 	var f *os.File
 	err := asUser(u, func() error {
 		if fi, err := os.Stat(path); err == nil && fi.IsDir() {
 			return fmt.Errorf("%w: %s", ErrIsDir, path)
-		}
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			return err
 		}
 		var err error
 		f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
@@ -322,6 +331,126 @@ func writeFile(u *sysUser, path string, src io.Reader, md map[string]string) err
 		return err
 	}
 	return f.Close()
+}
+
+// rootMkdirMu serialises the directories the agent makes as root: parallel
+// uploads into one new tree (the SDKs write files concurrently) must not find
+// each other's directories before they have been handed to the user.
+var rootMkdirMu sync.Mutex
+
+// ensureDirs makes dir and its missing parents for u, as envd does for
+// uploads, MakeDir and Move. envd runs as root, so a user may write /0/a.txt
+// though it may not create /0. Directories u may create are made as u; where
+// u may not, the agent makes the missing ones as root and hands each to u.
+// Directories that already exist are never changed.
+func ensureDirs(u *sysUser, dir string) error {
+	mkdirAll := func() error { return os.MkdirAll(dir, 0o755) }
+	err := asUser(u, mkdirAll)
+	if err == nil || u.UID == 0 || os.Geteuid() != 0 || !errors.Is(err, fs.ErrPermission) {
+		return err
+	}
+	rootMkdirMu.Lock()
+	defer rootMkdirMu.Unlock()
+	// An upload that held the lock may have made dir meanwhile.
+	if err = asUser(u, mkdirAll); !errors.Is(err, fs.ErrPermission) {
+		return err
+	}
+	return mkdirsAsRoot(u, dir, err)
+}
+
+// mkdirsAsRoot is ensureDirs' root path; denied is the error u got itself.
+//
+// Root never resolves a path on its own authority here: the deepest existing
+// ancestor is opened as u, so a symlink in the path is followed only as far
+// as u may follow it, and u must be able to search that ancestor (otherwise
+// it could not use what is made below it). The new directories are made
+// relative to that descriptor, and refused when u could modify the ancestor:
+// u could then swap what root makes before it is handed over.
+func mkdirsAsRoot(u *sysUser, dir string, denied error) error {
+	anc, ancPath := -1, dir
+	var missing []string // deepest first
+	err := asUser(u, func() error {
+		for {
+			// "p/." makes the kernel check that u may search p itself.
+			fd, err := unix.Open(ancPath+"/.", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+			if err == nil {
+				anc = fd
+				return nil
+			}
+			if err != unix.ENOENT || ancPath == "/" {
+				return &fs.PathError{Op: "open", Path: ancPath, Err: err}
+			}
+			missing = append(missing, filepath.Base(ancPath))
+			ancPath = filepath.Dir(ancPath)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	defer unix.Close(anc)
+	var st unix.Stat_t
+	if err := unix.Fstat(anc, &st); err != nil {
+		return &fs.PathError{Op: "stat", Path: ancPath, Err: err}
+	}
+	if mayModify(u, &st) {
+		return denied
+	}
+	var made []int // descriptors of the new directories, shallowest first
+	parent, path := anc, ancPath
+	defer func() {
+		for _, fd := range made {
+			unix.Close(fd)
+		}
+	}()
+	undo := func() {
+		for i := len(made) - 1; i >= 0; i-- {
+			p := anc
+			if i > 0 {
+				p = made[i-1]
+			}
+			_ = unix.Unlinkat(p, missing[len(missing)-1-i], unix.AT_REMOVEDIR)
+		}
+	}
+	for i := len(missing) - 1; i >= 0; i-- {
+		name := missing[i]
+		path = filepath.Join(path, name)
+		if err := unix.Mkdirat(parent, name, 0o755); err != nil {
+			undo()
+			return &fs.PathError{Op: "mkdir", Path: path, Err: err}
+		}
+		// O_NOFOLLOW, though parent is not u's to change (the ancestor by
+		// mayModify, the others still root's): it is the directory just made
+		// unless another process that may write there swapped it.
+		fd, err := unix.Openat(parent, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			_ = unix.Unlinkat(parent, name, unix.AT_REMOVEDIR)
+			undo()
+			return &fs.PathError{Op: "open", Path: path, Err: err}
+		}
+		made = append(made, fd)
+		parent = fd
+	}
+	// Every descriptor is open before any directory becomes u's (after which
+	// u could rename entries in it), so each chown reaches the one made here.
+	for i := len(made) - 1; i >= 0; i-- {
+		if err := unix.Fchown(made[i], int(u.UID), int(u.GID)); err != nil {
+			undo()
+			return fmt.Errorf("chown new directory for %s: %w", u.Name, err)
+		}
+	}
+	return nil
+}
+
+// mayModify reports whether u could add, rename or remove entries in the
+// directory st describes, directly or after chmod-ing it.
+func mayModify(u *sysUser, st *unix.Stat_t) bool {
+	switch {
+	case st.Uid == u.UID, st.Mode&0o002 != 0:
+		return true
+	case st.Mode&0o020 != 0:
+		return slices.Contains(u.Groups, st.Gid)
+	}
+	return false
 }
 
 func (a *Agent) handleUpload(w http.ResponseWriter, r *http.Request) {

@@ -159,13 +159,14 @@ func (s *filesystemService) MakeDir(ctx context.Context, req *connect.Request[fs
 			}
 			return fmt.Errorf("%w: %s exists and is not a directory", ErrNotDir, path)
 		}
-		if err := os.MkdirAll(path, 0o755); err != nil {
-			return err
-		}
-		var err error
-		e, err = entryInfo(path, names)
-		return err
+		return nil
 	})
+	if err == nil {
+		err = ensureDirs(u, path)
+	}
+	if err == nil {
+		err = asUser(u, func() (err error) { e, err = entryInfo(path, names); return })
+	}
 	if err != nil {
 		return nil, fsError(err, "make dir "+path)
 	}
@@ -183,20 +184,20 @@ func (s *filesystemService) Move(ctx context.Context, req *connect.Request[fspb.
 	}
 	names := s.a.loadIDNames()
 	var e *fspb.EntryInfo
-	err = asUser(u, func() error {
-		if _, err := os.Lstat(src); err != nil {
+	err = asUser(u, func() error { _, err := os.Lstat(src); return err })
+	if err == nil {
+		err = ensureDirs(u, filepath.Dir(dst))
+	}
+	if err == nil {
+		err = asUser(u, func() error {
+			if err := os.Rename(src, dst); err != nil {
+				return err
+			}
+			var err error
+			e, err = entryInfo(dst, names)
 			return err
-		}
-		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-			return err
-		}
-		if err := os.Rename(src, dst); err != nil {
-			return err
-		}
-		var err error
-		e, err = entryInfo(dst, names)
-		return err
-	})
+		})
+	}
 	if err != nil {
 		return nil, fsError(err, "move "+src)
 	}

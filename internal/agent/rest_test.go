@@ -337,16 +337,27 @@ func TestFilesSignature(t *testing.T) {
 	if c := get(fmt.Sprintf("path=%s&username=user&signature=%s&signature_expiration=%d", url.QueryEscape(p), url.QueryEscape(sig), exp)); c != 200 {
 		t.Fatalf("valid expiring signature %d", c)
 	}
+	// Refusals carry envd's status and texts (auth.go validateSigning).
+	envdRefusal := func(q string, hdr map[string]string, want string) {
+		t.Helper()
+		resp, b := e.do(t, "GET", "/files?"+q, nil, hdr)
+		checkJSONError(t, resp, b, 401)
+		var v struct{ Message string }
+		if json.Unmarshal(b, &v); v.Message != want {
+			t.Fatalf("%s: message %q want %q", q, v.Message, want)
+		}
+	}
 	old := time.Now().Add(-time.Minute).Unix()
 	sig = Signature(p, "read", "", testToken, old)
-	if c := get(fmt.Sprintf("path=%s&signature=%s&signature_expiration=%d", url.QueryEscape(p), url.QueryEscape(sig), old)); c != 401 {
-		t.Fatalf("expired signature %d", c)
-	}
-	// Write signature used for read, wrong token, tampered path.
-	for _, s := range []string{Signature(p, "write", "", testToken, 0), Signature(p, "read", "", "other", 0), "v1_garbage"} {
-		if c := get("path=" + url.QueryEscape(p) + "&signature=" + url.QueryEscape(s)); c != 401 {
-			t.Fatalf("bad signature %s accepted: %d", s, c)
-		}
+	envdRefusal(fmt.Sprintf("path=%s&signature=%s&signature_expiration=%d", url.QueryEscape(p), url.QueryEscape(sig), old), nil, "signature is already expired")
+	// An expiration the signature does not cover is an invalid signature,
+	// not an expired one.
+	envdRefusal(fmt.Sprintf("path=%s&signature=%s&signature_expiration=%d", url.QueryEscape(p), url.QueryEscape(Signature(p, "read", "", testToken, 0)), old), nil, "invalid signature")
+	envdRefusal("path="+url.QueryEscape(p), nil, "missing signature query parameter")
+	envdRefusal("path="+url.QueryEscape(p), map[string]string{"X-Access-Token": "wrong"}, "access token present in header but does not match")
+	// Write signature used for read, wrong token, tampered path, empty.
+	for _, s := range []string{Signature(p, "write", "", testToken, 0), Signature(p, "read", "", "other", 0), "v1_garbage", ""} {
+		envdRefusal("path="+url.QueryEscape(p)+"&signature="+url.QueryEscape(s), nil, "invalid signature")
 	}
 	// Signed upload.
 	sig = Signature("up.txt", "write", "", testToken, 0)

@@ -16,18 +16,24 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/control"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/internal/template"
 )
 
 const (
 	headerSandboxID    = "E2b-Sandbox-Id"
 	headerSandboxPort  = "E2b-Sandbox-Port"
 	headerTrafficToken = "E2b-Traffic-Access-Token"
+
+	// codeInterpreterPort is where the code interpreter SDKs send /execute
+	// (e2b's JUPYTER_PORT).
+	codeInterpreterPort = 49999
 )
 
 // Config configures the proxy.
@@ -50,6 +56,7 @@ type Proxy struct {
 type targetKey struct{}
 
 type target struct {
+	sb   *store.Sandbox
 	addr netip.AddrPort
 	// pool is the URL host: node.SandboxHost, so that every sandbox has its
 	// own keep-alive pool rather than inheriting the connections to a dead
@@ -86,6 +93,13 @@ func New(cfg Config, mgr *control.Manager, st store.Store, api http.Handler) *Pr
 			if errors.Is(err, context.Canceled) {
 				return
 			}
+			t := r.Context().Value(targetKey{}).(target)
+			if errors.Is(err, syscall.ECONNREFUSED) {
+				// The sandbox answered, so this is not the timeout the SDKs
+				// read a bare 502 as.
+				portClosed(w, t.sb, int(t.addr.Port()))
+				return
+			}
 			p.log.Warn("proxy upstream error", "host", r.Host, "path", r.URL.Path, "err", err)
 			writeError(w, http.StatusBadGateway, "sandbox is not reachable: "+err.Error())
 		},
@@ -93,8 +107,52 @@ func New(cfg Config, mgr *control.Manager, st store.Store, api http.Handler) *Pr
 	return p
 }
 
+// sandboxError is the body of e2b's proxy errors about one sandbox
+// (packages/shared/pkg/proxy/template: sandboxId, message, code, and the port
+// when it is closed).
+type sandboxError struct {
+	Code      int    `json:"code"`
+	Message   string `json:"message"`
+	SandboxID string `json:"sandboxId"`
+	Port      int    `json:"port,omitempty"`
+}
+
+func writeSandboxError(w http.ResponseWriter, e sandboxError) {
+	b, _ := json.Marshal(e)
+	writeBody(w, e.Code, b)
+}
+
+// portClosed answers a request whose dial to port was refused: the sandbox is
+// live but nothing listens there.
+func portClosed(w http.ResponseWriter, sb *store.Sandbox, port int) {
+	if port == codeInterpreterPort {
+		// 404: the SDKs show its body as a NotFoundError; a 502 they would
+		// blame on the sandbox timing out.
+		tpl := sb.TemplateID
+		if sb.Alias != "" && sb.Alias != sb.TemplateID {
+			tpl = sb.Alias + " (" + sb.TemplateID + ")"
+		}
+		msg := "no code interpreter is running in sandbox " + sb.ID + " (nothing listens on port " + strconv.Itoa(port) + "): "
+		if sb.TemplateID == template.CodeInterpreterTemplate {
+			msg += "it has not started yet or has exited"
+		} else {
+			msg += "its template " + tpl + " has no python3 with ipykernel; create the sandbox from " +
+				template.CodeInterpreterTemplate + " or a template built from it"
+		}
+		writeSandboxError(w, sandboxError{Code: http.StatusNotFound, SandboxID: sb.ID, Port: port, Message: msg})
+		return
+	}
+	// e2b's text (template/port_closed.go); the port is in its own field.
+	writeSandboxError(w, sandboxError{Code: http.StatusBadGateway, SandboxID: sb.ID, Port: port,
+		Message: "The sandbox is running but port is not open"})
+}
+
 func writeError(w http.ResponseWriter, status int, msg string) {
 	b, _ := json.Marshal(map[string]any{"code": status, "message": msg})
+	writeBody(w, status, b)
+}
+
+func writeBody(w http.ResponseWriter, status int, b []byte) {
 	w.Header().Set("Content-Type", "application/json")
 	// A sized body is complete once flushed, so a client still sending its
 	// request body can read the error while forward drains that body.
@@ -167,7 +225,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				p.forward(w, r, sb, node.AgentPort)
 				return
 			}
-			writeError(w, http.StatusUnauthorized, "signature does not match any sandbox")
+			// No running sandbox's token made it: to the caller this is what
+			// envd answers for a wrong signature.
+			writeError(w, http.StatusUnauthorized, agent.ErrInvalidSignature.Error())
 			return
 		}
 		p.api.ServeHTTP(w, r)
@@ -179,15 +239,17 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	sb, err := p.st.GetSandbox(r.Context(), id)
 	if err != nil || !sb.State.Live() {
-		// 502 is what the SDKs read as "sandbox not running". A caller that
-		// holds the sandbox's token learns how and when it ended.
-		msg := "The sandbox " + id + " was not found"
+		// e2b's client-proxy answer (shared/pkg/proxy/template/
+		// sandbox_not_found.go); 502 is what the SDKs read as "sandbox not
+		// running". A caller that holds the sandbox's token learns how and
+		// when it ended.
+		msg := "The sandbox was not found"
 		if err == nil && holdsToken(r, sb) {
 			if how := control.EndedReason(sb); how != "" {
 				msg += ": " + how
 			}
 		}
-		writeError(w, http.StatusBadGateway, msg)
+		writeSandboxError(w, sandboxError{Code: http.StatusBadGateway, SandboxID: id, Message: msg})
 		return
 	}
 	if port == node.AgentPort && r.URL.Path == "/init" {
@@ -205,11 +267,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if sb.State != store.StateRunning {
 		if sb.State == store.StatePaused && sb.AutoResume {
 			if sb, _, err = p.mgr.Connect(r.Context(), id, 0); err != nil {
-				writeError(w, http.StatusBadGateway, "auto-resume failed: "+err.Error())
+				writeSandboxError(w, sandboxError{Code: http.StatusBadGateway, SandboxID: id, Message: "auto-resume failed: " + err.Error()})
 				return
 			}
 		} else {
-			writeError(w, http.StatusBadGateway, "The sandbox "+id+" is "+string(sb.State))
+			writeSandboxError(w, sandboxError{Code: http.StatusBadGateway, SandboxID: id, Message: "The sandbox " + id + " is " + string(sb.State)})
 			return
 		}
 	}
@@ -248,7 +310,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, sb *store.Sandbo
 		}
 	}
 	ap := netip.AddrPortFrom(addr, uint16(port))
-	ctx := context.WithValue(r.Context(), targetKey{}, target{addr: ap, pool: node.SandboxHost(sb.ID, ap)})
+	ctx := context.WithValue(r.Context(), targetKey{}, target{sb: sb, addr: ap, pool: node.SandboxHost(sb.ID, ap)})
 	p.rp.ServeHTTP(w, r.WithContext(ctx))
 }
 

@@ -234,14 +234,109 @@ func TestSignedURLFindsSandbox(t *testing.T) {
 	// the row at an address where nothing listens and check routing by status.
 	sig := agent.Signature("/home/user/x", "read", "", "envdtok", 0)
 	resp, body := get(t, f, "/files?path=%2Fhome%2Fuser%2Fx&signature="+url.QueryEscape(sig), nil, "")
-	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(body, "not reachable") {
+	if e := sandboxErr(t, body); resp.StatusCode != http.StatusBadGateway || e.SandboxID != f.sb.ID || e.Port != 49983 {
 		t.Fatalf("signed URL should be routed to the sandbox agent: %d %q", resp.StatusCode, body)
 	}
+	// envd's text for a wrong signature (envd/internal/api/auth.go).
 	resp, body = get(t, f, "/files?path=%2Fhome%2Fuser%2Fx&signature=v1_bogus", nil, "")
-	if resp.StatusCode != http.StatusUnauthorized {
+	if e := sandboxErr(t, body); resp.StatusCode != http.StatusUnauthorized || e.Code != 401 || e.Message != "invalid signature" {
 		t.Fatalf("bad signature: %d %q", resp.StatusCode, body)
 	}
-	errBody(t, resp.StatusCode, body)
+}
+
+// sandboxErr decodes e2b's proxy error body.
+func sandboxErr(t *testing.T, body string) (e struct {
+	Code      int    `json:"code"`
+	Message   string `json:"message"`
+	SandboxID string `json:"sandboxId"`
+	Port      int    `json:"port"`
+}) {
+	t.Helper()
+	if err := json.Unmarshal([]byte(body), &e); err != nil {
+		t.Fatalf("error body %q: %v", body, err)
+	}
+	return e
+}
+
+// A gone sandbox gets e2b's client-proxy body; only a caller holding its
+// token learns how it ended.
+func TestGoneSandboxBody(t *testing.T) {
+	f := setup(t, echoPath())
+	unknown := "zzzzzzzzzzzzzzzzzzzz"
+	resp, body := get(t, f, "/", map[string]string{headerSandboxID: unknown}, "")
+	if e := sandboxErr(t, body); resp.StatusCode != http.StatusBadGateway || e.Code != 502 || e.Message != "The sandbox was not found" || e.SandboxID != unknown {
+		t.Fatalf("unknown sandbox: %d %s", resp.StatusCode, body)
+	}
+	f.sb.State, f.sb.KillReason, f.sb.KilledAt = store.StateKilled, "out of memory", time.Now()
+	if err := f.st.UpdateSandbox(context.Background(), f.sb); err != nil {
+		t.Fatal(err)
+	}
+	host := fmt.Sprintf("%d-%s.cubicle.test", f.port, f.sb.ID)
+	resp, body = get(t, f, "/", nil, host)
+	if e := sandboxErr(t, body); resp.StatusCode != http.StatusBadGateway || e.Message != "The sandbox was not found" || e.SandboxID != f.sb.ID {
+		t.Fatalf("killed sandbox, no token: %d %s", resp.StatusCode, body)
+	}
+	resp, body = get(t, f, "/", map[string]string{"X-Access-Token": "envdtok"}, host)
+	if e := sandboxErr(t, body); resp.StatusCode != http.StatusBadGateway || !strings.HasPrefix(e.Message, "The sandbox was not found: out of memory at ") {
+		t.Fatalf("killed sandbox, with token: %d %s", resp.StatusCode, body)
+	}
+}
+
+// closedPort returns a loopback port nothing listens on.
+func closedPort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	return port
+}
+
+// A live sandbox whose port refuses the dial is not a timeout: other ports
+// get e2b's port-closed body, the code interpreter's port a 404 that says why.
+func TestRefusedPort(t *testing.T) {
+	f := setup(t, echoPath())
+	port := closedPort(t)
+	resp, body := get(t, f, "/", nil, fmt.Sprintf("%d-%s.cubicle.test", port, f.sb.ID))
+	if e := sandboxErr(t, body); resp.StatusCode != http.StatusBadGateway || e.Code != 502 ||
+		e.Message != "The sandbox is running but port is not open" || e.SandboxID != f.sb.ID || e.Port != port {
+		t.Fatalf("closed port: %d %s", resp.StatusCode, body)
+	}
+
+	// Port 49999 on an address of its own, so that nothing on this host
+	// answers there.
+	f.sb.Addr, f.sb.Alias = "127.0.0.87", "my-tpl"
+	if err := f.st.UpdateSandbox(context.Background(), f.sb); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := net.DialTimeout("tcp", "127.0.0.87:49999", time.Second); err == nil {
+		c.Close()
+		t.Skip("something listens on 127.0.0.87:49999")
+	}
+	req, _ := http.NewRequest(http.MethodPost, f.front.URL+"/execute", strings.NewReader(`{"code":"1"}`))
+	req.Host = "49999-" + f.sb.ID + ".cubicle.test"
+	r2, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(r2.Body)
+	r2.Body.Close()
+	e := sandboxErr(t, string(b))
+	want := "no code interpreter is running in sandbox " + f.sb.ID + " (nothing listens on port 49999): its template my-tpl (base) has no python3 with ipykernel; create the sandbox from code-interpreter-v1 or a template built from it"
+	if r2.StatusCode != http.StatusNotFound || e.Code != 404 || e.Message != want || e.Port != 49999 || e.SandboxID != f.sb.ID {
+		t.Fatalf("code interpreter port: %d %s", r2.StatusCode, b)
+	}
+	// The code interpreter template does have one: it is not running (yet).
+	f.sb.TemplateID, f.sb.Alias = "code-interpreter-v1", ""
+	if err := f.st.UpdateSandbox(context.Background(), f.sb); err != nil {
+		t.Fatal(err)
+	}
+	resp, body = get(t, f, "/execute", nil, "49999-"+f.sb.ID+".cubicle.test")
+	if e := sandboxErr(t, body); resp.StatusCode != http.StatusNotFound || !strings.HasSuffix(e.Message, "(nothing listens on port 49999): it has not started yet or has exited") {
+		t.Fatalf("code interpreter template, port closed: %d %s", resp.StatusCode, body)
+	}
 }
 
 // The copy buffer size is load-bearing for SDK download speed (see buffers.go).

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"github.com/cubicle-dev/cubicle/internal/cacerts"
 	"github.com/cubicle-dev/cubicle/internal/image"
@@ -27,6 +28,45 @@ type SolveError struct {
 
 func (e *SolveError) Error() string { return e.Err.Error() }
 func (e *SolveError) Unwrap() error { return e.Err }
+
+// unknownUser is implemented by a Solver's error (errors.As) when an
+// instruction ran as a user the image does not have
+// (buildkit.UnknownUserError).
+type unknownUser interface{ UnknownUser() string }
+
+// RunUserError: a RUN step ran as a user the image does not have. Its text
+// is e2b's for the same failure, where envd refuses to start the process
+// (orchestrator template/build/commands/run.go and sandboxtools/command.go
+// around envd's "invalid username: '%s'"), since build logs and the SDK's
+// BuildError show it to users.
+type RunUserError struct {
+	Command, User string
+	Err           error
+}
+
+func (e *RunUserError) Error() string {
+	return fmt.Sprintf("failed to run command '%s': command failed: unauthenticated: invalid username: '%s'", e.Command, e.User)
+}
+
+func (e *RunUserError) Unwrap() error { return e.Err }
+
+// e2bSolveError gives a Solver failure of step (an index into job's steps,
+// as the build's reason names it) e2b's wording where e2b has one.
+func e2bSolveError(job catalog.Job, step string, err error) error {
+	var uu unknownUser
+	if !errors.As(err, &uu) {
+		return err
+	}
+	i, aerr := strconv.Atoi(step)
+	if aerr != nil || i < 0 || i >= len(job.Start.Steps) {
+		return err
+	}
+	st := job.Start.Steps[i]
+	if !strings.EqualFold(st.Type, "RUN") || len(st.Args) == 0 {
+		return err
+	}
+	return &RunUserError{Command: st.Args[0], User: uu.UnknownUser(), Err: err}
+}
 
 // Solver runs a Dockerfile build and pushes the result (BuildKit). log
 // gets the Dockerfile line (1-based, 0 unknown) each message belongs to.
@@ -226,7 +266,7 @@ func (b *Builder) withSteps(ctx context.Context, job catalog.Job, dest string, l
 				lastStep = strconv.Itoa(i)
 			}
 		}
-		return catalog.Output{}, &catalog.BuildError{Step: lastStep, Err: err}
+		return catalog.Output{}, &catalog.BuildError{Step: lastStep, Err: e2bSolveError(job, lastStep, err)}
 	}
 	name, _ := image.NormalizeRef(push)
 	log("info", "unpacking the built image", "finalize")

@@ -43,6 +43,37 @@ func (e *BuildError) Error() string {
 func (e *BuildError) Is(target error) bool { return target == ErrBuildFailed }
 func (e *BuildError) Unwrap() error        { return e.Err }
 
+// UnknownUserError: an instruction ran as a user the image's passwd file
+// does not have (USER u before a RUN). errors.As from a Build error; its
+// message is BuildKit's.
+type UnknownUserError struct {
+	User string
+	Err  error
+}
+
+func (e *UnknownUserError) Error() string { return e.Err.Error() }
+func (e *UnknownUserError) Unwrap() error { return e.Err }
+
+// UnknownUser names the user; it lets callers that see BuildKit only through
+// an interface check for this failure without importing this package.
+func (e *UnknownUserError) UnknownUser() string { return e.User }
+
+// unknownUserRe matches the error BuildKit's executor returns from
+// github.com/moby/sys/user (GetExecUser: "unable to find user %s: %w" with
+// ErrNoPasswdEntries). The typed error does not survive BuildKit's gRPC
+// boundary, which carries only its text, so this is the one place that
+// reads it.
+var unknownUserRe = regexp.MustCompile(`unable to find user ([^\s:]+): no matching entries in passwd file`)
+
+// classify gives a solve error a type where BuildKit's text is the only
+// evidence of what failed.
+func classify(err error) error {
+	if m := unknownUserRe.FindStringSubmatch(err.Error()); m != nil {
+		return &UnknownUserError{User: m[1], Err: err}
+	}
+	return err
+}
+
 // BuildRequest is one Dockerfile build.
 type BuildRequest struct {
 	Dockerfile []byte
@@ -306,7 +337,7 @@ func (t *tracker) status(st *bkclient.SolveStatus) {
 func (t *tracker) failure(err error) *BuildError {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	be := &BuildError{Step: -1, Err: err}
+	be := &BuildError{Step: -1, Err: classify(err)}
 	for _, src := range errdefs.Sources(err) {
 		for _, r := range src.Ranges {
 			if r.Start == nil {

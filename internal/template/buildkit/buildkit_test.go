@@ -264,6 +264,20 @@ func TestBuild(t *testing.T) {
 		}
 	})
 
+	t.Run("run as a missing user", func(t *testing.T) {
+		bad := "FROM " + e.reg + "/cubicle/base:latest\nUSER ghost\nRUN true\nUSER root\n"
+		_, err := e.d.Build(ctx, BuildRequest{Dockerfile: []byte(bad), Push: e.reg + "/cubicle/tpl_x:ghost"}, nil)
+		var uu *UnknownUserError
+		if !errors.As(err, &uu) || uu.User != "ghost" || !errors.Is(err, ErrBuildFailed) {
+			t.Fatalf("err = %v, want an UnknownUserError for ghost", err)
+		}
+		var be *BuildError
+		if !errors.As(err, &be) || be.Step != 2 {
+			t.Fatalf("BuildError = %+v, want step 2 (the RUN)", be)
+		}
+		t.Logf("failure: %v", err)
+	})
+
 	t.Run("secret", func(t *testing.T) {
 		sec := "FROM " + e.reg + "/cubicle/base:latest\nRUN --mount=type=secret,id=tok cat /run/secrets/tok > /tok\n"
 		push := e.reg + "/cubicle/tpl_x:sec"

@@ -125,6 +125,9 @@ func unpack(tr *tar.Reader, dir string) error {
 			dirs[e.Name] = &dirMeta{mode: mode, uid: h.Uid, gid: h.Gid, owned: true, mtime: h.ModTime}
 			return nil
 		case tar.TypeSymlink:
+			// The target, absolute ones included, is stored as is: validate
+			// lets no member pass through a symlink, and root would refuse
+			// to follow one out of dir anyway.
 			if err := root.Symlink(h.Linkname, e.Name); err != nil {
 				return err
 			}

@@ -363,10 +363,12 @@ func TestPutUnsafeMembers(t *testing.T) {
 		{"dotdot even inside", []ent{file("a/../b")}, ErrUnsafePath},
 		{"absolute", []ent{file("/etc/x")}, ErrUnsafePath},
 		{"absolute dir", []ent{dir("/tmp/")}, ErrUnsafePath},
-		{"symlink absolute", []ent{sym("l", "/etc")}, ErrUnsafePath},
 		{"symlink up", []ent{sym("l", "../x")}, ErrUnsafePath},
 		{"symlink nested up", []ent{dir("a/"), sym("a/l", "../../x")}, ErrUnsafePath},
 		{"symlink outside then file through it", []ent{sym("l", "/etc"), file("l/passwd")}, ErrUnsafePath},
+		{"absolute symlink then dir through it", []ent{sym("l", "/tmp"), dir("l/sub/")}, ErrUnsafePath},
+		{"absolute symlink replaced by a file", []ent{sym("l", "/etc/passwd"), file("l")}, ErrUnsafePath},
+		{"hard link through an absolute symlink", []ent{sym("l", "/etc"), hard("h", "l/passwd")}, ErrBadArchive},
 		{"file through an inside symlink", []ent{dir("d/"), sym("l", "d"), file("l/f")}, ErrUnsafePath},
 		{"symlink chain escape", []ent{dir("d1/d2/"), sym("d1/d2/up", "../.."), sym("link", "d1/d2/up/..")}, ErrUnsafePath},
 		{"symlink chain defined later", []ent{sym("link", "d1/up/.."), dir("d1/"), sym("d1/up", "..")}, ErrUnsafePath},
@@ -392,6 +394,37 @@ func TestPutUnsafeMembers(t *testing.T) {
 			}
 			assertEmpty(t, s, d, h1)
 		})
+	}
+}
+
+// Docker keeps absolute symlinks in a build context (they mean paths in the
+// image) and the e2b SDK uploads them as they are: they are stored and
+// extracted unchanged, and nothing is written through them on the host.
+func TestAbsoluteSymlinksKept(t *testing.T) {
+	s, _ := open(t, 0)
+	hostDir := t.TempDir()
+	tarball := mkTar(t,
+		ent{name: "app/", typ: tar.TypeDir},
+		ent{name: "app/python", typ: tar.TypeSymlink, link: "/usr/bin/python3"},
+		ent{name: "app/host", typ: tar.TypeSymlink, link: hostDir},
+		ent{name: "app/via", typ: tar.TypeSymlink, link: "host/x"}, // relative, through an absolute one
+		ent{name: "app/main.py", body: "print(1)\n"},
+	)
+	if err := s.Put(h1, bytes.NewReader(gz(t, tarball))); err != nil {
+		t.Fatalf("absolute symlinks refused: %v", err)
+	}
+	dest := t.TempDir()
+	if err := s.Extract(h1, dest); err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(dest, h1)
+	for name, want := range map[string]string{"app/python": "/usr/bin/python3", "app/host": hostDir, "app/via": "host/x"} {
+		if got, err := os.Readlink(filepath.Join(root, name)); err != nil || got != want {
+			t.Errorf("%s -> %q (%v), want %q", name, got, err, want)
+		}
+	}
+	if ents, _ := os.ReadDir(hostDir); len(ents) != 0 {
+		t.Fatalf("extraction wrote through an absolute symlink: %v", ents)
 	}
 }
 

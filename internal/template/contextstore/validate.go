@@ -24,8 +24,14 @@ type entry struct {
 // Rules: names are relative, free of ".." and never pass through a symlink
 // or a non-directory; a name appears once (directories may repeat); only
 // files, directories, symlinks and hard links are allowed (devices and
-// fifos are ErrUnsafePath); a hard link names an earlier file; a symlink is
-// relative and, resolved through the archive's other symlinks, stays inside.
+// fifos are ErrUnsafePath); a hard link names an earlier file; a relative
+// symlink, resolved through the archive's other symlinks, stays inside.
+//
+// An absolute symlink is kept as it is, as Docker keeps it in a build
+// context: it means a path in the image (the e2b SDK tars symlinks
+// unchanged, and BuildKit resolves them inside the build). On the host it is
+// inert, since no later member may pass through a symlink and extraction
+// never follows one.
 func validate(tr *tar.Reader, fn func(e entry, r io.Reader) error) error {
 	c := checker{kind: map[string]byte{}, links: map[string]string{}}
 	for {
@@ -112,11 +118,10 @@ func (c *checker) check(h *tar.Header) (e entry, skip bool, err error) {
 		if h.Linkname == "" {
 			return e, false, bad("symlink %q has no target", h.Name)
 		}
-		if path.IsAbs(h.Linkname) {
-			return e, false, unsafe("symlink %q points at absolute path %q", h.Name, h.Linkname)
-		}
 		c.links[name] = h.Linkname
-		c.order = append(c.order, name)
+		if !path.IsAbs(h.Linkname) {
+			c.order = append(c.order, name)
+		}
 	case tar.TypeLink:
 		target, err := cleanMember(h.Linkname)
 		if err != nil {
@@ -167,9 +172,10 @@ func (c *checker) finish() error {
 // maxHops bounds symlink expansion; a loop counts as unsafe.
 const maxHops = 255
 
-// escapes resolves the target of symlink name component by component,
-// expanding the archive's symlinks the way the kernel would, and reports
-// whether it ever climbs above the context root.
+// escapes resolves the target of relative symlink name component by
+// component, expanding the archive's symlinks the way the kernel would, and
+// reports whether it ever climbs above the context root. Reaching an
+// absolute symlink ends the walk inside: what follows is a path in the image.
 func (c *checker) escapes(name string) bool {
 	var stack []string
 	if d := path.Dir(name); d != "." {
@@ -195,8 +201,11 @@ func (c *checker) escapes(name string) bool {
 		if !ok {
 			continue
 		}
-		if hops++; hops > maxHops || path.IsAbs(t) {
+		if hops++; hops > maxHops {
 			return true
+		}
+		if path.IsAbs(t) {
+			return false
 		}
 		stack = stack[:len(stack)-1]
 		pending = append(strings.Split(t, "/"), pending...)

@@ -1,0 +1,197 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
+
+	fspb "github.com/cubicle-dev/cubicle/sdk/go/envd/filesystem"
+)
+
+// ownerOf returns path's uid:gid (not following a final symlink).
+func ownerOf(t *testing.T, path string) string {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		t.Fatalf("stat %s: %v", path, err)
+	}
+	return fmt.Sprintf("%d:%d", st.Uid, st.Gid)
+}
+
+func (e *testEnv) upload(t *testing.T, path, content string) (int, string) {
+	t.Helper()
+	hdr := e.tok()
+	hdr["Content-Type"] = "application/octet-stream"
+	resp, b := e.do(t, "POST", "/files?path="+url.QueryEscape(path), strings.NewReader(content), hdr)
+	return resp.StatusCode, string(b)
+}
+
+// rootDir makes a root-owned 0755 directory under the test root: like /, the
+// user may search it but not create entries in it.
+func (e *testEnv) rootDir(t *testing.T, parts ...string) string {
+	t.Helper()
+	d := filepath.Join(append([]string{e.root}, parts...)...)
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// envd creates missing parents as root and hands them to the user, so a user
+// may write /0/a.txt; existing directories keep their owner.
+func TestUploadCreatesParentsTheUserCannot(t *testing.T) {
+	e := newTestEnv(t, testToken)
+	top := e.rootDir(t, "top")   // stands in for /
+	e.rootDir(t, "top", "exist") // a root-owned directory on the way
+
+	p := filepath.Join(top, "0", "a.txt")
+	if st, b := e.upload(t, p, "zero"); st != 200 {
+		t.Fatalf("octet-stream into a new dir under a root dir: %d %s", st, b)
+	}
+	if got, err := os.ReadFile(p); err != nil || string(got) != "zero" {
+		t.Fatalf("content %q %v", got, err)
+	}
+	if o := ownerOf(t, filepath.Join(top, "0")); o != "1000:1000" {
+		t.Fatalf("new dir owner %s", o)
+	}
+	if o := ownerOf(t, p); o != "1000:1000" {
+		t.Fatalf("file owner %s", o)
+	}
+	if o := ownerOf(t, top); o != "0:0" {
+		t.Fatalf("existing parent changed owner: %s", o)
+	}
+
+	// Multipart, through an existing root-owned directory, several levels deep.
+	deep := filepath.Join(top, "exist", "new", "deeper", "b.txt")
+	ct, body := multipartBody(t, map[string]string{deep: "deep"}, []string{deep})
+	hdr := e.tok()
+	hdr["Content-Type"] = ct
+	resp, b := e.do(t, "POST", "/files", body, hdr)
+	if resp.StatusCode != 200 {
+		t.Fatalf("multipart: %d %s", resp.StatusCode, b)
+	}
+	for path, want := range map[string]string{
+		filepath.Join(top, "exist"):                  "0:0",
+		filepath.Join(top, "exist", "new"):           "1000:1000",
+		filepath.Join(top, "exist", "new", "deeper"): "1000:1000",
+		deep: "1000:1000",
+	} {
+		if o := ownerOf(t, path); o != want {
+			t.Fatalf("%s owner %s want %s", path, o, want)
+		}
+	}
+
+	// Parallel uploads into one new tree (the SDKs write concurrently) all
+	// succeed: none sees a directory before it is the user's.
+	var wg sync.WaitGroup
+	errs := make(chan string, 8)
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if st, b := e.upload(t, filepath.Join(top, "par", "x", fmt.Sprintf("%d.txt", i)), "p"); st != 200 {
+				errs <- fmt.Sprintf("parallel upload %d: %d %s", i, st, b)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for msg := range errs {
+		t.Error(msg)
+	}
+}
+
+// The root path must not widen what the user reaches: symlinks are followed
+// with the user's rights, and a directory the user could tamper with is not
+// filled by root.
+func TestUploadParentsRootPathRefusals(t *testing.T) {
+	e := newTestEnv(t, testToken)
+	secretHome := filepath.Join(e.root, "root") // root's 0700 home
+	top := e.rootDir(t, "top")
+
+	// A user's symlink to a directory it may not search.
+	if err := os.Symlink(secretHome, filepath.Join(e.userHome, "esc")); err != nil {
+		t.Fatal(err)
+	}
+	if st, b := e.upload(t, "esc/new/x.txt", "x"); st != 403 {
+		t.Fatalf("through a symlink into root's home: %d %s", st, b)
+	}
+	// Nor under a root directory the user may not search, named directly.
+	if st, b := e.upload(t, filepath.Join(secretHome, "new2", "x.txt"), "x"); st != 403 {
+		t.Fatalf("into root's home: %d %s", st, b)
+	}
+	for _, n := range []string{"new", "new2"} {
+		if _, err := os.Lstat(filepath.Join(secretHome, n)); !os.IsNotExist(err) {
+			t.Fatalf("root made %s in a directory the user cannot search: %v", n, err)
+		}
+	}
+
+	// A dangling symlink planted on the way is never followed to make its target.
+	target := filepath.Join(top, "target")
+	if err := os.Symlink(target, filepath.Join(top, "dangle")); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := e.upload(t, filepath.Join(top, "dangle", "x.txt"), "x"); st == 200 {
+		t.Fatal("upload through a dangling symlink succeeded")
+	}
+	if _, err := os.Lstat(target); !os.IsNotExist(err) {
+		t.Fatalf("dangling symlink's target was created: %v", err)
+	}
+
+	// A directory the user owns but made read-only: the user could swap what
+	// root makes there, so root does not make it (the user may chmod it).
+	ro := filepath.Join(e.userHome, "ro")
+	if err := os.Mkdir(ro, 0o555); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(ro, 1000, 1000); err != nil {
+		t.Fatal(err)
+	}
+	if st, b := e.upload(t, "ro/sub/x.txt", "x"); st != 403 {
+		t.Fatalf("into a user-owned read-only dir: %d %s", st, b)
+	}
+	if _, err := os.Lstat(filepath.Join(ro, "sub")); !os.IsNotExist(err) {
+		t.Fatalf("root made a dir in a user-owned dir: %v", err)
+	}
+}
+
+// MakeDir and Move make missing parents the same way (envd's EnsureDirs).
+func TestMakeDirMoveCreateParentsTheUserCannot(t *testing.T) {
+	e := newTestEnv(t, testToken)
+	ctx := context.Background()
+	top := e.rootDir(t, "top")
+	mk, err := e.fs.MakeDir(ctx, connect.NewRequest(&fspb.MakeDirRequest{Path: filepath.Join(top, "m", "n")}))
+	if err != nil || mk.Msg.GetEntry().GetOwner() != "user" {
+		t.Fatalf("makedir under a root dir: %+v %v", mk, err)
+	}
+	if o := ownerOf(t, filepath.Join(top, "m")); o != "1000:1000" {
+		t.Fatalf("makedir parent owner %s", o)
+	}
+	src := filepath.Join(e.userHome, "f.txt")
+	writeFileT(t, src, "f")
+	if err := os.Chown(src, 1000, 1000); err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(top, "mv", "f.txt")
+	if _, err := e.fs.Move(ctx, connect.NewRequest(&fspb.MoveRequest{Source: src, Destination: dst})); err != nil {
+		t.Fatalf("move under a root dir: %v", err)
+	}
+	if got, err := os.ReadFile(dst); err != nil || string(got) != "f" || ownerOf(t, filepath.Join(top, "mv")) != "1000:1000" {
+		t.Fatalf("moved %q %v", got, err)
+	}
+	// A missing source makes nothing.
+	if _, err := e.fs.Move(ctx, connect.NewRequest(&fspb.MoveRequest{Source: src, Destination: filepath.Join(top, "mv2", "g")})); codeOf(err) != connect.CodeNotFound {
+		t.Fatalf("move of a missing source: %v", err)
+	}
+	if _, err := os.Lstat(filepath.Join(top, "mv2")); !os.IsNotExist(err) {
+		t.Fatalf("move of a missing source made its destination's parent: %v", err)
+	}
+}
