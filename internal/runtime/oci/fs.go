@@ -365,8 +365,8 @@ func readStats(parent, id string) (runtime.Stats, error) {
 // those directories, which for /etc, /usr and the like are the same.
 func seedFiles(upper string, files []runtime.File, owner int) error {
 	for _, f := range files {
-		rel := filepath.Clean("/" + f.Path)
-		if rel == "/" || rel != filepath.Clean(f.Path) {
+		rel := f.Path
+		if !filepath.IsAbs(rel) || rel == "/" || rel != filepath.Clean(rel) {
 			return fmt.Errorf("oci: seed file path %q is not absolute and clean", f.Path)
 		}
 		dst := filepath.Join(upper, rel)
