@@ -33,6 +33,29 @@ func (s *Store) Unpack(ref, dest string) error {
 
 // UnpackImage is Unpack for any v1.Image.
 func UnpackImage(img v1.Image, dest string) error {
+	layers, err := img.Layers()
+	if err != nil {
+		return err
+	}
+	return replaceDir(dest, func(tmp string) error {
+		for i, l := range layers {
+			rc, err := l.Uncompressed()
+			if err != nil {
+				return fmt.Errorf("image: layer %d: %w", i, err)
+			}
+			err = applyLayer(tmp, rc)
+			rc.Close()
+			if err != nil {
+				return fmt.Errorf("image: layer %d: %w", i, err)
+			}
+		}
+		return nil
+	})
+}
+
+// replaceDir fills a fresh dest.tmp with fill and swaps it into place, so
+// dest is the old tree or the new one, never a half-written one.
+func replaceDir(dest string, fill func(tmp string) error) error {
 	dest = filepath.Clean(dest)
 	tmp := dest + ".tmp"
 	if err := os.RemoveAll(tmp); err != nil {
@@ -50,20 +73,8 @@ func UnpackImage(img v1.Image, dest string) error {
 			os.RemoveAll(tmp)
 		}
 	}()
-	layers, err := img.Layers()
-	if err != nil {
+	if err := fill(tmp); err != nil {
 		return err
-	}
-	for i, l := range layers {
-		rc, err := l.Uncompressed()
-		if err != nil {
-			return fmt.Errorf("image: layer %d: %w", i, err)
-		}
-		err = applyLayer(tmp, rc)
-		rc.Close()
-		if err != nil {
-			return fmt.Errorf("image: layer %d: %w", i, err)
-		}
 	}
 	if _, err := os.Lstat(dest); err == nil {
 		// Atomic swap, then drop the old tree (now at tmp).

@@ -21,7 +21,7 @@ func TestUserPortProxyAndIsolation(t *testing.T) {
 	s := startServer(t, "--domain", "cubicle.test")
 	a := s.create(map[string]any{"templateID": "base"})
 	b := s.create(map[string]any{"templateID": "base"})
-	s.mustRun(b, "mkdir -p /tmp/www && echo hello-from-b > /tmp/www/index.html && (httpd -f -p 8080 -h /tmp/www >/dev/null 2>&1 &)")
+	s.mustRun(b, "mkdir -p /tmp/www && echo hello-from-b > /tmp/www/index.html && (python3 -m http.server 8080 --directory /tmp/www >/dev/null 2>&1 &)")
 	bIP := sandboxIP(t, s, b)
 	if bIP == "" {
 		t.Fatal("sandbox B has no address")

@@ -268,10 +268,11 @@ func TestTemplateIDRules(t *testing.T) {
 	s := startServer(t)
 	errShape(t, s, "POST", "/v2/sandboxes", map[string]any{"timeout": 10}, http.StatusBadRequest)
 	errShape(t, s, "POST", "/sandboxes", map[string]any{"timeout": 10}, http.StatusBadRequest)
-	for _, tpl := range []string{"", "python", "code-interpreter", "base:default"} {
+	for tpl, want := range map[string]string{"": "base", "python": "base", "base:default": "base",
+		"code-interpreter": "code-interpreter-v1", "code-interpreter-v1": "code-interpreter-v1"} {
 		c := s.create(map[string]any{"templateID": tpl})
-		if c.TemplateID != "base" {
-			t.Fatalf("templateID %q resolved to %q, want base", tpl, c.TemplateID)
+		if c.TemplateID != want {
+			t.Fatalf("templateID %q resolved to %q, want %s", tpl, c.TemplateID, want)
 		}
 		s.do("DELETE", "/sandboxes/"+c.SandboxID, nil, nil)
 	}

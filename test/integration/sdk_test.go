@@ -362,7 +362,7 @@ func TestSDKCommandsAndPTY(t *testing.T) {
 	pty.Wait()
 
 	// Ports: a server in the sandbox, reached through the proxy.
-	if _, err := cmds.Start(ctx, "mkdir -p /tmp/www && echo served > /tmp/www/index.html && busybox httpd -f -p 8080 -h /tmp/www", nil); err != nil {
+	if _, err := cmds.Start(ctx, "mkdir -p /tmp/www && echo served > /tmp/www/index.html && exec python3 -m http.server 8080 --directory /tmp/www", nil); err != nil {
 		t.Fatal(err)
 	}
 	if h := sb.GetHost(8080); !strings.HasPrefix(h, "8080-"+sb.ID+".") {

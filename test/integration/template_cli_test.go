@@ -43,7 +43,7 @@ func TestTemplateCLI(t *testing.T) {
 		}
 		return 0
 	}
-	if out, err := cli("image", "import", "cubicle/base:1", filepath.Join(imagesDir(t), "base", "rootfs")); err != nil {
+	if out, err := cli("image", "import", "cubicle/base:1", filepath.Join(imagesDir(t), "mini", "rootfs")); err != nil {
 		t.Fatalf("image import: %v\n%s", err, out)
 	}
 

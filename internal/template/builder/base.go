@@ -8,9 +8,11 @@ import (
 	"path/filepath"
 	"syscall"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"golang.org/x/sys/unix"
 
 	"github.com/cubicle-dev/cubicle/internal/cacerts"
+	"github.com/cubicle-dev/cubicle/internal/image"
 	"github.com/cubicle-dev/cubicle/internal/template"
 	"github.com/cubicle-dev/cubicle/internal/template/recipe"
 )
@@ -96,4 +98,55 @@ func caOptions(set *cacerts.Set, context string) (recipe.Options, error) {
 			{"WGETRC", caMount + "/wgetrc"}, {"APT_CONFIG", caMount + "/apt.conf"},
 		},
 	}, nil
+}
+
+// unpack makes the built image name a rootfs at dest. Built FROM a template
+// whose rootfs is on disk (fromTemplate, fromBaseImage), only the layers the
+// steps added are unpacked, as an overlay layer above that rootfs's layers:
+// a build of the 1 GB base then costs what its steps wrote, in time and in
+// disk. Otherwise (or if the built image does not start with the base
+// image's layers) the whole image is unpacked.
+func (b *Builder) unpack(name, baseLocal, fromRootfs, dest string) (string, error) {
+	built, err := b.cfg.Images.Get(name)
+	if err != nil {
+		return "", err
+	}
+	if fromRootfs != "" && baseLocal != "" {
+		if n, ok := b.sharedLayers(built, baseLocal); ok {
+			lowers := template.Layers(fromRootfs)
+			if err := image.UnpackOverlay(built, n, dest, lowers); err != nil {
+				return "", err
+			}
+			return template.JoinLayers(append([]string{dest}, lowers...)...), nil
+		}
+	}
+	if err := image.UnpackImage(built, dest); err != nil {
+		return "", err
+	}
+	return dest, nil
+}
+
+// sharedLayers reports how many layers built has from the base image (by
+// uncompressed digest, which survives recompression), and whether built
+// starts with all of them.
+func (b *Builder) sharedLayers(built v1.Image, baseLocal string) (int, bool) {
+	baseImg, err := b.cfg.Images.Get(baseLocal)
+	if err != nil {
+		return 0, false
+	}
+	bc, err1 := baseImg.ConfigFile()
+	cc, err2 := built.ConfigFile()
+	if err1 != nil || err2 != nil {
+		return 0, false
+	}
+	bd, cd := bc.RootFS.DiffIDs, cc.RootFS.DiffIDs
+	if len(bd) == 0 || len(cd) < len(bd) {
+		return 0, false
+	}
+	for i := range bd {
+		if bd[i] != cd[i] {
+			return 0, false
+		}
+	}
+	return len(bd), true
 }

@@ -220,8 +220,9 @@ func (b *Builder) withSteps(ctx context.Context, job catalog.Job, dest string, l
 		}
 		base = ref
 	}
-	if ref := b.localRef(base); ref != "" {
-		base = b.cfg.Registry + "/" + ref
+	baseLocal := b.localRef(base)
+	if baseLocal != "" {
+		base = b.cfg.Registry + "/" + baseLocal
 	}
 	ctxDir := filepath.Join(work, "context")
 	if err := os.MkdirAll(ctxDir, 0o700); err != nil {
@@ -270,9 +271,10 @@ func (b *Builder) withSteps(ctx context.Context, job catalog.Job, dest string, l
 	}
 	name, _ := image.NormalizeRef(push)
 	log("info", "unpacking the built image", "finalize")
-	if err := b.cfg.Images.Unpack(name, dest); err != nil {
+	rootfs, err := b.unpack(name, baseLocal, job.FromRootfs, dest)
+	if err != nil {
 		return catalog.Output{}, &catalog.BuildError{Step: "finalize", Err: fmt.Errorf("unpack %s: %v", name, err)}
 	}
 	runAs := res.User
-	return catalog.Output{Image: name, Rootfs: dest, RunAs: runAs, Workdir: res.Workdir}, nil
+	return catalog.Output{Image: name, Rootfs: rootfs, RunAs: runAs, Workdir: res.Workdir}, nil
 }

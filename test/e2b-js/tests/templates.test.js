@@ -19,8 +19,9 @@ const uniq = () => `${Date.now().toString(36)}${Math.floor(Math.random() * 1e4)}
 
 test.before(async () => {
   await srv.ensure()
-  // The image store has no registry to pull from here: import the base rootfs.
-  execFileSync(CUBICLE, ['image', 'import', BASE_IMAGE, path.join(IMAGES_DIR, 'base', 'rootfs')], {
+  // The image store has no registry to pull from here: import a rootfs (the
+  // small busybox one: these tests are about the pipeline, not the distro).
+  execFileSync(CUBICLE, ['image', 'import', BASE_IMAGE, path.join(IMAGES_DIR, 'mini', 'rootfs')], {
     env: { ...process.env, CUBICLE_API_URL: srv.url, CUBICLE_API_KEY: srv.apiKey },
     timeout: 120000,
   })
