@@ -215,26 +215,38 @@ func (c *Catalog) seedBase(ctx context.Context) error {
 	if c.cfg.BaseRootfs == "" {
 		return nil
 	}
-	if err := c.seedBuiltin(ctx, BaseID, baseNames, c.cfg.BaseRootfs); err != nil {
+	if err := c.seedBuiltin(ctx, BaseID, baseNames, c.cfg.BaseRootfs, ""); err != nil {
 		return err
 	}
 	if c.cfg.CodeInterpreterRootfs == "" {
 		return nil
 	}
-	return c.seedBuiltin(ctx, CodeInterpreterID, codeInterpreterNames, c.cfg.CodeInterpreterRootfs)
+	return c.seedBuiltin(ctx, CodeInterpreterID, codeInterpreterNames, c.cfg.CodeInterpreterRootfs, codeInterpreterReady)
 }
+
+// codeInterpreterReady is the code interpreter's ready command: its /health
+// answers once the default kernel is up, so a create (and a warm-pool
+// standby) is ready with a warm kernel, as on e2b, whose template waits on
+// the same URL.
+const codeInterpreterReady = "curl -sf -o /dev/null http://127.0.0.1:49999/health"
 
 // seedBuiltin creates the built-in template id with its seeded build, or
 // repoints an existing seeded build at rootfs (the image was rebuilt or moved)
 // and gives the row its names (earlier versions had every built-in name on
 // base).
-func (c *Catalog) seedBuiltin(ctx context.Context, id string, names []string, rootfs string) error {
+func (c *Catalog) seedBuiltin(ctx context.Context, id string, names []string, rootfs, readyCmd string) error {
 	buildID := "bld_" + id
 	t, err := c.st.GetTemplate(ctx, id)
 	if err == nil {
 		if !slices.Equal(t.Names, names) && slices.Contains(t.Names, names[0]) {
 			if err := c.st.SetTemplateNames(ctx, id, names); err != nil {
 				return fmt.Errorf("seeding template %s: names: %w", id, err)
+			}
+		}
+		if t.ReadyCmd == "" && readyCmd != "" && t.ReadyBuildID == buildID {
+			t.ReadyCmd = readyCmd
+			if err := c.st.UpdateTemplate(ctx, t); err != nil {
+				return fmt.Errorf("seeding template %s: %w", id, err)
 			}
 		}
 		// Keep the row the operator may have edited; only repoint the seeded build.
@@ -249,7 +261,7 @@ func (c *Catalog) seedBuiltin(ctx context.Context, id string, names []string, ro
 	}
 	now := time.Now().UTC()
 	t = &store.Template{ID: id, TeamID: store.DefaultTeamID, PrimaryName: names[0], Names: names, CPUCount: c.cfg.CPUCount, MemoryMB: c.cfg.MemoryMB,
-		DiskSizeMB: c.cfg.DiskSizeMB, ReadyBuildID: buildID, LatestBuildID: buildID, BuildStatus: store.BuildReady, BuildCount: 1, Public: true}
+		DiskSizeMB: c.cfg.DiskSizeMB, ReadyCmd: readyCmd, ReadyBuildID: buildID, LatestBuildID: buildID, BuildStatus: store.BuildReady, BuildCount: 1, Public: true}
 	b := &store.TemplateBuild{ID: buildID, TemplateID: id, Status: store.BuildReady, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB,
 		DiskSizeMB: t.DiskSizeMB, Rootfs: rootfs, FinishedAt: now}
 	err = c.st.CreateTemplate(ctx, t, b)
