@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
-	"sync"
 	"syscall"
 	"time"
 
@@ -65,8 +64,8 @@ func run(listen string, port, interpPort int) error {
 	signal.Notify(sigc, syscall.SIGTERM, syscall.SIGINT)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	ci := startCodeInterpreter(log, a, interpPort)
-	defer ci.stop()
+	stopCI := startCodeInterpreter(log, a, interpPort)
+	defer stopCI()
 	select {
 	case err := <-errc:
 		if !errors.Is(err, http.ErrServerClosed) {
@@ -79,29 +78,27 @@ func run(listen string, port, interpPort int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	// Processes first: their streams end, so Shutdown need not wait them out.
-	ci.stop()
+	stopCI()
 	a.Shutdown()
 	_ = srv.Shutdown(ctx)
 	return nil
 }
 
-// codeInterpreter is the e2b code interpreter server, once it is serving.
-type codeInterpreter struct {
-	mu      sync.Mutex
-	srv     *http.Server
-	ci      *interp.Server
-	stopped bool
-}
-
-// startCodeInterpreter serves the code interpreter on port when the image can
-// run a Jupyter kernel (python3 with ipykernel, or a kernelspec). Discovery
-// runs python, so it happens in the background: envd's listener is already
-// up and is never delayed by it. Without a kernel the port stays closed and
-// the proxy reports the refused connection.
-func startCodeInterpreter(log *slog.Logger, a *agent.Agent, port int) *codeInterpreter {
-	c := &codeInterpreter{}
+// startCodeInterpreter listens on port at once, right after envd's
+// listener: Sandbox.create returns as soon as envd answers, and the SDKs'
+// first runCode follows. Requests wait while the Service discovers the
+// kernels (from the filesystem; python is run only where that cannot
+// tell); without a python kernel it answers them 404 and frees the port.
+// The returned stop closes it and its kernels; it is idempotent.
+func startCodeInterpreter(log *slog.Logger, a *agent.Agent, port int) (stop func()) {
 	if port <= 0 {
-		return c
+		return func() {}
+	}
+	addr := net.JoinHostPort("", strconv.Itoa(port))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		log.Error("code interpreter: listen", "addr", addr, "err", err)
+		return func() {}
 	}
 	cfg := interp.Config{Logger: log}
 	// e2b's kernels run as root; an agent that is not root (development)
@@ -109,51 +106,6 @@ func startCodeInterpreter(log *slog.Logger, a *agent.Agent, port int) *codeInter
 	if os.Geteuid() == 0 {
 		cfg.User = "root"
 	}
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		cat, err := interp.Discover(ctx, a, cfg)
-		if err != nil {
-			log.Info("code interpreter off", "reason", err)
-			return
-		}
-		addr := net.JoinHostPort("", strconv.Itoa(port))
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			log.Error("code interpreter: listen", "addr", addr, "err", err)
-			return
-		}
-		ci := interp.New(a, cat, cfg)
-		srv := &http.Server{Handler: ci.Handler(), ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 10 * time.Minute}
-		c.mu.Lock()
-		if c.stopped { // shutting down while discovery ran
-			c.mu.Unlock()
-			ln.Close()
-			return
-		}
-		c.srv, c.ci = srv, ci
-		c.mu.Unlock()
-		log.Info("code interpreter listening", "addr", ln.Addr().String(), "languages", cat.Languages())
-		go func() {
-			if err := ci.Warm(context.Background()); err != nil {
-				log.Warn("code interpreter: default python context", "err", err)
-			}
-		}()
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("code interpreter: serve", "err", err)
-		}
-	}()
-	return c
-}
-
-// stop closes the listener and kills the kernels; it is idempotent.
-func (c *codeInterpreter) stop() {
-	c.mu.Lock()
-	srv, ci := c.srv, c.ci
-	c.srv, c.ci, c.stopped = nil, nil, true
-	c.mu.Unlock()
-	if srv != nil {
-		_ = srv.Close()
-		ci.Close()
-	}
+	log.Info("code interpreter listening", "addr", ln.Addr().String())
+	return interp.Start(a, cfg, ln).Close
 }

@@ -51,8 +51,17 @@ type Server struct {
 	contexts map[string]*codeContext
 	defaults map[string]string // language -> id of its default context
 	creating int               // contexts whose kernel is starting
-	defMu    map[string]*sync.Mutex
-	closed   bool
+	// defTurn serializes the creation of each language's default context,
+	// so a request that comes while it starts waits for that kernel rather
+	// than starting another; a channel so that a waiter whose client left
+	// gives up.
+	defTurn map[string]chan struct{}
+	closed  bool
+	// defReady is closed once the python default context has a kernel (see
+	// Ready); warmErr is why Warm failed, until then.
+	defReady  chan struct{}
+	readyOnce sync.Once
+	warmErr   error
 }
 
 // New returns a Server running the kernels of cat (from Discover).
@@ -65,16 +74,25 @@ func New(host Host, cat *Catalog, cfg Config) *Server {
 		log:      cfg.Logger,
 		contexts: map[string]*codeContext{},
 		defaults: map[string]string{},
-		defMu:    map[string]*sync.Mutex{},
+		defTurn:  map[string]chan struct{}{},
+		defReady: make(chan struct{}),
 	}
 }
 
 // Warm starts the python default context, so the first execution does not
-// wait for a kernel to start (warm pools count on it).
+// wait for a kernel to start (warm pools count on it). Executions on it
+// that come meanwhile wait for that kernel.
 func (s *Server) Warm(ctx context.Context) error {
 	_, err := s.defaultContext(ctx, "python")
+	s.mu.Lock()
+	s.warmErr = err
+	s.mu.Unlock()
 	return err
 }
+
+// Ready is closed once the python default context has had a kernel ready,
+// the moment from which e2b's server serves (GET /health).
+func (s *Server) Ready() <-chan struct{} { return s.defReady }
 
 // Close stops every kernel; the Server serves no more executions.
 func (s *Server) Close() {
@@ -185,14 +203,18 @@ func (s *Server) defaultContext(ctx context.Context, language string) (*codeCont
 		return nil, err
 	}
 	s.mu.Lock()
-	m := s.defMu[lang]
-	if m == nil {
-		m = &sync.Mutex{}
-		s.defMu[lang] = m
+	turn := s.defTurn[lang]
+	if turn == nil {
+		turn = make(chan struct{}, 1)
+		s.defTurn[lang] = turn
 	}
 	s.mu.Unlock()
-	m.Lock()
-	defer m.Unlock()
+	select {
+	case turn <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { <-turn }()
 	s.mu.Lock()
 	c := s.contexts[s.defaults[lang]]
 	s.mu.Unlock()
@@ -208,6 +230,9 @@ func (s *Server) defaultContext(ctx context.Context, language string) (*codeCont
 	s.defaults[lang] = created.ID
 	if c = s.contexts[created.ID]; c == nil {
 		return nil, ErrContextRemoved
+	}
+	if lang == "python" {
+		s.readyOnce.Do(func() { close(s.defReady) })
 	}
 	return c, nil
 }

@@ -16,7 +16,7 @@ const maxBodyBytes = 16 << 20
 
 // Handler serves e2b's code interpreter API:
 //
-//	GET    /health                  200 "OK"
+//	GET    /health                  200 "OK" once the default python kernel is ready (Ready), 503 before
 //	POST   /execute                 200, newline-delimited JSON stream
 //	POST   /contexts                200 {"id","language","cwd"}
 //	GET    /contexts                200 [{"id","language","cwd"}, ...]
@@ -30,7 +30,12 @@ const maxBodyBytes = 16 << 20
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, "OK")
+		status, msg := s.readiness()
+		if status != http.StatusOK {
+			writeJSONError(w, status, msg)
+			return
+		}
+		writeJSON(w, status, msg)
 	})
 	mux.HandleFunc("POST /execute", s.handleExecute)
 	mux.HandleFunc("POST /contexts", s.handleCreateContext)
@@ -52,6 +57,24 @@ func (s *Server) Handler() http.Handler {
 		w.WriteHeader(http.StatusNoContent)
 	})
 	return cors(mux)
+}
+
+// readiness is GET /health's answer: 200 once Ready, 503 while the default
+// kernel starts, 500 when Warm failed to start it (an execution on the
+// default context tries again).
+func (s *Server) readiness() (int, string) {
+	select {
+	case <-s.defReady:
+		return http.StatusOK, "OK"
+	default:
+	}
+	s.mu.Lock()
+	err := s.warmErr
+	s.mu.Unlock()
+	if err != nil {
+		return http.StatusInternalServerError, "the default kernel failed to start: " + strings.TrimPrefix(err.Error(), "interp: ")
+	}
+	return http.StatusServiceUnavailable, "the default kernel is starting"
 }
 
 // executeBody is POST /execute's body.

@@ -5,6 +5,8 @@
 // there is no Jupyter Server process. A context is one kernel process with
 // a language and a working directory; executions on a context run one at a
 // time, in arrival order, and stream their output as newline-delimited JSON.
+// In the agent a Service serves it from the agent's start: requests wait
+// while kernels are discovered, and the port is freed where none can run.
 package interp
 
 import (
@@ -71,6 +73,9 @@ type Config struct {
 	MaxContexts int
 	// StartTimeout bounds a kernel's start (default 60s).
 	StartTimeout time.Duration
+	// DiscoveryWait bounds how long a request to a Service waits for kernel
+	// discovery to end (default 30s); it then gets 503.
+	DiscoveryWait time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -87,6 +92,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.StartTimeout <= 0 {
 		c.StartTimeout = 60 * time.Second
+	}
+	if c.DiscoveryWait <= 0 {
+		c.DiscoveryWait = 30 * time.Second
 	}
 	if c.RuntimeDir == "" {
 		c.RuntimeDir = "/run/cubicle-kernels"

@@ -1,17 +1,14 @@
 package interp
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"time"
 )
 
 // KernelSpec is a kernel the interpreter can start for a language.
@@ -69,21 +66,6 @@ func NormalizeLanguage(l string) string {
 	return l
 }
 
-// pythonProbe is what Discover learns from the sandbox's python, without
-// importing anything heavy (find_spec only locates modules).
-type pythonProbe struct {
-	Executable string `json:"executable"`
-	Prefix     string `json:"prefix"`
-	IPyKernel  bool   `json:"ipykernel"`
-	BashKernel bool   `json:"bash_kernel"`
-}
-
-const probeScript = `import json, sys
-from importlib.util import find_spec
-print(json.dumps({"executable": sys.executable, "prefix": sys.prefix,
-                  "ipykernel": find_spec("ipykernel") is not None,
-                  "bash_kernel": find_spec("bash_kernel") is not None}))`
-
 // Discover finds the kernels this sandbox can run. Kernelspecs (kernel.json)
 // are read from, in Jupyter's order of precedence: $JUPYTER_PATH/kernels,
 // ~/.local/share/jupyter/kernels of the kernel user, <python sys.prefix>/
@@ -91,16 +73,22 @@ print(json.dumps({"executable": sys.executable, "prefix": sys.prefix,
 // /usr/share/jupyter/kernels (cfg.KernelSpecDirs replaces the list). Without
 // a python kernelspec, python runs "python3 -m ipykernel_launcher" when
 // ipykernel is importable; without a bash one, bash runs "python3 -m
-// bash_kernel" when bash_kernel is. ErrNoKernels means python cannot run.
+// bash_kernel" when bash_kernel is. Whether python has them is read from
+// its package directories (findPython); python is run to ask only where
+// they do not tell. ErrNoKernels means python cannot run.
 func Discover(ctx context.Context, host Host, cfg Config) (*Catalog, error) {
 	cfg = cfg.withDefaults()
 	env, err := host.ProcessEnv(cfg.User)
 	if err != nil {
 		return nil, err
 	}
-	probe, perr := probePython(ctx, host, cfg, env)
-	if perr != nil {
-		cfg.Logger.Info("code interpreter: python probe failed", "python", cfg.Python, "err", perr)
+	candidates, lookErr := pythonCandidates(cfg, env)
+	probe := findPython(candidates, env)
+	if probe == nil {
+		var perr error
+		if probe, perr = probePython(ctx, host, cfg, env, candidates, lookErr); perr != nil {
+			cfg.Logger.Info("code interpreter: python probe failed", "python", cfg.Python, "err", perr)
+		}
 	}
 	dirs := cfg.KernelSpecDirs
 	if dirs == nil {
@@ -139,77 +127,6 @@ func Discover(ctx context.Context, host Host, cfg Config) (*Catalog, error) {
 		return cat, ErrNoKernels
 	}
 	return cat, nil
-}
-
-// probePython probes cfg.Python as found on the sandbox's PATH and, when
-// that one lacks ipykernel, as found on the agent's own PATH (the image's ENV
-// PATH, which may name another python, a conda one say). The first with
-// ipykernel wins, else the first that ran.
-func probePython(ctx context.Context, host Host, cfg Config, env map[string]string) (*pythonProbe, error) {
-	var first *pythonProbe
-	var firstErr error
-	var tried []string
-	for _, path := range []string{env["PATH"], os.Getenv("PATH")} {
-		python, err := lookPath(cfg.Python, path)
-		if err != nil || slices.Contains(tried, python) {
-			if firstErr == nil {
-				firstErr = err
-			}
-			continue
-		}
-		tried = append(tried, python)
-		p, err := probeOne(ctx, host, cfg, env, python)
-		switch {
-		case err != nil:
-			firstErr = err
-		case p.IPyKernel:
-			return p, nil
-		case first == nil:
-			first = p
-		}
-	}
-	if first != nil {
-		return first, nil
-	}
-	return nil, firstErr
-}
-
-func probeOne(ctx context.Context, host Host, cfg Config, env map[string]string, python string) (*pythonProbe, error) {
-	r, w, err := os.Pipe()
-	if err != nil {
-		return nil, err
-	}
-	defer r.Close()
-	pid, exited, err := host.Spawn(cfg.User, []string{python, "-c", probeScript}, "/", envList(env), w)
-	w.Close()
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	outc := make(chan []byte, 1)
-	go func() {
-		b, _ := io.ReadAll(io.LimitReader(r, 64<<10))
-		outc <- b
-	}()
-	select {
-	case ws := <-exited:
-		out := <-outc
-		if !ws.Exited() || ws.ExitStatus() != 0 {
-			return nil, fmt.Errorf("%s: %s: %s", python, exitText(ws), bytes.TrimSpace(out))
-		}
-		var p pythonProbe
-		// The last line: a sitecustomize may print before it.
-		lines := bytes.Split(bytes.TrimSpace(out), []byte("\n"))
-		if err := json.Unmarshal(lines[len(lines)-1], &p); err != nil || p.Executable == "" {
-			return nil, fmt.Errorf("%s: unexpected probe output %q", python, out)
-		}
-		return &p, nil
-	case <-ctx.Done():
-		killGroup(pid)
-		<-exited
-		return nil, fmt.Errorf("%s: probe: %w", python, ctx.Err())
-	}
 }
 
 func kernelSpecDirs(env map[string]string, probe *pythonProbe) []string {
