@@ -79,7 +79,10 @@ func New(cfg Config, mgr *control.Manager, st store.Store) *Server {
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusMethodNotAllowed, "method "+r.Method+" not allowed on "+r.URL.Path)
 	})
-	r.Get("/health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	// A JSON body: the cubesandbox SDK's Sandbox.health() decodes one.
+	r.Get("/health", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
 	r.Handle("/metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{}))
 	r.Group(func(r chi.Router) {
 		r.Use(s.auth)

@@ -90,7 +90,9 @@ func (s *server) waitBuild(t *testing.T, c tplCreated) (buildStatus, []string) {
 func TestTemplateCatalogRoutes(t *testing.T) {
 	s := startServer(t)
 	var list []map[string]any
-	if st := s.do("GET", "/templates", nil, &list); st != 200 || len(list) != 1 || list[0]["templateID"] != "base" || list[0]["buildStatus"] != "ready" {
+	// The built-in templates: base, and the code interpreter's layer above it.
+	if st := s.do("GET", "/templates", nil, &list); st != 200 || len(list) != 2 || list[0]["templateID"] != "base" || list[0]["buildStatus"] != "ready" ||
+		list[1]["templateID"] != "code-interpreter-v1" || list[1]["buildStatus"] != "ready" {
 		t.Fatalf("GET /templates: %d %v", st, list)
 	}
 	for _, k := range []string{"templateID", "buildID", "cpuCount", "memoryMB", "diskSizeMB", "public", "aliases", "names", "createdAt", "updatedAt", "createdBy", "lastSpawnedAt", "spawnCount", "buildCount", "envdVersion", "buildStatus"} {

@@ -16,6 +16,9 @@ const CUBICLE = process.env.CUBICLE_BIN || path.join(REPO, 'bin', 'cubicle')
 const IMAGES_DIR = process.env.CUBICLE_IMAGES_DIR || '/var/lib/cubicle/images'
 const RUNTIME = process.env.CUBICLE_RUNTIME || 'runc'
 const LOG_DIR = path.join(__dirname, '..', '.logs')
+// Behind a TLS-intercepting proxy the sandboxes need the host's CAs to reach https
+// registries (pip, npm); passed when the file exists.
+const CA_CERTS = process.env.CUBICLE_CA_CERTIFICATES || '/etc/ssl/certs/ca-certificates.crt'
 const DOMAIN = 'cubicle.local'
 
 function sleep(ms) {
@@ -204,6 +207,7 @@ class Server {
       '--bridge', this.bridge,
       '--pool', this.pool,
       '--cgroup-parent', this.cgroupParent,
+      ...(fs.existsSync(CA_CERTS) ? ['--ca-certificates', CA_CERTS] : []),
       ...extraArgs,
     ]
     this.proc = spawn(CUBICLE, args, { stdio: ['ignore', 'pipe', 'pipe'] })

@@ -1,0 +1,83 @@
+"""Error mapping through the e2b Python SDK: NotFoundException for unknown and
+killed sandboxes, AuthenticationException for a bad key, TimeoutException for
+a command timeout, unknown templates and invalid arguments."""
+
+import pytest
+from e2b import (
+    AsyncSandbox,
+    AuthenticationException,
+    InvalidArgumentException,
+    NotFoundException,
+    Sandbox,
+    SandboxException,
+    TimeoutException,
+)
+
+MISSING = "zzzzzzzzzzzzzzzzzzzz"
+BAD_KEY = "e2b_00000000000000000000000000000000"
+
+
+def test_unknown_sandbox_get_info_connect_set_timeout_pause_not_found_kill_false(server):
+    with pytest.raises(NotFoundException):
+        Sandbox.get_info(MISSING)
+    with pytest.raises(NotFoundException):
+        Sandbox.connect(MISSING)
+    with pytest.raises(NotFoundException):
+        Sandbox.set_timeout(MISSING, 10)
+    with pytest.raises(NotFoundException):
+        Sandbox.pause(MISSING)
+    assert Sandbox.kill(MISSING) is False
+
+
+def test_killed_sandbox_is_not_found_and_its_commands_and_files_fail(server):
+    sbx = server.track(Sandbox.create("base", timeout=60))
+    assert sbx.kill() is True
+    with pytest.raises(NotFoundException):
+        sbx.get_info()
+    with pytest.raises(NotFoundException):
+        Sandbox.connect(sbx.sandbox_id)
+    with pytest.raises(SandboxException):
+        sbx.commands.run("echo hi", request_timeout=10)
+    with pytest.raises(SandboxException):
+        sbx.files.read("/etc/hostname", request_timeout=10)
+
+
+def test_bad_api_key_is_authentication_exception(server):
+    with pytest.raises(AuthenticationException):
+        Sandbox.create("base", api_key=BAD_KEY)
+    with pytest.raises(AuthenticationException):
+        Sandbox.list(api_key=BAD_KEY).next_items()
+    with pytest.raises(AuthenticationException):
+        Sandbox.get_info(MISSING, api_key=BAD_KEY)
+    with pytest.raises(AuthenticationException):
+        Sandbox.create("base", api_key="not-a-key-at-all")
+
+
+def test_command_timeout_is_timeout_exception_and_the_sandbox_keeps_working(server):
+    sbx = server.track(Sandbox.create("base", timeout=60))
+    try:
+        with pytest.raises(TimeoutException):
+            sbx.commands.run("sleep 30", timeout=1)
+        assert sbx.commands.run("echo alive").stdout == "alive\n"
+    finally:
+        sbx.kill()
+
+
+def test_unknown_template_fails_with_not_found(server):
+    with pytest.raises((NotFoundException, SandboxException), match="(?i)404|not found"):
+        Sandbox.create("no-such-template-xyz")
+
+
+def test_negative_timeout_is_rejected(server):
+    with pytest.raises((SandboxException, InvalidArgumentException), match="(?i)400|invalid|timeout"):
+        Sandbox.create("base", timeout=-5)
+
+
+async def test_async_errors(server):
+    with pytest.raises(NotFoundException):
+        await AsyncSandbox.get_info(MISSING)
+    with pytest.raises(NotFoundException):
+        await AsyncSandbox.connect(MISSING)
+    assert await AsyncSandbox.kill(MISSING) is False
+    with pytest.raises(AuthenticationException):
+        await AsyncSandbox.create("base", api_key=BAD_KEY)
