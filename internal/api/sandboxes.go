@@ -436,14 +436,12 @@ func (s *Server) connectV1(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Timeout *int64 `json:"timeout"`
 	}
-	if !s.decode(w, r, &req, false) {
+	if !s.decode(w, r, &req, true) {
 		return
 	}
-	if req.Timeout == nil {
-		writeError(w, http.StatusBadRequest, "timeout is required")
-		return
-	}
-	s.connectCommon(w, r, req.Timeout, 0, false)
+	// No timeout (CubeSandbox's connect(id)) keeps the sandbox's own unless
+	// it ends sooner than the default: a connect only ever extends.
+	s.connectCommon(w, r, req.Timeout, int64(control.DefaultTimeout/time.Second), false)
 }
 
 func (s *Server) connectV2(w http.ResponseWriter, r *http.Request) {

@@ -6,7 +6,9 @@ package proxy
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -30,6 +32,8 @@ const (
 	headerSandboxID    = "E2b-Sandbox-Id"
 	headerSandboxPort  = "E2b-Sandbox-Port"
 	headerTrafficToken = "E2b-Traffic-Access-Token"
+	headerAPIKey       = "X-API-Key"
+	headerAccessToken  = "X-Access-Token"
 
 	// codeInterpreterPort is where the code interpreter SDKs send /execute
 	// (e2b's JUPYTER_PORT).
@@ -84,6 +88,9 @@ func New(cfg Config, mgr *control.Manager, st store.Store, api http.Handler) *Pr
 			pr.Out.URL.Scheme = "http"
 			pr.Out.URL.Host = t.pool // the Host header stays the inbound one
 			pr.Out.Header.Del(headerTrafficToken)
+			// Cubicle's API key never reaches a sandbox (CubeSandbox's SDK
+			// sends it on data-plane requests too): code there is hostile.
+			pr.Out.Header.Del(headerAPIKey)
 			pr.SetXForwarded()
 		},
 		Transport:     tr,
@@ -134,7 +141,7 @@ func portClosed(w http.ResponseWriter, sb *store.Sandbox, port int) {
 		}
 		msg := "no code interpreter is running in sandbox " + sb.ID + " (nothing listens on port " + strconv.Itoa(port) + "): "
 		if sb.TemplateID == template.CodeInterpreterTemplate {
-			msg += "it has not started yet or has exited"
+			msg += "the interpreter found no kernel it could start, or the agent has exited (the sandbox image may have been changed)"
 		} else {
 			msg += "its template " + tpl + " has no python3 with ipykernel; create the sandbox from " +
 				template.CodeInterpreterTemplate + " or a template built from it"
@@ -275,7 +282,30 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	if port == codeInterpreterPort && sb.EnvdToken != "" && r.Header.Get(headerAccessToken) == "" && p.ownerKey(r, sb) {
+		// CubeSandbox's SDK authenticates its run_code with the team's API
+		// key, not the sandbox's access token: the key proves the caller
+		// owns the sandbox, so the interpreter gets the token it checks.
+		r.Header.Set(headerAccessToken, sb.EnvdToken)
+	}
 	p.forward(w, r, sb, port)
+}
+
+// ownerKey reports whether r carries an API key of sb's team.
+func (p *Proxy) ownerKey(r *http.Request, sb *store.Sandbox) bool {
+	key := r.Header.Get(headerAPIKey)
+	if key == "" {
+		return false
+	}
+	k, err := p.st.APIKeyByHash(r.Context(), hashKey(key))
+	return err == nil && k.TeamID != store.SystemTeamID && k.TeamID == sb.TeamID
+}
+
+// hashKey is how API keys are stored (api.HashKey; the proxy sits below the
+// API and does not import it).
+func hashKey(key string) string {
+	h := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(h[:])
 }
 
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, sb *store.Sandbox, port int) {

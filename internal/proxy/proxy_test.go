@@ -348,3 +348,47 @@ func TestCopyBufferIs64KiB(t *testing.T) {
 	}
 	p.rp.BufferPool.Put(b)
 }
+
+// CubeSandbox's run_code carries the team's API key and no access token:
+// the owner's key gets the interpreter the sandbox's token, and no API key
+// ever reaches the sandbox.
+func TestInterpreterAuthByOwnerKey(t *testing.T) {
+	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", codeInterpreterPort))
+	if err != nil {
+		t.Fatalf("this test needs 127.0.0.1:%d: %v", codeInterpreterPort, err)
+	}
+	up := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "token=%q key=%q", r.Header.Get(headerAccessToken), r.Header.Get(headerAPIKey))
+	})}
+	go up.Serve(ln)
+	t.Cleanup(func() { up.Close() })
+	f := setup(t, echoPath())
+	ctx := context.Background()
+	f.sb.TeamID = store.DefaultTeamID
+	if err := f.st.UpdateSandbox(ctx, f.sb); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.st.CreateTeam(ctx, &store.Team{ID: "t_other", Name: "other"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []*store.APIKey{
+		{ID: "k1", TeamID: store.DefaultTeamID, Name: "owner", Hash: hashKey("owner-key"), Prefix: "o"},
+		{ID: "k2", TeamID: "t_other", Name: "other", Hash: hashKey("other-key"), Prefix: "x"},
+	} {
+		if err := f.st.CreateAPIKey(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hdr := func(key string) map[string]string {
+		return map[string]string{headerSandboxID: f.sb.ID, headerSandboxPort: strconv.Itoa(codeInterpreterPort), headerAPIKey: key}
+	}
+	if _, body := get(t, f, "/execute", hdr("owner-key"), ""); body != `token="envdtok" key=""` {
+		t.Fatalf("owner's key: %s", body)
+	}
+	if _, body := get(t, f, "/execute", hdr("other-key"), ""); body != `token="" key=""` {
+		t.Fatalf("another team's key: %s", body)
+	}
+	if _, body := get(t, f, "/execute", hdr("nope"), ""); body != `token="" key=""` {
+		t.Fatalf("an unknown key: %s", body)
+	}
+}
