@@ -334,7 +334,7 @@ func TestRefusedPort(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp, body = get(t, f, "/execute", nil, "49999-"+f.sb.ID+".cubicle.test")
-	if e := sandboxErr(t, body); resp.StatusCode != http.StatusNotFound || !strings.HasSuffix(e.Message, "(nothing listens on port 49999): it has not started yet or has exited") {
+	if e := sandboxErr(t, body); resp.StatusCode != http.StatusNotFound || !strings.HasSuffix(e.Message, "(nothing listens on port 49999): the interpreter found no kernel it could start, or the agent has exited (the sandbox image may have been changed)") {
 		t.Fatalf("code interpreter template, port closed: %d %s", resp.StatusCode, body)
 	}
 }
