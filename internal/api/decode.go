@@ -3,6 +3,7 @@ package api
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/control"
@@ -21,6 +22,32 @@ func decodeJSON(body []byte, v any, optional bool) string {
 	}
 	if err := json.Unmarshal(body, v); err != nil {
 		return "malformed JSON body: " + err.Error()
+	}
+	return ""
+}
+
+// decodeStrict decodes a template create body, refusing fields it does not
+// know by name: CubeSandbox's create-from-image (`image`, `cpu`, `env`...)
+// shares the route, and accepting its body would answer 202 for a build
+// that ignores what was asked.
+func decodeStrict(body []byte, v any) string {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		msg := err.Error()
+		// encoding/json has no typed error for an unknown field: its
+		// message is the only place the field's name is.
+		if f, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
+			hint := ""
+			if f == `"image"` {
+				hint = " (CubeSandbox's create-from-image is not supported: build from an image with the e2b template API, Template().fromImage(...))"
+			}
+			return "unknown field " + f + " in the template request" + hint
+		}
+		return "malformed JSON body: " + msg
+	}
+	if dec.More() {
+		return "malformed JSON body: data after the JSON object"
 	}
 	return ""
 }

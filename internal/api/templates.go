@@ -185,8 +185,8 @@ func (s *Server) createTemplate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req catalog.CreateRequest
-	if err := json.Unmarshal(body, &req); err != nil {
-		writeError(w, http.StatusBadRequest, "malformed JSON body: "+err.Error())
+	if msg := decodeStrict(body, &req); msg != "" {
+		writeError(w, http.StatusBadRequest, msg)
 		return
 	}
 	resp, err := c.Create(r.Context(), callerOf(r), req, r.Header.Get("Idempotency-Key"), body)
