@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -30,8 +31,10 @@ type templateStack struct {
 	api      *api.Templates
 	images   *image.Store
 	registry string // host:port of the local registry
-	contexts *contextstore.Store
-	closers  []func()
+	// registryPassword is the registry's (user "cubicle"), for BuildKit.
+	registryPassword string
+	contexts         *contextstore.Store
+	closers          []func()
 }
 
 // startCollector runs the catalog's garbage collector (idempotency keys,
@@ -60,7 +63,12 @@ func setupTemplates(ctx context.Context, o serveOptions, st store.Store, reg pro
 		return nil, fmt.Errorf("--registry-listen: %w", err)
 	}
 	ts.registry = ln.Addr().String()
-	rsrv := &http.Server{Handler: image.NewRegistry(imgs), ReadHeaderTimeout: 30 * time.Second}
+	// The registry is for BuildKit alone: RUN steps share the host's
+	// loopback, so it takes a password only the build sessions present.
+	ocireg := image.NewRegistry(imgs)
+	ts.registryPassword = rand.Text()
+	ocireg.RequireBasicAuth("cubicle", ts.registryPassword)
+	rsrv := &http.Server{Handler: ocireg, ReadHeaderTimeout: 30 * time.Second}
 	go rsrv.Serve(ln)
 	ts.closers = append(ts.closers, func() { rsrv.Close() })
 
@@ -70,7 +78,7 @@ func setupTemplates(ctx context.Context, o serveOptions, st store.Store, reg pro
 		return nil, fmt.Errorf("context store: %w", err)
 	}
 	ts.contexts = ctxs
-	solver, closeSolver, err := startSolver(ctx, o, ts.registry, log)
+	solver, closeSolver, err := startSolver(ctx, o, ts.registry, ts.registryPassword, log)
 	if err != nil {
 		log.Warn("BuildKit unavailable: template builds with steps are disabled", "err", err)
 	} else if closeSolver != nil {
@@ -146,7 +154,7 @@ func (s bkSolver) Solve(ctx context.Context, dockerfile []byte, contextDir strin
 
 // startSolver starts buildkitd when its binary is present (next to this
 // binary, or --buildkitd).
-func startSolver(ctx context.Context, o serveOptions, registry string, log *slog.Logger) (builder.Solver, func(), error) {
+func startSolver(ctx context.Context, o serveOptions, registry, registryPassword string, log *slog.Logger) (builder.Solver, func(), error) {
 	if o.buildkitd == "off" {
 		return nil, nil, fmt.Errorf("disabled by --buildkitd=off")
 	}
@@ -161,7 +169,8 @@ func startSolver(ctx context.Context, o serveOptions, registry string, log *slog
 	if _, err := os.Stat(bin); err != nil {
 		return nil, nil, fmt.Errorf("buildkitd binary: %w (make build produces bin/buildkitd)", err)
 	}
-	d, err := buildkit.Start(ctx, buildkit.Config{Binary: bin, Root: filepath.Join(o.dataDir, "buildkit"), InsecureRegistries: []string{registry}, Logger: log})
+	d, err := buildkit.Start(ctx, buildkit.Config{Binary: bin, Root: filepath.Join(o.dataDir, "buildkit"), InsecureRegistries: []string{registry},
+		RegistryAuth: map[string]buildkit.Credentials{registry: {Username: "cubicle", Password: registryPassword}}, Logger: log})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -32,11 +33,16 @@ const maxManifestSize = 4 << 20
 //
 // Blobs are global to the store, not per repository: any repository name can
 // read any blob. That is fine for a loopback-only registry owned by one
-// node; do not expose it beyond that.
+// node; do not expose it beyond that. Template builds' RUN steps share the
+// host's network (and so its loopback), so serve sets a password
+// (RequireBasicAuth) that only BuildKit's session holds: a build step can
+// neither read other teams' images nor push over them.
 type Registry struct {
-	s       *Store
-	mu      sync.Mutex
-	uploads map[string]*upload
+	s        *Store
+	mu       sync.Mutex
+	uploads  map[string]*upload
+	user     string
+	password string
 }
 
 type upload struct {
@@ -48,6 +54,22 @@ type upload struct {
 // NewRegistry returns the registry view of s.
 func NewRegistry(s *Store) *Registry {
 	return &Registry{s: s, uploads: map[string]*upload{}}
+}
+
+// RequireBasicAuth makes every request, /v2/ included, present these
+// credentials (HTTP Basic); call it before serving.
+func (r *Registry) RequireBasicAuth(user, password string) {
+	r.user, r.password = user, password
+}
+
+func (r *Registry) authorized(req *http.Request) bool {
+	if r.user == "" {
+		return true
+	}
+	u, p, ok := req.BasicAuth()
+	uok := subtle.ConstantTimeCompare([]byte(u), []byte(r.user)) == 1
+	pok := subtle.ConstantTimeCompare([]byte(p), []byte(r.password)) == 1
+	return ok && uok && pok
 }
 
 type regError struct {
@@ -66,6 +88,11 @@ var digestRE = regexp.MustCompile(`^sha256:[a-f0-9]{64}$`)
 
 func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
+	if !r.authorized(req) {
+		w.Header().Set("WWW-Authenticate", `Basic realm="cubicle"`)
+		writeErr(w, regError{http.StatusUnauthorized, "UNAUTHORIZED", "authentication required"})
+		return
+	}
 	p := req.URL.Path
 	if p == "/v2" || p == "/v2/" {
 		w.Header().Set("Content-Type", "application/json")

@@ -149,7 +149,7 @@ func (d *Daemon) Build(ctx context.Context, req BuildRequest, onLog func(Log)) (
 				"oci-mediatypes":    "true",
 			},
 		}},
-		Session: []session.Attachable{secretsprovider.FromMap(req.Secrets)},
+		Session: []session.Attachable{secretsprovider.FromMap(req.Secrets), &registryAuth{creds: d.cfg.RegistryAuth}},
 	}
 
 	c, err := d.client(ctx)

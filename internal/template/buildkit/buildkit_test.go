@@ -97,10 +97,17 @@ func setup(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: image.NewRegistry(st)}
+	// The registry takes a password, as serve's does: BuildKit must present
+	// it through the build session for every pull and push below.
+	ocireg := image.NewRegistry(st)
+	ocireg.RequireBasicAuth("cubicle", "s3cret")
+	srv := &http.Server{Handler: ocireg}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
 	reg := ln.Addr().String()
+	if resp, err := http.Get("http://" + reg + "/v2/"); err != nil || resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("anonymous registry request: %v %v", resp, err)
+	}
 
 	t0 := time.Now()
 	if err := st.ImportRootfs(reg+"/cubicle/base:latest", smallRootfs(t)); err != nil {
@@ -126,6 +133,7 @@ func setup(t *testing.T) *env {
 		Binary:             bin,
 		Root:               root,
 		InsecureRegistries: []string{reg},
+		RegistryAuth:       map[string]Credentials{reg: {Username: "cubicle", Password: "s3cret"}},
 		Logger:             logger,
 	})
 	if err != nil {

@@ -72,6 +72,9 @@ type Config struct {
 	// InsecureRegistries are host:port names reached over plain HTTP (the
 	// local image registry).
 	InsecureRegistries []string
+	// RegistryAuth are the credentials each build presents to a registry
+	// (by host:port), through its session.
+	RegistryAuth map[string]Credentials
 	// OCIBinary is the runc binary; default /usr/sbin/runc if present.
 	OCIBinary string
 	// Snapshotter: "overlayfs" (default) or "native" where overlay mounts are
