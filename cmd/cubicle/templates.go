@@ -85,7 +85,7 @@ func setupTemplates(ctx context.Context, o serveOptions, st store.Store, reg pro
 		ts.closers = append(ts.closers, closeSolver)
 	}
 	bld, err := builder.New(builder.Config{Images: imgs, Contexts: ctxs, Registry: ts.registry, Solver: solver,
-		RootfsDir: filepath.Join(o.imagesDir, "builds"), WorkDir: filepath.Join(o.dataDir, "build-work"), CACerts: o.caCerts})
+		RootfsDir: filepath.Join(o.dataDir, "builds"), WorkDir: filepath.Join(o.dataDir, "build-work"), CACerts: o.caCerts})
 	if err != nil {
 		ts.Close()
 		return nil, err
@@ -113,7 +113,7 @@ func setupTemplates(ctx context.Context, o serveOptions, st store.Store, reg pro
 		}
 		return "", nil
 	}
-	if err := os.MkdirAll(filepath.Join(o.imagesDir, "builds"), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Join(o.dataDir, "builds"), 0o755); err != nil {
 		ts.Close()
 		return nil, err
 	}

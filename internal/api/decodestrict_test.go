@@ -15,7 +15,7 @@ func TestDecodeStrictTemplateCreate(t *testing.T) {
 	for body, want := range map[string]string{
 		`{"image":"python:3.11","name":"x","cpu":2000}`: `unknown field "image" in the template request (CubeSandbox's create-from-image`,
 		`{"name":"x","dockerfile":"FROM x"}`:            `unknown field "dockerfile"`,
-		`{"name":`:                                       "malformed JSON body",
+		`{"name":`:                                      "malformed JSON body",
 		`{"name":"x"} {}`:                               "data after the JSON object",
 	} {
 		var r catalog.CreateRequest

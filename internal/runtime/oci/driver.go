@@ -47,7 +47,8 @@ type Config struct {
 	// Default "cubicle".
 	CgroupParent string
 	// RunscFlags are extra global flags for runsc, appended after the
-	// defaults (--platform=systrap --overlay2=none --oci-seccomp), so they win.
+	// defaults (--platform=systrap --overlay2=none --oci-seccomp
+	// --allow-suid), so they win.
 	RunscFlags []string
 	// RunscPauseMode: "checkpoint" (default; checkpoint to disk, kill, restore
 	// on resume) or "pause" (runsc pause/resume, memory stays resident).
@@ -169,8 +170,11 @@ func (d *Driver) globalArgs() []string {
 	if d.cfg.Runtime == "runsc" {
 		// overlay2=none: writes must reach our host overlay upper dir, not a
 		// gVisor-internal overlay. oci-seccomp: enforce the spec's profile
-		// inside the sentry (ignored otherwise).
-		a = append(a, "--platform=systrap", "--overlay2=none", "--oci-seccomp")
+		// inside the sentry (ignored otherwise; see RunscSeccomp).
+		// allow-suid: gVisor ignores set-ID bits without it, so sudo fails;
+		// elevation stays inside the sentry, nosuid mounts and
+		// NoNewPrivileges are still honoured (docs/security.md).
+		a = append(a, "--platform=systrap", "--overlay2=none", "--oci-seccomp", "--allow-suid")
 		a = append(a, d.cfg.RunscFlags...)
 	}
 	return a

@@ -55,7 +55,11 @@ func ptr[T any](v T) *T { return &v }
 // nsBase, when not 0, puts the sandbox in a user namespace mapping 0..65535
 // to nsBase.. (userns.go).
 func (d *Driver) buildSpec(s runtime.Spec, rootfs string, nsBase uint32) (*specs.Spec, error) {
-	seccomp, err := DefaultSeccomp()
+	profile := DefaultSeccomp
+	if d.cfg.Runtime == "runsc" {
+		profile = RunscSeccomp
+	}
+	seccomp, err := profile()
 	if err != nil {
 		return nil, fmt.Errorf("seccomp profile: %w", err)
 	}
@@ -119,10 +123,11 @@ func (d *Driver) buildSpec(s runtime.Spec, rootfs string, nsBase uint32) (*specs
 
 	if d.cfg.Runtime == "runsc" && !hasMountAt(s.Mounts, "/tmp") {
 		// gVisor mounts a private tmpfs over an empty /tmp; bind the rootfs'
-		// own /tmp onto itself so /tmp stays in the overlay upper dir.
+		// own /tmp onto itself so /tmp stays in the overlay upper dir. Not
+		// nosuid: it is part of the rootfs, as under runc.
 		mounts = append(mounts, specs.Mount{
 			Destination: "/tmp", Type: "bind", Source: filepath.Join(rootfs, "tmp"),
-			Options: []string{"rbind", "rw", "nosuid", "nodev"},
+			Options: []string{"rbind", "rw", "nodev"},
 		})
 	}
 
@@ -181,7 +186,8 @@ func (d *Driver) buildSpec(s runtime.Spec, rootfs string, nsBase uint32) (*specs
 				Bounding: caps, Effective: caps, Permitted: caps,
 			},
 			Rlimits: []specs.POSIXRlimit{nofileRlimit(nsBase != 0)},
-			// setuid binaries (su/sudo-like helpers used by the agent) need this off.
+			// setuid binaries (sudo, su) need this off; runsc also needs
+			// --allow-suid (globalArgs).
 			NoNewPrivileges: false,
 		},
 		Hostname: hostname,

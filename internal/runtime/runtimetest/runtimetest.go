@@ -435,6 +435,42 @@ func RunDriverSuiteWith(t *testing.T, d runtime.Driver, layers []string, o Optio
 		}
 	})
 
+	// glibc >= 2.34 starts threads with clone3 and falls back to clone(2)
+	// only when clone3 answers ENOSYS; EPERM (a runtime that drops the
+	// profile's errnoRet) breaks every threaded program. Nor may a tracer
+	// asking for seccomp events get clone3 through (docs/security.md).
+	t.Run("SyscallFilter", func(t *testing.T) {
+		out := scratch(t)
+		probe := buildProbe(t, scratch(t))
+		id := NewID(t)
+		_, err := d.Create(ctx, runtime.Spec{
+			ID: id, Layers: layers,
+			Args:   []string{"/bin/sh", "-c", "/.cubicle/probe syscalls > /out/syscalls.tmp 2>&1; mv /out/syscalls.tmp /out/syscalls; exec sleep 3600"},
+			Mounts: []runtime.Mount{{Source: out, Destination: "/out"}, {Source: probe, Destination: "/.cubicle/probe", ReadOnly: true}},
+		})
+		cleanupDelete(t, id)
+		if err != nil {
+			t.Fatalf("Create: %v", err)
+		}
+		got := map[string]string{}
+		for _, line := range strings.Split(strings.TrimSpace(string(waitFile(t, filepath.Join(out, "syscalls"), o.Timeout))), "\n") {
+			if k, v, ok := strings.Cut(line, "="); ok {
+				got[k] = v
+			}
+		}
+		t.Logf("%s: probe says %v", d.Name(), got)
+		if got["clone3"] != "ENOSYS" {
+			t.Errorf("clone3 = %q, want ENOSYS (libc falls back to clone only then)", got["clone3"])
+		}
+		if got["threads"] != "4" {
+			t.Errorf("threads started = %q, want 4", got["threads"])
+		}
+		if got["traced-clone3"] != "ENOSYS" {
+			t.Errorf("clone3(CLONE_NEWUSER) under a tracer with seccomp events (setoptions: %s) = %q, want ENOSYS",
+				got["tracer-setoptions"], got["traced-clone3"])
+		}
+	})
+
 	t.Run("AlreadyExists", func(t *testing.T) {
 		id := NewID(t)
 		spec := runtime.Spec{ID: id, Layers: layers, Args: []string{"/bin/sleep", "3600"}}
@@ -641,4 +677,20 @@ func checkCgroup(t *testing.T, cf CgroupFiler, id, ctrl string, files []string, 
 		return
 	}
 	t.Errorf("cgroup %s: none of %v readable: %s", ctrl, files, fmt.Sprint(errs))
+}
+
+// buildProbe builds ./probe (static) into dir and returns its path.
+func buildProbe(t *testing.T, dir string) string {
+	t.Helper()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = "/usr/local/go/bin/go"
+	}
+	bin := filepath.Join(dir, "probe")
+	cmd := exec.Command(goBin, "build", "-o", bin, "github.com/cubicle-dev/cubicle/internal/runtime/runtimetest/probe")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building the probe: %v\n%s", err, b)
+	}
+	return bin
 }
