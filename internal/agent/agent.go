@@ -17,6 +17,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/cubicle-dev/cubicle/internal/agent/cors"
 	"github.com/cubicle-dev/cubicle/sdk/go/envd/filesystem/filesystemconnect"
 	"github.com/cubicle-dev/cubicle/sdk/go/envd/process/processconnect"
 )
@@ -137,7 +138,7 @@ func (a *Agent) Handler() http.Handler {
 	var h http.Handler = mux
 	h = a.userMiddleware(h)
 	h = a.tokenMiddleware(h)
-	h = corsMiddleware(h)
+	h = cors.Handler(h, exposedHeaders)
 	return h
 }
 
@@ -188,21 +189,8 @@ func (a *Agent) Shutdown() {
 	<-svcDone
 }
 
-func corsMiddleware(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h := w.Header()
-		h.Set("Access-Control-Allow-Origin", "*")
-		h.Set("Access-Control-Allow-Methods", "GET, POST, PUT, PATCH, DELETE, OPTIONS")
-		h.Set("Access-Control-Allow-Headers", "*")
-		h.Set("Access-Control-Expose-Headers", "Connect-Protocol-Version, Connect-Timeout-Ms, Grpc-Status, Grpc-Message, Grpc-Status-Details-Bin, Content-Encoding, Content-Disposition, Location")
-		h.Set("Access-Control-Max-Age", "7200")
-		if r.Method == http.MethodOptions {
-			w.WriteHeader(http.StatusNoContent)
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
-}
+// exposedHeaders are what the SDKs read from envd's responses in a browser.
+const exposedHeaders = "Connect-Protocol-Version, Connect-Timeout-Ms, Grpc-Status, Grpc-Message, Grpc-Status-Details-Bin, Content-Encoding, Content-Disposition, Location"
 
 // tokenExempt lists the routes that do their own auth (or need none).
 func tokenExempt(r *http.Request) bool {

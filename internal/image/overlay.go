@@ -83,46 +83,13 @@ func (u *upper) lookup(rel string) (layer string, fi os.FileInfo, err error) {
 }
 
 // parent resolves dir (relative, "/"-separated) in the merged view,
-// following symlinks as if the tree were "/", and makes it a directory in
-// the upper with the attributes the merged view gives it. The result never
-// leaves the upper.
+// following symlinks as if the tree were "/", and makes each component a
+// directory in the upper with the attributes the merged view gives it. The
+// result never leaves the upper.
 func (u *upper) parent(dir string) (string, error) {
-	cur := ""
-	parts := strings.Split(strings.Trim(dir, "/"), "/")
-	links := 0
-	for len(parts) > 0 {
-		p := parts[0]
-		parts = parts[1:]
-		switch p {
-		case "", ".":
-			continue
-		case "..":
-			cur = path.Dir(cur)
-			if cur == "." || cur == "/" {
-				cur = ""
-			}
-			continue
-		}
-		next := path.Join(cur, p)
-		layer, fi, err := u.lookup(next)
-		if err == nil && fi.Mode()&os.ModeSymlink != 0 {
-			if links++; links > 40 {
-				return "", fmt.Errorf("%w: too many symlinks under %q", ErrUnsafePath, dir)
-			}
-			dst, err := os.Readlink(filepath.Join(layer, next))
-			if err != nil {
-				return "", err
-			}
-			if strings.HasPrefix(dst, "/") {
-				cur = ""
-			}
-			parts = append(strings.Split(dst, "/"), parts...)
-			continue
-		}
-		if err := u.mkdir(next, layer, fi); err != nil {
-			return "", err
-		}
-		cur = next
+	cur, err := walkParents(dir, u.lookup, u.mkdir)
+	if err != nil {
+		return "", err
 	}
 	return filepath.Join(u.root, cur), nil
 }
@@ -131,7 +98,7 @@ func (u *upper) parent(dir string) (string, error) {
 // attributes of the lower directory it shadows (fi from layer), if any.
 func (u *upper) mkdir(rel, layer string, fi os.FileInfo) error {
 	p := filepath.Join(u.root, rel)
-	if layer == u.root && fi.IsDir() {
+	if layer == u.root && fi != nil && fi.IsDir() {
 		return nil
 	}
 	if _, err := os.Lstat(p); err == nil {

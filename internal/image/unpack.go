@@ -233,6 +233,22 @@ func cleanEntry(name string) (string, error) {
 // root, following symlinks in it as if root were "/": a lower layer may have
 // made /lib a link to usr/lib. The result never leaves root.
 func resolveParent(root, dir string) (string, error) {
+	cur, err := walkParents(dir, func(rel string) (string, os.FileInfo, error) {
+		fi, err := os.Lstat(filepath.Join(root, rel))
+		return root, fi, err
+	}, nil)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(root, cur), nil
+}
+
+// walkParents resolves dir component by component as if its tree were "/":
+// lookup gives the entry at a relative path and the directory that holds it
+// (where a symlink's target is read); symlinks are followed, and every
+// other component is handed to visit (nil: none) before the walk goes on.
+// It returns the resolved relative path, which never climbs out.
+func walkParents(dir string, lookup func(rel string) (string, os.FileInfo, error), visit func(rel, layer string, fi os.FileInfo) error) (string, error) {
 	cur := ""
 	parts := strings.Split(strings.Trim(dir, "/"), "/")
 	links := 0
@@ -250,24 +266,32 @@ func resolveParent(root, dir string) (string, error) {
 			continue
 		}
 		next := path.Join(cur, p)
-		fi, err := os.Lstat(filepath.Join(root, next))
-		if err != nil || fi.Mode()&os.ModeSymlink == 0 {
-			cur = next
+		layer, fi, err := lookup(next)
+		if err == nil && fi.Mode()&os.ModeSymlink != 0 {
+			if links++; links > 40 {
+				return "", fmt.Errorf("%w: too many symlinks under %q", ErrUnsafePath, dir)
+			}
+			dst, err := os.Readlink(filepath.Join(layer, next))
+			if err != nil {
+				return "", err
+			}
+			if strings.HasPrefix(dst, "/") {
+				cur = ""
+			}
+			parts = append(strings.Split(dst, "/"), parts...)
 			continue
 		}
-		if links++; links > 40 {
-			return "", fmt.Errorf("%w: too many symlinks under %q", ErrUnsafePath, dir)
+		if visit != nil {
+			if err != nil {
+				layer, fi = "", nil
+			}
+			if err := visit(next, layer, fi); err != nil {
+				return "", err
+			}
 		}
-		dst, err := os.Readlink(filepath.Join(root, next))
-		if err != nil {
-			return "", err
-		}
-		if strings.HasPrefix(dst, "/") {
-			cur = ""
-		}
-		parts = append(strings.Split(dst, "/"), parts...)
+		cur = next
 	}
-	return filepath.Join(root, cur), nil
+	return cur, nil
 }
 
 func writeEntry(root, target string, hdr *tar.Header, r io.Reader) error {

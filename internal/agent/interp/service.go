@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/agent/cors"
 )
 
 // NoKernelMessage is the 404 a Service answers in a sandbox where no python
@@ -52,7 +54,7 @@ func Start(host Host, cfg Config, ln net.Listener) *Service {
 	cfg = cfg.withDefaults()
 	ctx, cancel := context.WithCancel(context.Background())
 	v := &Service{cfg: cfg, ln: ln, cancel: cancel, found: make(chan struct{})}
-	v.http = &http.Server{Handler: cors(http.HandlerFunc(v.serve)), ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 10 * time.Minute}
+	v.http = &http.Server{Handler: cors.Handler(http.HandlerFunc(v.serve), ""), ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 10 * time.Minute}
 	go func() {
 		if err := v.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
 			cfg.Logger.Error("code interpreter: serve", "err", err)
