@@ -81,16 +81,7 @@ function parseArgs(argv) {
 }
 
 // ---- statistics ----------------------------------------------------------------------
-function pct(sorted, p) {
-  if (!sorted.length) return NaN
-  const idx = Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1))
-  return sorted[idx]
-}
-function summary(ms) {
-  const s = [...ms].sort((a, b) => a - b)
-  return { n: s.length, p50: pct(s, 50), p95: pct(s, 95), p99: pct(s, 99), min: s[0], max: s[s.length - 1] }
-}
-const f1 = (x) => (Number.isFinite(x) ? x.toFixed(1) : 'n/a')
+const { summary, f1 } = require('../lib/stats')
 const mib = (kib) => kib / 1024
 function row(name, st, target) {
   const t = target === undefined ? '' : `  target p50 <= ${target} ms: ${st.p50 <= target ? 'met' : 'MISSED'}`

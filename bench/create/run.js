@@ -72,16 +72,7 @@ function parseArgs(argv) {
   return o
 }
 
-function pct(sorted, p) {
-  if (!sorted.length) return NaN
-  const idx = Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1))
-  return sorted[idx]
-}
-function summary(ms) {
-  const s = [...ms].sort((a, b) => a - b)
-  return { n: s.length, p50: pct(s, 50), p95: pct(s, 95), p99: pct(s, 99), min: s[0], max: s[s.length - 1] }
-}
-const f1 = (x) => (Number.isFinite(x) ? x.toFixed(1) : 'n/a')
+const { summary, f1 } = require('../lib/stats')
 function line(name, st) {
   return `${name.padEnd(28)} n=${String(st.n).padStart(3)}  p50=${f1(st.p50).padStart(8)} ms  p95=${f1(st.p95).padStart(8)} ms  p99=${f1(st.p99).padStart(8)} ms`
 }
