@@ -319,22 +319,7 @@ func extractPlain(path, dest string) error {
 		return err
 	}
 	defer closeFn()
-	tr := tar.NewReader(r)
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		rel, err := cleanEntry(hdr.Name)
-		if err != nil {
-			return err
-		}
-		if rel == "" {
-			continue
-		}
+	return eachEntry(r, func(tr *tar.Reader, hdr *tar.Header, rel string) error {
 		t := filepath.Join(dest, rel)
 		switch hdr.Typeflag {
 		case tar.TypeDir:
@@ -356,5 +341,6 @@ func extractPlain(path, dest string) error {
 				return err
 			}
 		}
-	}
+		return nil
+	})
 }

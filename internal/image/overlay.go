@@ -2,7 +2,6 @@ package image
 
 import (
 	"archive/tar"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -138,25 +137,10 @@ func (u *upper) whiteout(target string) error {
 }
 
 func (u *upper) apply(r io.Reader) error {
-	tr := tar.NewReader(r)
 	written := map[string]bool{}
 	var opaque []string
 	var dirs []dirTimes
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return err
-		}
-		rel, err := cleanEntry(hdr.Name)
-		if err != nil {
-			return err
-		}
-		if rel == "" {
-			continue
-		}
+	err := eachEntry(r, func(tr *tar.Reader, hdr *tar.Header, rel string) error {
 		dir, base := path.Split(rel)
 		parent, err := u.parent(dir)
 		if err != nil {
@@ -164,7 +148,7 @@ func (u *upper) apply(r io.Reader) error {
 		}
 		if base == whiteoutOpaque {
 			opaque = append(opaque, parent)
-			continue
+			return nil
 		}
 		if strings.HasPrefix(base, whiteoutPrefix) {
 			gone := strings.TrimPrefix(base, whiteoutPrefix)
@@ -174,7 +158,7 @@ func (u *upper) apply(r io.Reader) error {
 			if err := u.whiteout(filepath.Join(parent, gone)); err != nil {
 				return err
 			}
-			continue
+			return nil
 		}
 		target := filepath.Join(parent, base)
 		written[target] = true
@@ -182,7 +166,7 @@ func (u *upper) apply(r io.Reader) error {
 			if err := u.link(target, hdr); err != nil {
 				return fmt.Errorf("%s: %w", rel, err)
 			}
-			continue
+			return nil
 		}
 		// A directory replacing a whiteout or a non-directory of an earlier
 		// layer must hide the lowers' directory there, as that did.
@@ -201,6 +185,10 @@ func (u *upper) apply(r io.Reader) error {
 			}
 			dirs = append(dirs, dirTimes{target, hdr.ModTime})
 		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	for _, p := range opaque {
 		// This layer's own entries stay; earlier ones of this unpack go,

@@ -117,17 +117,15 @@ type dirTimes struct {
 	mtime time.Time
 }
 
-func applyLayer(root string, r io.Reader) error {
+// eachEntry calls fn for every member of the tar stream r with its path
+// relative to the root (cleanEntry; the root itself is skipped). fn reads
+// the member's content from tr.
+func eachEntry(r io.Reader, fn func(tr *tar.Reader, hdr *tar.Header, rel string) error) error {
 	tr := tar.NewReader(r)
-	// Paths written by this layer: an opaque marker hides only lower layers,
-	// and tar order does not promise the marker comes before its siblings.
-	written := map[string]bool{}
-	var opaque []string
-	var dirs []dirTimes
 	for {
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
-			break
+			return nil
 		}
 		if err != nil {
 			return err
@@ -139,6 +137,19 @@ func applyLayer(root string, r io.Reader) error {
 		if rel == "" {
 			continue // "./" itself
 		}
+		if err := fn(tr, hdr, rel); err != nil {
+			return err
+		}
+	}
+}
+
+func applyLayer(root string, r io.Reader) error {
+	// Paths written by this layer: an opaque marker hides only lower layers,
+	// and tar order does not promise the marker comes before its siblings.
+	written := map[string]bool{}
+	var opaque []string
+	var dirs []dirTimes
+	err := eachEntry(r, func(tr *tar.Reader, hdr *tar.Header, rel string) error {
 		dir, base := path.Split(rel)
 		parent, err := resolveParent(root, dir)
 		if err != nil {
@@ -146,7 +157,7 @@ func applyLayer(root string, r io.Reader) error {
 		}
 		if base == whiteoutOpaque {
 			opaque = append(opaque, strings.TrimSuffix(dir, "/"))
-			continue
+			return nil
 		}
 		if strings.HasPrefix(base, whiteoutPrefix) {
 			// ".wh.", ".wh.." and ".wh..." name no sibling: they would remove
@@ -158,7 +169,7 @@ func applyLayer(root string, r io.Reader) error {
 			if err := os.RemoveAll(filepath.Join(parent, gone)); err != nil {
 				return err
 			}
-			continue
+			return nil
 		}
 		target := filepath.Join(parent, base)
 		written[rel] = true
@@ -168,6 +179,10 @@ func applyLayer(root string, r io.Reader) error {
 		if hdr.Typeflag == tar.TypeDir {
 			dirs = append(dirs, dirTimes{target, hdr.ModTime})
 		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	for _, d := range opaque {
 		p, err := resolveParent(root, d)
