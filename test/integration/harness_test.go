@@ -280,8 +280,15 @@ type created struct {
 func (s *server) create(body map[string]any) created {
 	s.t.Helper()
 	var c created
-	if st := s.do("POST", "/v2/sandboxes", body, &c); st != http.StatusCreated {
-		s.t.Fatalf("create: status %d; logs:\n%s", st, s.logs)
+	st, h, raw := s.raw("POST", "/v2/sandboxes", body)
+	s.lastHeader = h
+	if st == http.StatusCreated {
+		if err := json.Unmarshal(raw, &c); err != nil {
+			s.t.Fatalf("create: decode %q: %v", raw, err)
+		}
+	}
+	if st != http.StatusCreated {
+		s.t.Fatalf("create: status %d: %s; logs:\n%s", st, raw, s.logs)
 	}
 	s.seen[c.SandboxID] = true
 	return c

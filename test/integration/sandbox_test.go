@@ -100,7 +100,11 @@ func TestV1Routes(t *testing.T) {
 	if st := s.do("POST", "/sandboxes/"+c.SandboxID+"/connect", map[string]any{"timeout": 60}, &again); st != http.StatusOK || again.SandboxID != c.SandboxID {
 		t.Fatalf("v1 connect: %d", st)
 	}
-	errShape(t, s, "POST", "/sandboxes/"+c.SandboxID+"/connect", map[string]any{}, http.StatusBadRequest)
+	// No timeout (CubeSandbox's connect(id)): the sandbox keeps its own.
+	if st := s.do("POST", "/sandboxes/"+c.SandboxID+"/connect", map[string]any{}, &again); st != http.StatusOK || again.SandboxID != c.SandboxID {
+		t.Fatalf("v1 connect without a timeout: %d", st)
+	}
+	errShape(t, s, "POST", "/sandboxes/"+c.SandboxID+"/connect", map[string]any{"timeout": -5}, http.StatusBadRequest)
 	var list []map[string]any
 	if st := s.do("GET", "/sandboxes", nil, &list); st != 200 || len(list) != 1 {
 		t.Fatalf("v1 list: %d %v", st, list)

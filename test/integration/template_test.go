@@ -237,10 +237,18 @@ func TestTemplateCatalogRoutes(t *testing.T) {
 	if st := s.do("GET", "/v2/templates?limit=1", nil, &page); st != 200 || len(page) != 1 || s.lastHeader.Get("X-Next-Token") == "" {
 		t.Fatalf("v2 page: %d %v %v", st, page, s.lastHeader)
 	}
-	if s.do("GET", "/v2/templates?limit=1&nextToken="+s.lastHeader.Get("X-Next-Token"), nil, &page); len(page) != 1 || page[0]["templateID"] != a.TemplateID {
-		t.Fatalf("v2 page 2: %v", page)
+	// Pages follow the list's order: base, code-interpreter-v1, then a.
+	seen := []any{page[0]["templateID"]}
+	for i := 0; i < 2; i++ {
+		if s.do("GET", "/v2/templates?limit=1&nextToken="+s.lastHeader.Get("X-Next-Token"), nil, &page); len(page) != 1 {
+			t.Fatalf("v2 page %d: %v", i+2, page)
+		}
+		seen = append(seen, page[0]["templateID"])
 	}
-	s.requireMetrics(t, `cubicle_templates{status="ready"} 2`, `cubicle_template_builds_total{result="ready"} 1`, `cubicle_template_build_duration_seconds_count 1`)
+	if fmt.Sprint(seen) != fmt.Sprint([]any{"base", "code-interpreter-v1", a.TemplateID}) {
+		t.Fatalf("v2 pages: %v", seen)
+	}
+	s.requireMetrics(t, `cubicle_templates{status="ready"} 3`, `cubicle_template_builds_total{result="ready"} 1`, `cubicle_template_build_duration_seconds_count 1`)
 	if st := s.do("DELETE", "/templates/"+a.TemplateID, nil, nil); st != 204 {
 		t.Fatalf("delete: %d", st)
 	}
