@@ -68,8 +68,13 @@ test('POST /sandboxes/{id}/connect: 200 when running, 201 when resumed, TTL only
   const sbx = await Sandbox.connect(id)
   assert.equal((await sbx.commands.run('echo back')).stdout, 'back\n')
 
-  // v1 connect requires a timeout.
-  const bad = await srv.api('POST', `/sandboxes/${id}/connect`, { body: {} })
+  // Without a timeout (CubeSandbox's connect(id)) the sandbox keeps its own.
+  const before = Date.parse((await srv.api('GET', `/sandboxes/${id}`)).json.endAt)
+  const keep = await srv.api('POST', `/sandboxes/${id}/connect`, { body: {} })
+  assert.equal(keep.status, 200, keep.text)
+  assert.ok(Date.parse((await srv.api('GET', `/sandboxes/${id}`)).json.endAt) >= before - 1000, 'a connect without a timeout does not shorten the TTL')
+  // A negative one is refused.
+  const bad = await srv.api('POST', `/sandboxes/${id}/connect`, { body: { timeout: -5 } })
   assert.equal(bad.status, 400, bad.text)
   assert.equal(bad.json.code, 400)
 })
