@@ -150,15 +150,11 @@ func (u *upper) apply(r io.Reader) error {
 			opaque = append(opaque, parent)
 			return nil
 		}
-		if strings.HasPrefix(base, whiteoutPrefix) {
-			gone := strings.TrimPrefix(base, whiteoutPrefix)
-			if gone == "" || gone == "." || gone == ".." {
-				return fmt.Errorf("%w: whiteout %q", ErrUnsafePath, hdr.Name)
-			}
-			if err := u.whiteout(filepath.Join(parent, gone)); err != nil {
+		if gone, ok, err := whiteoutOf(hdr, base); ok || err != nil {
+			if err != nil {
 				return err
 			}
-			return nil
+			return u.whiteout(filepath.Join(parent, gone))
 		}
 		target := filepath.Join(parent, base)
 		written[target] = true

@@ -117,6 +117,20 @@ type dirTimes struct {
 	mtime time.Time
 }
 
+// whiteoutOf reports whether a member named base is an OCI whiteout, and the
+// sibling it removes. ".wh.", ".wh.." and ".wh..." name no sibling: they
+// would remove the directory itself or, at the top, the root's parent.
+func whiteoutOf(hdr *tar.Header, base string) (string, bool, error) {
+	gone, ok := strings.CutPrefix(base, whiteoutPrefix)
+	if !ok {
+		return "", false, nil
+	}
+	if gone == "" || gone == "." || gone == ".." {
+		return "", false, fmt.Errorf("%w: whiteout %q", ErrUnsafePath, hdr.Name)
+	}
+	return gone, true, nil
+}
+
 // eachEntry calls fn for every member of the tar stream r with its path
 // relative to the root (cleanEntry; the root itself is skipped). fn reads
 // the member's content from tr.
@@ -159,17 +173,11 @@ func applyLayer(root string, r io.Reader) error {
 			opaque = append(opaque, strings.TrimSuffix(dir, "/"))
 			return nil
 		}
-		if strings.HasPrefix(base, whiteoutPrefix) {
-			// ".wh.", ".wh.." and ".wh..." name no sibling: they would remove
-			// the directory itself or, at the top, the root's parent.
-			gone := strings.TrimPrefix(base, whiteoutPrefix)
-			if gone == "" || gone == "." || gone == ".." {
-				return fmt.Errorf("%w: whiteout %q", ErrUnsafePath, hdr.Name)
-			}
-			if err := os.RemoveAll(filepath.Join(parent, gone)); err != nil {
+		if gone, ok, err := whiteoutOf(hdr, base); ok || err != nil {
+			if err != nil {
 				return err
 			}
-			return nil
+			return os.RemoveAll(filepath.Join(parent, gone))
 		}
 		target := filepath.Join(parent, base)
 		written[rel] = true
