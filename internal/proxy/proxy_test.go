@@ -282,23 +282,11 @@ func TestGoneSandboxBody(t *testing.T) {
 	}
 }
 
-// closedPort returns a loopback port nothing listens on.
-func closedPort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	return port
-}
-
 // A live sandbox whose port refuses the dial is not a timeout: other ports
 // get e2b's port-closed body, the code interpreter's port a 404 that says why.
 func TestRefusedPort(t *testing.T) {
 	f := setup(t, echoPath())
-	port := closedPort(t)
+	port := freePort(t)
 	resp, body := get(t, f, "/", nil, fmt.Sprintf("%d-%s.cubicle.test", port, f.sb.ID))
 	if e := sandboxErr(t, body); resp.StatusCode != http.StatusBadGateway || e.Code != 502 ||
 		e.Message != "The sandbox is running but port is not open" || e.SandboxID != f.sb.ID || e.Port != port {
