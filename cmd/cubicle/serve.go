@@ -233,6 +233,7 @@ func serve(ctx context.Context, o serveOptions) error {
 		VolumePlugin:  func(d string) (volume.Node, error) { return nodePlugins.Get(d) },
 		VolumeDrivers: nodePlugins.Names(), VolumeMetrics: volMetrics, Logger: log,
 		Lxcfs: lx.Mountpoint(), LxcfsFiles: lx.Files(), CACerts: o.caCerts,
+		SnapshotDir: filepath.Join(o.dataDir, "snapshots"),
 	})
 	if err != nil {
 		return err

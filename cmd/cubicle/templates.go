@@ -111,6 +111,20 @@ func setupTemplates(ctx context.Context, o serveOptions, st store.Store, reg pro
 			// Not named: for a public template it may be another team's.
 			return "a live sandbox uses it", nil
 		}
+		// Snapshots stack their layer on the template's files.
+		snaps, err := st.ListSnapshots(ctx, store.SnapshotFilter{})
+		if err != nil {
+			return "", err
+		}
+		n := 0
+		for _, sn := range snaps {
+			if sn.SourceTemplateID == id {
+				n++
+			}
+		}
+		if n > 0 {
+			return fmt.Sprintf("%d snapshot(s) of its sandboxes depend on it; delete them first", n), nil
+		}
 		return "", nil
 	}
 	if err := os.MkdirAll(filepath.Join(o.dataDir, "builds"), 0o755); err != nil {

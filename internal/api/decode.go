@@ -88,6 +88,15 @@ func (req *newSandbox) options(v2 bool) (control.CreateOptions, string) {
 	if req.AutoResume != nil {
 		opts.AutoResume = req.AutoResume.Enabled
 	}
+	if req.AutoPauseMemory != nil && !*req.AutoPauseMemory {
+		if !req.AutoPause {
+			return control.CreateOptions{}, "autoPauseMemory is only allowed with autoPause"
+		}
+		if opts.AutoResume {
+			return control.CreateOptions{}, "autoResume cannot be enabled with autoPauseMemory: false: a filesystem-only pause is resumed explicitly (connect)"
+		}
+		opts.PauseFilesystem = true
+	}
 	for _, vm := range req.VolumeMounts {
 		opts.VolumeMounts = append(opts.VolumeMounts, control.VolumeMount{Name: vm.Name, Path: vm.Path, ReadOnly: vm.ReadOnly})
 	}

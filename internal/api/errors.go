@@ -42,7 +42,7 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 func statusOf(err error) int {
 	switch {
 	case errors.Is(err, control.ErrNotFound), errors.Is(err, control.ErrTemplateNotFound), errors.Is(err, control.ErrVolumeNotFound),
-		errors.Is(err, catalog.ErrNotFound), errors.Is(err, catalog.ErrBuildNotFound):
+		errors.Is(err, control.ErrSnapshotNotFound), errors.Is(err, catalog.ErrNotFound), errors.Is(err, catalog.ErrBuildNotFound):
 		return http.StatusNotFound
 	case errors.Is(err, catalog.ErrInvalid):
 		return http.StatusBadRequest
@@ -59,7 +59,7 @@ func statusOf(err error) int {
 		return http.StatusBadRequest
 	case errors.Is(err, control.ErrUnauthorized):
 		return http.StatusUnauthorized
-	case errors.Is(err, control.ErrConflict), errors.Is(err, control.ErrVolumeInUse):
+	case errors.Is(err, control.ErrConflict), errors.Is(err, control.ErrVolumeInUse), errors.Is(err, node.ErrSnapshotUnsupported):
 		return http.StatusConflict
 	case errors.Is(err, volume.ErrPluginTimeout):
 		// A volume plugin (the upstream of this request) did not answer in time.
@@ -117,6 +117,8 @@ func errorCode(err error) string {
 		return "template_not_found"
 	case errors.Is(err, catalog.ErrBuildNotFound):
 		return "build_not_found"
+	case errors.Is(err, control.ErrSnapshotNotFound):
+		return "snapshot_not_found"
 	case errors.Is(err, control.ErrNotFound):
 		return "sandbox_not_found"
 	case errors.Is(err, accel.ErrIncompatible):

@@ -31,6 +31,7 @@ type newSandbox struct {
 	TemplateID          *string                 `json:"templateID"`
 	Timeout             *int64                  `json:"timeout"`
 	AutoPause           bool                    `json:"autoPause"`
+	AutoPauseMemory     *bool                   `json:"autoPauseMemory"`
 	AutoResume          *struct{ Enabled bool } `json:"autoResume"`
 	Secure              *bool                   `json:"secure"`
 	AllowInternetAccess *bool                   `json:"allow_internet_access"`
@@ -403,14 +404,14 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 	if !s.decode(w, r, &req, true) {
 		return
 	}
-	if err := s.mgr.Pause(r.Context(), chi.URLParam(r, "id")); err != nil {
+	if err := s.mgr.Pause(r.Context(), chi.URLParam(r, "id"), req.Memory == nil || *req.Memory); err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func (s *Server) connectCommon(w http.ResponseWriter, r *http.Request, timeout *int64, def int64, alwaysCreated bool) {
+func (s *Server) connectCommon(w http.ResponseWriter, r *http.Request, timeout *int64, def int64, alwaysCreated, reboot bool) {
 	t := def
 	if timeout != nil {
 		t = *timeout
@@ -420,7 +421,7 @@ func (s *Server) connectCommon(w http.ResponseWriter, r *http.Request, timeout *
 		writeError(w, http.StatusBadRequest, msg)
 		return
 	}
-	sb, resumed, err := s.mgr.Connect(r.Context(), chi.URLParam(r, "id"), d)
+	sb, resumed, err := s.mgr.Connect(r.Context(), chi.URLParam(r, "id"), d, reboot)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -441,18 +442,19 @@ func (s *Server) connectV1(w http.ResponseWriter, r *http.Request) {
 	}
 	// No timeout (CubeSandbox's connect(id)) keeps the sandbox's own unless
 	// it ends sooner than the default: a connect only ever extends.
-	s.connectCommon(w, r, req.Timeout, int64(control.DefaultTimeout/time.Second), false)
+	s.connectCommon(w, r, req.Timeout, int64(control.DefaultTimeout/time.Second), false, false)
 }
 
 func (s *Server) connectV2(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Timeout *int64 `json:"timeout"`
-		Memory  *bool  `json:"memory"`
+		// Memory false is e2b's onResume: 'reboot'.
+		Memory *bool `json:"memory"`
 	}
 	if !s.decode(w, r, &req, true) {
 		return
 	}
-	s.connectCommon(w, r, req.Timeout, int64(control.DefaultTimeout/time.Second), false)
+	s.connectCommon(w, r, req.Timeout, int64(control.DefaultTimeout/time.Second), false, req.Memory != nil && !*req.Memory)
 }
 
 // resume is the deprecated route: it only resumes paused sandboxes.
@@ -472,7 +474,7 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusConflict, fmt.Sprintf("sandbox '%s' is not paused", sb.ID))
 		return
 	}
-	s.connectCommon(w, r, req.Timeout, 15, true)
+	s.connectCommon(w, r, req.Timeout, 15, true, false)
 }
 
 func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {

@@ -246,6 +246,16 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 	if c == nil {
 		return
 	}
+	if id := chi.URLParam(r, "id"); s.mgr.IsSnapshot(r.Context(), id) {
+		// A snapshot's template: deleting it deletes the snapshot (its
+		// files stay while sandboxes run on them).
+		if err := s.mgr.DeleteSnapshot(r.Context(), id); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
 	force, _ := strconv.ParseBool(r.URL.Query().Get("force"))
 	if err := c.Delete(r.Context(), callerOf(r), chi.URLParam(r, "id"), force, s.cfg.Templates.InUse); err != nil {
 		s.fail(w, r, err)

@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"github.com/cubicle-dev/cubicle/internal/accel"
 	"log/slog"
+	"maps"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -19,6 +21,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/idlock"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/template"
 )
@@ -96,6 +99,11 @@ type Manager struct {
 	volMetrics  *VolumeMetrics
 	leases      *leases
 
+	snapMetrics  *snapshotMetrics
+	snapKick     chan struct{}
+	snapMu       sync.Mutex
+	snapInFlight map[string]bool // snapshot IDs whose row is not written yet
+
 	pool        *poolMetrics
 	poolKick    chan struct{}
 	userCreates atomic.Int64 // user creates booting; the pool waits for them
@@ -127,7 +135,8 @@ func New(cfg Config, st store.Store, n node.Node, tr template.Resolver) *Manager
 	m := &Manager{cfg: cfg, store: st, node: n, templates: tr, log: cfg.Logger,
 		createSlots: make(chan struct{}, cfg.MaxConcurrentCreates), metrics: newOpMetrics(cfg.Registry),
 		volumes: cfg.Volumes, volMetrics: cfg.VolumeMetrics, pool: newPoolMetrics(cfg.Registry), poolKick: make(chan struct{}, 1),
-		sampleEvery: sampleInterval}
+		sampleEvery: sampleInterval, snapMetrics: newSnapshotMetrics(cfg.Registry), snapKick: make(chan struct{}, 1),
+		snapInFlight: map[string]bool{}}
 	m.leases = newLeases(m, cfg.ContentIdle)
 	return m
 }
@@ -167,6 +176,11 @@ type CreateOptions struct {
 	VolumeMounts []VolumeMount
 	// Accelerators is Cubicle's extension: devices the sandbox needs.
 	Accelerators []accel.Request
+	// PauseFilesystem makes the timeout pause (AutoPause) a filesystem
+	// pause: e2b's autoPauseMemory: false.
+	PauseFilesystem bool
+	// snapshot is set by Create when TemplateID names a snapshot.
+	snapshot *store.Snapshot
 }
 
 // VolumeMount is a requested volume attachment. Name is the volume's ID
@@ -269,6 +283,14 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ *store.Sandbox
 		}
 		return nil, err
 	}
+	if sn, err := m.store.GetSnapshot(ctx, tpl.ID); err == nil {
+		if len(o.Accelerators) > 0 {
+			return nil, invalid("accelerators: a sandbox from a snapshot cannot have accelerators")
+		}
+		o.snapshot = sn
+	} else if !errors.Is(err, store.ErrNotFound) {
+		return nil, err
+	}
 	// Devices cannot be checkpointed, so autoPause would silently become a
 	// kill at timeout: refuse it up front.
 	if o.AutoPause && (len(o.Accelerators) > 0 || tpl.Accelerators != nil) {
@@ -278,7 +300,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ *store.Sandbox
 	claimed := false
 	// A pooled template's create is a claim when a standby of its current
 	// build is idle; volumes are attached at boot, so those always boot.
-	if tpl.PoolSize > 0 && tpl.BuildID != "" && len(o.VolumeMounts) == 0 && len(o.Accelerators) == 0 {
+	if tpl.PoolSize > 0 && tpl.BuildID != "" && len(o.VolumeMounts) == 0 && len(o.Accelerators) == 0 && o.snapshot == nil {
 		sb, claimed = m.claim(ctx, o, tpl)
 	}
 	if !claimed {
@@ -373,6 +395,24 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 	if err != nil {
 		return nil, err
 	}
+	defaultUser := templateUser(tpl.RunAs)
+	if sn := o.snapshot; sn != nil {
+		// The snapshot's volumes (the current records, attached here:
+		// shared with the source, never copied) unless the create names
+		// its own; its env under the create's.
+		if len(o.VolumeMounts) == 0 {
+			o.VolumeMounts = mountsOf(sn.Volumes)
+		}
+		env := maps.Clone(sn.EnvVars)
+		if env == nil {
+			env = map[string]string{}
+		}
+		maps.Copy(env, o.EnvVars)
+		o.EnvVars = env
+		if sn.DefaultUser != "" {
+			defaultUser = sn.DefaultUser
+		}
+	}
 	mounts, attachments, err := m.resolveMounts(ctx, o.TeamID, o.VolumeMounts)
 	if err != nil {
 		return nil, err
@@ -383,8 +423,14 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 		Metadata: o.Metadata, EnvVars: o.EnvVars, EnvdToken: token(16), TrafficToken: token(16),
 		CPUCount: tpl.CPUCount, MemoryMB: tpl.MemoryMB, DiskSizeMB: tpl.DiskSizeMB,
 		Network: o.Network, AutoPause: o.AutoPause, AutoResume: o.AutoResume, APIKeyID: o.APIKeyID,
-		StartedAt: now, EndAt: now.Add(o.Timeout), Volumes: mounts, DefaultUser: templateUser(tpl.RunAs),
-		Accelerators: accelJSON(accels),
+		StartedAt: now, EndAt: now.Add(o.Timeout), Volumes: mounts, DefaultUser: defaultUser,
+		Accelerators: accelJSON(accels), Layers: tpl.Layers, PauseMemory: !o.PauseFilesystem,
+	}
+	var restore, currentToken string
+	if o.snapshot != nil {
+		if restore, currentToken, err = m.restoreOf(o.snapshot, sb); err != nil {
+			return nil, err
+		}
 	}
 	if err := m.store.CreateSandbox(ctx, sb); err != nil {
 		if errors.Is(err, store.ErrConflict) && len(mounts) > 0 {
@@ -400,6 +446,7 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 	req := m.nodeRequest(sb, tpl.Layers)
 	req.Volumes = attachments
 	req.Accelerators, req.AccelContract = accels, tpl.Accelerators
+	req.Restore, req.CurrentToken = restore, currentToken
 	req.StartCmd, req.StartUser, req.StartWorkdir, req.DefaultWorkdir = tpl.StartCmd, sb.DefaultUser, tpl.Workdir, tpl.Workdir
 	placed, err := m.node.Create(nctx, req)
 	if err != nil {
@@ -604,17 +651,24 @@ func (m *Manager) Refresh(ctx context.Context, id string, d time.Duration) error
 	return m.store.UpdateSandbox(ctx, sb)
 }
 
-// Pause freezes a running sandbox. ErrConflict when it is already paused.
-func (m *Manager) Pause(ctx context.Context, id string) error {
+// Pause pauses a running sandbox: keepMemory freezes (runc) or
+// checkpoints (runsc) it; otherwise its processes end and its files stay,
+// and a resume boots it afresh (e2b's memory: false). ErrConflict when it
+// is already paused.
+func (m *Manager) Pause(ctx context.Context, id string, keepMemory bool) error {
 	unlock := m.lock(id)
 	defer unlock()
 	if _, err := m.Get(ctx, id); err != nil {
 		return err
 	}
-	return m.pauseLocked(ctx, id, "paused by request")
+	why := "paused by request"
+	if !keepMemory {
+		why = "paused by request (filesystem only)"
+	}
+	return m.pauseLocked(ctx, id, why, keepMemory)
 }
 
-func (m *Manager) pauseLocked(ctx context.Context, id, why string) (err error) {
+func (m *Manager) pauseLocked(ctx context.Context, id, why string, keepMemory bool) (err error) {
 	defer m.metrics.observe("pause", time.Now(), &err)
 	sb, err := m.get(ctx, id)
 	if err != nil {
@@ -631,7 +685,11 @@ func (m *Manager) pauseLocked(ctx context.Context, id, why string) (err error) {
 	}
 	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
-	if err := m.node.Pause(nctx, id); err != nil {
+	pause := m.node.Pause
+	if !keepMemory {
+		pause = m.node.Stop
+	}
+	if err := pause(nctx, id); err != nil {
 		_, _ = m.store.CompareAndSetState(nctx, id, []store.SandboxState{store.StatePausing}, store.StateRunning)
 		return fmt.Errorf("pause: %w", err)
 	}
@@ -643,8 +701,10 @@ func (m *Manager) pauseLocked(ctx context.Context, id, why string) (err error) {
 }
 
 // Connect returns a running sandbox, resuming it when paused; resumed reports
-// whether it had to. The expiry is only ever extended.
-func (m *Manager) Connect(ctx context.Context, id string, d time.Duration) (sb *store.Sandbox, resumed bool, err error) {
+// whether it had to. The expiry is only ever extended. reboot (e2b's
+// onResume: 'reboot') resumes a paused sandbox without its memory: its
+// processes start afresh over its files.
+func (m *Manager) Connect(ctx context.Context, id string, d time.Duration, reboot bool) (sb *store.Sandbox, resumed bool, err error) {
 	if d < 0 || d > m.cfg.MaxTimeout {
 		return nil, false, invalid("timeout must be between 0 and %d seconds", int(m.cfg.MaxTimeout.Seconds()))
 	}
@@ -660,6 +720,11 @@ func (m *Manager) Connect(ctx context.Context, id string, d time.Duration) (sb *
 	switch sb.State {
 	case store.StateRunning:
 	case store.StatePaused:
+		if reboot {
+			if err := m.node.Stop(ctx, id); err != nil && !errors.Is(err, runtime.ErrNotRunning) {
+				return nil, false, fmt.Errorf("reboot: %w", err)
+			}
+		}
 		if err := m.resumeLocked(ctx, sb); err != nil {
 			return nil, false, err
 		}
@@ -676,6 +741,13 @@ func (m *Manager) Connect(ctx context.Context, id string, d time.Duration) (sb *
 
 func (m *Manager) resumeLocked(ctx context.Context, sb *store.Sandbox) (err error) {
 	defer m.metrics.observe("resume", time.Now(), &err)
+	// Its volumes are still attached on the node (a paused sandbox's
+	// attachment rows guard them from deletion); check the records agree.
+	for _, vm := range sb.Volumes {
+		if v, err := m.store.GetVolume(ctx, vm.VolumeID); err != nil || v.State != store.VolumeReady {
+			return fmt.Errorf("%w: sandbox '%s' cannot resume: its volume '%s' is gone or being deleted", ErrConflict, sb.ID, vm.VolumeID)
+		}
+	}
 	if _, err := m.store.CompareAndSetState(ctx, sb.ID, []store.SandboxState{store.StatePaused}, store.StateResuming); err != nil {
 		return fmt.Errorf("%w: sandbox '%s' is %s", ErrConflict, sb.ID, sb.State)
 	}

@@ -25,7 +25,7 @@ func TestLockMapEmptyAfterLookups(t *testing.T) {
 				}
 				_ = m.SetTimeout(ctx, id, time.Minute)
 				_ = m.Refresh(ctx, id, time.Minute)
-				_ = m.Pause(ctx, id)
+				_ = m.Pause(ctx, id, true)
 			}
 		}()
 	}

@@ -89,6 +89,7 @@ func (m *Manager) Run(ctx context.Context) {
 	// must never hold up timeout enforcement.
 	go m.runSampler(ctx)
 	go m.runPool(ctx)
+	go m.runSnapshots(ctx)
 	if w, ok := m.node.(node.ExitWatcher); ok {
 		go m.watchExits(ctx, w)
 	}
@@ -134,7 +135,7 @@ func (m *Manager) expire(ctx context.Context, id string, now time.Time) {
 	}
 	// Devices cannot be checkpointed: an accelerator sandbox's timeout kills it.
 	if cur.AutoPause && !hasAccelerators(cur) {
-		if err := m.pauseLocked(ctx, id, "paused on timeout"); err != nil {
+		if err := m.pauseLocked(ctx, id, "paused on timeout", cur.PauseMemory); err != nil {
 			m.log.Error("auto-pause", "sandbox", id, "err", err)
 		}
 		return

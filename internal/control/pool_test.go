@@ -297,3 +297,15 @@ func TestPoolConcurrentClaims(t *testing.T) {
 		t.Fatalf("%d sandboxes, %d from the pool; want 8 and 3", len(got), hits)
 	}
 }
+
+func (f *fakeNode) Snapshot(context.Context, string, string) (node.Snapshot, error) {
+	return node.Snapshot{}, node.ErrSnapshotUnsupported
+}
+func (f *fakeNode) MemorySnapshots() bool                        { return false }
+func (f *fakeNode) Runtime() string                              { return "fake" }
+func (f *fakeNode) DeleteSnapshot(context.Context, string) error { return nil }
+func (f *fakeNode) Snapshots(context.Context) ([]string, error)  { return nil, nil }
+func (f *fakeNode) Stop(context.Context, string) error           { return node.ErrSnapshotUnsupported }
+func (f *fakeNode) Rebuild(context.Context, string, node.CreateRequest) error {
+	return node.ErrSnapshotUnsupported
+}

@@ -23,3 +23,15 @@ func teamSees(ctx context.Context, sb *store.Sandbox) bool {
 	team, ok := ctx.Value(teamKey{}).(string)
 	return !ok || sb.TeamID == team
 }
+
+// teamOf is the team ctx is scoped to (ok=false without WithTeam).
+func teamOf(ctx context.Context) (string, bool) {
+	team, ok := ctx.Value(teamKey{}).(string)
+	return team, ok
+}
+
+// teamSeesID is teamSees for an object owned by teamID.
+func teamSeesID(ctx context.Context, teamID string) bool {
+	team, ok := teamOf(ctx)
+	return !ok || team == teamID
+}

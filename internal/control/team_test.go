@@ -25,15 +25,18 @@ func TestWithTeamHidesOtherTeamsSandboxes(t *testing.T) {
 	}
 	other := WithTeam(ctx, "t_b")
 	for name, op := range map[string]func() error{
-		"get":     func() error { _, err := m.Get(other, sb.ID); return err },
-		"kill":    func() error { return m.Kill(other, sb.ID, "by b") },
-		"timeout": func() error { return m.SetTimeout(other, sb.ID, time.Second) },
-		"refresh": func() error { return m.Refresh(other, sb.ID, time.Second) },
-		"pause":   func() error { return m.Pause(other, sb.ID) },
-		"connect": func() error { _, _, err := m.Connect(other, sb.ID, time.Second); return err },
-		"network": func() error { return m.UpdateNetwork(other, sb.ID, store.Network{AllowInternet: false}) },
-		"logs":    func() error { _, _, _, err := m.Logs(other, sb.ID, time.Time{}, 10); return err },
-		"metrics": func() error { _, err := m.MetricsHistory(other, sb.ID); return err },
+		"get":      func() error { _, err := m.Get(other, sb.ID); return err },
+		"kill":     func() error { return m.Kill(other, sb.ID, "by b") },
+		"timeout":  func() error { return m.SetTimeout(other, sb.ID, time.Second) },
+		"refresh":  func() error { return m.Refresh(other, sb.ID, time.Second) },
+		"pause":    func() error { return m.Pause(other, sb.ID, true) },
+		"connect":  func() error { _, _, err := m.Connect(other, sb.ID, time.Second, false); return err },
+		"snapshot": func() error { _, err := m.Snapshot(other, sb.ID, ""); return err },
+		"fork":     func() error { _, err := m.Fork(other, sb.ID, 1, time.Second, CreateOptions{}); return err },
+		"rollback": func() error { return m.Rollback(other, sb.ID, "snap_0000000000000000") },
+		"network":  func() error { return m.UpdateNetwork(other, sb.ID, store.Network{AllowInternet: false}) },
+		"logs":     func() error { _, _, _, err := m.Logs(other, sb.ID, time.Time{}, 10); return err },
+		"metrics":  func() error { _, err := m.MetricsHistory(other, sb.ID); return err },
 	} {
 		err := op()
 		if !errors.Is(err, ErrNotFound) || err.Error() != "sandbox not found: sandbox '"+sb.ID+"' not found" {

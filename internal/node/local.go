@@ -10,17 +10,14 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/cacerts"
 	"io"
 	"log/slog"
-	"maps"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"time"
 
-	"github.com/cubicle-dev/cubicle/internal/lxcfs"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/volume"
@@ -62,6 +59,9 @@ type LocalConfig struct {
 	// (internal/cacerts): the image's bundle plus them, and the env vars
 	// that make Node.js and certifi users read it.
 	CACerts *cacerts.Set
+	// SnapshotDir keeps snapshots' layers and memory images (root-only);
+	// "" = this node takes no snapshots.
+	SnapshotDir string
 	// Accel owns the node's accelerators (nil = the node has none).
 	Accel  *accel.Manager
 	Logger *slog.Logger
@@ -128,6 +128,16 @@ func NewLocal(cfg LocalConfig) (*Local, error) {
 	if err := os.Chmod(cfg.VolumeBaseDir, 0o700); err != nil {
 		return nil, fmt.Errorf("node: volume base dir: %w", err)
 	}
+	if cfg.SnapshotDir != "" {
+		// Root only, like the images dir: snapshot layers hold whatever
+		// a hostile sandbox wrote, set-ID files included.
+		if err := os.MkdirAll(cfg.SnapshotDir, 0o700); err != nil {
+			return nil, fmt.Errorf("node: snapshot dir: %w", err)
+		}
+		if err := os.Chmod(cfg.SnapshotDir, 0o700); err != nil {
+			return nil, fmt.Errorf("node: snapshot dir: %w", err)
+		}
+	}
 	if err := os.MkdirAll(cfg.VolumeDir, 0o700); err != nil {
 		return nil, fmt.Errorf("node: volume ref dir: %w", err)
 	}
@@ -160,13 +170,7 @@ func (l *Local) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err e
 			_ = l.cfg.Network.Teardown(cctx, req.ID)
 		}
 	}()
-	mounts := []runtime.Mount{{Source: l.cfg.AgentBin, Destination: AgentPathInSandbox, ReadOnly: true}}
-	if l.cfg.ResolvConf != "" {
-		mounts = append(mounts, runtime.Mount{Source: l.cfg.ResolvConf, Destination: "/etc/resolv.conf", ReadOnly: true})
-	}
-	if l.cfg.Lxcfs != "" && l.cfg.Runtime.Name() != "runsc" {
-		mounts = append(mounts, lxcfs.BindMounts(l.cfg.Lxcfs, l.cfg.LxcfsFiles)...)
-	}
+	mounts := l.baseMounts()
 	mounts = append(mounts, req.Mounts...)
 	var devices []runtime.Device
 	var att accel.Attachment
@@ -231,35 +235,15 @@ func (l *Local) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err e
 			mounts = append(mounts, runtime.Mount{Source: hp, Destination: va.Path, ReadOnly: va.ReadOnly})
 		}
 	}
-	var files []runtime.File
-	if l.cfg.CACerts != nil {
-		seed, err := l.cfg.CACerts.SandboxFiles(req.Layers)
-		if err != nil {
-			return Sandbox{}, err
-		}
-		for p, b := range seed {
-			files = append(files, runtime.File{Path: p, Data: b, Mode: 0o644})
-		}
-		env := cacerts.Env()
-		maps.Copy(env, req.EnvVars)
-		req.EnvVars = env
+	spec, err := l.runtimeSpec(&req, ep.NetNSPath, mounts, devices)
+	if err != nil {
+		return Sandbox{}, err
 	}
-	info, err := l.cfg.Runtime.Create(ctx, runtime.Spec{
-		ID:        req.ID,
-		Files:     files,
-		Layers:    req.Layers,
-		Hostname:  "cubicle",
-		Args:      []string{AgentPathInSandbox, "-port", strconv.Itoa(AgentPort)},
-		Env:       []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-		NetNSPath: ep.NetNSPath,
-		Mounts:    mounts,
-		Devices:   devices,
-		Resources: runtime.Resources{CPUCount: req.CPUCount, MemoryMB: req.MemoryMB, DiskMB: req.DiskSizeMB, PIDs: PIDsFor(l.cfg.PIDsLimit, req.MemoryMB)},
-	})
+	info, err := l.cfg.Runtime.Create(ctx, spec)
 	if err != nil {
 		return Sandbox{}, fmt.Errorf("runtime create: %w", err)
 	}
-	if err := l.initAgent(ctx, req.ID, ep.Addr, req, ""); err != nil {
+	if err := l.initAgent(ctx, req.ID, ep.Addr, req, req.CurrentToken); err != nil {
 		return Sandbox{}, err
 	}
 	if len(req.Accelerators) > 0 {

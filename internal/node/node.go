@@ -51,6 +51,12 @@ type CreateRequest struct {
 	// template's compatibility contract (nil = none).
 	Accelerators  []accel.Request
 	AccelContract *accel.Contract
+	// Restore is a memory snapshot's checkpoint the sandbox continues
+	// from (Layers then start with that snapshot's layer).
+	Restore string
+	// CurrentToken is the access token a restored agent already holds
+	// (the snapshot source's); it authorises the first /init.
+	CurrentToken string
 }
 
 // Sandbox is the node's view of a sandbox.
@@ -106,4 +112,22 @@ type Node interface {
 	Accelerators() Accelerators
 	// Run executes bash -l -c cmd in the sandbox as user; returns the exit code.
 	Run(ctx context.Context, id, token, user, cmd string) (int, error)
+
+	// Snapshot captures a running or paused sandbox (files, and memory
+	// where MemorySnapshots) as snapshotID; the sandbox keeps its state.
+	Snapshot(ctx context.Context, id, snapshotID string) (Snapshot, error)
+	// MemorySnapshots reports whether Snapshot keeps memory here.
+	MemorySnapshots() bool
+	// Runtime names the node's sandbox runtime (runc, runsc...).
+	Runtime() string
+	// DeleteSnapshot removes a snapshot's files; unknown IDs return nil.
+	DeleteSnapshot(ctx context.Context, snapshotID string) error
+	// Snapshots lists the snapshot IDs with files on the node.
+	Snapshots(ctx context.Context) ([]string, error)
+	// Stop ends a sandbox's processes keeping its files, network and
+	// volumes (a filesystem pause); Resume then boots it afresh.
+	Stop(ctx context.Context, id string) error
+	// Rebuild replaces a sandbox's filesystem (and memory, with
+	// req.Restore) by req's, keeping its ID, network and volumes.
+	Rebuild(ctx context.Context, id string, req CreateRequest) error
 }

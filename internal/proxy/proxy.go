@@ -273,7 +273,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if sb.State != store.StateRunning {
 		if sb.State == store.StatePaused && sb.AutoResume {
-			if sb, _, err = p.mgr.Connect(r.Context(), id, 0); err != nil {
+			if sb, _, err = p.mgr.Connect(r.Context(), id, 0, false); err != nil {
 				writeSandboxError(w, sandboxError{Code: http.StatusBadGateway, SandboxID: id, Message: "auto-resume failed: " + err.Error()})
 				return
 			}

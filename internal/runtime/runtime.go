@@ -64,6 +64,50 @@ type Spec struct {
 	// owned by the sandbox's root (the extra CA bundle, say). Each shadows
 	// the image's file at that path; the sandbox may change it later.
 	Files []File
+	// Restore, when set, is a memory checkpoint (SnapshotInfo.Checkpoint)
+	// the sandbox continues from instead of starting PID 1. Layers must then
+	// hold the files the checkpoint was taken with (its snapshot layer on
+	// top). Drivers without memory snapshots fail with ErrUnsupported.
+	Restore string
+}
+
+// Snapshot kinds.
+const (
+	// SnapshotMemory keeps memory and files: sandboxes from it continue
+	// where the source was.
+	SnapshotMemory = "memory"
+	// SnapshotFilesystem keeps the root filesystem only: sandboxes from it
+	// boot fresh over the captured files.
+	SnapshotFilesystem = "filesystem"
+)
+
+// SnapshotInfo describes what Snapshot wrote.
+type SnapshotInfo struct {
+	Kind string
+	// Layer is the frozen writable layer: a read-only lower dir to stack
+	// above the sandbox's own layers. Files are stored with unshifted IDs
+	// (root is 0), like image layers.
+	Layer string
+	// Checkpoint is the memory image ("" for filesystem snapshots).
+	Checkpoint string
+	SizeBytes  int64 // bytes of the layer's files plus the checkpoint
+}
+
+// Snapshotter is implemented by drivers that can snapshot sandboxes and
+// stop them keeping only their files.
+type Snapshotter interface {
+	// Snapshot captures sandbox id (running or paused) under dst, a new
+	// directory it creates: dst/rootfs is the layer, dst/checkpoint the
+	// memory image when memory is true and the driver can (otherwise the
+	// kind is filesystem). The sandbox is held still while its files are
+	// read and is left in the state it was found in.
+	Snapshot(ctx context.Context, id, dst string, memory bool) (SnapshotInfo, error)
+	// Stop ends every process of a running or paused sandbox but keeps its
+	// files and mounts (a filesystem pause). It then reads as paused, and
+	// Resume boots it afresh over the same files.
+	Stop(ctx context.Context, id string) error
+	// MemorySnapshots reports whether Snapshot can keep memory.
+	MemorySnapshots() bool
 }
 
 // File is one file a sandbox starts with (Spec.Files).

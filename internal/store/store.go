@@ -114,6 +114,12 @@ type Sandbox struct {
 	DefaultUser string
 	// Accelerators is the JSON array of accelerator requests ("" = none).
 	Accelerators string
+	// Layers are the rootfs layers the sandbox runs on, top-most first
+	// (nil for rows from before snapshots: its template's ready build).
+	Layers []string
+	// PauseMemory: a timeout pause (AutoPause) keeps memory; false makes
+	// it a filesystem pause (e2b's autoPauseMemory: false).
+	PauseMemory bool
 }
 
 // VolumeMount is one volume mounted into a sandbox.
@@ -279,6 +285,7 @@ type Store interface {
 	DeleteVolumeAttachments(ctx context.Context, sandboxID string) error
 
 	TemplateStore
+	SnapshotStore
 
 	AppendEvent(ctx context.Context, e *Event) error
 	// ListVolumeEvents returns a volume's events, oldest first.
@@ -415,6 +422,8 @@ type TemplateStore interface {
 	// latest build; ready (for a ready build) also makes it the template's
 	// ready build. Only those columns change, never the rest of the row.
 	RecordTemplateBuild(ctx context.Context, b *TemplateBuild, ready *TemplateReady) error
+	// DeleteTemplate removes the template; a snapshot's template also marks
+	// the snapshot deleted, in the same transaction.
 	DeleteTemplate(ctx context.Context, id string) error
 	// SetTemplateNames replaces the names (unique within the template's
 	// team; ErrConflict when one is taken).
@@ -435,4 +444,62 @@ type TemplateStore interface {
 	SetIdempotencyResponse(ctx context.Context, key, response string) error
 	// DeleteIdempotencyBefore removes keys created before t and says how many.
 	DeleteIdempotencyBefore(ctx context.Context, t time.Time) (int, error)
+}
+
+// Snapshot is a captured sandbox. Its ID is also the ID of the template
+// row that creates sandboxes from it.
+type Snapshot struct {
+	ID               string
+	TeamID           string
+	SandboxID        string // the source sandbox
+	SourceTemplateID string // the template the source was created from
+	Node             string
+	Kind             string // "memory" or "filesystem"
+	Runtime          string // memory images restore only on the runtime that took them
+	// Layers are the rootfs layers sandboxes from it stack their upper on,
+	// top-most (the snapshot's own layer) first.
+	Layers     []string
+	Checkpoint string // memory image dir ("" for filesystem snapshots)
+	SizeBytes  int64
+	// Volumes are the source's mounts: IDs, paths, read-only flags; never
+	// volume data or plugin private data.
+	Volumes     []VolumeMount
+	EnvVars     map[string]string
+	DefaultUser string
+	// AgentToken is the source agent's access token when the snapshot was
+	// taken: a memory snapshot's agent wakes up holding it, and the node
+	// needs it once to re-initialise that agent with its new sandbox's.
+	AgentToken string
+	// Internal snapshots (a fork's) are never listed; they are born deleted
+	// and go with the last sandbox that uses them.
+	Internal  bool
+	CreatedAt time.Time
+	DeletedAt time.Time // zero while the snapshot exists
+}
+
+// SnapshotFilter selects snapshots in ListSnapshots. Deleted (and
+// internal) rows are only returned with IncludeDeleted.
+type SnapshotFilter struct {
+	TeamID         string // "" = every team
+	SandboxID      string
+	IncludeDeleted bool
+	// Cursor pagination, newest first: rows strictly after (AfterCreated, AfterID).
+	AfterCreated time.Time
+	AfterID      string
+	Limit        int
+}
+
+// SnapshotStore is the snapshots' persistence.
+type SnapshotStore interface {
+	// CreateSnapshot inserts the snapshot with its template row (t), names
+	// and ready build (b) in one transaction; ErrConflict when the ID or a
+	// name is taken in the team. Internal snapshots get no template names
+	// beyond their ID and are stored deleted.
+	CreateSnapshot(ctx context.Context, sn *Snapshot, t *Template, b *TemplateBuild) error
+	// GetSnapshot returns the row, deleted or not.
+	GetSnapshot(ctx context.Context, id string) (*Snapshot, error)
+	ListSnapshots(ctx context.Context, f SnapshotFilter) ([]*Snapshot, error)
+	// PurgeSnapshot removes a deleted snapshot's row (its files are gone).
+	// ErrConflict while it is not deleted.
+	PurgeSnapshot(ctx context.Context, id string) error
 }

@@ -362,6 +362,9 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Info,
 			return runtime.Info{}, fmt.Errorf("%w: mount %s -> %s must be absolute", ErrInvalidSpec, m.Source, m.Destination)
 		}
 	}
+	if spec.Restore != "" && !d.MemorySnapshots() {
+		return runtime.Info{}, fmt.Errorf("%w: %s cannot restore memory snapshots", runtime.ErrUnsupported, d.cfg.Runtime)
+	}
 	if len(spec.Devices) > 0 && !d.SupportsDevices() {
 		return runtime.Info{}, fmt.Errorf("%w: %s cannot pass device nodes through (needs nvproxy)", runtime.ErrUnsupported, d.cfg.Runtime)
 	}
@@ -448,6 +451,15 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Info,
 			return runtime.Info{}, err
 		}
 	}
+	if spec.Restore != "" {
+		// The sandbox continues from a memory snapshot; its rootfs holds
+		// the files the image was taken with.
+		if err := d.runWithConsole(ctx, spec.ID, "restore", "--image-path", spec.Restore, "--bundle", bundle,
+			"--pid-file", filepath.Join(bundle, "pid"), "--detach", spec.ID); err != nil {
+			return runtime.Info{}, err
+		}
+		return d.inspectLocked(ctx, spec.ID)
+	}
 	if err := d.runWithConsole(ctx, spec.ID, "create", "--bundle", bundle,
 		"--pid-file", filepath.Join(bundle, "pid"), spec.ID); err != nil {
 		return runtime.Info{}, err
@@ -527,6 +539,14 @@ func (d *Driver) pausedMarker(id string) string {
 	return filepath.Join(d.dir(id), "checkpoint", "complete")
 }
 
+// pausedOnDisk: a sandbox without a runtime container that Pause
+// checkpointed or Stop stopped.
+func (d *Driver) pausedOnDisk(id string) bool {
+	_, ckpt := statOK(d.pausedMarker(id))
+	_, stopped := statOK(d.stoppedMarker(id))
+	return ckpt || stopped
+}
+
 func (d *Driver) exists(id string) bool {
 	_, err := os.Stat(d.dir(id))
 	return err == nil
@@ -584,6 +604,9 @@ func (d *Driver) Resume(ctx context.Context, id string) error {
 	if info.State != runtime.StatePaused {
 		return fmt.Errorf("%w: %s is %s", runtime.ErrNotPaused, id, info.State)
 	}
+	if _, stopped := statOK(d.stoppedMarker(id)); stopped {
+		return d.startStopped(ctx, id)
+	}
 	if d.cfg.Runtime == "runsc" && d.cfg.RunscPauseMode == "checkpoint" {
 		img := filepath.Join(d.dir(id), "checkpoint")
 		bundle := filepath.Join(d.dir(id), "bundle")
@@ -628,7 +651,7 @@ func (d *Driver) inspectLocked(ctx context.Context, id string) (runtime.Info, er
 			return runtime.Info{}, fmt.Errorf("%w: %s", runtime.ErrNotFound, id)
 		}
 		info := runtime.Info{ID: id, State: runtime.StateStopped, Created: fi.ModTime()}
-		if _, err := os.Stat(d.pausedMarker(id)); err == nil {
+		if d.pausedOnDisk(id) {
 			info.State = runtime.StatePaused
 		}
 		return info, nil
@@ -669,7 +692,7 @@ func (d *Driver) List(ctx context.Context) ([]runtime.Info, error) {
 		if fi, err := e.Info(); err == nil {
 			info.Created = fi.ModTime()
 		}
-		if _, err := os.Stat(d.pausedMarker(e.Name())); err == nil {
+		if d.pausedOnDisk(e.Name()) {
 			info.State = runtime.StatePaused
 		}
 		out = append(out, info)

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -629,6 +630,14 @@ exec sleep 3600
 		}
 	})
 
+	t.Run("Snapshot", func(t *testing.T) {
+		sn, ok := d.(runtime.Snapshotter)
+		if !ok {
+			t.Skipf("%s does not implement runtime.Snapshotter", d.Name())
+		}
+		runSnapshot(t, d, sn, layers, scratch, o)
+	})
+
 	t.Run("Leak", func(t *testing.T) {
 		start := time.Now()
 		for i := 0; i < o.LeakCycles; i++ {
@@ -693,4 +702,118 @@ func buildProbe(t *testing.T, dir string) string {
 		t.Fatalf("building the probe: %v\n%s", err, b)
 	}
 	return bin
+}
+
+// snapshotScript records what it finds at boot, writes /tmp/state, then
+// ticks; once /out/go appears it changes /tmp/state (after the snapshot).
+const snapshotScript = `
+if [ -f /tmp/state ]; then cat /tmp/state > /out/seen.new; else echo none > /out/seen.new; fi
+mv /out/seen.new /out/seen
+echo one > /tmp/state
+i=0
+while [ $i -lt 100000 ]; do
+  i=$((i+1)); echo $i > /out/tick.new; mv /out/tick.new /out/tick
+  if [ -f /out/go ] && [ ! -f /out/gone ]; then echo two > /tmp/state; echo two > /out/gone; fi
+  sleep 1
+done
+`
+
+func runSnapshot(t *testing.T, d runtime.Driver, sn runtime.Snapshotter, layers []string, scratch func(*testing.T) string, o Options) {
+	ctx := context.Background()
+	spec := func(id, out string) runtime.Spec {
+		return runtime.Spec{ID: id, Layers: layers, Args: []string{"/bin/sh", "-c", snapshotScript},
+			Mounts:    []runtime.Mount{{Source: out, Destination: "/out"}},
+			Resources: runtime.Resources{CPUCount: 1, MemoryMB: 64, PIDs: 64, DiskMB: 64}}
+	}
+	del := func(id string) {
+		t.Cleanup(func() {
+			if err := d.Delete(context.Background(), id); err != nil {
+				t.Errorf("cleanup delete %s: %v", id, err)
+			}
+		})
+	}
+	outA := scratch(t)
+	a := NewID(t)
+	del(a)
+	if _, err := d.Create(ctx, spec(a, outA)); err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	waitTickAbove(t, filepath.Join(outA, "tick"), 1, o.Timeout)
+	dst := filepath.Join(scratch(t), "snap")
+	start := time.Now()
+	info, err := sn.Snapshot(ctx, a, dst, true)
+	if err != nil {
+		t.Fatalf("Snapshot: %v", err)
+	}
+	t.Logf("%s: snapshot (%s, %d bytes) took %v", d.Name(), info.Kind, info.SizeBytes, time.Since(start))
+	wantKind := runtime.SnapshotFilesystem
+	if sn.MemorySnapshots() {
+		wantKind = runtime.SnapshotMemory
+	}
+	if info.Kind != wantKind || (info.Checkpoint != "") != (wantKind == runtime.SnapshotMemory) {
+		t.Fatalf("Snapshot = %+v, want kind %s", info, wantKind)
+	}
+	atSnap := readInt(t, filepath.Join(outA, "tick"))
+	// The source keeps running, and what it does next is not in the snapshot.
+	if in, err := d.Inspect(ctx, a); err != nil || in.State != runtime.StateRunning {
+		t.Fatalf("source after snapshot = %+v, %v; want running", in, err)
+	}
+	os.WriteFile(filepath.Join(outA, "go"), nil, 0o644)
+	waitFile(t, filepath.Join(outA, "gone"), o.Timeout)
+	stateFile := filepath.Join(info.Layer, "tmp", "state")
+	if b, err := os.ReadFile(stateFile); err != nil || strings.TrimSpace(string(b)) != "one" {
+		t.Fatalf("snapshot layer /tmp/state = %q, %v; want one", b, err)
+	}
+	if fi, err := os.Stat(stateFile); err == nil && o.UserNS {
+		if uid := fi.Sys().(*syscall.Stat_t).Uid; uid != 0 {
+			t.Errorf("snapshot layer file owner = %d, want 0 (IDs unshifted)", uid)
+		}
+	}
+
+	// A sandbox from the snapshot: the layer on top, memory restored when kept.
+	outB := scratch(t)
+	b := NewID(t)
+	del(b)
+	sb := spec(b, outB)
+	sb.Layers = append([]string{info.Layer}, layers...)
+	sb.Restore = info.Checkpoint
+	start = time.Now()
+	if _, err := d.Create(ctx, sb); err != nil {
+		t.Fatalf("Create from snapshot: %v", err)
+	}
+	t.Logf("%s: create from snapshot took %v", d.Name(), time.Since(start))
+	first := waitTickAbove(t, filepath.Join(outB, "tick"), 0, o.Timeout)
+	if info.Kind == runtime.SnapshotMemory {
+		// The process continued: its counter is past the snapshot's value,
+		// and it never re-ran its boot lines.
+		if first < atSnap {
+			t.Errorf("restored counter at %d, want >= %d (continued, not restarted)", first, atSnap)
+		}
+		if _, err := os.Stat(filepath.Join(outB, "seen")); err == nil {
+			t.Errorf("restored sandbox re-ran its boot lines")
+		}
+	} else {
+		if got := strings.TrimSpace(string(waitFile(t, filepath.Join(outB, "seen"), o.Timeout))); got != "one" {
+			t.Errorf("sandbox from snapshot saw /tmp/state %q at boot, want one", got)
+		}
+	}
+
+	// Stop keeps the files and Resume boots afresh over them.
+	if err := sn.Stop(ctx, b); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if in, err := d.Inspect(ctx, b); err != nil || in.State != runtime.StatePaused {
+		t.Fatalf("Inspect after Stop = %+v, %v; want paused", in, err)
+	}
+	os.Remove(filepath.Join(outB, "seen"))
+	os.WriteFile(filepath.Join(outB, "go"), nil, 0o644)
+	if err := d.Resume(ctx, b); err != nil {
+		t.Fatalf("Resume after Stop: %v", err)
+	}
+	if got := strings.TrimSpace(string(waitFile(t, filepath.Join(outB, "seen"), o.Timeout))); got != "one" && got != "two" {
+		t.Errorf("rebooted sandbox saw /tmp/state %q, want its own file kept", got)
+	}
+	if in, err := d.Inspect(ctx, b); err != nil || in.State != runtime.StateRunning {
+		t.Fatalf("Inspect after reboot = %+v, %v; want running", in, err)
+	}
 }

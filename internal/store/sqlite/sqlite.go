@@ -142,13 +142,13 @@ func js(v any) string {
 
 const sandboxCols = `id, team_id, template_id, alias, state, node, metadata, env_vars, envd_token, traffic_token,
 cpu_count, memory_mb, disk_size_mb, network, auto_pause, auto_resume, addr, api_key_id,
-started_at, end_at, updated_at, killed_at, kill_reason, volumes, default_user, accelerators`
+started_at, end_at, updated_at, killed_at, kill_reason, volumes, default_user, accelerators, layers, pause_memory`
 
 func sandboxArgs(sb *store.Sandbox) []any {
 	return []any{sb.ID, sb.TeamID, sb.TemplateID, sb.Alias, string(sb.State), sb.Node, js(orEmpty(sb.Metadata)), js(orEmpty(sb.EnvVars)),
 		sb.EnvdToken, sb.TrafficToken, sb.CPUCount, sb.MemoryMB, sb.DiskSizeMB, js(sb.Network),
 		sb.AutoPause, sb.AutoResume, sb.Addr, sb.APIKeyID, ts(sb.StartedAt), ts(sb.EndAt), ts(sb.UpdatedAt),
-		ts(sb.KilledAt), sb.KillReason, js(mountsOrEmpty(sb.Volumes)), sb.DefaultUser, sb.Accelerators}
+		ts(sb.KilledAt), sb.KillReason, js(mountsOrEmpty(sb.Volumes)), sb.DefaultUser, sb.Accelerators, strings.Join(sb.Layers, layerSep), sb.PauseMemory}
 }
 
 func mountsOrEmpty(m []store.VolumeMount) []store.VolumeMount {
@@ -187,11 +187,11 @@ func queryAll[T any](ctx context.Context, db *sql.DB, scan func(scanner) (T, err
 
 func scanSandbox(r scanner) (*store.Sandbox, error) {
 	var sb store.Sandbox
-	var state, meta, envs, network, vols string
+	var state, meta, envs, network, vols, layers string
 	var started, end, updated, killed int64
 	if err := r.Scan(&sb.ID, &sb.TeamID, &sb.TemplateID, &sb.Alias, &state, &sb.Node, &meta, &envs, &sb.EnvdToken, &sb.TrafficToken,
 		&sb.CPUCount, &sb.MemoryMB, &sb.DiskSizeMB, &network, &sb.AutoPause, &sb.AutoResume, &sb.Addr, &sb.APIKeyID,
-		&started, &end, &updated, &killed, &sb.KillReason, &vols, &sb.DefaultUser, &sb.Accelerators); err != nil {
+		&started, &end, &updated, &killed, &sb.KillReason, &vols, &sb.DefaultUser, &sb.Accelerators, &layers, &sb.PauseMemory); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil, store.ErrNotFound
 		}
@@ -213,6 +213,9 @@ func scanSandbox(r scanner) (*store.Sandbox, error) {
 	if len(sb.Volumes) == 0 {
 		sb.Volumes = nil
 	}
+	if layers != "" {
+		sb.Layers = strings.Split(layers, layerSep)
+	}
 	sb.StartedAt, sb.EndAt, sb.UpdatedAt, sb.KilledAt = fromTS(started), fromTS(end), fromTS(updated), fromTS(killed)
 	return &sb, nil
 }
@@ -231,7 +234,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	if err := checkSandboxQuota(ctx, tx, sb.TeamID, sb); err != nil {
 		return err
 	}
-	_, err = tx.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, sandboxArgs(sb)...)
+	_, err = tx.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, sandboxArgs(sb)...)
 	if isConstraint(err) {
 		return fmt.Errorf("%w: sandbox %s exists", store.ErrConflict, sb.ID)
 	}
@@ -268,7 +271,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	args := sandboxArgs(sb)
 	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET team_id=?, template_id=?, alias=?, state=?, node=?, metadata=?, env_vars=?, envd_token=?, traffic_token=?,
 cpu_count=?, memory_mb=?, disk_size_mb=?, network=?, auto_pause=?, auto_resume=?, addr=?, api_key_id=?,
-started_at=?, end_at=?, updated_at=?, killed_at=?, kill_reason=?, volumes=?, default_user=?, accelerators=? WHERE id=?`, append(args[1:], sb.ID)...)
+started_at=?, end_at=?, updated_at=?, killed_at=?, kill_reason=?, volumes=?, default_user=?, accelerators=?, layers=?, pause_memory=? WHERE id=?`, append(args[1:], sb.ID)...)
 	if err != nil {
 		return err
 	}

@@ -313,14 +313,22 @@ func (s *Store) RecordTemplateBuild(ctx context.Context, b *store.TemplateBuild,
 
 // DeleteTemplate removes the template with its names, builds, logs and tags.
 func (s *Store) DeleteTemplate(ctx context.Context, id string) error {
-	res, err := s.db.ExecContext(ctx, `DELETE FROM templates WHERE id=?`, id)
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	res, err := tx.ExecContext(ctx, `DELETE FROM templates WHERE id=?`, id)
 	if err != nil {
 		return err
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		return store.ErrNotFound
 	}
-	return nil
+	if _, err := tx.ExecContext(ctx, `UPDATE snapshots SET deleted_at=? WHERE id=? AND deleted_at=0`, ts(time.Now()), id); err != nil {
+		return err
+	}
+	return tx.Commit()
 }
 
 // SetTemplateNames replaces the template's names (the primary name stays).

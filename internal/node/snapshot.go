@@ -1,0 +1,203 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+
+	"github.com/cubicle-dev/cubicle/internal/cacerts"
+	"github.com/cubicle-dev/cubicle/internal/lxcfs"
+	"github.com/cubicle-dev/cubicle/internal/runtime"
+)
+
+// ErrSnapshotUnsupported: the node's runtime cannot snapshot or stop sandboxes.
+var ErrSnapshotUnsupported = errors.New("node: the runtime cannot snapshot sandboxes")
+
+// Snapshot is what a node keeps of one snapshot: <SnapshotDir>/<id>/rootfs
+// (a read-only layer) and, for memory snapshots, <id>/checkpoint.
+type Snapshot struct {
+	ID         string
+	Kind       string // runtime.SnapshotMemory or runtime.SnapshotFilesystem
+	Layer      string
+	Checkpoint string
+	SizeBytes  int64
+}
+
+var snapshotIDRe = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+
+func (l *Local) snapshotter() (runtime.Snapshotter, error) {
+	sn, ok := l.cfg.Runtime.(runtime.Snapshotter)
+	if !ok || l.cfg.SnapshotDir == "" {
+		return nil, fmt.Errorf("%w (%s)", ErrSnapshotUnsupported, l.cfg.Runtime.Name())
+	}
+	return sn, nil
+}
+
+// MemorySnapshots reports whether this node's snapshots keep memory.
+func (l *Local) MemorySnapshots() bool {
+	sn, err := l.snapshotter()
+	return err == nil && sn.MemorySnapshots()
+}
+
+// Runtime implements Node.
+func (l *Local) Runtime() string { return l.cfg.Runtime.Name() }
+
+// Snapshot captures sandbox id as snapshotID. The sandbox keeps its state.
+func (l *Local) Snapshot(ctx context.Context, id, snapshotID string) (Snapshot, error) {
+	sn, err := l.snapshotter()
+	if err != nil {
+		return Snapshot{}, err
+	}
+	if !snapshotIDRe.MatchString(snapshotID) {
+		return Snapshot{}, fmt.Errorf("node: snapshot id %q", snapshotID)
+	}
+	dst := filepath.Join(l.cfg.SnapshotDir, snapshotID)
+	// A runsc checkpoint with --leave-running ends no process, but the
+	// sandbox's host pid may change: look again afterwards.
+	defer l.begin(id, true)()
+	info, err := sn.Snapshot(ctx, id, dst, true)
+	l.watchAfter(ctx, id)
+	if err != nil {
+		return Snapshot{}, l.notFound(err)
+	}
+	return Snapshot{ID: snapshotID, Kind: info.Kind, Layer: info.Layer, Checkpoint: info.Checkpoint, SizeBytes: info.SizeBytes}, nil
+}
+
+// DeleteSnapshot removes a snapshot's files; unknown IDs are a no-op.
+func (l *Local) DeleteSnapshot(ctx context.Context, snapshotID string) error {
+	if l.cfg.SnapshotDir == "" || !snapshotIDRe.MatchString(snapshotID) {
+		return nil
+	}
+	return os.RemoveAll(filepath.Join(l.cfg.SnapshotDir, snapshotID))
+}
+
+// Snapshots lists the snapshot IDs whose files are on this node.
+func (l *Local) Snapshots(ctx context.Context) ([]string, error) {
+	if l.cfg.SnapshotDir == "" {
+		return nil, nil
+	}
+	ents, err := os.ReadDir(l.cfg.SnapshotDir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	var out []string
+	for _, e := range ents {
+		if e.IsDir() && snapshotIDRe.MatchString(e.Name()) {
+			out = append(out, e.Name())
+		}
+	}
+	return out, nil
+}
+
+// Stop ends a sandbox's processes keeping its files, network and volumes
+// (a filesystem pause); Resume boots it afresh.
+func (l *Local) Stop(ctx context.Context, id string) error {
+	sn, err := l.snapshotter()
+	if err != nil {
+		return err
+	}
+	defer l.begin(id, true)()
+	if err := sn.Stop(ctx, id); err != nil {
+		l.watchAfter(ctx, id)
+		return l.notFound(err)
+	}
+	return nil
+}
+
+// Rebuild replaces a sandbox's runtime half with one booted (or, with
+// req.Restore, restored) from req.Layers, keeping its network endpoint,
+// volume attachments and ID (rollback). The agent is initialised with
+// req's token.
+func (l *Local) Rebuild(ctx context.Context, id string, req CreateRequest) error {
+	defer l.begin(id, true)()
+	ep, err := l.cfg.Network.Get(ctx, id)
+	if err != nil {
+		return l.notFound(err)
+	}
+	if _, err := l.cfg.Runtime.Inspect(ctx, id); err != nil {
+		return l.notFound(err)
+	}
+	mounts := l.baseMounts()
+	mounts = append(mounts, req.Mounts...)
+	for _, va := range req.Volumes {
+		// Already attached for this sandbox: attach returns the same path.
+		hp, err := l.vols.attach(ctx, id, HolderSandbox, va)
+		if err != nil {
+			return err
+		}
+		mounts = append(mounts, runtime.Mount{Source: hp, Destination: va.Path, ReadOnly: va.ReadOnly})
+	}
+	spec, err := l.runtimeSpec(&req, ep.NetNSPath, mounts, nil)
+	if err != nil {
+		return err
+	}
+	if err := l.cfg.Runtime.Delete(ctx, id); err != nil {
+		return err
+	}
+	info, err := l.cfg.Runtime.Create(ctx, spec)
+	if err != nil {
+		return fmt.Errorf("runtime create: %w", err)
+	}
+	current := req.EnvdToken
+	if req.CurrentToken != "" {
+		current = req.CurrentToken
+	}
+	if err := l.initAgent(ctx, id, ep.Addr, req, current); err != nil {
+		return err
+	}
+	l.watch(id, info.Pid)
+	return nil
+}
+
+// baseMounts are what every sandbox gets: the agent, resolv.conf, lxcfs.
+func (l *Local) baseMounts() []runtime.Mount {
+	mounts := []runtime.Mount{{Source: l.cfg.AgentBin, Destination: AgentPathInSandbox, ReadOnly: true}}
+	if l.cfg.ResolvConf != "" {
+		mounts = append(mounts, runtime.Mount{Source: l.cfg.ResolvConf, Destination: "/etc/resolv.conf", ReadOnly: true})
+	}
+	if l.cfg.Lxcfs != "" && l.cfg.Runtime.Name() != "runsc" {
+		mounts = append(mounts, lxcfs.BindMounts(l.cfg.Lxcfs, l.cfg.LxcfsFiles)...)
+	}
+	return mounts
+}
+
+// runtimeSpec is the runtime half of req. It fills req.EnvVars with the
+// CA variables, so callers pass the request on to initAgent afterwards.
+func (l *Local) runtimeSpec(req *CreateRequest, netns string, mounts []runtime.Mount, devices []runtime.Device) (runtime.Spec, error) {
+	var files []runtime.File
+	if l.cfg.CACerts != nil && req.Restore == "" {
+		seed, err := l.cfg.CACerts.SandboxFiles(req.Layers)
+		if err != nil {
+			return runtime.Spec{}, err
+		}
+		for p, b := range seed {
+			files = append(files, runtime.File{Path: p, Data: b, Mode: 0o644})
+		}
+	}
+	if l.cfg.CACerts != nil {
+		env := cacerts.Env()
+		maps.Copy(env, req.EnvVars)
+		req.EnvVars = env
+	}
+	return runtime.Spec{
+		ID:        req.ID,
+		Files:     files,
+		Layers:    req.Layers,
+		Restore:   req.Restore,
+		Hostname:  "cubicle",
+		Args:      []string{AgentPathInSandbox, "-port", strconv.Itoa(AgentPort)},
+		Env:       []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		NetNSPath: netns,
+		Mounts:    mounts,
+		Devices:   devices,
+		Resources: runtime.Resources{CPUCount: req.CPUCount, MemoryMB: req.MemoryMB, DiskMB: req.DiskSizeMB, PIDs: PIDsFor(l.cfg.PIDsLimit, req.MemoryMB)},
+	}, nil
+}

@@ -1,0 +1,208 @@
+package oci
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/runtime"
+)
+
+var _ runtime.Snapshotter = (*Driver)(nil)
+
+// stoppedMarker marks a sandbox stopped by Stop (a filesystem pause): no
+// runtime container, files and mounts kept.
+func (d *Driver) stoppedMarker(id string) string { return filepath.Join(d.dir(id), "stopped") }
+
+// MemorySnapshots implements runtime.Snapshotter: gVisor checkpoints
+// itself; runc and crun would need CRIU, which cannot run on every host
+// (Debian 12's 3.17 fails `criu check` on these kernels), so their
+// snapshots are filesystem snapshots.
+func (d *Driver) MemorySnapshots() bool { return d.cfg.Runtime == "runsc" }
+
+// Snapshot implements runtime.Snapshotter.
+//
+// runc/crun: the container is frozen (cgroup freezer) while its upper dir
+// is copied, then thawed, so the copy is one instant of its files.
+// runsc: the sandbox is paused, checkpointed with --leave-running (which
+// also flushes the sentry's file caches to the upper dir), its upper dir
+// copied, and resumed. A sandbox paused with its memory kept is copied as
+// it is (runsc: its checkpoint image is hard-linked, never rewritten).
+func (d *Driver) Snapshot(ctx context.Context, id, dst string, memory bool) (_ runtime.SnapshotInfo, err error) {
+	unlock := d.lock(id)
+	defer unlock()
+	info, err := d.inspectLocked(ctx, id)
+	if err != nil {
+		return runtime.SnapshotInfo{}, err
+	}
+	if err := os.Mkdir(dst, 0o700); err != nil {
+		return runtime.SnapshotInfo{}, err
+	}
+	defer func() {
+		if err != nil {
+			os.RemoveAll(dst)
+		}
+	}()
+	out := runtime.SnapshotInfo{Kind: runtime.SnapshotFilesystem, Layer: filepath.Join(dst, "rootfs")}
+	_, stopped := statOK(d.stoppedMarker(id))
+	memory = memory && d.MemorySnapshots() && !stopped
+	switch {
+	case info.State == runtime.StateStopped:
+		return runtime.SnapshotInfo{}, fmt.Errorf("%w: %s is stopped", runtime.ErrNotRunning, id)
+	case stopped:
+	case d.cfg.Runtime == "runsc" && info.State == runtime.StatePaused && d.cfg.RunscPauseMode == "checkpoint":
+		// Checkpointed by Pause: the image is already on disk.
+		if memory {
+			out.Checkpoint = filepath.Join(dst, "checkpoint")
+			if err := linkTree(filepath.Join(d.dir(id), "checkpoint"), out.Checkpoint); err != nil {
+				return runtime.SnapshotInfo{}, err
+			}
+		}
+	case info.State == runtime.StatePaused:
+		// Frozen by Pause: nothing runs, the files hold still.
+	case d.cfg.Runtime == "runsc":
+		if _, err := d.run(ctx, "pause", id); err != nil {
+			return runtime.SnapshotInfo{}, err
+		}
+		defer func() {
+			if st, ok, _ := d.state(context.WithoutCancel(ctx), id); ok && st.Status == "paused" {
+				if _, rerr := d.run(context.WithoutCancel(ctx), "resume", id); rerr != nil {
+					err = errors.Join(err, rerr)
+				}
+			}
+		}()
+		img := filepath.Join(dst, "checkpoint")
+		if err := os.Mkdir(img, 0o700); err != nil {
+			return runtime.SnapshotInfo{}, err
+		}
+		if _, err := d.run(ctx, "checkpoint", "--leave-running", "--image-path", img, id); err != nil {
+			return runtime.SnapshotInfo{}, err
+		}
+		if memory {
+			out.Checkpoint = img
+		}
+		// The checkpoint resumed the kernel: hold it again while the
+		// files are read, so they match the image.
+		if st, ok, _ := d.state(ctx, id); ok && st.Status == "running" {
+			if _, err := d.run(ctx, "pause", id); err != nil {
+				return runtime.SnapshotInfo{}, err
+			}
+		}
+	default:
+		if _, err := d.run(ctx, "pause", id); err != nil {
+			return runtime.SnapshotInfo{}, err
+		}
+		defer func() {
+			if _, rerr := d.run(context.WithoutCancel(ctx), "resume", id); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
+		}()
+	}
+	var shift uint32
+	if d.userns() {
+		d.mu.Lock()
+		slot, ok := d.slots[id]
+		d.mu.Unlock()
+		if ok {
+			shift = slotBase(slot)
+		}
+	}
+	n, err := copyLayer(d.UpperDir(id), out.Layer, shift)
+	if err != nil {
+		return runtime.SnapshotInfo{}, fmt.Errorf("oci: snapshot %s: copy writable layer: %w", id, err)
+	}
+	if out.Checkpoint != "" {
+		out.Kind = runtime.SnapshotMemory
+		n += dirBytes(out.Checkpoint)
+	} else {
+		os.RemoveAll(filepath.Join(dst, "checkpoint"))
+	}
+	out.SizeBytes = n
+	return out, nil
+}
+
+// Stop implements runtime.Snapshotter.
+func (d *Driver) Stop(ctx context.Context, id string) error {
+	unlock := d.lock(id)
+	defer unlock()
+	info, err := d.inspectLocked(ctx, id)
+	if err != nil {
+		return err
+	}
+	if _, stopped := statOK(d.stoppedMarker(id)); stopped {
+		return fmt.Errorf("%w: %s is already stopped", runtime.ErrNotRunning, id)
+	}
+	if info.State == runtime.StateStopped {
+		return fmt.Errorf("%w: %s is stopped", runtime.ErrNotRunning, id)
+	}
+	if _, exists, err := d.state(ctx, id); err != nil {
+		return err
+	} else if exists {
+		if d.cfg.Runtime != "runsc" && info.State == runtime.StateRunning {
+			_, _ = d.run(ctx, "kill", id, "KILL") // delete --force below decides
+			d.waitStopped(ctx, id, 5*time.Second)
+		}
+		if _, err := d.run(ctx, "delete", "--force", id); err != nil {
+			if _, still, _ := d.state(ctx, id); still {
+				return err
+			}
+		}
+	}
+	d.abortHostConns(id)
+	// A memory pause's image is of no use once the sandbox will reboot.
+	if err := os.RemoveAll(filepath.Join(d.dir(id), "checkpoint")); err != nil {
+		return err
+	}
+	if err := removeCgroups(d.cfg.CgroupParent, id); err != nil {
+		return err
+	}
+	return os.WriteFile(d.stoppedMarker(id), nil, 0o600)
+}
+
+// start boots a stopped sandbox's container again from its bundle.
+func (d *Driver) startStopped(ctx context.Context, id string) error {
+	bundle := filepath.Join(d.dir(id), "bundle")
+	if d.cfg.Runtime == "runsc" {
+		if err := d.restoreNetnsFor(id); err != nil {
+			return err
+		}
+	}
+	if err := d.runWithConsole(ctx, id, "create", "--bundle", bundle,
+		"--pid-file", filepath.Join(bundle, "pid"), id); err != nil {
+		return err
+	}
+	if _, err := d.run(ctx, "start", id); err != nil {
+		_, _ = d.run(context.WithoutCancel(ctx), "delete", "--force", id)
+		return err
+	}
+	return os.Remove(d.stoppedMarker(id))
+}
+
+// linkTree recreates src's tree at dst with hard links to its files (a
+// checkpoint image is written once and only ever read).
+func linkTree(src, dst string) error {
+	return filepath.WalkDir(src, func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		t := filepath.Join(dst, rel)
+		switch {
+		case e.IsDir():
+			return os.Mkdir(t, 0o700)
+		case e.Type().IsRegular():
+			return os.Link(p, t)
+		default:
+			return fmt.Errorf("oci: unexpected %s in checkpoint image", p)
+		}
+	})
+}
+
+func statOK(p string) (os.FileInfo, bool) {
+	fi, err := os.Stat(p)
+	return fi, err == nil
+}
