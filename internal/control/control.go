@@ -540,6 +540,7 @@ func (m *Manager) markKilled(ctx context.Context, sb *store.Sandbox, reason stri
 		m.log.Error("mark killed", "sandbox", sb.ID, "err", err)
 	}
 	m.event(ctx, sb.ID, "killed", "info", "%s", reason)
+	m.SnapshotTrigger() // it may have been the last user of a deleted snapshot's files
 	if nodeErr == nil && len(sb.Volumes) > 0 {
 		m.dropAttachments(ctx, sb)
 	}
