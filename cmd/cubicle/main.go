@@ -33,7 +33,7 @@ func newRoot() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(serveCmd(), apikeyCmd(), teamCmd(), sandboxCmd(), volumeCmd(), imageCmd(), templateCmd(), versionCmd())
-	root.AddCommand(poolCmd(), gpuCmd(), filesCmd())
+	root.AddCommand(poolCmd(), gpuCmd(), filesCmd(), snapshotCmd())
 	return root
 }
 

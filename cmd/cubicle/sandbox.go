@@ -180,16 +180,23 @@ func sandboxCmd() *cobra.Command {
 			return nil
 		},
 	}
+	var pauseMemory bool
 	pause := &cobra.Command{
 		Use:   "pause ID",
 		Short: "Pause a sandbox (resume it with `sandbox resume`)",
-		Args:  cobra.ExactArgs(1),
+		Example: `  cubicle sandbox pause $ID
+  cubicle sandbox pause $ID --memory=false   # keep only the files; resume reboots it`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := newClient()
 			if err != nil {
 				return err
 			}
-			ok, err := c.Pause(cmd.Context(), args[0])
+			var o cubicle.PauseOptions
+			if cmd.Flags().Changed("memory") {
+				o.KeepMemory = &pauseMemory
+			}
+			ok, err := c.PauseWith(cmd.Context(), args[0], o)
 			if err != nil {
 				return err
 			}
@@ -197,10 +204,15 @@ func sandboxCmd() *cobra.Command {
 				fmt.Fprintf(cmd.OutOrStdout(), "%s was already paused\n", args[0])
 				return nil
 			}
+			if !pauseMemory {
+				fmt.Fprintf(cmd.OutOrStdout(), "%s paused (files only: resume reboots it)\n", args[0])
+				return nil
+			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s paused\n", args[0])
 			return nil
 		},
 	}
+	pause.Flags().BoolVar(&pauseMemory, "memory", true, "keep memory; false stops every process, keeps the files, and resume reboots the sandbox")
 	var resumeTimeout int
 	resume := &cobra.Command{
 		Use:   "resume ID",
@@ -221,6 +233,7 @@ func sandboxCmd() *cobra.Command {
 	resume.Flags().IntVar(&resumeTimeout, "timeout", 0, "extend the lifetime to at least this many seconds from now")
 
 	cmd.AddCommand(create, list, info, kill, pause, resume, execCmd(), shellCmd())
+	cmd.AddCommand(sandboxSnapshotCmd(&asJSON), sandboxForkCmd(&asJSON), sandboxRollbackCmd())
 	return cmd
 }
 

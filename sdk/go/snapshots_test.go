@@ -54,10 +54,13 @@ func (rec *recorder) uris() []string {
 	return out
 }
 
-func (rec *recorder) last() call {
+func (rec *recorder) last() call { return rec.back(1) }
+
+// back is the nth request from the end (1: the last).
+func (rec *recorder) back(n int) call {
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
-	return rec.calls[len(rec.calls)-1]
+	return rec.calls[len(rec.calls)-n]
 }
 
 func apiError(w http.ResponseWriter, status int, code, msg string) {
@@ -173,8 +176,11 @@ func TestListSnapshotsEmpty(t *testing.T) {
 
 func TestGetAndDeleteSnapshot(t *testing.T) {
 	var rec recorder
+	var mu sync.Mutex
 	deleted := map[string]bool{}
 	c := testClient(t, rec.handler(t, func(w http.ResponseWriter, r *http.Request, _ map[string]any) {
+		mu.Lock()
+		defer mu.Unlock()
 		switch {
 		case r.Method == "GET" && r.URL.EscapedPath() == "/snapshots/snap_1:default":
 			fmt.Fprint(w, snapJSON)
@@ -455,7 +461,7 @@ func TestPauseWithAndConnectWith(t *testing.T) {
 	if ok, err := sb.PauseWith(ctx, PauseOptions{}); ok || err != nil {
 		t.Fatalf("already paused: %v %v", ok, err)
 	}
-	if b := rec.calls[len(rec.calls)-2].body; b == nil || len(b) != 0 {
+	if b := rec.back(2).body; b == nil || len(b) != 0 {
 		t.Fatalf("default pause body %v, want {}", b)
 	}
 	s, err := c.ConnectWith(ctx, "sb1", ConnectOptions{Timeout: 30 * time.Second, Reboot: true})

@@ -508,6 +508,14 @@ func (d *Driver) destroy(ctx context.Context, id string) error {
 	}
 	d.abortHostConns(id)
 	dir := d.dir(id)
+	if _, saved := statOK(filepath.Join(dir, "netns.json")); saved {
+		// runsc moved the netns's addresses into its netstack: put them
+		// back, so the netns is as it was given (a rollback boots a new
+		// container in it). A netns already torn down is no matter.
+		if err := d.restoreNetnsFor(id); err != nil && !errors.Is(err, os.ErrNotExist) {
+			slog.Debug("oci: restore netns on delete", "sandbox", id, "err", err)
+		}
+	}
 	if err := unmountUnder(dir); err != nil {
 		errs = append(errs, err)
 	}

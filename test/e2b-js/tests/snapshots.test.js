@@ -164,7 +164,9 @@ test('fork of a paused sandbox works', { timeout: 180000 }, async () => {
 test('rollback returns a sandbox to a snapshot in place', { timeout: 240000 }, async () => {
   const sbx = srv.track(await Sandbox.create('base', { timeoutMs: 300000 }))
   await sbx.files.write('/home/user/r.txt', 'v1')
+  await startCounter(sbx)
   const snap = await sbx.createSnapshot()
+  await sbx.commands.run('pkill -f "counter.tmp" || true', { user: 'root' })
   await sbx.files.write('/home/user/r.txt', 'v2')
   await sbx.files.write('/home/user/extra.txt', 'x')
   const r = await srv.api('POST', `/sandboxes/${sbx.sandboxId}/rollback`, { body: { snapshotID: snap.snapshotId } })
@@ -174,6 +176,8 @@ test('rollback returns a sandbox to a snapshot in place', { timeout: 240000 }, a
   await waitFor(async () => (await sbx.files.read('/home/user/r.txt').catch(() => '')) === 'v1', { timeoutMs: 20000, what: 'rolled back file' })
   assert.equal(await sbx.files.exists('/home/user/extra.txt'), false)
   assert.equal((await sbx.commands.run('echo ok')).stdout.trim(), 'ok')
+  // Memory snapshots bring the killed counter back; filesystem ones reboot.
+  assert.equal(await counterRunning(sbx), memory(), 'process state after rollback follows the snapshot kind')
   const missing = await srv.api('POST', `/sandboxes/${sbx.sandboxId}/rollback`, { body: { snapshotID: 'snap_0000000000000000' } })
   assert.equal(missing.status, 404, missing.text)
   const empty = await srv.api('POST', `/sandboxes/${sbx.sandboxId}/rollback`, { body: {} })
