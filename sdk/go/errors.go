@@ -23,6 +23,8 @@ var (
 	ErrSandboxNotFound = errors.New("cubicle: sandbox not found")
 	// ErrTemplateNotFound: no template has that ID or name.
 	ErrTemplateNotFound = errors.New("cubicle: template not found")
+	// ErrSnapshotNotFound: no snapshot has that ID or name (or it was deleted).
+	ErrSnapshotNotFound = errors.New("cubicle: snapshot not found")
 	// ErrVolumeNotFound: no volume has that ID or name.
 	ErrVolumeNotFound = errors.New("cubicle: volume not found")
 	// ErrFileNotFound: a path inside a sandbox or volume does not exist.
@@ -61,6 +63,7 @@ const (
 	resNone resource = iota
 	resSandbox
 	resTemplate
+	resSnapshot
 	resVolume
 	resFile
 )
@@ -115,6 +118,8 @@ func (e *APIError) Is(target error) bool {
 		return specific(http.StatusNotFound, "sandbox_not_found", resSandbox)
 	case ErrTemplateNotFound:
 		return specific(http.StatusNotFound, "template_not_found", resTemplate)
+	case ErrSnapshotNotFound:
+		return specific(http.StatusNotFound, "snapshot_not_found", resSnapshot)
 	case ErrVolumeNotFound:
 		return specific(http.StatusNotFound, "volume_not_found", resVolume)
 	case ErrFileNotFound:

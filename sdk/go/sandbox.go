@@ -47,8 +47,12 @@ type CreateOptions struct {
 	// AutoPause); 0 means the server's default (300 s).
 	Timeout   time.Duration
 	AutoPause bool
-	Env       map[string]string
-	Metadata  map[string]string
+	// PauseWithoutMemory makes the AutoPause a filesystem pause: processes
+	// end, files stay, and the next connect boots the sandbox afresh
+	// (e2b's onTimeout keepMemory: false).
+	PauseWithoutMemory bool
+	Env                map[string]string
+	Metadata           map[string]string
 	// AllowInternetAccess false cuts all egress.
 	AllowInternetAccess *bool
 	Network             *NetworkConfig
@@ -142,6 +146,12 @@ func (c *Client) Create(ctx context.Context, o CreateOptions) (*Sandbox, error) 
 	}
 	if o.AutoPause {
 		body["autoPause"] = true
+	}
+	if o.PauseWithoutMemory {
+		if !o.AutoPause {
+			return nil, fmt.Errorf("%w: PauseWithoutMemory needs AutoPause", ErrInvalidArgument)
+		}
+		body["autoPauseMemory"] = false
 	}
 	if len(o.Env) > 0 {
 		body["envVars"] = o.Env

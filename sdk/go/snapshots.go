@@ -118,7 +118,7 @@ func (c *Client) ListSnapshots(ctx context.Context, o *ListSnapshotsOptions) (*S
 // GetSnapshot returns a snapshot by ID or name.
 func (c *Client) GetSnapshot(ctx context.Context, snapshotID string) (*SnapshotInfo, error) {
 	var info SnapshotInfo
-	if _, err := c.do(ctx, request{method: http.MethodGet, path: "/snapshots/" + seg(snapshotID), out: &info, res: resTemplate}); err != nil {
+	if _, err := c.do(ctx, request{method: http.MethodGet, path: "/snapshots/" + seg(snapshotID), out: &info, res: resSnapshot}); err != nil {
 		return nil, err
 	}
 	return &info, nil
@@ -128,7 +128,7 @@ func (c *Client) GetSnapshot(ctx context.Context, snapshotID string) (*SnapshotI
 // e2b SDKs do). It reports false (and no error) when there was none.
 // Sandboxes made from it are not affected.
 func (c *Client) DeleteSnapshot(ctx context.Context, snapshotID string) (bool, error) {
-	_, err := c.do(ctx, request{method: http.MethodDelete, path: "/templates/" + seg(snapshotID), res: resTemplate})
+	_, err := c.do(ctx, request{method: http.MethodDelete, path: "/templates/" + seg(snapshotID), res: resSnapshot})
 	if err != nil {
 		if isStatus(err, http.StatusNotFound) {
 			return false, nil

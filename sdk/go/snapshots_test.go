@@ -202,7 +202,7 @@ func TestGetAndDeleteSnapshot(t *testing.T) {
 	}
 	_, err = c.GetSnapshot(ctx, "nope")
 	var ae *APIError
-	if !errors.Is(err, ErrNotFound) || errors.Is(err, ErrSandboxNotFound) || !errors.As(err, &ae) || ae.ErrorCode != "snapshot_not_found" {
+	if !errors.Is(err, ErrSnapshotNotFound) || errors.Is(err, ErrSandboxNotFound) || !errors.As(err, &ae) || ae.ErrorCode != "snapshot_not_found" {
 		t.Fatalf("missing: %v", err)
 	}
 	for i, want := range []bool{true, false} {
