@@ -102,8 +102,12 @@ func (c *layerCopy) entry(sp, dp string, fi fs.FileInfo, st *syscall.Stat_t) (do
 		return false, os.Symlink(target, dp)
 	case mode&fs.ModeSocket != 0:
 		return true, nil // a socket's file means nothing without its process
-	default: // devices (whiteouts included) and fifos
+	case mode&fs.ModeNamedPipe != 0, isWhiteout(mode, st):
 		return false, unix.Mknod(dp, st.Mode, int(st.Rdev))
+	default:
+		// A device node the sandbox made (root without a user namespace
+		// may mknod): never carried into a layer other sandboxes mount.
+		return true, nil
 	}
 }
 
@@ -177,6 +181,11 @@ func (c *layerCopy) xattrs(sp, dp string) error {
 		}
 	}
 	return nil
+}
+
+// isWhiteout: overlayfs marks a deleted lower file with a 0:0 char device.
+func isWhiteout(mode fs.FileMode, st *syscall.Stat_t) bool {
+	return mode&fs.ModeCharDevice != 0 && st.Rdev == 0
 }
 
 // capRoot rewrites the root ID of a v3 (namespaced) file capability.

@@ -26,6 +26,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 	t.Run("IdempotencyGC", func(t *testing.T) { testIdempotencyGC(t, open(t)) })
 	t.Run("PoolClaimAndExclude", func(t *testing.T) { testPoolClaim(t, open(t)) })
 	t.Run("PoolClaimRace", func(t *testing.T) { testPoolClaimRace(t, open(t)) })
+	t.Run("Snapshots", func(t *testing.T) { testSnapshots(t, open(t)) })
 	runTenancy(t, open)
 }
 

@@ -1,0 +1,145 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/store"
+)
+
+func snapshotRows(id, team, sandbox, name string, internal bool) (*store.Snapshot, *store.Template, *store.TemplateBuild) {
+	bid := "bld_" + id
+	sn := &store.Snapshot{ID: id, TeamID: team, SandboxID: sandbox, SourceTemplateID: "base", Node: "local", Kind: "filesystem",
+		Runtime: "runc", Layers: []string{"/snap/" + id + "/rootfs", "/images/base/rootfs"}, SizeBytes: 42,
+		Volumes: []store.VolumeMount{{VolumeID: "v1", Path: "/mnt/v", ReadOnly: true}}, EnvVars: map[string]string{"K": "v"},
+		DefaultUser: "user", AgentToken: "tok", Internal: internal}
+	t := &store.Template{ID: id, TeamID: team, PrimaryName: name, Names: []string{name}, BuildStatus: store.BuildReady,
+		ReadyBuildID: bid, LatestBuildID: bid, BuildCount: 1}
+	b := &store.TemplateBuild{ID: bid, TemplateID: id, Status: store.BuildReady, Rootfs: "/snap/" + id + "/rootfs:/images/base/rootfs"}
+	return sn, t, b
+}
+
+func testSnapshots(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	mustTeam(t, s, "t1", store.Quota{})
+	mustTeam(t, s, "t2", store.Quota{})
+	sn, tpl, b := snapshotRows("snap_1", "t1", "sb1", "named", false)
+	if err := s.CreateSnapshot(ctx, sn, tpl, b); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.GetSnapshot(ctx, "snap_1")
+	if err != nil || got.Kind != "filesystem" || len(got.Layers) != 2 || got.Layers[0] != "/snap/snap_1/rootfs" || got.SizeBytes != 42 ||
+		got.Volumes[0].Path != "/mnt/v" || !got.Volumes[0].ReadOnly || got.EnvVars["K"] != "v" || got.AgentToken != "tok" ||
+		got.CreatedAt.IsZero() || !got.DeletedAt.IsZero() {
+		t.Fatalf("round trip: %+v %v", got, err)
+	}
+	// It is also a template with a ready build, found by name in its team only.
+	if tt, err := s.TemplateByName(ctx, "t1", "named"); err != nil || tt.ID != "snap_1" || tt.ReadyBuildID != "bld_snap_1" {
+		t.Fatalf("template by name: %+v %v", tt, err)
+	}
+	if _, err := s.TemplateByName(ctx, "t2", "named"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("other team sees the name: %v", err)
+	}
+	if bb, err := s.GetTemplateBuild(ctx, "bld_snap_1"); err != nil || bb.Status != store.BuildReady || bb.Rootfs == "" {
+		t.Fatalf("build: %+v %v", bb, err)
+	}
+	// A taken name fails the whole create: no template, build or snapshot row.
+	dup, dt, db := snapshotRows("snap_2", "t1", "sb1", "named", false)
+	if err := s.CreateSnapshot(ctx, dup, dt, db); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("name collision: %v", err)
+	}
+	if _, err := s.GetSnapshot(ctx, "snap_2"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("failed create left a snapshot row: %v", err)
+	}
+	if _, err := s.GetTemplate(ctx, "snap_2"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("failed create left a template row: %v", err)
+	}
+	// More rows for listing: newest first, per team and sandbox, paged.
+	for i := 3; i <= 6; i++ {
+		time.Sleep(2 * time.Millisecond) // distinct creation times
+		id := fmt.Sprintf("snap_%d", i)
+		sn, tpl, b := snapshotRows(id, "t1", "sb2", id, false)
+		if err := s.CreateSnapshot(ctx, sn, tpl, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	in, it, ib := snapshotRows("snap_7", "t1", "sb2", "snap_7", true)
+	if err := s.CreateSnapshot(ctx, in, it, ib); err != nil {
+		t.Fatal(err)
+	}
+	other, ot, ob := snapshotRows("snap_8", "t2", "sb9", "snap_8", false)
+	if err := s.CreateSnapshot(ctx, other, ot, ob); err != nil {
+		t.Fatal(err)
+	}
+	ids := func(rows []*store.Snapshot) (out []string) {
+		for _, r := range rows {
+			out = append(out, r.ID)
+		}
+		return out
+	}
+	rows, err := s.ListSnapshots(ctx, store.SnapshotFilter{TeamID: "t1", SandboxID: "sb2", Limit: 2})
+	if err != nil || fmt.Sprint(ids(rows)) != "[snap_6 snap_5]" {
+		t.Fatalf("page 1 = %v, %v", ids(rows), err)
+	}
+	last := rows[len(rows)-1]
+	rows, err = s.ListSnapshots(ctx, store.SnapshotFilter{TeamID: "t1", SandboxID: "sb2", Limit: 2, AfterCreated: last.CreatedAt, AfterID: last.ID})
+	if err != nil || fmt.Sprint(ids(rows)) != "[snap_4 snap_3]" {
+		t.Fatalf("page 2 = %v, %v", ids(rows), err)
+	}
+	// Internal snapshots are born deleted: never listed, but kept as rows.
+	if got, _ := s.GetSnapshot(ctx, "snap_7"); got == nil || got.DeletedAt.IsZero() {
+		t.Fatalf("internal snapshot row: %+v", got)
+	}
+	rows, _ = s.ListSnapshots(ctx, store.SnapshotFilter{TeamID: "t1"})
+	if len(rows) != 5 {
+		t.Fatalf("t1 lists %v", ids(rows))
+	}
+	rows, _ = s.ListSnapshots(ctx, store.SnapshotFilter{IncludeDeleted: true})
+	if len(rows) != 7 {
+		t.Fatalf("all rows %v", ids(rows))
+	}
+	// Deleting the template deletes the snapshot (a tombstone), which may
+	// then be purged; a live one may not.
+	if err := s.PurgeSnapshot(ctx, "snap_1"); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("purge of a live snapshot: %v", err)
+	}
+	if err := s.DeleteTemplate(ctx, "snap_1"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.GetSnapshot(ctx, "snap_1"); err != nil || got.DeletedAt.IsZero() {
+		t.Fatalf("after template delete: %+v %v", got, err)
+	}
+	if _, err := s.TemplateByName(ctx, "t1", "named"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("name still taken after delete: %v", err)
+	}
+	if err := s.PurgeSnapshot(ctx, "snap_1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GetSnapshot(ctx, "snap_1"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("purged row: %v", err)
+	}
+	if err := s.PurgeSnapshot(ctx, "snap_1"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("second purge: %v", err)
+	}
+
+	// Sandboxes keep the layers they run on and their pause kind.
+	sb := sample("llllllllllllllllllll", time.Now())
+	sb.Layers, sb.PauseMemory = []string{"/a", "/b"}, true
+	if err := s.CreateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	g, err := s.GetSandbox(ctx, sb.ID)
+	if err != nil || fmt.Sprint(g.Layers) != "[/a /b]" || !g.PauseMemory {
+		t.Fatalf("sandbox layers: %+v %v", g, err)
+	}
+	g.PauseMemory, g.Layers = false, []string{"/c"}
+	if err := s.UpdateSandbox(ctx, g); err != nil {
+		t.Fatal(err)
+	}
+	if g, _ = s.GetSandbox(ctx, sb.ID); g.PauseMemory || fmt.Sprint(g.Layers) != "[/c]" {
+		t.Fatalf("sandbox update: %+v", g)
+	}
+}
