@@ -80,6 +80,10 @@ bench: deps build
 bench-codeinterp: deps build
 	CUBICLE_IMAGES_DIR=$${CUBICLE_IMAGES_DIR:-$(DATA_DIR)/images} node bench/codeinterp/run.js $(BENCH_FLAGS)
 
+.PHONY: bench-snapshot
+bench-snapshot: deps build
+	CUBICLE_IMAGES_DIR=$${CUBICLE_IMAGES_DIR:-$(DATA_DIR)/images} node bench/snapshot/run.js $(BENCH_FLAGS)
+
 proto:
 	scripts/gen-proto
 

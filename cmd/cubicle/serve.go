@@ -36,6 +36,7 @@ type serveOptions struct {
 	dataDir, imagesDir, listen, runtime, agentBin, domain string
 	pool, bridge, netnsDir, nftTable, cgroupParent        string
 	cpuCount, memoryMB, diskSizeMB, maxSandboxes          int
+	maxSnapshots                                          int
 	maxCreates                                            int
 	maxTimeout, createWait                                time.Duration
 	volumeConfig, nodeConfig, volumeBaseDir               string
@@ -80,6 +81,7 @@ func serveCmd() *cobra.Command {
 	f.IntVar(&o.memoryMB, "memory-mb", 512, "memory per sandbox in MiB")
 	f.IntVar(&o.diskSizeMB, "disk-size-mb", 1024, "disk size reported per sandbox in MiB")
 	f.IntVar(&o.maxSandboxes, "max-sandboxes", 0, "maximum live sandboxes (0 = unlimited); beyond it creates get 429")
+	f.IntVar(&o.maxSnapshots, "max-snapshots-per-team", 100, "snapshots one team may keep (0 = unlimited); beyond it snapshots get 429")
 	f.DurationVar(&o.maxTimeout, "max-timeout", 24*time.Hour, "maximum sandbox timeout")
 	f.IntVar(&o.maxCreates, "max-concurrent-creates", 32, "sandboxes that may be starting at once")
 	f.DurationVar(&o.createWait, "create-queue-wait", 30*time.Second, "how long a create waits for a start slot before 503")
@@ -245,7 +247,7 @@ func serve(ctx context.Context, o serveOptions) error {
 		return err
 	}
 	defer tpls.Close()
-	mgr := control.New(control.Config{MaxSandboxes: o.maxSandboxes, MaxTimeout: o.maxTimeout, MaxConcurrentCreates: o.maxCreates,
+	mgr := control.New(control.Config{MaxSandboxes: o.maxSandboxes, MaxSnapshotsPerTeam: o.maxSnapshots, MaxTimeout: o.maxTimeout, MaxConcurrentCreates: o.maxCreates,
 		CreateQueueWait: o.createWait, Logger: log, Registry: reg, Volumes: ctrlPlugins, VolumeMetrics: volMetrics, ContentIdle: o.contentIdle,
 		ReadyTimeout: o.readyTimeout, MaxSandboxCPU: o.maxCPU, MaxSandboxMemoryMB: o.maxMemoryMB, MaxSandboxDiskMB: o.maxDiskMB}, st, nd, tpls.catalog)
 	tpls.catalog.SetProber(mgr)

@@ -54,8 +54,12 @@ const (
 
 // Config tunes the manager.
 type Config struct {
-	MaxTimeout           time.Duration // default 24h
-	MaxSandboxes         int           // live sandboxes; 0 = unlimited
+	MaxTimeout   time.Duration // default 24h
+	MaxSandboxes int           // live sandboxes; 0 = unlimited
+	// MaxSnapshotsPerTeam bounds the snapshots a team keeps (each holds up
+	// to a sandbox's disk); 0 = unlimited. Forks' internal snapshots do
+	// not count: they live only as long as forks, which the quota bounds.
+	MaxSnapshotsPerTeam  int
 	MaxConcurrentCreates int           // default 32
 	CreateQueueWait      time.Duration // how long a create waits for a slot before 503
 	Logger               *slog.Logger

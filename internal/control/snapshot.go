@@ -71,6 +71,16 @@ func (m *Manager) snapshotLocked(ctx context.Context, sb *store.Sandbox, name st
 			return nil, err
 		}
 	}
+	limit := m.cfg.MaxSnapshotsPerTeam
+	if limit > 0 {
+		// Checked first so a team at its limit costs no copy; the store
+		// checks again in the insert's transaction.
+		if have, err := m.store.ListSnapshots(ctx, store.SnapshotFilter{TeamID: sb.TeamID, Limit: limit}); err != nil {
+			return nil, err
+		} else if len(have) >= limit && !internal {
+			return nil, &store.QuotaError{Quota: "snapshots per team", Limit: limit}
+		}
+	}
 	layers, err := m.layersOf(ctx, sb)
 	if err != nil {
 		return nil, err
@@ -118,11 +128,11 @@ func (m *Manager) snapshotLocked(ctx context.Context, sb *store.Sandbox, name st
 	}
 	b := &store.TemplateBuild{ID: bid, TemplateID: sid, Status: store.BuildReady, CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB,
 		DiskSizeMB: sb.DiskSizeMB, Rootfs: template.JoinLayers(sn.Layers...), Step: "snapshot of " + sb.ID}
-	if err := m.store.CreateSnapshot(nctx, sn, t, b); err != nil {
+	if err := m.store.CreateSnapshot(nctx, sn, t, b, limit); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			return nil, fmt.Errorf("%w: the name '%s' is taken", ErrConflict, name)
 		}
-		return nil, err
+		return nil, err // a *QuotaError among them
 	}
 	m.event(ctx, sb.ID, "snapshot", "info", "%s snapshot %s (%d bytes)", ns.Kind, sid, ns.SizeBytes)
 	return &SnapshotInfo{Snapshot: *sn, Names: t.Names}, nil

@@ -41,12 +41,14 @@ func WriteResolvConf(hostPath, outPath string) ([]netip.Addr, error) {
 		b.WriteString("nameserver " + s + "\n")
 	}
 	b.WriteString("options timeout:2 attempts:2\n")
-	tmp := outPath + ".tmp"
-	if err := os.WriteFile(tmp, []byte(b.String()), 0o644); err != nil {
-		return nil, err
-	}
-	if err := os.Rename(tmp, outPath); err != nil {
-		return nil, err
+	// Rewritten in place, never replaced: sandboxes that outlive a restart
+	// (and paused ones, whose staged bind mounts hold the file) keep the
+	// same inode, and a bind mount of a replaced file could not be made
+	// again when they boot.
+	if old, err := os.ReadFile(outPath); err != nil || string(old) != b.String() {
+		if err := os.WriteFile(outPath, []byte(b.String()), 0o644); err != nil {
+			return nil, err
+		}
 	}
 	addrs := make([]netip.Addr, 0, len(servers))
 	for _, s := range servers {

@@ -493,9 +493,10 @@ type SnapshotFilter struct {
 type SnapshotStore interface {
 	// CreateSnapshot inserts the snapshot with its template row (t), names
 	// and ready build (b) in one transaction; ErrConflict when the ID or a
-	// name is taken in the team. Internal snapshots get no template names
-	// beyond their ID and are stored deleted.
-	CreateSnapshot(ctx context.Context, sn *Snapshot, t *Template, b *TemplateBuild) error
+	// name is taken in the team; a *QuotaError (ErrQuota) when the team
+	// already has limit snapshots (0 = no limit; checked in the same
+	// transaction). Internal snapshots are stored deleted and never count.
+	CreateSnapshot(ctx context.Context, sn *Snapshot, t *Template, b *TemplateBuild, limit int) error
 	// GetSnapshot returns the row, deleted or not.
 	GetSnapshot(ctx context.Context, id string) (*Snapshot, error)
 	ListSnapshots(ctx context.Context, f SnapshotFilter) ([]*Snapshot, error)

@@ -79,6 +79,24 @@ func TestGPUSandboxEndToEnd(t *testing.T) {
 	// and an attached device cannot be disabled (409).
 	errShape(t, s, "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "accelerators": []map[string]any{{"class": "gpu", "count": 1}}}, http.StatusTooManyRequests)
 	errShape(t, s, "POST", "/sandboxes/"+c.SandboxID+"/pause", nil, http.StatusConflict)
+	errShape(t, s, "POST", "/sandboxes/"+c.SandboxID+"/pause", map[string]bool{"memory": false}, http.StatusConflict)
+	// Nor can it be snapshotted, forked or rolled back: device memory is
+	// not captured (the GPU seed's non-goals).
+	errShape(t, s, "POST", "/sandboxes/"+c.SandboxID+"/snapshots", map[string]any{}, http.StatusConflict)
+	errShape(t, s, "POST", "/sandboxes/"+c.SandboxID+"/fork", map[string]any{"count": 1}, http.StatusConflict)
+	plain := s.create(map[string]any{"templateID": "base"})
+	var snap struct{ SnapshotID string }
+	if st := s.do("POST", "/sandboxes/"+plain.SandboxID+"/snapshots", map[string]any{}, &snap); st != http.StatusCreated {
+		t.Fatalf("snapshot of a CPU sandbox: %d", st)
+	}
+	errShape(t, s, "POST", "/sandboxes/"+c.SandboxID+"/rollback", map[string]string{"snapshotID": snap.SnapshotID}, http.StatusConflict)
+	errShape(t, s, "POST", "/v2/sandboxes", map[string]any{"templateID": snap.SnapshotID, "accelerators": []map[string]any{{"class": "gpu", "count": 1}}}, http.StatusBadRequest)
+	s.do("DELETE", "/templates/"+snap.SnapshotID, nil, nil)
+	s.do("DELETE", "/sandboxes/"+plain.SandboxID, nil, nil)
+	var gpuSnaps []map[string]any
+	if s.do("GET", "/snapshots", nil, &gpuSnaps); len(gpuSnaps) != 0 {
+		t.Fatalf("snapshots after refusals: %v", gpuSnaps)
+	}
 	errShape(t, s, "POST", "/nodes/local/accelerators/"+d.ID+"/disable", map[string]string{"reason": "maintenance"}, http.StatusConflict)
 	cli := exec.Command(filepath.Join(binDir, "cubicle"), "gpu", "list")
 	cli.Env = append(os.Environ(), "CUBICLE_API_URL="+s.URL, "CUBICLE_API_KEY="+s.Key)

@@ -171,6 +171,11 @@ func (d *Driver) startStopped(ctx context.Context, id string) error {
 			return err
 		}
 	}
+	if d.userns() {
+		if err := d.restageMounts(id); err != nil {
+			return err
+		}
+	}
 	if err := d.runWithConsole(ctx, id, "create", "--bundle", bundle,
 		"--pid-file", filepath.Join(bundle, "pid"), id); err != nil {
 		return err

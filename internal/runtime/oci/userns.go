@@ -1,6 +1,7 @@
 package oci
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -127,33 +128,9 @@ func (d *Driver) idmappedRootfs(id string, base uint32, layers []string, upper, 
 	if err := mountOverlay(mapped, upper, work, rootfs); err != nil {
 		return nil, err
 	}
-	staged := make([]runtime.Mount, len(mounts))
-	for i, m := range mounts {
-		fi, err := os.Stat(m.Source)
-		if err != nil {
-			return nil, fmt.Errorf("%w: mount source: %v", ErrInvalidSpec, err)
-		}
-		dst := filepath.Join(d.dir(id), "m", fmt.Sprint(i))
-		if fi.IsDir() {
-			err = os.Mkdir(dst, 0o700)
-		} else {
-			err = os.WriteFile(dst, nil, 0o600)
-		}
-		if err != nil {
-			return nil, err
-		}
-		if err := idmapMount(m.Source, dst, ns, true); errors.Is(err, errNoIdmap) {
-			// FUSE (s3fs volumes) and other filesystems without idmap
-			// support: a plain bind; their files show as unmapped owners.
-			err = unix.Mount(m.Source, dst, "", unix.MS_BIND|unix.MS_REC, "")
-			if err != nil {
-				return nil, fmt.Errorf("oci: stage mount %s: %w", m.Source, err)
-			}
-		} else if err != nil {
-			return nil, err
-		}
-		staged[i] = m
-		staged[i].Source = dst
+	staged, err := d.stageMounts(id, ns, mounts)
+	if err != nil {
+		return nil, err
 	}
 	// A user namespace cannot mknod: device nodes are made here, owned by
 	// the sandbox's range, and bound in by buildSpec (the device cgroup
@@ -179,6 +156,81 @@ func (d *Driver) idmappedRootfs(id string, base uint32, layers []string, upper, 
 		}
 	}
 	return staged, nil
+}
+
+// stageMounts bind-mounts every mount's source under <dir>/m/<i>
+// (idmapped where the filesystem allows it, a plain bind otherwise) and
+// returns the mounts with their staged sources. The originals are kept in
+// <dir>/mounts.json, so restageMounts can redo it before a stopped sandbox
+// boots again (a source replaced since, like an upgraded agent binary,
+// would otherwise be a bind of a deleted file, which mount refuses).
+func (d *Driver) stageMounts(id string, ns *os.File, mounts []runtime.Mount) ([]runtime.Mount, error) {
+	b, err := json.Marshal(mounts)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(d.dir(id), "mounts.json"), b, 0o600); err != nil {
+		return nil, err
+	}
+	staged := make([]runtime.Mount, len(mounts))
+	for i, m := range mounts {
+		fi, err := os.Stat(m.Source)
+		if err != nil {
+			return nil, fmt.Errorf("%w: mount source: %v", ErrInvalidSpec, err)
+		}
+		dst := filepath.Join(d.dir(id), "m", fmt.Sprint(i))
+		if _, err := os.Lstat(dst); errors.Is(err, os.ErrNotExist) {
+			if fi.IsDir() {
+				err = os.Mkdir(dst, 0o700)
+			} else {
+				err = os.WriteFile(dst, nil, 0o600)
+			}
+			if err != nil {
+				return nil, err
+			}
+		}
+		if err := idmapMount(m.Source, dst, ns, true); errors.Is(err, errNoIdmap) {
+			// FUSE (s3fs volumes) and other filesystems without idmap
+			// support: a plain bind; their files show as unmapped owners.
+			err = unix.Mount(m.Source, dst, "", unix.MS_BIND|unix.MS_REC, "")
+			if err != nil {
+				return nil, fmt.Errorf("oci: stage mount %s: %w", m.Source, err)
+			}
+		} else if err != nil {
+			return nil, err
+		}
+		staged[i] = m
+		staged[i].Source = dst
+	}
+	return staged, nil
+}
+
+// restageMounts redoes stageMounts for a stopped user-namespaced sandbox.
+func (d *Driver) restageMounts(id string) error {
+	b, err := os.ReadFile(filepath.Join(d.dir(id), "mounts.json"))
+	if err != nil {
+		return err
+	}
+	var mounts []runtime.Mount
+	if err := json.Unmarshal(b, &mounts); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	slot, ok := d.slots[id]
+	d.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("oci: %s has no user namespace slot", id)
+	}
+	if err := unmountUnder(filepath.Join(d.dir(id), "m")); err != nil {
+		return err
+	}
+	ns, err := newUserns(slotBase(slot), usernsSize)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	_, err = d.stageMounts(id, ns, mounts)
+	return err
 }
 
 // devNode is where idmappedRootfs makes the i-th device node.

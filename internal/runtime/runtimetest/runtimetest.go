@@ -709,6 +709,7 @@ func buildProbe(t *testing.T, dir string) string {
 const snapshotScript = `
 if [ -f /tmp/state ]; then cat /tmp/state > /out/seen.new; else echo none > /out/seen.new; fi
 mv /out/seen.new /out/seen
+cat /etc/extra > /out/extra
 echo one > /tmp/state
 i=0
 while [ $i -lt 100000 ]; do
@@ -721,8 +722,13 @@ done
 func runSnapshot(t *testing.T, d runtime.Driver, sn runtime.Snapshotter, layers []string, scratch func(*testing.T) string, o Options) {
 	ctx := context.Background()
 	spec := func(id, out string) runtime.Spec {
+		extra := filepath.Join(out, "..", filepath.Base(out)+".extra")
+		if err := os.WriteFile(extra, []byte("v1\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
 		return runtime.Spec{ID: id, Layers: layers, Args: []string{"/bin/sh", "-c", snapshotScript},
-			Mounts:    []runtime.Mount{{Source: out, Destination: "/out"}},
+			Mounts: []runtime.Mount{{Source: out, Destination: "/out"},
+				{Source: extra, Destination: "/etc/extra", ReadOnly: true}},
 			Resources: runtime.Resources{CPUCount: 1, MemoryMB: 64, PIDs: 64, DiskMB: 64}}
 	}
 	del := func(id string) {
@@ -806,9 +812,22 @@ func runSnapshot(t *testing.T, d runtime.Driver, sn runtime.Snapshotter, layers 
 		t.Fatalf("Inspect after Stop = %+v, %v; want paused", in, err)
 	}
 	os.Remove(filepath.Join(outB, "seen"))
+	os.Remove(filepath.Join(outB, "extra"))
 	os.WriteFile(filepath.Join(outB, "go"), nil, 0o644)
+	// A file mount's source replaced while stopped (an upgraded agent
+	// binary): the reboot binds the new file.
+	extraB := filepath.Join(outB, "..", filepath.Base(outB)+".extra")
+	if err := os.WriteFile(extraB+".new", []byte("v2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(extraB+".new", extraB); err != nil {
+		t.Fatal(err)
+	}
 	if err := d.Resume(ctx, b); err != nil {
 		t.Fatalf("Resume after Stop: %v", err)
+	}
+	if got := strings.TrimSpace(string(waitFile(t, filepath.Join(outB, "extra"), o.Timeout))); got != "v2" {
+		t.Errorf("rebooted sandbox's file mount = %q, want the replaced source's v2", got)
 	}
 	if got := strings.TrimSpace(string(waitFile(t, filepath.Join(outB, "seen"), o.Timeout))); got != "one" && got != "two" {
 		t.Errorf("rebooted sandbox saw /tmp/state %q, want its own file kept", got)

@@ -19,7 +19,7 @@ const snapshotCols = `id, team_id, sandbox_id, source_template_id, node, kind, r
 const layerSep = ":"
 
 // CreateSnapshot implements store.SnapshotStore.
-func (s *Store) CreateSnapshot(ctx context.Context, sn *store.Snapshot, t *store.Template, b *store.TemplateBuild) error {
+func (s *Store) CreateSnapshot(ctx context.Context, sn *store.Snapshot, t *store.Template, b *store.TemplateBuild, limit int) error {
 	now := time.Now().UTC()
 	sn.CreatedAt = now
 	if sn.Internal {
@@ -40,6 +40,15 @@ func (s *Store) CreateSnapshot(ctx context.Context, sn *store.Snapshot, t *store
 		return err
 	}
 	defer tx.Rollback()
+	if limit > 0 && !sn.Internal {
+		var n int
+		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM snapshots WHERE team_id=? AND deleted_at=0`, sn.TeamID).Scan(&n); err != nil {
+			return err
+		}
+		if n >= limit {
+			return &store.QuotaError{Quota: "snapshots per team", Limit: limit}
+		}
+	}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO templates(`+templateCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, templateArgs(t)...); err != nil {
 		if isConstraint(err) {
 			return fmt.Errorf("%w: template %s (%s) exists", store.ErrConflict, t.ID, t.PrimaryName)

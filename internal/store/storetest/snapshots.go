@@ -27,7 +27,7 @@ func testSnapshots(t *testing.T, s store.Store) {
 	mustTeam(t, s, "t1", store.Quota{})
 	mustTeam(t, s, "t2", store.Quota{})
 	sn, tpl, b := snapshotRows("snap_1", "t1", "sb1", "named", false)
-	if err := s.CreateSnapshot(ctx, sn, tpl, b); err != nil {
+	if err := s.CreateSnapshot(ctx, sn, tpl, b, 0); err != nil {
 		t.Fatal(err)
 	}
 	got, err := s.GetSnapshot(ctx, "snap_1")
@@ -48,7 +48,7 @@ func testSnapshots(t *testing.T, s store.Store) {
 	}
 	// A taken name fails the whole create: no template, build or snapshot row.
 	dup, dt, db := snapshotRows("snap_2", "t1", "sb1", "named", false)
-	if err := s.CreateSnapshot(ctx, dup, dt, db); !errors.Is(err, store.ErrConflict) {
+	if err := s.CreateSnapshot(ctx, dup, dt, db, 0); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("name collision: %v", err)
 	}
 	if _, err := s.GetSnapshot(ctx, "snap_2"); !errors.Is(err, store.ErrNotFound) {
@@ -62,17 +62,31 @@ func testSnapshots(t *testing.T, s store.Store) {
 		time.Sleep(2 * time.Millisecond) // distinct creation times
 		id := fmt.Sprintf("snap_%d", i)
 		sn, tpl, b := snapshotRows(id, "t1", "sb2", id, false)
-		if err := s.CreateSnapshot(ctx, sn, tpl, b); err != nil {
+		if err := s.CreateSnapshot(ctx, sn, tpl, b, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
 	in, it, ib := snapshotRows("snap_7", "t1", "sb2", "snap_7", true)
-	if err := s.CreateSnapshot(ctx, in, it, ib); err != nil {
+	if err := s.CreateSnapshot(ctx, in, it, ib, 0); err != nil {
 		t.Fatal(err)
 	}
 	other, ot, ob := snapshotRows("snap_8", "t2", "sb9", "snap_8", false)
-	if err := s.CreateSnapshot(ctx, other, ot, ob); err != nil {
+	if err := s.CreateSnapshot(ctx, other, ot, ob, 0); err != nil {
 		t.Fatal(err)
+	}
+	// The team limit counts live snapshots only (t1 has 5, an internal
+	// one aside), and fails the whole insert.
+	q, qt, qb := snapshotRows("snap_9", "t1", "sb2", "snap_9", false)
+	var qe *store.QuotaError
+	if err := s.CreateSnapshot(ctx, q, qt, qb, 5); !errors.As(err, &qe) || !errors.Is(err, store.ErrQuota) || qe.Limit != 5 {
+		t.Fatalf("at the limit: %v", err)
+	}
+	if _, err := s.GetTemplate(ctx, "snap_9"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("refused snapshot left a template row: %v", err)
+	}
+	iq, iqt, iqb := snapshotRows("snap_10", "t1", "sb2", "snap_10", true)
+	if err := s.CreateSnapshot(ctx, iq, iqt, iqb, 5); err != nil {
+		t.Fatalf("internal snapshots are not limited: %v", err)
 	}
 	ids := func(rows []*store.Snapshot) (out []string) {
 		for _, r := range rows {
@@ -98,7 +112,7 @@ func testSnapshots(t *testing.T, s store.Store) {
 		t.Fatalf("t1 lists %v", ids(rows))
 	}
 	rows, _ = s.ListSnapshots(ctx, store.SnapshotFilter{IncludeDeleted: true})
-	if len(rows) != 7 {
+	if len(rows) != 8 {
 		t.Fatalf("all rows %v", ids(rows))
 	}
 	// Deleting the template deletes the snapshot (a tombstone), which may

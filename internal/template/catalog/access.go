@@ -63,5 +63,20 @@ func (c *Catalog) Writable(ctx context.Context, caller Caller, ref string) (*sto
 	if !caller.mayChange(t) {
 		return nil, fmt.Errorf("%w: template '%s' is public; only admin API keys change public and built-in templates", ErrForbidden, ref)
 	}
+	if err := c.frozen(ctx, t); err != nil {
+		return nil, err
+	}
 	return t, nil
+}
+
+// frozen refuses changes to a snapshot's template: its one build is the
+// snapshot, and it stays its team's (a public snapshot would hand other
+// teams its memory and env).
+func (c *Catalog) frozen(ctx context.Context, t *store.Template) error {
+	if _, err := c.st.GetSnapshot(ctx, t.ID); err == nil {
+		return fmt.Errorf("%w: template '%s' is a snapshot; snapshots cannot be rebuilt, tagged, made public or pooled (delete it with DELETE /templates/%s)", ErrConflict, t.PrimaryName, t.ID)
+	} else if !errors.Is(err, store.ErrNotFound) {
+		return err
+	}
+	return nil
 }

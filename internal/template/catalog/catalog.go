@@ -498,6 +498,11 @@ func (c *Catalog) create(ctx context.Context, caller Caller, req CreateRequest) 
 	if existing != nil && !caller.mayChange(existing) {
 		return nil, fmt.Errorf("%w: template '%s' is public; only admin API keys rebuild it", ErrForbidden, name)
 	}
+	if existing != nil {
+		if err := c.frozen(ctx, existing); err != nil {
+			return nil, err
+		}
+	}
 	cpu, mem, disk, err := c.sizes(req, existing)
 	if err != nil {
 		return nil, err

@@ -113,6 +113,13 @@ test('named snapshots resolve by name; list by sandboxID and name with paginatio
   assert.match(taken.json.message, /base/)
   const bad = await srv.api('POST', `/sandboxes/${src.sandboxId}/snapshots`, { body: { name: 'Not A Name' } })
   assert.equal(bad.status, 400, bad.text)
+  // A snapshot's template is frozen: no rebuild under its name, no public flag, no pool.
+  const rebuild = await srv.api('POST', '/v3/templates', { body: { name, cpuCount: 1, memoryMB: 256 } })
+  assert.equal(rebuild.status, 409, rebuild.text)
+  const pub = await srv.api('PATCH', `/templates/${named.snapshotId}`, { body: { public: true } })
+  assert.ok(pub.status === 409 || pub.status === 403, pub.text)
+  const pool = await srv.api('PUT', `/templates/${named.snapshotId}/pool`, { body: { size: 1 } })
+  assert.ok(pool.status === 409 || pool.status === 403 || pool.status === 400, pool.text)
   // The template a snapshot stacks on cannot be deleted under it... (base is
   // built in; a deleted snapshot is gone from the list).
   for (const s of [named, ...others]) assert.equal(await Sandbox.deleteSnapshot(s.snapshotId), true)
