@@ -173,7 +173,7 @@ test('rollback returns a sandbox to a snapshot in place', { timeout: 240000 }, a
   await sbx.files.write('/home/user/r.txt', 'v1')
   await startCounter(sbx)
   const snap = await sbx.createSnapshot()
-  await sbx.commands.run('pkill -f "counter.tmp" || true', { user: 'root' })
+  await sbx.commands.run('pkill -f "counter[.]tmp" || true', { user: 'root' })
   await sbx.files.write('/home/user/r.txt', 'v2')
   await sbx.files.write('/home/user/extra.txt', 'x')
   const r = await srv.api('POST', `/sandboxes/${sbx.sandboxId}/rollback`, { body: { snapshotID: snap.snapshotId } })
@@ -211,9 +211,10 @@ test('filesystem pause reboots and keeps files; connect onResume reboot', { time
 })
 
 test('onTimeout keepMemory:false pauses without memory', { timeout: 120000 }, async () => {
-  const sbx = srv.track(await Sandbox.create('base', { timeoutMs: 4000, lifecycle: { onTimeout: { action: 'pause', keepMemory: false } } }))
+  const sbx = srv.track(await Sandbox.create('base', { timeoutMs: 120000, lifecycle: { onTimeout: { action: 'pause', keepMemory: false } } }))
   await sbx.files.write('/home/user/t.txt', 'timed')
   await startCounter(sbx)
+  await sbx.setTimeout(1000)
   await waitFor(async () => (await Sandbox.getInfo(sbx.sandboxId)).state === 'paused', { timeoutMs: 30000, what: 'timeout pause' })
   const back = srv.track(await Sandbox.connect(sbx.sandboxId, { timeoutMs: 60000 }))
   assert.equal(await back.files.read('/home/user/t.txt'), 'timed')
