@@ -113,6 +113,8 @@ func TestSnapshotRestart(t *testing.T) {
 	if d := waitDirs(2); len(d) != 2 {
 		t.Fatalf("snapshot dirs = %v, want the live and the in-use deleted one", d)
 	}
+	// One snapshot exists; the bytes count the in-use deleted one too.
+	s.requireMetrics(t, "cubicle_snapshots 1\n", "cubicle_snapshot_bytes ")
 	s.do("DELETE", "/sandboxes/"+child.SandboxID, nil, nil)
 	if d := waitDirs(1); len(d) != 1 || d[0] != sn.SnapshotID {
 		t.Fatalf("snapshot dirs = %v, want only %s", d, sn.SnapshotID)

@@ -234,6 +234,14 @@ test('volumes are shared by a fork; a deleted volume fails a create from the sna
   assert.equal(await src.files.read('/mnt/v/from-fork.txt'), 'fork wrote')
 
   const snap = await src.createSnapshot()
+  // Rollback restores the root filesystem; the volume keeps its current data.
+  await src.files.write('/home/user/root.txt', 'after-snapshot')
+  await src.files.write('/mnt/v/after.txt', 'current')
+  const rb = await srv.api('POST', `/sandboxes/${src.sandboxId}/rollback`, { body: { snapshotID: snap.snapshotId } })
+  assert.equal(rb.status, 200, rb.text)
+  await waitFor(async () => !(await src.files.exists('/home/user/root.txt').catch(() => true)), { timeoutMs: 20000, what: 'rolled back rootfs' })
+  assert.equal(await src.files.read('/mnt/v/after.txt'), 'current')
+  assert.equal(await f.files.read('/mnt/v/after.txt'), 'current')
   await f.kill()
   await src.kill()
   assert.equal(await Volume.destroy(vol.volumeId), true)
