@@ -131,6 +131,7 @@ func (m *Manager) claim(ctx context.Context, o CreateOptions, tpl template.Templ
 	// request must not share secrets with whatever the pool did before.
 	sb.EnvdToken, sb.TrafficToken = token(16), token(16)
 	sb.Network, sb.AutoPause, sb.AutoResume, sb.APIKeyID = o.Network, o.AutoPause, o.AutoResume, o.APIKeyID
+	sb.PauseMemory = !o.PauseFilesystem
 	sb.StartedAt, sb.EndAt = now, now.Add(o.Timeout)
 	req := m.nodeRequest(sb, nil)
 	req.DefaultWorkdir = tpl.Workdir

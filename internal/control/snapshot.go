@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/template"
@@ -352,7 +353,10 @@ func (m *Manager) Rollback(ctx context.Context, id, snapshotRef string) (err err
 	}
 	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
-	if err := m.node.Rebuild(nctx, id, req); err != nil {
+	if err := m.node.Rebuild(nctx, id, req); errors.Is(err, node.ErrRebuildRefused) {
+		_, _ = m.store.CompareAndSetState(nctx, id, []store.SandboxState{store.StateResuming}, prev)
+		return fmt.Errorf("rollback: %w", err)
+	} else if err != nil {
 		// The old root filesystem is gone: the sandbox cannot go back.
 		derr := m.node.Delete(nctx, id)
 		m.markKilled(nctx, sb, "rollback failed: "+err.Error(), derr)

@@ -15,8 +15,13 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 )
 
-// ErrSnapshotUnsupported: the node's runtime cannot snapshot or stop sandboxes.
-var ErrSnapshotUnsupported = errors.New("node: the runtime cannot snapshot sandboxes")
+var (
+	// ErrSnapshotUnsupported: the node's runtime cannot snapshot or stop sandboxes.
+	ErrSnapshotUnsupported = errors.New("node: the runtime cannot snapshot sandboxes")
+	// ErrRebuildRefused: Rebuild failed before it touched the sandbox,
+	// which is as it was.
+	ErrRebuildRefused = errors.New("node: rebuild refused; the sandbox is unchanged")
+)
 
 // Snapshot is what a node keeps of one snapshot: <SnapshotDir>/<id>/rootfs
 // (a read-only layer) and, for memory snapshots, <id>/checkpoint.
@@ -118,12 +123,13 @@ func (l *Local) Stop(ctx context.Context, id string) error {
 // req's token.
 func (l *Local) Rebuild(ctx context.Context, id string, req CreateRequest) error {
 	defer l.begin(id, true)()
+	refused := func(err error) error { return errors.Join(ErrRebuildRefused, l.notFound(err)) }
 	ep, err := l.cfg.Network.Get(ctx, id)
 	if err != nil {
-		return l.notFound(err)
+		return refused(err)
 	}
 	if _, err := l.cfg.Runtime.Inspect(ctx, id); err != nil {
-		return l.notFound(err)
+		return refused(err)
 	}
 	mounts := l.baseMounts()
 	mounts = append(mounts, req.Mounts...)
@@ -131,13 +137,13 @@ func (l *Local) Rebuild(ctx context.Context, id string, req CreateRequest) error
 		// Already attached for this sandbox: attach returns the same path.
 		hp, err := l.vols.attach(ctx, id, HolderSandbox, va)
 		if err != nil {
-			return err
+			return refused(err)
 		}
 		mounts = append(mounts, runtime.Mount{Source: hp, Destination: va.Path, ReadOnly: va.ReadOnly})
 	}
 	spec, err := l.runtimeSpec(&req, ep.NetNSPath, mounts, nil)
 	if err != nil {
-		return err
+		return refused(err)
 	}
 	if err := l.cfg.Runtime.Delete(ctx, id); err != nil {
 		return err
