@@ -204,6 +204,21 @@ function hostSync() {
   spawnSync('sync', [], { stdio: 'ignore', timeout: 600000 })
 }
 
+// otherServers counts `cubicle serve` processes other than ours (another suite or
+// benchmark on the host skews every number here), for the header.
+function otherServers(own) {
+  let n = 0
+  for (const pid of fs.readdirSync('/proc').filter((f) => /^\d+$/.test(f))) {
+    if (Number(pid) === own) continue
+    try {
+      const argv = fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0')
+      if (/cubicle$/.test(argv[0]) && argv[1] === 'serve') n++
+    } catch {}
+  }
+  return n
+}
+const load = () => fs.readFileSync('/proc/loadavg', 'utf8').split(' ').slice(0, 3).join(' ')
+
 // serveDefaultDiskMB is `cubicle serve`'s --disk-size-mb default, from its --help.
 function serveDefaultDiskMB() {
   const bin = process.env.CUBICLE_BIN || path.join(REPO, 'bin', 'cubicle')
@@ -233,6 +248,8 @@ async function benchRuntime(o, runtime, deadline, setCurrent) {
     console.log(`\n== ${runtime}: cubicle serve at ${srv.url} (data ${srv.dataDir}, log ${srv.logPath})`)
     console.log(`   serve --disk-size-mb default ${defMB} MiB, largest write + 512 MiB needs ${needMB} MiB: ` +
       (diskMB ? `started with --disk-size-mb ${diskMB}` : 'default kept') + `; base template diskSizeMB=${res.baseDiskSizeMB}`)
+    res.hostAtStart = { load: load(), otherServers: otherServers(srv.proc.pid) }
+    console.log(`   host: load average ${res.hostAtStart.load}, other cubicle serve processes: ${res.hostAtStart.otherServers}`)
 
     // Source: an idle base sandbox with a marker file, and one snapshot of it.
     const src = await Sandbox.create('base', OPTS)
@@ -446,6 +463,8 @@ async function benchRuntime(o, runtime, deadline, setCurrent) {
       disk.internalSnapshotLeft = remaining
       if (remaining.length) res.errors.push(`fork's internal snapshot still on disk 30 s after its forks were killed: ${remaining.join(' ')}`)
     }
+    res.hostAtEnd = { load: load(), otherServers: otherServers(srv.proc.pid) }
+    console.log(`   host at the end: load average ${res.hostAtEnd.load}, other cubicle serve processes: ${res.hostAtEnd.otherServers}`)
   } catch (e) {
     res.errors.push(errText(e))
     console.log(`${runtime}: error: ${e && e.stack ? e.stack : e}`)
@@ -526,6 +545,8 @@ async function main() {
   }
   console.log(`\nsummary (iterations=${o.iterations}, fork reps=${o.forkReps}, ${((Date.now() - t0) / 1000).toFixed(0)} s)`)
   console.log(table(all, o))
+  const busy = all.filter((r) => (r.hostAtStart && r.hostAtStart.otherServers) || (r.hostAtEnd && r.hostAtEnd.otherServers))
+  if (busy.length) console.log(`note: other cubicle servers ran during ${busy.map((r) => r.runtime).join(', ')}: the numbers are skewed`)
   let failed = false
   for (const r of all) {
     for (const e of r.errors) {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/cubicle-dev/cubicle/internal/accel"
+	"github.com/cubicle-dev/cubicle/internal/control"
 	"io"
 	"net/http"
 	"strconv"
@@ -250,6 +251,11 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 		// A snapshot's template: deleting it deletes the snapshot (its
 		// files stay while sandboxes run on them).
 		if err := s.mgr.DeleteSnapshot(r.Context(), id); err != nil {
+			if errors.Is(err, control.ErrSnapshotNotFound) {
+				// On this route a snapshot is a template (CubeSandbox's
+				// SDK tells the two 404s apart by that word).
+				err = fmt.Errorf("%w: template '%s' not found", control.ErrTemplateNotFound, id)
+			}
 			s.fail(w, r, err)
 			return
 		}
