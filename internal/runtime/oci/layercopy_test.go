@@ -29,7 +29,7 @@ func TestCopyLayer(t *testing.T) {
 	must(os.WriteFile(filepath.Join(src, "home/user/a.txt"), []byte("hello"), 0o640))
 	must(os.Link(filepath.Join(src, "home/user/a.txt"), filepath.Join(src, "home/user/b.txt")))
 	must(os.Symlink("/etc/shadow", filepath.Join(src, "home/user/link")))
-	must(unix.Mknod(filepath.Join(src, "home/user/gone"), unix.S_IFCHR|0o000, 0))
+	must(unix.Mknod(filepath.Join(src, "home/user/gone"), unix.S_IFCHR, 0)) // a whiteout: 0:0, no permissions
 	must(unix.Mknod(filepath.Join(src, "home/user/fifo"), unix.S_IFIFO|0o600, 0))
 	must(unix.Mknod(filepath.Join(src, "home/user/sda"), unix.S_IFBLK|0o600, int(unix.Mkdev(8, 0))))
 	must(os.Mkdir(filepath.Join(src, "opaque"), 0o755))
