@@ -229,13 +229,16 @@ func (c *Client) Get(ctx context.Context, sandboxID string) (*SandboxInfo, error
 // such sandbox, as the e2b SDKs do.
 func (c *Client) Kill(ctx context.Context, sandboxID string) (bool, error) {
 	_, err := c.do(ctx, request{method: http.MethodDelete, path: "/sandboxes/" + seg(sandboxID), res: resSandbox})
-	if err != nil {
-		if isStatus(err, http.StatusNotFound) {
-			return false, nil
-		}
-		return false, err
+	return existed(err)
+}
+
+// existed is a delete's answer: true when it removed something, false
+// (and no error) on a 404.
+func existed(err error) (bool, error) {
+	if isStatus(err, http.StatusNotFound) {
+		return false, nil
 	}
-	return true, nil
+	return err == nil, err
 }
 
 // SetTimeout sets the sandbox's expiry to now+timeout (it may shorten it).

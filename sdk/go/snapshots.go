@@ -129,13 +129,7 @@ func (c *Client) GetSnapshot(ctx context.Context, snapshotID string) (*SnapshotI
 // Sandboxes made from it are not affected.
 func (c *Client) DeleteSnapshot(ctx context.Context, snapshotID string) (bool, error) {
 	_, err := c.do(ctx, request{method: http.MethodDelete, path: "/templates/" + seg(snapshotID), res: resSnapshot})
-	if err != nil {
-		if isStatus(err, http.StatusNotFound) {
-			return false, nil
-		}
-		return false, err
-	}
-	return true, nil
+	return existed(err)
 }
 
 // ForkOptions configures Fork.

@@ -489,21 +489,8 @@ func (d *Driver) destroy(ctx context.Context, id string) error {
 		errs = append(errs, err)
 	}
 	if exists {
-		// runsc's delete --force SIGKILLs the sandbox and waits for it in
-		// ~30ms; its kill+state path only reports "stopped" after ~1.5s.
-		// A paused (frozen) runc container cannot die until thawed, so it
-		// goes straight to delete --force, which thaws and kills.
-		running := st.Status == "running" || st.Status == "created"
-		if running && d.cfg.Runtime != "runsc" {
-			// Errors ignored: the container may exit between state and kill;
-			// delete --force below is the authoritative step.
-			_, _ = d.run(ctx, "kill", id, "KILL")
-			d.waitStopped(ctx, id, 5*time.Second)
-		}
-		if _, err := d.run(ctx, "delete", "--force", id); err != nil {
-			if _, still, _ := d.state(ctx, id); still {
-				errs = append(errs, err)
-			}
+		if err := d.removeContainer(ctx, id, st.Status); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	d.abortHostConns(id)
@@ -530,6 +517,28 @@ func (d *Driver) destroy(ctx context.Context, id string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// removeContainer kills the runtime container id (in status) and deletes
+// it, leaving the sandbox's dir and mounts alone.
+func (d *Driver) removeContainer(ctx context.Context, id, status string) error {
+	// runsc's delete --force SIGKILLs the sandbox and waits for it in
+	// ~30ms; its kill+state path only reports "stopped" after ~1.5s.
+	// A paused (frozen) runc container cannot die until thawed, so it
+	// goes straight to delete --force, which thaws and kills.
+	running := status == "running" || status == "created"
+	if running && d.cfg.Runtime != "runsc" {
+		// Errors ignored: the container may exit between state and kill;
+		// delete --force below is the authoritative step.
+		_, _ = d.run(ctx, "kill", id, "KILL")
+		d.waitStopped(ctx, id, 5*time.Second)
+	}
+	if _, err := d.run(ctx, "delete", "--force", id); err != nil {
+		if _, still, _ := d.state(ctx, id); still {
+			return err
+		}
+	}
+	return nil
 }
 
 func (d *Driver) waitStopped(ctx context.Context, id string, max time.Duration) {

@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 )
@@ -139,17 +138,11 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 	if info.State == runtime.StateStopped {
 		return fmt.Errorf("%w: %s is stopped", runtime.ErrNotRunning, id)
 	}
-	if _, exists, err := d.state(ctx, id); err != nil {
+	if st, exists, err := d.state(ctx, id); err != nil {
 		return err
 	} else if exists {
-		if d.cfg.Runtime != "runsc" && info.State == runtime.StateRunning {
-			_, _ = d.run(ctx, "kill", id, "KILL") // delete --force below decides
-			d.waitStopped(ctx, id, 5*time.Second)
-		}
-		if _, err := d.run(ctx, "delete", "--force", id); err != nil {
-			if _, still, _ := d.state(ctx, id); still {
-				return err
-			}
+		if err := d.removeContainer(ctx, id, st.Status); err != nil {
+			return err
 		}
 	}
 	d.abortHostConns(id)

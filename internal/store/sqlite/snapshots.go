@@ -49,16 +49,7 @@ func (s *Store) CreateSnapshot(ctx context.Context, sn *store.Snapshot, t *store
 			return &store.QuotaError{Quota: "snapshots per team", Limit: limit}
 		}
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO templates(`+templateCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, templateArgs(t)...); err != nil {
-		if isConstraint(err) {
-			return fmt.Errorf("%w: template %s (%s) exists", store.ErrConflict, t.ID, t.PrimaryName)
-		}
-		return err
-	}
-	if err := insertNames(ctx, tx, t.ID, t.Names); err != nil {
-		return err
-	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO template_builds(`+buildCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, buildArgs(b)...); err != nil {
+	if err := insertTemplate(ctx, tx, t, b); err != nil {
 		return err
 	}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO snapshots(`+snapshotCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
@@ -79,7 +70,7 @@ func emptyMounts(v []store.VolumeMount) []store.VolumeMount {
 	return v
 }
 
-func scanSnapshot(row interface{ Scan(...any) error }) (*store.Snapshot, error) {
+func scanSnapshot(row scanner) (*store.Snapshot, error) {
 	var sn store.Snapshot
 	var layers, vols, env string
 	var created, deleted int64
@@ -131,20 +122,7 @@ func (s *Store) ListSnapshots(ctx context.Context, f store.SnapshotFilter) ([]*s
 	if f.Limit > 0 {
 		q += fmt.Sprintf(` LIMIT %d`, f.Limit)
 	}
-	rows, err := s.db.QueryContext(ctx, q, args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []*store.Snapshot
-	for rows.Next() {
-		sn, err := scanSnapshot(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, sn)
-	}
-	return out, rows.Err()
+	return queryAll(ctx, s.db, scanSnapshot, q, args...)
 }
 
 // PurgeSnapshot implements store.SnapshotStore.

@@ -84,6 +84,14 @@ func (s *Store) CreateTemplate(ctx context.Context, t *store.Template, b *store.
 		return err
 	}
 	defer tx.Rollback()
+	if err := insertTemplate(ctx, tx, t, b); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// insertTemplate writes a template row, its names and its first build.
+func insertTemplate(ctx context.Context, tx *sql.Tx, t *store.Template, b *store.TemplateBuild) error {
 	if _, err := tx.ExecContext(ctx, `INSERT INTO templates(`+templateCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, templateArgs(t)...); err != nil {
 		if isConstraint(err) {
 			return fmt.Errorf("%w: template %s (%s) exists", store.ErrConflict, t.ID, t.PrimaryName)
@@ -93,10 +101,8 @@ func (s *Store) CreateTemplate(ctx context.Context, t *store.Template, b *store.
 	if err := insertNames(ctx, tx, t.ID, t.Names); err != nil {
 		return err
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO template_builds(`+buildCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, buildArgs(b)...); err != nil {
-		return err
-	}
-	return tx.Commit()
+	_, err := tx.ExecContext(ctx, `INSERT INTO template_builds(`+buildCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, buildArgs(b)...)
+	return err
 }
 
 func (s *Store) loadNames(ctx context.Context, t *store.Template) error {
