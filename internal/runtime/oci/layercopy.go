@@ -25,11 +25,21 @@ import (
 // The copy never follows a symlink: src is walked with Lstat and files are
 // opened O_NOFOLLOW, so a hostile sandbox's links cannot pull host files
 // into the layer. It returns the bytes of regular file data copied.
+//
+// Callers hold the sandbox still (frozen, paused or stopped) for the copy;
+// even so, what is opened for reading (directories to list, files to copy)
+// is resolved beneath src with openat2 refusing every symlink, so a path
+// swapped for a link mid-walk cannot reach outside the upper dir.
 func copyLayer(src, dst string, shift uint32) (int64, error) {
+	root, err := unix.Open(src, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return 0, &os.PathError{Op: "open", Path: src, Err: err}
+	}
+	defer unix.Close(root)
 	if err := os.Mkdir(dst, 0o755); err != nil {
 		return 0, err
 	}
-	c := &layerCopy{src: src, dst: dst, shift: shift, links: map[[2]uint64]string{}}
+	c := &layerCopy{src: src, dst: dst, root: root, shift: shift, links: map[[2]uint64]string{}}
 	if err := c.walk("."); err != nil {
 		return c.bytes, err
 	}
@@ -38,9 +48,23 @@ func copyLayer(src, dst string, shift uint32) (int64, error) {
 
 type layerCopy struct {
 	src, dst string
+	root     int // O_PATH fd of src
 	shift    uint32
 	links    map[[2]uint64]string // (dev, ino) of multiply-linked files → first copy
 	bytes    int64
+}
+
+// open opens rel beneath src for reading, refusing symlinks anywhere in
+// the path and crossing no mount.
+func (c *layerCopy) open(rel string, flags int) (*os.File, error) {
+	fd, err := unix.Openat2(c.root, rel, &unix.OpenHow{
+		Flags:   uint64(flags | unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NOFOLLOW),
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
+	})
+	if err != nil {
+		return nil, &os.PathError{Op: "openat2", Path: filepath.Join(c.src, rel), Err: err}
+	}
+	return os.NewFile(uintptr(fd), filepath.Join(c.src, rel)), nil
 }
 
 // id maps a host ID of the sandbox's range back to the image's.
@@ -65,7 +89,12 @@ func (c *layerCopy) walk(rel string) error {
 		}
 	}
 	if fi.IsDir() {
-		ents, err := os.ReadDir(sp)
+		d, err := c.open(rel, unix.O_DIRECTORY)
+		if err != nil {
+			return err
+		}
+		ents, err := d.ReadDir(-1)
+		d.Close()
 		if err != nil {
 			return err
 		}
@@ -93,7 +122,7 @@ func (c *layerCopy) entry(sp, dp string, fi fs.FileInfo, st *syscall.Stat_t) (do
 	case mode.IsDir():
 		return false, os.Mkdir(dp, 0o700)
 	case mode.IsRegular():
-		return false, c.copyFile(sp, dp)
+		return false, c.copyFile(c.rel(sp), dp)
 	case mode&fs.ModeSymlink != 0:
 		target, err := os.Readlink(sp)
 		if err != nil {
@@ -111,8 +140,14 @@ func (c *layerCopy) entry(sp, dp string, fi fs.FileInfo, st *syscall.Stat_t) (do
 	}
 }
 
-func (c *layerCopy) copyFile(sp, dp string) error {
-	in, err := os.OpenFile(sp, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+// rel is sp relative to src.
+func (c *layerCopy) rel(sp string) string {
+	r, _ := filepath.Rel(c.src, sp)
+	return r
+}
+
+func (c *layerCopy) copyFile(rel, dp string) error {
+	in, err := c.open(rel, 0)
 	if err != nil {
 		return err
 	}

@@ -92,3 +92,25 @@ func TestCopyLayer(t *testing.T) {
 		t.Errorf("copy onto an existing layer = %v, want exist error", err)
 	}
 }
+
+// TestCopyLayerOpensBeneath: what the copy opens is resolved beneath the
+// upper dir with every symlink refused, so a directory swapped for a link
+// to the host's /etc mid-walk yields an error, never a host file.
+func TestCopyLayerOpensBeneath(t *testing.T) {
+	src := t.TempDir()
+	if err := os.Symlink("/etc", filepath.Join(src, "swapped")); err != nil {
+		t.Fatal(err)
+	}
+	root, err := unix.Open(src, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(root)
+	c := &layerCopy{src: src, root: root}
+	for _, rel := range []string{"swapped/passwd", "swapped", "../" + filepath.Base(src) + "/swapped/hostname"} {
+		if f, err := c.open(rel, 0); err == nil {
+			f.Close()
+			t.Errorf("open(%q) followed a link out of the upper dir", rel)
+		}
+	}
+}
