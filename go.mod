@@ -23,6 +23,8 @@ require (
 	modernc.org/sqlite v1.62.0
 )
 
+require github.com/coreos/go-iptables v0.8.0 // indirect
+
 require (
 	cyphar.com/go-pathrs v0.2.5 // indirect
 	github.com/Azure/azure-sdk-for-go/sdk/azcore v1.21.1 // indirect

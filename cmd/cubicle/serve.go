@@ -35,6 +35,7 @@ import (
 type serveOptions struct {
 	dataDir, imagesDir, listen, runtime, agentBin, domain string
 	pool, bridge, netnsDir, nftTable, cgroupParent        string
+	hostFirewall                                          string
 	cpuCount, memoryMB, diskSizeMB, maxSandboxes          int
 	maxSnapshots                                          int
 	maxCreates                                            int
@@ -75,6 +76,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&o.pool, "pool", "10.211.0.0/16", "sandbox address pool")
 	f.StringVar(&o.bridge, "bridge", "cubicle0", "bridge interface name")
 	f.StringVar(&o.netnsDir, "netns-dir", "", "where sandbox netns are bind-mounted (default /run/cubicle/<bridge>/netns)")
+	f.StringVar(&o.hostFirewall, "host-firewall", "auto", "auto: when the host's iptables FORWARD chain drops (Docker, ufw, firewalld), add accept rules for the bridge (in DOCKER-USER if it exists) and remove them on exit; off: never touch iptables")
 	f.StringVar(&o.nftTable, "nft-table", "", "nftables table (inet family) owned by this server (default cubicle, or cubicle_<bridge>)")
 	f.StringVar(&o.cgroupParent, "cgroup-parent", "cubicle", "cgroup parent of sandbox cgroups")
 	f.IntVar(&o.cpuCount, "cpu-count", 2, "CPUs per sandbox")
@@ -217,9 +219,17 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err != nil {
 		return fmt.Errorf("resolv.conf: %w", err)
 	}
-	netm, err := network.NewLinux(network.Config{Bridge: o.bridge, Pool: pool, NetnsDir: o.netnsDir, Table: o.nftTable, Resolvers: resolvers})
+	netm, err := network.NewLinux(network.Config{Bridge: o.bridge, Pool: pool, NetnsDir: o.netnsDir, Table: o.nftTable, Resolvers: resolvers, HostFirewall: o.hostFirewall})
 	if err != nil {
 		return fmt.Errorf("network: %w", err)
+	}
+	defer func() {
+		if err := netm.Close(); err != nil {
+			log.Error("removing the bridge's host firewall rules", "err", err)
+		}
+	}()
+	if ch := netm.HostFirewallChain(); ch != "" {
+		log.Info("host firewall drops forwarded traffic: accept rules for the bridge added", "chain", ch, "bridge", o.bridge)
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

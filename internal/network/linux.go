@@ -38,6 +38,10 @@ type Config struct {
 	// the internal-network default deny covers (cloud resolvers are
 	// private or link-local addresses).
 	Resolvers []netip.Addr
+	// HostFirewall is HostFirewallAuto (default: accept rules for the
+	// bridge in iptables when the host's FORWARD chain would drop its
+	// traffic; see hostfw_linux.go) or HostFirewallOff.
+	HostFirewall string
 }
 
 func (c *Config) applyDefaults() error {
@@ -56,6 +60,9 @@ func (c *Config) applyDefaults() error {
 	if c.VethPrefix == "" {
 		c.VethPrefix = "cbv"
 	}
+	if c.HostFirewall == "" {
+		c.HostFirewall = HostFirewallAuto
+	}
 	c.Pool = c.Pool.Masked()
 	switch {
 	case !c.Pool.Addr().Is4() || c.Pool.Bits() > 30 || c.Pool.Bits() < 8:
@@ -64,6 +71,8 @@ func (c *Config) applyDefaults() error {
 		return fmt.Errorf("%w: bridge name too long", ErrInvalidConfig)
 	case len(c.VethPrefix)+8 > 15:
 		return fmt.Errorf("%w: veth prefix too long", ErrInvalidConfig)
+	case c.HostFirewall != HostFirewallAuto && c.HostFirewall != HostFirewallOff:
+		return fmt.Errorf("%w: host firewall mode %q (want auto or off)", ErrInvalidConfig, c.HostFirewall)
 	}
 	return nil
 }
@@ -77,6 +86,8 @@ type Linux struct {
 	// internal is denied to every sandbox unless its allowOut re-opens it:
 	// InternalRanges plus the host's uplink networks, read at start.
 	internal []netip.Prefix
+
+	fw *hostFirewall // nil when HostFirewallOff or no iptables
 
 	mu        sync.Mutex
 	endpoints map[string]Endpoint // includes stale ones (they keep their address)
@@ -141,8 +152,23 @@ func NewLinux(cfg Config) (*Linux, error) {
 	if err := l.rebuildTables(); err != nil {
 		return nil, err
 	}
+	if cfg.HostFirewall == HostFirewallAuto {
+		if l.fw, err = openHostFirewall(cfg.Bridge); err != nil {
+			return nil, err
+		}
+	}
 	return l, nil
 }
+
+// HostFirewallChain names the iptables chain holding the bridge's accept
+// rules, or "" when the host's firewall needed none (or the mode is off).
+func (l *Linux) HostFirewallChain() string { return l.fw.Chain() }
+
+// Close removes what the manager added to the host's iptables. Sandboxes
+// and their endpoints stay (serve leaves them running); on a host whose
+// FORWARD chain drops, they have no egress until the next start adds the
+// rules again.
+func (l *Linux) Close() error { return l.fw.close() }
 
 func lastAddr(p netip.Prefix) netip.Addr {
 	a := p.Addr().As4()
@@ -746,13 +772,14 @@ func (l *Linux) List(ctx context.Context) ([]Endpoint, error) {
 // the bridge. For tests and uninstall; `cubicle serve` should not call it
 // on shutdown (endpoints must survive restarts).
 func (l *Linux) Destroy(ctx context.Context) error {
+	fwErr := l.fw.close()
 	l.mu.Lock()
 	ids := make([]string, 0, len(l.endpoints))
 	for id := range l.endpoints {
 		ids = append(ids, id)
 	}
 	l.mu.Unlock()
-	var errs []error
+	errs := []error{fwErr}
 	for _, id := range ids {
 		if err := l.Teardown(ctx, id); err != nil {
 			errs = append(errs, err)
