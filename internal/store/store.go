@@ -79,6 +79,9 @@ type Network struct {
 	AllowOut           []string `json:"allowOut,omitempty"`
 	DenyOut            []string `json:"denyOut,omitempty"`
 	MaskRequestHost    string   `json:"maskRequestHost,omitempty"`
+	// HTTPSPorts are sandbox ports whose services speak TLS: the proxy
+	// reaches them over HTTPS (e2b's network.httpsPorts).
+	HTTPSPorts []int `json:"httpsPorts,omitempty"`
 }
 
 // Sandbox is one sandbox row.
