@@ -80,6 +80,13 @@ func (req *newSandbox) options(v2 bool) (control.CreateOptions, string) {
 			netw.AllowPublicTraffic = *req.Network.AllowPublicTraffic
 		}
 		netw.AllowOut, netw.DenyOut, netw.MaskRequestHost = req.Network.AllowOut, req.Network.DenyOut, req.Network.MaskRequestHost
+		if msg := checkMaskRequestHost(req.Network.MaskRequestHost); msg != "" {
+			return control.CreateOptions{}, msg
+		}
+		if msg := checkHTTPSPorts(req.Network.HTTPSPorts); msg != "" {
+			return control.CreateOptions{}, msg
+		}
+		netw.HTTPSPorts = req.Network.HTTPSPorts
 	}
 	opts := control.CreateOptions{
 		TemplateID: *req.TemplateID, Timeout: timeoutD,

@@ -25,6 +25,7 @@ type networkConfig struct {
 	AllowOut           []string `json:"allowOut,omitempty"`
 	DenyOut            []string `json:"denyOut,omitempty"`
 	MaskRequestHost    string   `json:"maskRequestHost,omitempty"`
+	HTTPSPorts         []int    `json:"httpsPorts,omitempty"`
 }
 
 type newSandbox struct {
@@ -335,7 +336,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 	ai := sb.Network.AllowInternet
 	d.AllowInternetAccess = &ai
 	apt := sb.Network.AllowPublicTraffic
-	d.Network = networkConfig{AllowPublicTraffic: &apt, AllowOut: sb.Network.AllowOut, DenyOut: sb.Network.DenyOut, MaskRequestHost: sb.Network.MaskRequestHost}
+	d.Network = networkConfig{AllowPublicTraffic: &apt, AllowOut: sb.Network.AllowOut, DenyOut: sb.Network.DenyOut, MaskRequestHost: sb.Network.MaskRequestHost, HTTPSPorts: sb.Network.HTTPSPorts}
 	d.Lifecycle.AutoResume = sb.AutoResume
 	d.Lifecycle.OnTimeout = "kill"
 	if sb.AutoPause {

@@ -783,6 +783,7 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, n store.Network)
 	}
 	n.AllowPublicTraffic = sb.Network.AllowPublicTraffic
 	n.MaskRequestHost = sb.Network.MaskRequestHost
+	n.HTTPSPorts = sb.Network.HTTPSPorts
 	sb.Network = n
 	return m.store.UpdateSandbox(ctx, sb)
 }

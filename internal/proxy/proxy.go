@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -81,12 +82,25 @@ func New(cfg Config, mgr *control.Manager, st store.Store, api http.Handler) *Pr
 		IdleConnTimeout:       60 * time.Second,
 		ResponseHeaderTimeout: 0, // streams (process output) may wait arbitrarily long
 		DisableCompression:    true,
+		// Only httpsPorts are dialled with TLS. Their certificates are not
+		// verified (e2b's contract: self-signed ones work): the hop is the
+		// node's own bridge to a sandbox it just resolved by ID, so there
+		// is no third party to authenticate against.
+		TLSClientConfig:     &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // see above
+		TLSHandshakeTimeout: 10 * time.Second,
 	}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			t := pr.In.Context().Value(targetKey{}).(target)
 			pr.Out.URL.Scheme = "http"
-			pr.Out.URL.Host = t.pool // the Host header stays the inbound one
+			port := int(t.addr.Port())
+			if servesTLS(t.sb, port) {
+				pr.Out.URL.Scheme = "https"
+			}
+			pr.Out.URL.Host = t.pool // the Host header stays the inbound one...
+			if h := maskedHost(t.sb, port); h != "" {
+				pr.Out.Host = h // ...unless the sandbox asked for a mask
+			}
 			pr.Out.Header.Del(headerTrafficToken)
 			// Cubicle's API key never reaches a sandbox (CubeSandbox's SDK
 			// sends it on data-plane requests too): code there is hostile.
@@ -342,6 +356,31 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, sb *store.Sandbo
 	ap := netip.AddrPortFrom(addr, uint16(port))
 	ctx := context.WithValue(r.Context(), targetKey{}, target{sb: sb, addr: ap, pool: node.SandboxHost(sb.ID, ap)})
 	p.rp.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// servesTLS reports whether the sandbox listed port in network.httpsPorts.
+// envd's port never is (creates refuse it).
+func servesTLS(sb *store.Sandbox, port int) bool {
+	if port == node.AgentPort {
+		return false
+	}
+	for _, p := range sb.Network.HTTPSPorts {
+		if p == port {
+			return true
+		}
+	}
+	return false
+}
+
+// maskedHost is the Host header a sandbox's service sees under
+// network.maskRequestHost ("${PORT}" becomes the port), or "" to keep the
+// inbound one. envd and the code interpreter keep theirs: the mask is for
+// the user's own services.
+func maskedHost(sb *store.Sandbox, port int) string {
+	if sb.Network.MaskRequestHost == "" || port == node.AgentPort || port == codeInterpreterPort {
+		return ""
+	}
+	return strings.ReplaceAll(sb.Network.MaskRequestHost, "${PORT}", strconv.Itoa(port))
 }
 
 // holdsToken reports whether r carries sb's envd access token or its

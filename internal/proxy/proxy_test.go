@@ -31,17 +31,29 @@ type fixture struct {
 
 func setup(t *testing.T, upstream http.Handler) *fixture {
 	t.Helper()
+	return setupNet(t, upstream, false, store.Network{AllowPublicTraffic: true})
+}
+
+// setupNet is setup with the sandbox's network config, and an upstream that
+// speaks TLS when tlsUp is set.
+func setupNet(t *testing.T, upstream http.Handler, tlsUp bool, nw store.Network) *fixture {
+	t.Helper()
 	st, err := sqlite.Open(filepath.Join(t.TempDir(), "p.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	up := httptest.NewServer(upstream)
+	up := httptest.NewUnstartedServer(upstream)
+	if tlsUp {
+		up.StartTLS()
+	} else {
+		up.Start()
+	}
 	t.Cleanup(up.Close)
 	u, _ := url.Parse(up.URL)
 	port, _ := strconv.Atoi(u.Port())
 	sb := &store.Sandbox{ID: "abcdefghij0123456789", TemplateID: "base", State: store.StateRunning, Addr: "127.0.0.1",
-		EnvdToken: "envdtok", TrafficToken: "traffic", Network: store.Network{AllowPublicTraffic: true},
+		EnvdToken: "envdtok", TrafficToken: "traffic", Network: nw,
 		StartedAt: time.Now(), EndAt: time.Now().Add(time.Hour)}
 	if err := st.CreateSandbox(context.Background(), sb); err != nil {
 		t.Fatal(err)
@@ -378,5 +390,44 @@ func TestInterpreterAuthByOwnerKey(t *testing.T) {
 	}
 	if _, body := get(t, f, "/execute", hdr("nope"), ""); body != `token="" key=""` {
 		t.Fatalf("an unknown key: %s", body)
+	}
+}
+
+func TestMaskRequestHost(t *testing.T) {
+	host := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, r.Host) })
+	f := setupNet(t, host, false, store.Network{AllowPublicTraffic: true, MaskRequestHost: "localhost:${PORT}"})
+	_, body := get(t, f, "/", nil, fmt.Sprintf("%d-%s.cubicle.test", f.port, f.sb.ID))
+	if want := fmt.Sprintf("localhost:%d", f.port); body != want {
+		t.Fatalf("the service saw Host %q, want the mask %q", body, want)
+	}
+	// Without a mask the service sees the public host.
+	g := setup(t, host)
+	pub := fmt.Sprintf("%d-%s.cubicle.test", g.port, g.sb.ID)
+	if _, body := get(t, g, "/", nil, pub); body != pub {
+		t.Fatalf("Host %q, want %q", body, pub)
+	}
+}
+
+func TestHTTPSPortsReachTheSandboxOverTLS(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "tls=%v", r.TLS != nil)
+	})
+	// A self-signed backend (httptest's own certificate) works, as e2b documents.
+	f := setupNet(t, h, true, store.Network{AllowPublicTraffic: true})
+	f.sb.Network.HTTPSPorts = []int{f.port}
+	if err := f.st.UpdateSandbox(context.Background(), f.sb); err != nil {
+		t.Fatal(err)
+	}
+	resp, body := get(t, f, "/", nil, fmt.Sprintf("%d-%s.cubicle.test", f.port, f.sb.ID))
+	if resp.StatusCode != http.StatusOK || body != "tls=true" {
+		t.Fatalf("%d %q, want 200 tls=true", resp.StatusCode, body)
+	}
+	// The same TLS backend without httpsPorts gets plain HTTP, which it refuses.
+	f.sb.Network.HTTPSPorts = nil
+	if err := f.st.UpdateSandbox(context.Background(), f.sb); err != nil {
+		t.Fatal(err)
+	}
+	if resp, _ := get(t, f, "/", nil, fmt.Sprintf("%d-%s.cubicle.test", f.port, f.sb.ID)); resp.StatusCode == http.StatusOK {
+		t.Fatal("plain HTTP to a TLS port answered 200: httpsPorts is not what decides")
 	}
 }

@@ -1,0 +1,66 @@
+package api
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+
+	"github.com/cubicle-dev/cubicle/internal/node"
+)
+
+// Limits on the data-plane network options. They bound what one create
+// body can make the proxy carry per request.
+const (
+	maxHTTPSPorts      = 64
+	maxMaskRequestHost = 253 + 6 // a DNS name and ":65535"
+)
+
+// checkHTTPSPorts validates network.httpsPorts: real ports, no duplicates,
+// and never envd's, which the SDKs always reach over plain HTTP.
+func checkHTTPSPorts(ports []int) string {
+	if len(ports) > maxHTTPSPorts {
+		return fmt.Sprintf("network.httpsPorts: at most %d ports, got %d", maxHTTPSPorts, len(ports))
+	}
+	seen := map[int]bool{}
+	for i, p := range ports {
+		switch {
+		case p < 1 || p > 65535:
+			return fmt.Sprintf("network.httpsPorts[%d]: %d is not a port (1-65535)", i, p)
+		case p == node.AgentPort:
+			return fmt.Sprintf("network.httpsPorts[%d]: %d is envd's port and cannot be listed", i, p)
+		case seen[p]:
+			return fmt.Sprintf("network.httpsPorts[%d]: %d is listed twice", i, p)
+		}
+		seen[p] = true
+	}
+	return ""
+}
+
+// checkMaskRequestHost validates network.maskRequestHost: once "${PORT}" is
+// replaced it must be a host or host:port a Host header can carry.
+func checkMaskRequestHost(mask string) string {
+	if mask == "" {
+		return ""
+	}
+	if len(mask) > maxMaskRequestHost {
+		return fmt.Sprintf("network.maskRequestHost: longer than %d characters", maxMaskRequestHost)
+	}
+	h := strings.ReplaceAll(mask, "${PORT}", "65535")
+	host := h
+	if hh, port, err := net.SplitHostPort(h); err == nil {
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return fmt.Sprintf("network.maskRequestHost: %q has an invalid port (use a number or ${PORT})", mask)
+		}
+		host = hh
+	}
+	if host == "" {
+		return fmt.Sprintf("network.maskRequestHost: %q has no host", mask)
+	}
+	for _, c := range host {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '.' || c == '_' || c == ':' || c == '[' || c == ']') {
+			return fmt.Sprintf("network.maskRequestHost: %q is not a host[:port] (character %q)", mask, c)
+		}
+	}
+	return ""
+}

@@ -1,0 +1,51 @@
+package api
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestNetworkPortAndMaskOptions(t *testing.T) {
+	body := func(network string) string {
+		return `{"templateID":"base","network":` + network + `}`
+	}
+	cases := []struct {
+		network, wantErr string
+		ports            []int
+		mask             string
+	}{
+		{network: `{"httpsPorts":[3000,8443],"maskRequestHost":"localhost:${PORT}"}`, ports: []int{3000, 8443}, mask: "localhost:${PORT}"},
+		{network: `{"maskRequestHost":"app.internal"}`, mask: "app.internal"},
+		{network: `{"httpsPorts":[49983]}`, wantErr: "network.httpsPorts[0]: 49983 is envd's port"},
+		{network: `{"httpsPorts":[0]}`, wantErr: "network.httpsPorts[0]: 0 is not a port"},
+		{network: `{"httpsPorts":[443,443]}`, wantErr: "network.httpsPorts[1]: 443 is listed twice"},
+		{network: `{"httpsPorts":[` + strings.Repeat("1,", 64) + `2]}`, wantErr: "network.httpsPorts: at most 64"},
+		{network: `{"maskRequestHost":"a b"}`, wantErr: "network.maskRequestHost"},
+		{network: `{"maskRequestHost":"host:99999"}`, wantErr: "network.maskRequestHost"},
+		{network: `{"maskRequestHost":":${PORT}"}`, wantErr: "network.maskRequestHost"},
+		{network: `{"maskRequestHost":"` + strings.Repeat("a", 300) + `"}`, wantErr: "network.maskRequestHost: longer"},
+	}
+	for _, c := range cases {
+		var req newSandbox
+		if msg := decodeJSON([]byte(body(c.network)), &req, false); msg != "" {
+			t.Fatalf("%s: decode: %s", c.network, msg)
+		}
+		opts, msg := req.options(true)
+		if c.wantErr != "" {
+			if !strings.Contains(msg, c.wantErr) {
+				t.Errorf("%s: got %q, want an error containing %q", c.network, msg, c.wantErr)
+			}
+			continue
+		}
+		if msg != "" {
+			t.Errorf("%s: refused: %s", c.network, msg)
+			continue
+		}
+		if got := opts.Network.HTTPSPorts; len(got) != len(c.ports) || (len(got) > 0 && got[0] != c.ports[0]) {
+			t.Errorf("%s: httpsPorts %v, want %v", c.network, got, c.ports)
+		}
+		if opts.Network.MaskRequestHost != c.mask {
+			t.Errorf("%s: mask %q, want %q", c.network, opts.Network.MaskRequestHost, c.mask)
+		}
+	}
+}
