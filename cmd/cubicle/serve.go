@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -26,6 +27,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/proxy"
 	"github.com/cubicle-dev/cubicle/internal/runtime/oci"
+	"github.com/cubicle-dev/cubicle/internal/servecert"
 	"github.com/cubicle-dev/cubicle/internal/template"
 	"github.com/cubicle-dev/cubicle/internal/template/catalog"
 	"github.com/cubicle-dev/cubicle/internal/volume"
@@ -36,6 +38,8 @@ type serveOptions struct {
 	dataDir, imagesDir, listen, runtime, agentBin, domain string
 	pool, bridge, netnsDir, nftTable, cgroupParent        string
 	hostFirewall                                          string
+	tlsCert, tlsKey                                       string
+	tlsSelfSigned                                         bool
 	cpuCount, memoryMB, diskSizeMB, maxSandboxes          int
 	maxSnapshots                                          int
 	maxCreates                                            int
@@ -73,6 +77,9 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&o.userns, "userns", "auto", "user namespace per sandbox (root inside is an unprivileged host uid): on, off, or auto (on for runc/crun; runsc has its own sandboxing)")
 	f.StringVar(&o.agentBin, "agent-bin", "", "path of the static cubicle-agent binary (default: next to this binary)")
 	f.StringVar(&o.domain, "domain", "", "sandbox domain returned to SDKs; hosts <port>-<id>.<domain> are proxied")
+	f.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate for *.<domain> (with --tls-key): the listener speaks TLS, API at api.<domain> and sandboxes at <port>-<id>.<domain> on the same port")
+	f.StringVar(&o.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
+	f.BoolVar(&o.tlsSelfSigned, "tls-self-signed", false, "serve TLS for *.<domain> with a certificate from a local CA made once in <data-dir>/tls (prints how to trust it)")
 	f.StringVar(&o.pool, "pool", "10.211.0.0/16", "sandbox address pool")
 	f.StringVar(&o.bridge, "bridge", "cubicle0", "bridge interface name")
 	f.StringVar(&o.netnsDir, "netns-dir", "", "where sandbox netns are bind-mounted (default /run/cubicle/<bridge>/netns)")
@@ -145,6 +152,10 @@ func serve(ctx context.Context, o serveOptions) error {
 	// Bound before the slow setup below (BuildKit, recovery): the port is
 	// held from here, and a taken port fails before anything touches the
 	// host. Connections made meanwhile wait in the backlog.
+	tlsConfig, err := serveTLS(&o, log)
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return err
@@ -294,11 +305,22 @@ func serve(ctx context.Context, o serveOptions) error {
 	// HTTP/1.1 for the JS SDK, cleartext HTTP/2 for clients that prefer it.
 	srv.Protocols = new(http.Protocols)
 	srv.Protocols.SetHTTP1(true)
-	srv.Protocols.SetUnencryptedHTTP2(true)
+	if tlsConfig != nil {
+		srv.TLSConfig = tlsConfig
+		srv.Protocols.SetHTTP2(true)
+	} else {
+		srv.Protocols.SetUnencryptedHTTP2(true)
+	}
 	log.Info("cubicle serving", "listen", ln.Addr().String(), "runtime", o.runtime, "userns", userns, "data", o.dataDir, "images", o.imagesDir,
 		"volume_drivers", ctrlPlugins.Names(), "volume_base_dir", vc.node.BaseDir)
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() {
+		if tlsConfig != nil {
+			errc <- srv.ServeTLS(ln, "", "")
+			return
+		}
+		errc <- srv.Serve(ln)
+	}()
 	select {
 	case err := <-errc:
 		return err
@@ -312,6 +334,35 @@ func serve(ctx context.Context, o serveOptions) error {
 	}
 	log.Info("cubicle stopped; sandboxes left running for re-adoption")
 	return nil
+}
+
+// serveTLS loads or makes the listener's certificate; nil without TLS flags.
+func serveTLS(o *serveOptions, log *slog.Logger) (*tls.Config, error) {
+	if o.tlsCert == "" && o.tlsKey == "" && !o.tlsSelfSigned {
+		return nil, nil
+	}
+	switch {
+	case o.domain == "":
+		return nil, errors.New("--tls-cert/--tls-self-signed need --domain: the certificate is for *.<domain>")
+	case o.tlsSelfSigned && (o.tlsCert != "" || o.tlsKey != ""):
+		return nil, errors.New("--tls-self-signed and --tls-cert/--tls-key are exclusive")
+	case !o.tlsSelfSigned && (o.tlsCert == "" || o.tlsKey == ""):
+		return nil, errors.New("--tls-cert and --tls-key go together")
+	}
+	if !o.tlsSelfSigned {
+		c, err := servecert.Load(o.tlsCert, o.tlsKey, o.domain)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-cert: %w", err)
+		}
+		return servecert.Config(c), nil
+	}
+	c, ca, err := servecert.SelfSigned(filepath.Join(o.dataDir, "tls"), o.domain)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-self-signed: %w", err)
+	}
+	log.Info("serving TLS with a certificate from the local CA", "domain", "*."+o.domain, "ca", ca)
+	fmt.Fprintln(os.Stderr, servecert.TrustHint(ca))
+	return servecert.Config(c), nil
 }
 
 // sandboxMaxima fills the server maxima left at 0 from the host (never

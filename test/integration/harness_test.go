@@ -123,6 +123,15 @@ func startServer(t *testing.T, extra ...string) *server {
 
 func startServerEnv(t *testing.T, env []string, extra ...string) *server {
 	t.Helper()
+	s := newServer(t, env, extra...)
+	s.start()
+	return s
+}
+
+// newServer prepares a server (data dir, API key, arguments) without
+// starting it, registering its clean-up.
+func newServer(t *testing.T, env []string, extra ...string) *server {
+	t.Helper()
 	data, err := os.MkdirTemp("/var/tmp", "cubicle-it-data-")
 	if err != nil {
 		t.Fatal(err)
@@ -145,14 +154,13 @@ func startServerEnv(t *testing.T, env []string, extra ...string) *server {
 	s.args = append(s.args, extra...)
 	// Registered first: a server that fails to start must still be cleaned up.
 	t.Cleanup(s.destroy)
-	s.start()
 	return s
 }
 
 func (s *server) start() {
 	s.t.Helper()
 	s.logs = &bytes.Buffer{}
-	s.cmd = exec.Command(filepath.Join(binDir, "cubicle"), s.args...)
+	s.cmd = s.command()
 	s.cmd.Env = append(os.Environ(), s.env...)
 	s.cmd.Stdout, s.cmd.Stderr = s.logs, s.logs
 	if err := s.cmd.Start(); err != nil {
@@ -160,7 +168,7 @@ func (s *server) start() {
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
-		resp, err := http.Get(s.URL + "/health")
+		resp, err := s.client.Get(s.URL + "/health")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode/100 == 2 {
@@ -173,6 +181,11 @@ func (s *server) start() {
 		time.Sleep(50 * time.Millisecond)
 	}
 	s.t.Fatalf("server did not become healthy; logs:\n%s", s.logs)
+}
+
+// command is the server's `cubicle serve` command line.
+func (s *server) command() *exec.Cmd {
+	return exec.Command(filepath.Join(binDir, "cubicle"), s.args...)
 }
 
 // stop ends the server process (sandboxes keep running, as on a restart).
@@ -297,6 +310,7 @@ func (s *server) create(body map[string]any) created {
 // headerTransport adds the envd routing/auth headers the SDK sends.
 type headerTransport struct {
 	id, token string
+	base      http.RoundTripper // nil: http.DefaultTransport
 }
 
 func (h headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
@@ -306,11 +320,14 @@ func (h headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if h.token != "" {
 		r.Header.Set("X-Access-Token", h.token)
 	}
+	if h.base != nil {
+		return h.base.RoundTrip(r)
+	}
 	return http.DefaultTransport.RoundTrip(r)
 }
 
 func (s *server) envdClient(c created) *http.Client {
-	return &http.Client{Transport: headerTransport{id: c.SandboxID, token: c.EnvdAccessToken}}
+	return &http.Client{Transport: headerTransport{id: c.SandboxID, token: c.EnvdAccessToken, base: s.client.Transport}}
 }
 
 // run executes bash -l -c cmd in the sandbox through the proxy and returns
