@@ -40,6 +40,7 @@ type serveOptions struct {
 	hostFirewall                                          string
 	tlsCert, tlsKey                                       string
 	tlsSelfSigned                                         bool
+	listenTLS                                             string
 	cpuCount, memoryMB, diskSizeMB, maxSandboxes          int
 	maxSnapshots                                          int
 	maxCreates                                            int
@@ -79,6 +80,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&o.domain, "domain", "", "sandbox domain returned to SDKs; hosts <port>-<id>.<domain> are proxied")
 	f.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate for *.<domain> (with --tls-key): the listener speaks TLS, API at api.<domain> and sandboxes at <port>-<id>.<domain> on the same port")
 	f.StringVar(&o.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
+	f.StringVar(&o.listenTLS, "listen-tls", "", "with --tls-cert or --tls-self-signed: serve TLS on this address (e.g. 0.0.0.0:443) and keep --listen plain HTTP; default: --listen itself speaks TLS")
 	f.BoolVar(&o.tlsSelfSigned, "tls-self-signed", false, "serve TLS for *.<domain> with a certificate from a local CA made once in <data-dir>/tls (prints how to trust it)")
 	f.StringVar(&o.pool, "pool", "10.211.0.0/16", "sandbox address pool")
 	f.StringVar(&o.bridge, "bridge", "cubicle0", "bridge interface name")
@@ -161,6 +163,16 @@ func serve(ctx context.Context, o serveOptions) error {
 		return err
 	}
 	defer ln.Close()
+	var lnTLS net.Listener // nil: ln speaks TLS when tlsConfig is set
+	if o.listenTLS != "" {
+		if tlsConfig == nil {
+			return errors.New("--listen-tls needs --tls-cert/--tls-key or --tls-self-signed")
+		}
+		if lnTLS, err = net.Listen("tcp", o.listenTLS); err != nil {
+			return err
+		}
+		defer lnTLS.Close()
+	}
 	pool, err := netip.ParsePrefix(o.pool)
 	if err != nil {
 		return fmt.Errorf("--pool: %w", err)
@@ -305,22 +317,24 @@ func serve(ctx context.Context, o serveOptions) error {
 	// HTTP/1.1 for the JS SDK, cleartext HTTP/2 for clients that prefer it.
 	srv.Protocols = new(http.Protocols)
 	srv.Protocols.SetHTTP1(true)
+	srv.Protocols.SetUnencryptedHTTP2(true)
 	if tlsConfig != nil {
 		srv.TLSConfig = tlsConfig
 		srv.Protocols.SetHTTP2(true)
-	} else {
-		srv.Protocols.SetUnencryptedHTTP2(true)
 	}
 	log.Info("cubicle serving", "listen", ln.Addr().String(), "runtime", o.runtime, "userns", userns, "data", o.dataDir, "images", o.imagesDir,
 		"volume_drivers", ctrlPlugins.Names(), "volume_base_dir", vc.node.BaseDir)
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() {
-		if tlsConfig != nil {
+		if tlsConfig != nil && lnTLS == nil {
 			errc <- srv.ServeTLS(ln, "", "")
 			return
 		}
 		errc <- srv.Serve(ln)
 	}()
+	if lnTLS != nil {
+		go func() { errc <- srv.ServeTLS(lnTLS, "", "") }()
+	}
 	select {
 	case err := <-errc:
 		return err

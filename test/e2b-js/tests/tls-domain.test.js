@@ -1,0 +1,114 @@
+'use strict'
+// E2B_DOMAIN alone, over TLS: `serve --tls-self-signed --listen-tls ADDR:443`
+// serves https://api.<domain> and https://<port>-<id>.<domain> on one port.
+// The SDK runs as a child in a network namespace this test creates, whose
+// /etc/hosts (iproute2 binds /etc/netns/<ns>/hosts over it) maps the names to
+// the server, so neither DNS nor the machine's /etc/hosts is touched. The
+// child has E2B_DOMAIN and E2B_API_KEY only: no E2B_API_URL/E2B_SANDBOX_URL.
+const test = require('node:test')
+const assert = require('node:assert/strict')
+const crypto = require('node:crypto')
+const fs = require('node:fs')
+const path = require('node:path')
+const { spawnSync, execFileSync } = require('node:child_process')
+const { setup, DOMAIN } = require('./harness')
+
+const tag = crypto.randomBytes(3).toString('hex')
+const ns = `cbtls${tag}`
+const veth = `cbtl${tag}`
+const third = crypto.randomInt(0, 64) * 4 // a /30 in 198.19.<n>.0/24 (benchmark range, never routed)
+const second = crypto.randomInt(0, 256)
+const hostAddr = `198.19.${second}.${third + 1}`
+const nsAddr = `198.19.${second}.${third + 2}`
+const etcDir = `/etc/netns/${ns}`
+
+function ip(...args) {
+  execFileSync('ip', args, { stdio: 'pipe', timeout: 15000 })
+}
+
+test.before(() => {
+  ip('netns', 'add', ns)
+  ip('link', 'add', veth, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', ns)
+  ip('addr', 'add', `${hostAddr}/30`, 'dev', veth)
+  ip('link', 'set', veth, 'up')
+  ip('-n', ns, 'addr', 'add', `${nsAddr}/30`, 'dev', 'eth0')
+  ip('-n', ns, 'link', 'set', 'eth0', 'up')
+  ip('-n', ns, 'link', 'set', 'lo', 'up')
+  fs.mkdirSync(etcDir, { recursive: true })
+  fs.writeFileSync(path.join(etcDir, 'hosts'), `127.0.0.1 localhost\n${hostAddr} api.${DOMAIN}\n`)
+})
+
+const srv = setup(test, ['--tls-self-signed', '--listen-tls', `${hostAddr}:443`])
+
+test.after(() => {
+  spawnSync('ip', ['link', 'del', veth], { stdio: 'ignore', timeout: 15000 })
+  spawnSync('ip', ['netns', 'del', ns], { stdio: 'ignore', timeout: 15000 })
+  fs.rmSync(etcDir, { recursive: true, force: true })
+})
+
+// The child: what a user's program does with E2B_DOMAIN set. It adds each
+// sandbox's hosts to its namespace's /etc/hosts (a wildcard DNS record's job).
+const child = `
+const fs = require('node:fs')
+const { Sandbox } = require('e2b')
+const domain = process.env.E2B_DOMAIN
+const addHosts = (id, ports) => fs.appendFileSync('/etc/hosts', ports.map((p) => process.env.SERVER_ADDR + ' ' + p + '-' + id + '.' + domain + '\\n').join(''))
+;(async () => {
+  const out = {}
+  const sbx = await Sandbox.create('base', { timeoutMs: 120000, network: { maskRequestHost: 'app.local:\${PORT}' } })
+  addHosts(sbx.sandboxId, [49983, 8000])
+  try {
+    out.echo = (await sbx.commands.run('echo over-tls')).stdout.trim()
+    await sbx.files.write('/home/user/tls.txt', 'written over tls')
+    out.read = await sbx.files.read('/home/user/tls.txt')
+    await sbx.commands.run(${JSON.stringify(`python3 -c '
+import http.server as h
+class H(h.BaseHTTPRequestHandler):
+    def do_GET(s):
+        b = s.headers.get("Host", "").encode()
+        s.send_response(200); s.send_header("Content-Length", str(len(b))); s.end_headers(); s.wfile.write(b)
+    def log_message(s, *a): pass
+h.HTTPServer(("0.0.0.0", 8000), H).serve_forever()'`)}, { background: true })
+    out.host = sbx.getHost(8000)
+    for (let i = 0; i < 50; i++) {
+      try {
+        const res = await fetch('https://' + out.host + '/')
+        if (res.status === 200) { out.served = await res.text(); break }
+      } catch (e) { out.fetchErr = String(e.cause || e) }
+      await new Promise((r) => setTimeout(r, 200))
+    }
+    out.listed = (await Sandbox.list().nextItems()).some((s) => s.sandboxId === sbx.sandboxId)
+  } finally {
+    out.killed = await sbx.kill()
+  }
+  console.log(JSON.stringify(out))
+})().catch((e) => { console.error(e && e.stack || e); process.exit(1) })
+`
+
+test('E2B_DOMAIN only: create, commands, files and getHost(port) over https', { timeout: 180000 }, async () => {
+  const ca = path.join(srv.dataDir, 'tls', 'ca.pem')
+  assert.ok(fs.existsSync(ca), 'serve made its local CA')
+  const env = {
+    PATH: process.env.PATH,
+    HOME: process.env.HOME || '/root',
+    E2B_DOMAIN: DOMAIN,
+    E2B_API_KEY: srv.apiKey,
+    NODE_EXTRA_CA_CERTS: ca,
+    SERVER_ADDR: hostAddr,
+  }
+  const r = spawnSync('ip', ['netns', 'exec', ns, process.execPath, '-e', child], {
+    cwd: path.join(__dirname, '..'),
+    env,
+    encoding: 'utf8',
+    timeout: 150000,
+  })
+  assert.equal(r.status, 0, `child failed (${r.status}):\n${r.stderr}\n${r.stdout}`)
+  const out = JSON.parse(r.stdout.trim().split('\n').pop())
+  assert.equal(out.echo, 'over-tls')
+  assert.equal(out.read, 'written over tls')
+  assert.match(out.host, new RegExp(`^8000-[a-z0-9]{20}\\.${DOMAIN.replace('.', '\\.')}$`))
+  // The service behind getHost(8000) answered over https and saw the masked Host.
+  assert.equal(out.served, 'app.local:8000', JSON.stringify(out))
+  assert.equal(out.listed, true)
+  assert.equal(out.killed, true)
+})
