@@ -1,0 +1,163 @@
+"""E2B_DOMAIN alone, over TLS, with the Python SDK.
+
+A server of this test's own runs `serve --tls-self-signed --listen-tls
+ADDR:443`. The SDK runs as a child in a network namespace the test creates,
+whose resolv.conf (iproute2 binds /etc/netns/<ns>/resolv.conf over it) points
+at a wildcard DNS responder for *.<domain> → ADDR in that namespace, so
+neither the machine's DNS nor its /etc/hosts is touched. The child has E2B_DOMAIN, E2B_API_KEY and
+SSL_CERT_FILE (the server's local CA) only: no E2B_API_URL/E2B_SANDBOX_URL.
+"""
+
+import json
+import os
+import random
+import secrets
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from harness import DOMAIN, Server
+
+CHILD = r"""
+import json, os, time
+import httpx
+from e2b import Sandbox
+
+
+out = {}
+sbx = Sandbox.create("base", timeout=120, network={"mask_request_host": "app.local:${PORT}"})
+try:
+    out["echo"] = sbx.commands.run("echo over-tls").stdout.strip()
+    sbx.files.write("/home/user/tls.txt", "written over tls")
+    out["read"] = sbx.files.read("/home/user/tls.txt")
+    sbx.commands.run(
+        "python3 -c 'import http.server as h\n"
+        "class H(h.BaseHTTPRequestHandler):\n"
+        "    def do_GET(s):\n"
+        "        b = s.headers.get(\"Host\", \"\").encode()\n"
+        "        s.send_response(200); s.send_header(\"Content-Length\", str(len(b))); s.end_headers(); s.wfile.write(b)\n"
+        "    def log_message(s, *a): pass\n"
+        "h.HTTPServer((\"0.0.0.0\", 8000), H).serve_forever()'",
+        background=True,
+    )
+    out["host"] = sbx.get_host(8000)
+    for _ in range(50):
+        try:
+            r = httpx.get("https://" + out["host"] + "/", timeout=5)
+            if r.status_code == 200:
+                out["served"] = r.text
+                break
+        except httpx.HTTPError as e:
+            out["fetch_err"] = repr(e)
+        time.sleep(0.2)
+finally:
+    out["killed"] = sbx.kill()
+print(json.dumps(out))
+"""
+
+
+# A wildcard DNS record for the domain, as an operator would publish: a tiny
+# UDP responder in the namespace answers A queries for *.<domain> with the
+# server's address (the SDK's Rust transport resolves through DNS, not
+# /etc/hosts), NXDOMAIN for other names.
+DNS = r"""
+import socket, struct, sys
+domain, addr = sys.argv[1].encode(), socket.inet_aton(sys.argv[2])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("127.0.0.1", 53))
+print("ready", flush=True)
+while True:
+    q, peer = s.recvfrom(512)
+    if len(q) < 12:
+        continue
+    i, labels = 12, []
+    while i < len(q) and q[i]:
+        labels.append(q[i + 1:i + 1 + q[i]]); i += 1 + q[i]
+    question = q[12:i + 5]
+    qtype = struct.unpack(">H", q[i + 1:i + 3])[0] if i + 3 <= len(q) else 0
+    name = b".".join(labels).lower()
+    ours = name == domain or name.endswith(b"." + domain)
+    answer = struct.pack(">HHHIH", 0xC00C, 1, 1, 5, 4) + addr if ours and qtype == 1 else b""
+    flags = 0x8180 if ours else 0x8183
+    s.sendto(q[:2] + struct.pack(">HHHHH", flags, 1, 1 if answer else 0, 0, 0) + question + answer, peer)
+"""
+
+
+def ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=15)
+
+
+@pytest.fixture
+def tls_netns():
+    tag = secrets.token_hex(3)
+    ns, veth = f"cbtlp{tag}", f"cbtq{tag}"
+    second, third = random.randrange(256), random.randrange(64) * 4
+    host_addr, ns_addr = f"198.19.{second}.{third + 1}", f"198.19.{second}.{third + 2}"
+    etc = f"/etc/netns/{ns}"
+    dns = None
+    try:
+        ip("netns", "add", ns)
+        ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        ip("addr", "add", f"{host_addr}/30", "dev", veth)
+        ip("link", "set", veth, "up")
+        ip("-n", ns, "addr", "add", f"{ns_addr}/30", "dev", "eth0")
+        ip("-n", ns, "link", "set", "eth0", "up")
+        ip("-n", ns, "link", "set", "lo", "up")
+        os.makedirs(etc, exist_ok=True)
+        with open(os.path.join(etc, "resolv.conf"), "w") as f:
+            f.write("nameserver 127.0.0.1\n")
+        dns = subprocess.Popen(
+            ["ip", "netns", "exec", ns, sys.executable, "-c", DNS, DOMAIN, host_addr],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert dns.stdout.readline().strip() == "ready"
+        yield ns, host_addr
+    finally:
+        if dns is not None:
+            dns.kill()
+            dns.wait(10)
+        subprocess.run(["ip", "link", "del", veth], capture_output=True, timeout=15)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=15)
+        shutil.rmtree(etc, ignore_errors=True)
+
+
+@pytest.mark.timeout(240)
+def test_e2b_domain_only_over_tls(tls_netns):
+    ns, host_addr = tls_netns
+    saved = dict(os.environ)  # Server.start points the SDK env at itself; the session's server keeps it
+    srv = Server()
+    try:
+        srv.start(["--tls-self-signed", "--listen-tls", f"{host_addr}:443"])
+        os.environ.clear()
+        os.environ.update(saved)
+        ca = os.path.join(srv.data_dir, "tls", "ca.pem")
+        assert os.path.exists(ca), "serve made its local CA"
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": os.environ.get("HOME", "/root"),
+            "E2B_DOMAIN": DOMAIN,
+            "E2B_API_KEY": srv.api_key,
+            "SSL_CERT_FILE": ca,
+        }
+        r = subprocess.run(
+            ["ip", "netns", "exec", ns, sys.executable, "-c", CHILD],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=200,
+        )
+        assert r.returncode == 0, f"child failed ({r.returncode}):\n{r.stderr}\n{r.stdout}"
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        assert out["echo"] == "over-tls"
+        assert out["read"] == "written over tls"
+        assert out["host"].startswith("8000-") and out["host"].endswith("." + DOMAIN), out
+        # The service behind get_host(8000) answered over https and saw the masked Host.
+        assert out.get("served") == "app.local:8000", out
+        assert out["killed"] is True
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        srv.stop()
