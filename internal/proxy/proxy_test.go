@@ -3,6 +3,8 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -203,7 +205,35 @@ func TestStreamingIsNotBuffered(t *testing.T) {
 }
 
 func TestWebSocketUpgradePassesThrough(t *testing.T) {
-	f := setup(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	f := setup(t, wsEcho())
+	u, _ := url.Parse(f.front.URL)
+	conn, err := net.DialTimeout("tcp", u.Host, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkWSEcho(t, f, conn)
+}
+
+// A TLS listener that offers HTTP/2 still upgrades WebSockets: clients ask
+// for http/1.1 by ALPN, as browsers and ws libraries do (serve --tls-*).
+func TestWebSocketUpgradeOverTLS(t *testing.T) {
+	f := setup(t, wsEcho())
+	front := httptest.NewUnstartedServer(New(Config{Domain: "cubicle.test"}, nil, f.st, http.NotFoundHandler()))
+	front.EnableHTTP2 = true
+	front.StartTLS()
+	t.Cleanup(front.Close)
+	roots := x509.NewCertPool()
+	roots.AddCert(front.Certificate())
+	conn, err := tls.Dial("tcp", front.Listener.Addr().String(), &tls.Config{RootCAs: roots, ServerName: "example.com", NextProtos: []string{"http/1.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkWSEcho(t, f, conn)
+}
+
+// wsEcho upgrades and echoes one line over the upgraded connection.
+func wsEcho() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
 			http.Error(w, "want upgrade", 400)
 			return
@@ -215,16 +245,14 @@ func TestWebSocketUpgradePassesThrough(t *testing.T) {
 		defer conn.Close()
 		rw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
 		rw.Flush()
-		// Echo one line over the upgraded connection.
 		line, _ := rw.ReadString('\n')
 		rw.WriteString("echo:" + line)
 		rw.Flush()
-	}))
-	u, _ := url.Parse(f.front.URL)
-	conn, err := net.DialTimeout("tcp", u.Host, 2*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	})
+}
+
+func checkWSEcho(t *testing.T, f *fixture, conn net.Conn) {
+	t.Helper()
 	defer conn.Close()
 	conn.SetDeadline(time.Now().Add(5 * time.Second))
 	fmt.Fprintf(conn, "GET /ws HTTP/1.1\r\nHost: %d-%s.cubicle.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n", f.port, f.sb.ID)
