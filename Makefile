@@ -25,6 +25,7 @@ build:
 	$(GO) build -o bin/cubicle ./cmd/cubicle
 	CGO_ENABLED=0 $(GO) build -o bin/cubicle-volume-s3 ./cmd/cubicle-volume-s3
 	CGO_ENABLED=0 $(GO) build -o bin/buildkitd github.com/moby/buildkit/cmd/buildkitd
+	$(GO) build -o bin/cubicle-testnet ./test/testnet
 
 # Dependencies (apt packages, runsc, base image, node_modules): scripts/install, once.
 # The stamp is refreshed when the install script or the JS lockfile changes.

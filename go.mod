@@ -23,7 +23,11 @@ require (
 	modernc.org/sqlite v1.62.0
 )
 
-require github.com/coreos/go-iptables v0.8.0 // indirect
+require (
+	github.com/coreos/go-iptables v0.8.0
+	github.com/miekg/dns v1.1.68
+	golang.org/x/tools v0.52.0 // indirect
+)
 
 require (
 	cyphar.com/go-pathrs v0.2.5 // indirect

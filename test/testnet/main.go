@@ -1,0 +1,301 @@
+// Command cubicle-testnet is the end-to-end suites' stand-in for the
+// internet: a network namespace behind a veth on the host (an address in the
+// benchmarking range 198.18.0.0/15, never routed) with a DNS server that
+// answers every *.test name with its own address, and HTTP (:80, :8080) and
+// HTTPS (:443, any *.test name, from a CA it makes) servers that echo what
+// they received as JSON. Suites start `cubicle serve --dns <dns>
+// --ca-certificates <bundle>` against it, so sandboxes resolve and trust it.
+//
+// It prints one JSON line when ready and runs until stdin closes or it gets
+// SIGTERM/SIGINT, then removes the namespace, the veth and its files.
+package main
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/cubicle-dev/cubicle/internal/network"
+)
+
+type records map[string]string
+
+func (r records) String() string { return fmt.Sprint(map[string]string(r)) }
+func (r records) Set(v string) error {
+	name, ip, ok := strings.Cut(v, "=")
+	if _, err := netip.ParseAddr(ip); !ok || err != nil {
+		return fmt.Errorf("want name=IPv4, got %q", v)
+	}
+	r[dns.Fqdn(strings.ToLower(name))] = ip
+	return nil
+}
+
+// Ready is what the fixture prints.
+type Ready struct {
+	Netns    string `json:"netns"`
+	HostAddr string `json:"hostAddr"`
+	Addr     string `json:"addr"`
+	DNS      string `json:"dns"`
+	CACert   string `json:"caCert"`
+	// CABundle is the machine's CA bundle plus CACert, for --ca-certificates.
+	CABundle string `json:"caBundle"`
+}
+
+func main() {
+	dir := flag.String("dir", "", "where to write the CA (default: a new temp dir, removed at exit)")
+	recs := records{}
+	flag.Var(recs, "record", "name=IP: answer this name with IP instead of the fixture's address (repeatable)")
+	flag.Parse()
+	if err := run(*dir, recs); err != nil {
+		fmt.Fprintln(os.Stderr, "cubicle-testnet:", err)
+		os.Exit(1)
+	}
+}
+
+func sh(args ...string) error {
+	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s: %v: %s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+// freeSlash30 picks a /30 in 198.18.128.0/17 that no interface uses.
+func freeSlash30() (host, peer netip.Addr, err error) {
+	used := map[netip.Addr]bool{}
+	addrs, _ := net.InterfaceAddrs()
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil {
+			used[p.Masked().Addr()] = true
+		}
+	}
+	for range 64 {
+		b := make([]byte, 2)
+		_, _ = rand.Read(b)
+		base := netip.AddrFrom4([4]byte{198, 18, 128 | b[0]&0x7f, b[1] &^ 3})
+		if !used[base] {
+			return base.Next(), base.Next().Next(), nil
+		}
+	}
+	return netip.Addr{}, netip.Addr{}, errors.New("no free /30 in 198.18.128.0/17")
+}
+
+func run(dir string, recs records) (err error) {
+	var cleanup []func()
+	defer func() {
+		for i := len(cleanup) - 1; i >= 0; i-- {
+			cleanup[i]()
+		}
+	}()
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "cubicle-testnet-"); err != nil {
+			return err
+		}
+		cleanup = append(cleanup, func() { os.RemoveAll(dir) })
+	}
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	name := fmt.Sprintf("cbtn%x", b)
+	hostAddr, addr, err := freeSlash30()
+	if err != nil {
+		return err
+	}
+	if err := sh("ip", "netns", "add", name); err != nil {
+		return err
+	}
+	cleanup = append(cleanup, func() { _ = sh("ip", "netns", "del", name) })
+	if err := sh("ip", "link", "add", name, "type", "veth", "peer", "name", "eth0", "netns", name); err != nil {
+		return err
+	}
+	cleanup = append(cleanup, func() { _ = sh("ip", "link", "del", name) })
+	for _, c := range [][]string{
+		{"ip", "addr", "add", hostAddr.String() + "/30", "dev", name},
+		{"ip", "link", "set", name, "up"},
+		{"ip", "-n", name, "addr", "add", addr.String() + "/30", "dev", "eth0"},
+		{"ip", "-n", name, "link", "set", "eth0", "up"},
+		{"ip", "-n", name, "link", "set", "lo", "up"},
+	} {
+		if err := sh(c...); err != nil {
+			return err
+		}
+	}
+	ca, caKey, err := makeCA()
+	if err != nil {
+		return err
+	}
+	caPath := filepath.Join(dir, "testnet-ca.pem")
+	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Raw})
+	if err := os.WriteFile(caPath, caPEM, 0o644); err != nil {
+		return err
+	}
+	host, _ := os.ReadFile("/etc/ssl/certs/ca-certificates.crt")
+	bundle := filepath.Join(dir, "testnet-bundle.pem")
+	if err := os.WriteFile(bundle, append(append(host, '\n'), caPEM...), 0o644); err != nil {
+		return err
+	}
+
+	// Sockets opened in the namespace stay there; they are served from here.
+	nsPath := "/run/netns/" + name
+	var udp net.PacketConn
+	var tcp53, l80, l443, l8080 net.Listener
+	if err := network.RunInNetns(nsPath, func() error {
+		var err error
+		if udp, err = net.ListenPacket("udp", addr.String()+":53"); err != nil {
+			return err
+		}
+		listen := func(port int) (net.Listener, error) { return net.Listen("tcp", fmt.Sprintf("%s:%d", addr, port)) }
+		if tcp53, err = listen(53); err != nil {
+			return err
+		}
+		if l80, err = listen(80); err != nil {
+			return err
+		}
+		if l443, err = listen(443); err != nil {
+			return err
+		}
+		l8080, err = listen(8080)
+		return err
+	}); err != nil {
+		return err
+	}
+	dnsH := dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(q)
+		for _, qq := range q.Question {
+			n := strings.ToLower(qq.Name)
+			ip, ok := recs[n]
+			if !ok && (n == "test." || strings.HasSuffix(n, ".test.")) {
+				ip, ok = addr.String(), true
+			}
+			if !ok {
+				m.Rcode = dns.RcodeNameError
+				continue
+			}
+			if qq.Qtype == dns.TypeA {
+				m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: qq.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 5}, A: net.ParseIP(ip)})
+			}
+		}
+		_ = w.WriteMsg(m)
+	})
+	servers := []*dns.Server{{PacketConn: udp, Handler: dnsH}, {Listener: tcp53, Handler: dnsH}}
+	for _, s := range servers {
+		go func() { _ = s.ActivateAndServe() }()
+		cleanup = append(cleanup, func() { _ = s.Shutdown() })
+	}
+	leaves := &leafCache{ca: ca, key: caKey, m: map[string]*tls.Certificate{}}
+	echo := http.HandlerFunc(serveEcho)
+	for _, l := range []net.Listener{l80, l8080, l443} {
+		srv := &http.Server{Handler: echo, ReadHeaderTimeout: 10 * time.Second}
+		if l == l443 {
+			// HTTP/2 and HTTP/1.1, a certificate for whatever name is asked.
+			srv.TLSConfig = &tls.Config{GetCertificate: leaves.get}
+			go func() { _ = srv.ServeTLS(l, "", "") }()
+		} else {
+			go func() { _ = srv.Serve(l) }()
+		}
+		cleanup = append(cleanup, func() { srv.Close() })
+	}
+	ready, _ := json.Marshal(Ready{Netns: name, HostAddr: hostAddr.String(), Addr: addr.String(), DNS: addr.String(), CACert: caPath, CABundle: bundle})
+	fmt.Println(string(ready))
+
+	done := make(chan struct{}, 2)
+	go func() { _, _ = io.Copy(io.Discard, os.Stdin); done <- struct{}{} }()
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	go func() { <-sig; done <- struct{}{} }()
+	<-done
+	return nil
+}
+
+// serveEcho answers with what it received, so tests see the Host, SNI and
+// headers a request arrived with.
+func serveEcho(w http.ResponseWriter, r *http.Request) {
+	e := map[string]any{
+		"host": r.Host, "method": r.Method, "path": r.URL.RequestURI(), "proto": r.Proto,
+		"headers": r.Header, "remote": r.RemoteAddr, "tls": r.TLS != nil,
+	}
+	if r.TLS != nil {
+		e["sni"] = r.TLS.ServerName
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(e)
+}
+
+func makeCA() (*x509.Certificate, *ecdsa.PrivateKey, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: "cubicle-testnet CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := x509.ParseCertificate(der)
+	return c, key, err
+}
+
+type leafCache struct {
+	ca  *x509.Certificate
+	key *ecdsa.PrivateKey
+	mu  sync.Mutex
+	m   map[string]*tls.Certificate
+}
+
+// get mints a certificate for any SNI (an IP literal when there is none).
+func (l *leafCache) get(hi *tls.ClientHelloInfo) (*tls.Certificate, error) {
+	name := hi.ServerName
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if c := l.m[name]; c != nil {
+		return c, nil
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	if name != "" {
+		tmpl.DNSNames = []string{name}
+	} else if a, _, err := net.SplitHostPort(hi.Conn.LocalAddr().String()); err == nil {
+		tmpl.IPAddresses = []net.IP{net.ParseIP(a)}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, l.ca, &key.PublicKey, l.key)
+	if err != nil {
+		return nil, err
+	}
+	c := &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	l.m[name] = c
+	return c, nil
+}
