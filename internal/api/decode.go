@@ -75,7 +75,13 @@ func (req *newSandbox) options(v2 bool) (control.CreateOptions, string) {
 	if req.AllowInternetAccess != nil {
 		netw.AllowInternet = *req.AllowInternetAccess
 	}
+	if msg := unsupportedIAM(req.IAM); msg != "" {
+		return control.CreateOptions{}, msg
+	}
 	if req.Network != nil {
+		if msg := unsupportedEgress(req.Network.EgressProxy, req.Network.Rules); msg != "" {
+			return control.CreateOptions{}, msg
+		}
 		if req.Network.AllowPublicTraffic != nil {
 			netw.AllowPublicTraffic = *req.Network.AllowPublicTraffic
 		}
@@ -113,9 +119,11 @@ func (req *newSandbox) options(v2 bool) (control.CreateOptions, string) {
 
 // networkUpdate is the PUT /sandboxes/{id}/network body.
 type networkUpdate struct {
-	AllowOut            []string `json:"allowOut"`
-	DenyOut             []string `json:"denyOut"`
-	AllowInternetAccess *bool    `json:"allow_internet_access"`
+	AllowOut            []string        `json:"allowOut"`
+	DenyOut             []string        `json:"denyOut"`
+	AllowInternetAccess *bool           `json:"allow_internet_access"`
+	EgressProxy         json.RawMessage `json:"egressProxy"`
+	Rules               json.RawMessage `json:"rules"`
 }
 
 // network is the policy the body asks for; the manager validates it.

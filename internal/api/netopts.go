@@ -1,6 +1,8 @@
 package api
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"net"
 	"strconv"
@@ -61,6 +63,50 @@ func checkMaskRequestHost(mask string) string {
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '.' || c == '_' || c == ':' || c == '[' || c == ']') {
 			return fmt.Sprintf("network.maskRequestHost: %q is not a host[:port] (character %q)", mask, c)
 		}
+	}
+	return ""
+}
+
+// absent reports whether an optional JSON value was left out or null.
+func absent(raw json.RawMessage) bool {
+	t := bytes.TrimSpace(raw)
+	return len(t) == 0 || bytes.Equal(t, []byte("null"))
+}
+
+// unsupportedEgress refuses the egress options Cubicle does not apply yet,
+// by name: accepting them would send the sandbox's traffic out directly
+// when the caller asked for a proxy or for rewritten requests (fail-open).
+func unsupportedEgress(egressProxy, rules json.RawMessage) string {
+	if !absent(egressProxy) {
+		return "network.egressProxy: tunnelling egress through a SOCKS5 proxy is not supported by this server; omit it"
+	}
+	if !absent(rules) {
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal(rules, &m); err != nil {
+			return "network.rules: want an object of domain to rule list"
+		}
+		if len(m) > 0 {
+			return "network.rules: per-domain transform rules are not supported by this server; omit them"
+		}
+	}
+	return ""
+}
+
+// unsupportedIAM refuses workload identity tokens: there is no identity
+// provider to mint them, and a transform that references one would send
+// its placeholder instead of a token.
+func unsupportedIAM(raw json.RawMessage) string {
+	if absent(raw) {
+		return ""
+	}
+	var iam struct {
+		Tokens map[string]json.RawMessage `json:"tokens"`
+	}
+	if err := json.Unmarshal(raw, &iam); err != nil {
+		return "iam: want an object"
+	}
+	if len(iam.Tokens) > 0 {
+		return "iam.tokens: workload identity tokens are not supported by this server; omit iam"
 	}
 	return ""
 }

@@ -49,3 +49,36 @@ func TestNetworkPortAndMaskOptions(t *testing.T) {
 		}
 	}
 }
+
+func TestUnimplementedSecurityOptionsAreRefusedByName(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"templateID":"base","network":{"egressProxy":{"address":"proxy.example:1080"}}}`:                    "network.egressProxy",
+		`{"templateID":"base","network":{"rules":{"api.example.com":[{"transform":{"headers":{"A":"b"}}}]}}}`: "network.rules",
+		`{"templateID":"base","network":{"rules":[]}}`:                                                        "network.rules",
+		`{"templateID":"base","iam":{"tokens":{"aws":{"audience":"sts","tokenType":"JWT-SVID"}}}}`:            "iam.tokens",
+	} {
+		var req newSandbox
+		if msg := decodeJSON([]byte(body), &req, false); msg != "" {
+			t.Fatalf("%s: decode: %s", body, msg)
+		}
+		if _, msg := req.options(true); !strings.HasPrefix(msg, want) {
+			t.Errorf("%s: got %q, want a 400 naming %s", body, msg, want)
+		}
+	}
+	// Absent, null or empty ones are fine, and mcp is the SDK's business.
+	for _, body := range []string{
+		`{"templateID":"base","network":{"egressProxy":null,"rules":{}},"iam":{"tokens":{}},"mcp":{"x":{}}}`,
+		`{"templateID":"base","iam":null,"mcp":null}`,
+	} {
+		var req newSandbox
+		if msg := decodeJSON([]byte(body), &req, false); msg != "" {
+			t.Fatalf("%s: decode: %s", body, msg)
+		}
+		if _, msg := req.options(true); msg != "" {
+			t.Errorf("%s: refused: %s", body, msg)
+		}
+	}
+	if msg := unsupportedEgress([]byte(`{"address":"p:1"}`), nil); !strings.HasPrefix(msg, "network.egressProxy") {
+		t.Errorf("update with egressProxy: %q", msg)
+	}
+}

@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"github.com/cubicle-dev/cubicle/internal/accel"
@@ -26,6 +27,9 @@ type networkConfig struct {
 	DenyOut            []string `json:"denyOut,omitempty"`
 	MaskRequestHost    string   `json:"maskRequestHost,omitempty"`
 	HTTPSPorts         []int    `json:"httpsPorts,omitempty"`
+	// Refused when set (checkUnsupported): decoded only to say so.
+	EgressProxy json.RawMessage `json:"egressProxy,omitempty"`
+	Rules       json.RawMessage `json:"rules,omitempty"`
 }
 
 type newSandbox struct {
@@ -47,6 +51,11 @@ type newSandbox struct {
 	} `json:"volumeMounts"`
 	// Accelerators is Cubicle's extension: [{"class":"gpu","count":1,...}].
 	Accelerators []accel.Request `json:"accelerators"`
+	// IAM is e2b's workload identity: refused when it names tokens.
+	IAM json.RawMessage `json:"iam"`
+	// MCP is the SDK's own business: it picks the mcp-gateway template
+	// and starts the gateway in the sandbox; the server has nothing to do.
+	MCP json.RawMessage `json:"mcp"`
 }
 
 type volumeMountJSON struct {
@@ -481,6 +490,10 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 	var req networkUpdate
 	if !s.decode(w, r, &req, false) {
+		return
+	}
+	if msg := unsupportedEgress(req.EgressProxy, req.Rules); msg != "" {
+		writeError(w, http.StatusBadRequest, msg)
 		return
 	}
 	if err := s.mgr.UpdateNetwork(r.Context(), chi.URLParam(r, "id"), req.network()); err != nil {
