@@ -29,6 +29,10 @@ func withUnknownField(body string) (plain, extra []byte, ok bool) {
 func checkPolicy(t *testing.T, allow, deny []string) {
 	t.Helper()
 	err := network.ValidatePolicy(network.Policy{AllowOut: allow, DenyOut: deny})
+	if err == nil {
+		// Domain entries are valid but refused until they are enforced.
+		err = network.CheckEnforced(network.Policy{AllowOut: allow, DenyOut: deny})
+	}
 	if err != nil {
 		if !errors.Is(err, network.ErrInvalidPolicy) {
 			t.Fatalf("policy error %v is not ErrInvalidPolicy", err)

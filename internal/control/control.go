@@ -249,7 +249,10 @@ func (m *Manager) validate(o *CreateOptions) error {
 		}
 	}
 	if err := network.ValidatePolicy(policyOf(o.Network)); err != nil {
-		return invalid("network: %v", err)
+		return invalid("network.%v", err)
+	}
+	if err := network.CheckEnforced(policyOf(o.Network)); err != nil {
+		return invalid("network.%v", err)
 	}
 	return nil
 }
@@ -770,7 +773,10 @@ func (m *Manager) resumeLocked(ctx context.Context, sb *store.Sandbox) (err erro
 // UpdateNetwork replaces the egress policy of a running sandbox.
 func (m *Manager) UpdateNetwork(ctx context.Context, id string, n store.Network) error {
 	if err := network.ValidatePolicy(policyOf(n)); err != nil {
-		return invalid("network: %v", err)
+		return invalid("%v", err)
+	}
+	if err := network.CheckEnforced(policyOf(n)); err != nil {
+		return invalid("%v", err)
 	}
 	unlock := m.lock(id)
 	defer unlock()

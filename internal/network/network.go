@@ -61,10 +61,14 @@ next:
 // everything else is dropped, otherwise the internal ranges
 // (InternalRanges, the host's uplink networks) are dropped, except DNS to
 // the configured resolvers, and the rest is accepted.
+//
+// Domain entries ("pypi.org", "*.npmjs.org") are judged by the node's
+// egress proxy, by the Host header of HTTP and the SNI of TLS on ports 80
+// and 443, with the same precedence; other traffic follows the IP entries.
 type Policy struct {
 	AllowInternet bool
-	AllowOut      []string // IPs or CIDRs
-	DenyOut       []string // IPs or CIDRs
+	AllowOut      []string // IPs, CIDRs or domains
+	DenyOut       []string // IPs, CIDRs or domains
 }
 
 // Endpoint is a sandbox's network attachment.
@@ -94,16 +98,15 @@ type Manager interface {
 	List(ctx context.Context) ([]Endpoint, error)
 }
 
-// ValidatePolicy checks that every entry is an IP or CIDR.
+// ValidatePolicy checks that every entry is an IP, a CIDR or a domain
+// (ParseDomain) and that neither list is over MaxPolicyEntries. Errors are
+// a *PolicyError naming the entry, wrapping ErrInvalidPolicy.
 func ValidatePolicy(p Policy) error {
-	for _, list := range [][]string{p.AllowOut, p.DenyOut} {
-		for _, s := range list {
-			if _, err := ParsePrefix(s); err != nil {
-				return err
-			}
-		}
+	if _, _, err := splitEntries("allowOut", p.AllowOut); err != nil {
+		return err
 	}
-	return nil
+	_, _, err := splitEntries("denyOut", p.DenyOut)
+	return err
 }
 
 // ParsePrefix accepts "1.2.3.4" or "1.2.3.0/24".
