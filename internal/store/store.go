@@ -289,6 +289,7 @@ type Store interface {
 
 	TemplateStore
 	SnapshotStore
+	SecretStore
 
 	AppendEvent(ctx context.Context, e *Event) error
 	// ListVolumeEvents returns a volume's events, oldest first.
@@ -506,4 +507,46 @@ type SnapshotStore interface {
 	// PurgeSnapshot removes a deleted snapshot's row (its files are gone).
 	// ErrConflict while it is not deleted.
 	PurgeSnapshot(ctx context.Context, id string) error
+}
+
+// Secret is one secret row. Sealed is the current version's value as the
+// secret package sealed it (never plaintext); previous versions are dropped
+// on update, so Version counts updates but only the current one is kept.
+type Secret struct {
+	ID        string
+	TeamID    string
+	Name      string
+	Version   int
+	Metadata  map[string]string
+	Sealed    []byte
+	CreatedAt time.Time
+	UpdatedAt time.Time
+}
+
+// SecretFilter pages one team's secrets, oldest first, after a cursor.
+type SecretFilter struct {
+	TeamID       string
+	AfterCreated time.Time
+	AfterID      string
+	Limit        int
+}
+
+// SecretStore is the secrets' persistence. Every method is team-scoped:
+// another team's secret is ErrNotFound, exactly like a missing one.
+type SecretStore interface {
+	// CreateSecret inserts the row; ErrConflict when the ID, or the name
+	// within the team, is taken; ErrNotFound when the team is missing.
+	CreateSecret(ctx context.Context, s *Secret) error
+	// GetSecret finds a team's secret by ID, SecretByName by name.
+	GetSecret(ctx context.Context, teamID, id string) (*Secret, error)
+	SecretByName(ctx context.Context, teamID, name string) (*Secret, error)
+	// ListSecrets returns up to f.Limit rows ordered by (created, id).
+	ListSecrets(ctx context.Context, f SecretFilter) ([]*Secret, error)
+	// UpdateSecret replaces the sealed value with version fromVersion+1
+	// (and the metadata when metadata is non-nil) only while the row is at
+	// fromVersion: ErrConflict when another update won, ErrNotFound when
+	// the row is missing.
+	UpdateSecret(ctx context.Context, teamID, id string, fromVersion int, sealed []byte, metadata map[string]string) (*Secret, error)
+	// DeleteSecret removes the row; ErrNotFound when missing.
+	DeleteSecret(ctx context.Context, teamID, id string) error
 }

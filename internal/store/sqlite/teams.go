@@ -91,6 +91,7 @@ func (s *Store) DeleteTeam(ctx context.Context, id string) error {
 		{"live sandboxes", `SELECT COUNT(*) FROM sandboxes WHERE team_id=? AND state != '` + string(store.StateKilled) + `'`},
 		{"volumes", `SELECT COUNT(*) FROM volumes WHERE team_id=?`},
 		{"templates", `SELECT COUNT(*) FROM templates WHERE team_id=?`},
+		{"secrets", `SELECT COUNT(*) FROM secrets WHERE team_id=?`},
 	} {
 		var n int
 		if err := tx.QueryRowContext(ctx, c.q, id).Scan(&n); err != nil {

@@ -27,6 +27,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 	t.Run("PoolClaimAndExclude", func(t *testing.T) { testPoolClaim(t, open(t)) })
 	t.Run("PoolClaimRace", func(t *testing.T) { testPoolClaimRace(t, open(t)) })
 	t.Run("Snapshots", func(t *testing.T) { testSnapshots(t, open(t)) })
+	t.Run("Secrets", func(t *testing.T) { testSecrets(t, open(t)) })
 	runTenancy(t, open)
 }
 
