@@ -49,6 +49,8 @@ func hint(err error) string {
 		return "`cubicle volume list` shows the volumes; create one with `cubicle volume create NAME`"
 	case errors.Is(err, cubicle.ErrVolumeInUse):
 		return "kill the sandboxes that mount it first (`cubicle volume get ID` lists them)"
+	case errors.Is(err, cubicle.ErrSecretNotFound):
+		return "`cubicle secret list` shows the team's secrets"
 	case errors.Is(err, cubicle.ErrFileNotFound):
 		return "check the path; `cubicle files ls SANDBOX:/dir` lists a directory"
 	case errors.Is(err, cubicle.ErrRateLimited):

@@ -27,6 +27,8 @@ var (
 	ErrSnapshotNotFound = errors.New("cubicle: snapshot not found")
 	// ErrVolumeNotFound: no volume has that ID or name.
 	ErrVolumeNotFound = errors.New("cubicle: volume not found")
+	// ErrSecretNotFound: no secret of the team has that ID or name.
+	ErrSecretNotFound = errors.New("cubicle: secret not found")
 	// ErrFileNotFound: a path inside a sandbox or volume does not exist.
 	ErrFileNotFound = errors.New("cubicle: file not found")
 	// ErrVolumeInUse: the volume is attached to a sandbox and cannot be deleted.
@@ -66,6 +68,7 @@ const (
 	resSnapshot
 	resVolume
 	resFile
+	resSecret
 )
 
 // APIError is a non-2xx answer from the control plane, envd or the
@@ -124,6 +127,8 @@ func (e *APIError) Is(target error) bool {
 		return specific(http.StatusNotFound, "volume_not_found", resVolume)
 	case ErrFileNotFound:
 		return st == http.StatusNotFound && e.res == resFile
+	case ErrSecretNotFound:
+		return specific(http.StatusNotFound, "secret_not_found", resSecret)
 	case ErrVolumeInUse:
 		return specific(http.StatusConflict, "volume_in_use", resVolume)
 	case ErrUnauthorized:
