@@ -147,6 +147,8 @@ func TestErrorMapping(t *testing.T) {
 		{507, `{"code":507,"message":"full"}`, resFile, []error{ErrNotEnoughSpace}, nil},
 		{504, ``, resNone, []error{ErrTimeout}, nil},
 		{403, `{"code":403,"message":"other team"}`, resTemplate, []error{ErrForbidden}, []error{ErrTemplateNotFound}},
+		{404, `{"code":404,"message":"secret x not found"}`, resSecret, []error{ErrNotFound, ErrSecretNotFound}, []error{ErrVolumeNotFound, ErrSandboxNotFound}},
+		{404, `{"code":404,"message":"x"}`, resVolume, []error{ErrVolumeNotFound}, []error{ErrSecretNotFound}},
 	}
 	for i, tc := range cases {
 		rec := httptest.NewRecorder()
