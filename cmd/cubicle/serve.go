@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	goruntime "runtime"
+	"strings"
 	"syscall"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/api"
 	"github.com/cubicle-dev/cubicle/internal/cacerts"
 	"github.com/cubicle-dev/cubicle/internal/control"
+	"github.com/cubicle-dev/cubicle/internal/egress"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/proxy"
@@ -41,6 +43,7 @@ type serveOptions struct {
 	tlsCert, tlsKey                                       string
 	tlsSelfSigned                                         bool
 	listenTLS                                             string
+	dns                                                   []string
 	cpuCount, memoryMB, diskSizeMB, maxSandboxes          int
 	maxSnapshots                                          int
 	maxCreates                                            int
@@ -82,6 +85,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&o.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
 	f.StringVar(&o.listenTLS, "listen-tls", "", "with --tls-cert or --tls-self-signed: serve TLS on this address (e.g. 0.0.0.0:443) and keep --listen plain HTTP; default: --listen itself speaks TLS")
 	f.BoolVar(&o.tlsSelfSigned, "tls-self-signed", false, "serve TLS for *.<domain> with a certificate from a local CA made once in <data-dir>/tls (prints how to trust it)")
+	f.StringSliceVar(&o.dns, "dns", nil, "DNS servers for sandboxes (IPv4, comma-separated; default: the host's non-loopback resolvers); the egress proxy resolves allowed domains through them too")
 	f.StringVar(&o.pool, "pool", "10.211.0.0/16", "sandbox address pool")
 	f.StringVar(&o.bridge, "bridge", "cubicle0", "bridge interface name")
 	f.StringVar(&o.netnsDir, "netns-dir", "", "where sandbox netns are bind-mounted (default /run/cubicle/<bridge>/netns)")
@@ -238,11 +242,18 @@ func serve(ctx context.Context, o serveOptions) error {
 	}
 	defer stopLxcfs(lx, drv, log)
 	resolv := filepath.Join(o.dataDir, "resolv.conf")
-	resolvers, err := node.WriteResolvConf("/etc/resolv.conf", resolv)
+	resolvers, err := sandboxResolvers(o.dns, resolv)
 	if err != nil {
-		return fmt.Errorf("resolv.conf: %w", err)
+		return err
 	}
-	netm, err := network.NewLinux(network.Config{Bridge: o.bridge, Pool: pool, NetnsDir: o.netnsDir, Table: o.nftTable, Resolvers: resolvers, HostFirewall: o.hostFirewall})
+	egressLn, err := egress.ListenFreebind(netip.AddrPortFrom(network.GatewayOf(pool), 0))
+	if err != nil {
+		return fmt.Errorf("egress proxy: %w", err)
+	}
+	defer egressLn.Close()
+	egressPort := uint16(egressLn.Addr().(*net.TCPAddr).Port)
+	netm, err := network.NewLinux(network.Config{Bridge: o.bridge, Pool: pool, NetnsDir: o.netnsDir, Table: o.nftTable, Resolvers: resolvers,
+		HostFirewall: o.hostFirewall, EgressPort: egressPort})
 	if err != nil {
 		return fmt.Errorf("network: %w", err)
 	}
@@ -257,6 +268,13 @@ func serve(ctx context.Context, o serveOptions) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	volMetrics := control.NewVolumeMetrics(reg)
+	egressProxy := egress.New(egressLn, netm, log, reg)
+	go func() {
+		if err := egressProxy.Serve(); err != nil {
+			log.Error("egress proxy stopped", "err", err)
+		}
+	}()
+	defer egressProxy.Close()
 	am, err := newAccelManager(o.accel, o.dataDir, log, reg)
 	if err != nil {
 		return err
@@ -348,6 +366,31 @@ func serve(ctx context.Context, o serveOptions) error {
 	}
 	log.Info("cubicle stopped; sandboxes left running for re-adoption")
 	return nil
+}
+
+// sandboxResolvers writes the sandboxes' resolv.conf: --dns when given,
+// else the host's resolvers.
+func sandboxResolvers(dns []string, resolv string) ([]netip.Addr, error) {
+	if len(dns) == 0 {
+		r, err := node.WriteResolvConf("/etc/resolv.conf", resolv)
+		if err != nil {
+			return nil, fmt.Errorf("resolv.conf: %w", err)
+		}
+		return r, nil
+	}
+	var addrs []netip.Addr
+	for _, s := range dns {
+		a, err := netip.ParseAddr(strings.TrimSpace(s))
+		if err != nil || !a.Is4() || a.IsLoopback() || a.IsUnspecified() {
+			return nil, fmt.Errorf("--dns %q: want the IPv4 address of a resolver sandboxes can reach (not loopback)", s)
+		}
+		addrs = append(addrs, a)
+	}
+	r, err := node.WriteResolvConfWith(resolv, addrs)
+	if err != nil {
+		return nil, fmt.Errorf("resolv.conf: %w", err)
+	}
+	return r, nil
 }
 
 // serveTLS loads or makes the listener's certificate; nil without TLS flags.

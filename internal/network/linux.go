@@ -38,6 +38,11 @@ type Config struct {
 	// the internal-network default deny covers (cloud resolvers are
 	// private or link-local addresses).
 	Resolvers []netip.Addr
+	// EgressPort is where the node's egress proxy listens on the gateway
+	// address: TCP to ports 80 and 443 of sandboxes whose policy has
+	// domain entries is redirected there. 0: no egress proxy, and such
+	// policies are refused.
+	EgressPort uint16
 	// HostFirewall is HostFirewallAuto (default: accept rules for the
 	// bridge in iptables when the host's FORWARD chain would drop its
 	// traffic; see hostfw_linux.go) or HostFirewallOff.
@@ -88,6 +93,8 @@ type Linux struct {
 	internal []netip.Prefix
 
 	fw *hostFirewall // nil when HostFirewallOff or no iptables
+	// policies are the live endpoints' policies, for the egress proxy.
+	policies map[string]Policy
 
 	mu        sync.Mutex
 	endpoints map[string]Endpoint // includes stale ones (they keep their address)
@@ -127,6 +134,7 @@ func NewLinux(cfg Config) (*Linux, error) {
 		bcast:     lastAddr(cfg.Pool),
 		endpoints: map[string]Endpoint{},
 		used:      map[netip.Addr]string{},
+		policies:  map[string]Policy{},
 	}
 	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
 		return nil, fmt.Errorf("network: enable ip_forward: %w", err)
@@ -392,6 +400,10 @@ func (l *Linux) rebuildTables() error {
 			continue
 		}
 		p := policies[sandboxChainName(ep.ID)]
+		if p.HasDomains() && l.cfg.EgressPort == 0 {
+			p = Policy{} // no proxy to judge names now: deny all rather than allow
+		}
+		l.policies[ep.ID] = p
 		allow, deny, _ := parsePolicy(p)
 		if err := l.addEndpoint(c, t, ep, p, allow, deny); err != nil {
 			return fmt.Errorf("network: nftables endpoint %s: %w", ep.ID, err)
@@ -440,7 +452,7 @@ func (l *Linux) Setup(ctx context.Context, id string, p Policy) (ep Endpoint, er
 	if !validID(id) {
 		return Endpoint{}, ErrInvalidID
 	}
-	allow, deny, err := parsePolicy(p)
+	allow, deny, err := l.parsePolicy(p)
 	if err != nil {
 		return Endpoint{}, err
 	}
@@ -487,6 +499,7 @@ func (l *Linux) Setup(ctx context.Context, id string, p Policy) (ep Endpoint, er
 		return ep, fmt.Errorf("network: nftables endpoint: %w", err)
 	}
 	l.endpoints[id] = ep
+	l.policies[id] = p
 	return ep, nil
 }
 
@@ -672,6 +685,9 @@ func (l *Linux) removeNft(ep Endpoint) error {
 			return c.SetDeleteElements(t.ports, []nftables.SetElement{{Key: ifname(ep.HostVeth)}})
 		},
 		func(c *nftables.Conn) error {
+			return c.SetDeleteElements(t.redir, []nftables.SetElement{{Key: ep.Addr.AsSlice()}})
+		},
+		func(c *nftables.Conn) error {
 			ch := &nftables.Chain{Name: sandboxChainName(ep.ID), Table: t.inet}
 			c.FlushChain(ch)
 			c.DelChain(ch)
@@ -712,6 +728,7 @@ func (l *Linux) Teardown(ctx context.Context, id string) error {
 		return err
 	}
 	delete(l.endpoints, id)
+	delete(l.policies, id)
 	if ep.Addr.IsValid() && l.used[ep.Addr] == id {
 		delete(l.used, ep.Addr)
 	}
@@ -721,7 +738,7 @@ func (l *Linux) Teardown(ctx context.Context, id string) error {
 // UpdatePolicy implements Manager; the sandbox chain is flushed and
 // refilled in one nftables transaction, so no packet sees a partial policy.
 func (l *Linux) UpdatePolicy(ctx context.Context, id string, p Policy) error {
-	allow, deny, err := parsePolicy(p)
+	allow, deny, err := l.parsePolicy(p)
 	if err != nil {
 		return err
 	}
@@ -739,10 +756,33 @@ func (l *Linux) UpdatePolicy(ctx context.Context, id string, p Policy) error {
 	ch := &nftables.Chain{Name: sandboxChainName(id), Table: t.inet}
 	c.FlushChain(ch)
 	l.addPolicyRules(c, t, ch, p, allow, deny)
+	was, now := l.policies[id].HasDomains(), p.HasDomains()
+	switch {
+	case now && !was:
+		err = c.SetAddElements(t.redir, []nftables.SetElement{{Key: ep.Addr.AsSlice()}})
+	case was && !now:
+		err = c.SetDeleteElements(t.redir, []nftables.SetElement{{Key: ep.Addr.AsSlice()}})
+	}
+	if err != nil {
+		return fmt.Errorf("network: nftables update: %w", err)
+	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("network: nftables update: %w", err)
 	}
+	l.policies[id] = p
 	return nil
+}
+
+// parsePolicy is parsePolicy, refusing domain entries when there is no
+// egress proxy to judge them.
+func (l *Linux) parsePolicy(p Policy) (allow, deny []netip.Prefix, err error) {
+	if allow, deny, err = parsePolicy(p); err != nil {
+		return nil, nil, err
+	}
+	if l.cfg.EgressPort == 0 && p.HasDomains() {
+		return nil, nil, fmt.Errorf("%w: domain entries need the node's egress proxy", ErrInvalidPolicy)
+	}
+	return allow, deny, nil
 }
 
 // Get implements Manager.

@@ -23,10 +23,15 @@ import (
 //	    iif br                                     drop     unknown source / ipv6
 //	  chain input     (filter/input, accept)
 //	    iif br, ct established,related accept; iif br drop  host services unreachable
+//	    iif br, ip saddr @redir, tcp dport <egress> accept (the egress proxy)
+//	  set redir { ipv4_addr }                 sandboxes with domain rules
+//	  chain prerouting (nat/prerouting)
+//	    iif br, ip saddr @redir, tcp dport 80|443 redirect to :<egress>
 //	  chain postrouting (nat/postrouting)
 //	    ipv4, ip saddr <pool>, oif != br (or oif == EgressIface) masquerade
 //	  chain s_<hash>  per sandbox, replaced atomically by UpdatePolicy
-//	    ip daddr <pool> drop; allow... accept; deny... drop; then
+//	    ip daddr <pool> drop; with domain rules: resolvers:53 accept;
+//	    allow... accept; deny... drop; then
 //	    no internet: drop; else resolvers:53 accept, internal ranges drop, accept
 //	table bridge <Table>
 //	  map ports { ifname : verdict }          host veth -> jump p_<hash>
@@ -36,11 +41,12 @@ import (
 const (
 	setSandboxes = "sbx"
 	setPorts     = "ports"
+	setRedirect  = "redir"
 )
 
 type nftTables struct {
-	inet, bridge *nftables.Table
-	sbx, ports   *nftables.Set
+	inet, bridge      *nftables.Table
+	sbx, ports, redir *nftables.Set
 }
 
 func (l *Linux) tables() nftTables {
@@ -50,6 +56,7 @@ func (l *Linux) tables() nftTables {
 		inet:   inet,
 		bridge: br,
 		sbx:    &nftables.Set{Table: inet, Name: setSandboxes, IsMap: true, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict},
+		redir:  &nftables.Set{Table: inet, Name: setRedirect, KeyType: nftables.TypeIPAddr},
 		ports:  &nftables.Set{Table: br, Name: setPorts, IsMap: true, KeyType: nftables.TypeIFName, DataType: nftables.TypeVerdict, KeyByteOrder: binaryutil.NativeEndian}, // only affects how nft(8) prints the names
 	}
 }
@@ -135,6 +142,9 @@ func (l *Linux) addBase(c *nftables.Conn, t nftTables) error {
 	if err := c.AddSet(t.ports, nil); err != nil {
 		return err
 	}
+	if err := c.AddSet(t.redir, nil); err != nil {
+		return err
+	}
 
 	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t.inet, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
@@ -149,6 +159,17 @@ func (l *Linux) addBase(c *nftables.Conn, t nftTables) error {
 	in := c.AddChain(&nftables.Chain{Name: "input", Table: t.inet, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
 	c.AddRule(&nftables.Rule{Table: t.inet, Chain: in, Exprs: concat(iif(br, true), ctEstablished(), []expr.Any{verdict(expr.VerdictAccept)})})
+	if port := l.cfg.EgressPort; port != 0 {
+		c.AddRule(&nftables.Rule{Table: t.inet, Chain: in, Exprs: concat(iif(br, true), inRedirect(t), tcpDport(port), []expr.Any{verdict(expr.VerdictAccept)})})
+		nat := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t.inet, Type: nftables.ChainTypeNAT,
+			Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest, Policy: &accept})
+		for _, dport := range []uint16{80, 443} {
+			c.AddRule(&nftables.Rule{Table: t.inet, Chain: nat, Exprs: concat(iif(br, true), inRedirect(t), tcpDport(dport), []expr.Any{
+				&expr.Immediate{Register: 1, Data: binaryutil.BigEndian.PutUint16(port)},
+				&expr.Redir{RegisterProtoMin: 1},
+			})})
+		}
+	}
 	c.AddRule(&nftables.Rule{Table: t.inet, Chain: in, Exprs: concat(iif(br, true), []expr.Any{verdict(expr.VerdictDrop)})})
 
 	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t.inet, Type: nftables.ChainTypeNAT,
@@ -168,6 +189,20 @@ func (l *Linux) addBase(c *nftables.Conn, t nftTables) error {
 	return nil
 }
 
+// inRedirect matches IPv4 packets from a sandbox in the redirect set.
+func inRedirect(t nftTables) []expr.Any {
+	return concat(ipv4Only(), []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+		&expr.Lookup{SourceRegister: 1, SetName: t.redir.Name, SetID: t.redir.ID},
+	})
+}
+
+func tcpDport(port uint16) []expr.Any {
+	return []expr.Any{meta(expr.MetaKeyL4PROTO), cmpEq([]byte{unix.IPPROTO_TCP}),
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		cmpEq(binaryutil.BigEndian.PutUint16(port))}
+}
+
 // addPolicyRules queues the rules of sandbox chain ch for policy p. The
 // policy is stored as JSON in the first rule's user data so a restarted
 // manager can rebuild the table with the same policies.
@@ -176,6 +211,10 @@ func (l *Linux) addPolicyRules(c *nftables.Conn, t nftTables, ch *nftables.Chain
 	// Sandbox to any other pool address (other sandboxes, via routing).
 	c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, UserData: ud,
 		Exprs: concat(ipMatch(16, l.cfg.Pool), []expr.Any{verdict(expr.VerdictDrop)})})
+	if p.HasDomains() {
+		// Names must resolve even under deny-all (e2b keeps its resolver open).
+		l.addResolverRules(c, t, ch)
+	}
 	for _, a := range allow {
 		c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: concat(ipMatch(16, a), []expr.Any{verdict(expr.VerdictAccept)})})
 	}
@@ -186,6 +225,15 @@ func (l *Linux) addPolicyRules(c *nftables.Conn, t nftTables, ch *nftables.Chain
 		c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: []expr.Any{verdict(expr.VerdictDrop)}})
 		return
 	}
+	l.addResolverRules(c, t, ch)
+	for _, in := range l.internal {
+		c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: concat(ipMatch(16, in), []expr.Any{verdict(expr.VerdictDrop)})})
+	}
+	c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: []expr.Any{verdict(expr.VerdictAccept)}})
+}
+
+// addResolverRules accepts DNS to the sandboxes' resolvers.
+func (l *Linux) addResolverRules(c *nftables.Conn, t nftTables, ch *nftables.Chain) {
 	for _, r := range l.cfg.Resolvers {
 		if !r.Is4() {
 			continue
@@ -198,16 +246,17 @@ func (l *Linux) addPolicyRules(c *nftables.Conn, t nftTables, ch *nftables.Chain
 					cmpEq([]byte{0, 53}), verdict(expr.VerdictAccept)})})
 		}
 	}
-	for _, in := range l.internal {
-		c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: concat(ipMatch(16, in), []expr.Any{verdict(expr.VerdictDrop)})})
-	}
-	c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: []expr.Any{verdict(expr.VerdictAccept)}})
 }
 
 // addEndpoint queues everything nftables needs for one endpoint.
 func (l *Linux) addEndpoint(c *nftables.Conn, t nftTables, ep Endpoint, p Policy, allow, deny []netip.Prefix) error {
 	sc := c.AddChain(&nftables.Chain{Name: sandboxChainName(ep.ID), Table: t.inet})
 	l.addPolicyRules(c, t, sc, p, allow, deny)
+	if p.HasDomains() && l.cfg.EgressPort != 0 {
+		if err := c.SetAddElements(t.redir, []nftables.SetElement{{Key: ep.Addr.AsSlice()}}); err != nil {
+			return err
+		}
+	}
 	if err := c.SetAddElements(t.sbx, []nftables.SetElement{{
 		Key: ep.Addr.AsSlice(), VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: sc.Name},
 	}}); err != nil {
@@ -253,6 +302,11 @@ func (l *Linux) delEndpoint(c *nftables.Conn, t nftTables, ep Endpoint) error {
 	}
 	if err := c.SetDeleteElements(t.ports, []nftables.SetElement{{Key: ifname(ep.HostVeth)}}); err != nil {
 		return err
+	}
+	if l.policies[ep.ID].HasDomains() {
+		if err := c.SetDeleteElements(t.redir, []nftables.SetElement{{Key: ep.Addr.AsSlice()}}); err != nil {
+			return err
+		}
 	}
 	c.FlushChain(&nftables.Chain{Name: sandboxChainName(ep.ID), Table: t.inet})
 	c.DelChain(&nftables.Chain{Name: sandboxChainName(ep.ID), Table: t.inet})

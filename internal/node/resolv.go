@@ -35,8 +35,22 @@ func WriteResolvConf(hostPath, outPath string) ([]netip.Addr, error) {
 	if len(servers) == 0 {
 		servers = fallbackResolvers
 	}
+	return writeResolvConf(outPath, servers, "the host's resolvers")
+}
+
+// WriteResolvConfWith writes the sandboxes' resolv.conf with the given
+// servers (serve --dns).
+func WriteResolvConfWith(outPath string, addrs []netip.Addr) ([]netip.Addr, error) {
+	servers := make([]string, 0, len(addrs))
+	for _, a := range addrs {
+		servers = append(servers, a.String())
+	}
+	return writeResolvConf(outPath, servers, "--dns")
+}
+
+func writeResolvConf(outPath string, servers []string, from string) ([]netip.Addr, error) {
 	var b strings.Builder
-	b.WriteString("# written by cubicle from the host's resolvers\n")
+	b.WriteString("# written by cubicle from " + from + "\n")
 	for _, s := range servers {
 		b.WriteString("nameserver " + s + "\n")
 	}

@@ -1,0 +1,394 @@
+// Package egress is the node's transparent egress proxy. nftables redirects
+// the TCP connections of sandboxes whose policy names domains (ports 80 and
+// 443) to it; it reads the TLS ClientHello's server name or the HTTP Host
+// header, judges the name against the sandbox's allowOut/denyOut domains
+// (allow wins, as in e2b), falls back to the address rules for everything
+// else, and splices the allowed connections to their destination.
+//
+// A name allowed by a domain entry is dialled as the name, resolved through
+// the sandboxes' own resolvers, never as the address the sandbox connected
+// to: otherwise a sandbox could send "SNI: pypi.org" to any address. Such a
+// name may only resolve into the internal ranges (cloud metadata, private
+// networks) when an allowOut CIDR opens them.
+package egress
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cubicle-dev/cubicle/internal/network"
+)
+
+// Policies is what the proxy reads from the network manager, live, per
+// connection (network.Linux implements it).
+type Policies interface {
+	SandboxPolicy(addr netip.Addr) (id string, p network.Policy, ok bool)
+	AllowsIP(p network.Policy, ip netip.Addr) bool
+	AllowOutCovers(p network.Policy, ip netip.Addr) bool
+	Internal(ip netip.Addr) bool
+	Resolvers() []netip.Addr
+}
+
+// Limits on what one connection may cost before it is judged.
+const (
+	peekTimeout   = 10 * time.Second
+	dialTimeout   = 10 * time.Second
+	maxHeaderSize = 64 << 10
+	maxConns      = 8192
+)
+
+// Verdicts, as counted.
+const (
+	verdictAllowName = "allowed_name"
+	verdictAllowIP   = "allowed_ip"
+	verdictBlocked   = "blocked"
+	verdictError     = "error"
+)
+
+// Proxy serves one listener.
+type Proxy struct {
+	ln       net.Listener
+	pol      Policies
+	log      *slog.Logger
+	resolver *net.Resolver
+	dialer   net.Dialer
+	sem      chan struct{}
+	conns    *prometheus.CounterVec
+
+	mu     sync.Mutex
+	active map[net.Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// New makes a proxy for ln (on the bridge's gateway address). reg may be
+// nil.
+func New(ln net.Listener, pol Policies, log *slog.Logger, reg prometheus.Registerer) *Proxy {
+	if log == nil {
+		log = slog.Default()
+	}
+	p := &Proxy{ln: ln, pol: pol, log: log, sem: make(chan struct{}, maxConns), active: map[net.Conn]struct{}{},
+		dialer: net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second},
+		conns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cubicle_egress_connections_total",
+			Help: "Sandbox connections the egress proxy judged, by verdict."}, []string{"verdict"})}
+	if reg != nil {
+		reg.MustRegister(p.conns)
+	}
+	if rs := pol.Resolvers(); len(rs) > 0 {
+		p.resolver = &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, nw, _ string) (net.Conn, error) {
+			var last error
+			for _, r := range rs {
+				c, err := p.dialer.DialContext(ctx, nw, netip.AddrPortFrom(r, 53).String())
+				if err == nil {
+					return c, nil
+				}
+				last = err
+			}
+			return nil, last
+		}}
+	} else {
+		p.resolver = net.DefaultResolver
+	}
+	return p
+}
+
+// Serve accepts until Close. Connections are served concurrently.
+func (p *Proxy) Serve() error {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			p.mu.Lock()
+			closed := p.closed
+			p.mu.Unlock()
+			if closed {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return err
+		}
+		select {
+		case p.sem <- struct{}{}:
+		default:
+			c.Close() // over the limit: fail closed
+			continue
+		}
+		if !p.track(c, true) {
+			c.Close()
+			<-p.sem
+			continue
+		}
+		p.wg.Add(1)
+		go func() {
+			defer func() { p.track(c, false); c.Close(); <-p.sem; p.wg.Done() }()
+			p.handle(c)
+		}()
+	}
+}
+
+func (p *Proxy) track(c net.Conn, add bool) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if add {
+		if p.closed {
+			return false
+		}
+		p.active[c] = struct{}{}
+	} else {
+		delete(p.active, c)
+	}
+	return true
+}
+
+// Close stops accepting and ends every connection.
+func (p *Proxy) Close() error {
+	p.mu.Lock()
+	p.closed = true
+	for c := range p.active {
+		c.Close()
+	}
+	p.mu.Unlock()
+	err := p.ln.Close()
+	p.wg.Wait()
+	return err
+}
+
+func (p *Proxy) count(v string) { p.conns.WithLabelValues(v).Inc() }
+
+func (p *Proxy) handle(c net.Conn) {
+	src, err := netip.ParseAddrPort(c.RemoteAddr().String())
+	if err != nil {
+		return
+	}
+	id, pol, ok := p.pol.SandboxPolicy(src.Addr())
+	if !ok {
+		p.count(verdictBlocked)
+		return
+	}
+	dst, err := originalDst(c)
+	if err != nil || dst.String() == c.LocalAddr().String() {
+		// Not redirected: a sandbox connecting to the proxy itself.
+		p.count(verdictBlocked)
+		return
+	}
+	_ = c.SetReadDeadline(time.Now().Add(peekTimeout))
+	br := bufio.NewReaderSize(c, 4096)
+	first, err := br.Peek(1)
+	if err != nil {
+		return
+	}
+	log := p.log.With("sandbox", id, "dst", dst.String())
+	if first[0] == 0x16 { // a TLS handshake record
+		var seen bytes.Buffer
+		name := serverName(io.TeeReader(br, &seen))
+		_ = c.SetReadDeadline(time.Time{})
+		up := p.dialFor(log, pol, name, dst)
+		if up == nil {
+			return
+		}
+		defer up.Close()
+		if _, err := up.Write(seen.Bytes()); err != nil {
+			return
+		}
+		splice(c, br, up)
+		return
+	}
+	p.serveHTTP(log, c, br, pol, dst)
+}
+
+// serveHTTP judges each request on a plain connection by its Host (a later
+// request on a kept-alive connection must name the same host, or the
+// connection is closed) and relays it; an upgrade or CONNECT switches to a
+// byte splice after the request. Bytes that are not HTTP are judged by the
+// destination address.
+func (p *Proxy) serveHTTP(log *slog.Logger, c net.Conn, br *bufio.Reader, pol network.Policy, dst netip.AddrPort) {
+	var seen bytes.Buffer
+	req, err := http.ReadRequest(bufio.NewReader(io.TeeReader(io.LimitReader(br, maxHeaderSize), &seen)))
+	_ = c.SetReadDeadline(time.Time{})
+	if err != nil {
+		// Not HTTP (or headers over the limit): the address rules decide.
+		up := p.dialFor(log, pol, "", dst)
+		if up == nil {
+			return
+		}
+		defer up.Close()
+		if _, err := up.Write(seen.Bytes()); err != nil {
+			return
+		}
+		splice(c, br, up)
+		return
+	}
+	// The request was parsed from a copy: re-read it from what was seen
+	// plus the rest of the stream, so nothing is lost to read-ahead.
+	cr := bufio.NewReader(io.MultiReader(&seen, br))
+	host := hostOf(req.Host)
+	up := p.dialFor(log, pol, host, dst)
+	if up == nil {
+		return
+	}
+	defer up.Close()
+	done := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(c, up)
+		closeWrite(c)
+		close(done)
+	}()
+	for {
+		req, err := http.ReadRequest(cr)
+		if err != nil {
+			break
+		}
+		if hostOf(req.Host) != host {
+			log.Debug("egress: another host on a kept-alive connection", "first", host, "now", req.Host)
+			break
+		}
+		if len(req.Header.Values("User-Agent")) == 0 {
+			req.Header["User-Agent"] = []string{""} // Write would add Go's
+		}
+		if err := req.Write(up); err != nil {
+			break
+		}
+		if req.Method == http.MethodConnect || req.Header.Get("Upgrade") != "" {
+			_, _ = io.Copy(up, cr)
+			break
+		}
+	}
+	closeWrite(up)
+	<-done
+}
+
+// dialFor applies the policy to one connection and dials its upstream, or
+// returns nil when it is blocked.
+func (p *Proxy) dialFor(log *slog.Logger, pol network.Policy, name string, dst netip.AddrPort) net.Conn {
+	allow, deny := pol.Domains()
+	if name != "" {
+		if _, err := netip.ParseAddr(name); err == nil {
+			name = "" // an IP literal: the address rules decide
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), dialTimeout)
+	defer cancel()
+	switch {
+	case name != "" && matchAny(allow, name):
+		ips, err := p.resolver.LookupNetIP(ctx, "ip4", name)
+		if err != nil {
+			log.Debug("egress: allowed name does not resolve", "name", name, "err", err)
+			p.count(verdictError)
+			return nil
+		}
+		for _, ip := range ips {
+			if p.pol.Internal(ip) && !p.pol.AllowOutCovers(pol, ip) {
+				log.Info("egress: allowed name resolves into an internal range; refused", "name", name, "ip", ip)
+				continue
+			}
+			up, err := p.dialer.DialContext(ctx, "tcp", netip.AddrPortFrom(ip.Unmap(), dst.Port()).String())
+			if err == nil {
+				p.count(verdictAllowName)
+				return up
+			}
+			log.Debug("egress: dial", "name", name, "ip", ip, "err", err)
+		}
+		p.count(verdictError)
+		return nil
+	case name != "" && matchAny(deny, name):
+		log.Debug("egress: name denied", "name", name)
+		p.count(verdictBlocked)
+		return nil
+	case p.pol.AllowsIP(pol, dst.Addr()):
+		up, err := p.dialer.DialContext(ctx, "tcp", dst.String())
+		if err != nil {
+			p.count(verdictError)
+			return nil
+		}
+		p.count(verdictAllowIP)
+		return up
+	default:
+		log.Debug("egress: blocked", "name", name)
+		p.count(verdictBlocked)
+		return nil
+	}
+}
+
+func matchAny(patterns []string, host string) bool {
+	for _, d := range patterns {
+		if network.MatchDomain(d, host) {
+			return true
+		}
+	}
+	return false
+}
+
+// hostOf is the name in a Host header or CONNECT target, without port or
+// IPv6 brackets, lower-cased.
+func hostOf(h string) string {
+	if host, _, err := net.SplitHostPort(h); err == nil {
+		h = host
+	}
+	return strings.ToLower(strings.TrimSuffix(strings.Trim(h, "[]"), "."))
+}
+
+// errGotHello ends the handshake once the ClientHello has been read.
+var errGotHello = errors.New("egress: client hello read")
+
+// serverName reads a TLS ClientHello from r and returns its SNI ("" when it
+// has none or is not a ClientHello). crypto/tls does the parsing; nothing is
+// ever written back.
+func serverName(r io.Reader) string {
+	var name string
+	conn := tls.Server(readOnly{r}, &tls.Config{GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+		name = h.ServerName
+		return nil, errGotHello
+	}})
+	_ = conn.Handshake()
+	return strings.ToLower(name)
+}
+
+// readOnly is a net.Conn that reads from r and drops writes (the alert
+// crypto/tls sends when the handshake is abandoned).
+type readOnly struct{ r io.Reader }
+
+func (c readOnly) Read(b []byte) (int, error)     { return c.r.Read(b) }
+func (readOnly) Write(b []byte) (int, error)      { return len(b), nil }
+func (readOnly) Close() error                     { return nil }
+func (readOnly) LocalAddr() net.Addr              { return &net.TCPAddr{} }
+func (readOnly) RemoteAddr() net.Addr             { return &net.TCPAddr{} }
+func (readOnly) SetDeadline(time.Time) error      { return nil }
+func (readOnly) SetReadDeadline(time.Time) error  { return nil }
+func (readOnly) SetWriteDeadline(time.Time) error { return nil }
+
+// splice copies both ways (the client's side from br, which may hold
+// buffered bytes) until both are done, half-closing as each ends.
+func splice(c net.Conn, br *bufio.Reader, up net.Conn) {
+	done := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(c, up)
+		closeWrite(c)
+		close(done)
+	}()
+	_, _ = io.Copy(up, br)
+	closeWrite(up)
+	<-done
+}
+
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+		return
+	}
+	_ = c.Close()
+}

@@ -1,0 +1,120 @@
+//go:build linux
+
+package network
+
+import (
+	"net"
+	"net/netip"
+)
+
+// What the node's egress proxy asks of the manager: whose connection it
+// holds (by source address) and what that sandbox's policy says about an
+// address. Both read the live state, so a policy update applies to the
+// next connection.
+
+// GatewayOf is the bridge's address for pool: where the egress proxy
+// listens before the manager exists (the manager uses the same address).
+func GatewayOf(pool netip.Prefix) netip.Addr { return pool.Masked().Addr().Next() }
+
+// SandboxPolicy returns the policy of the live sandbox at addr.
+func (l *Linux) SandboxPolicy(addr netip.Addr) (string, Policy, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	id, ok := l.used[addr.Unmap()]
+	if !ok {
+		return "", Policy{}, false
+	}
+	if ep := l.endpoints[id]; ep.Stale {
+		return "", Policy{}, false
+	}
+	p, ok := l.policies[id]
+	return id, p, ok
+}
+
+// AllowsIP is the verdict of p's chain for a TCP connection to ip (a port
+// other than DNS): other sandboxes and the host never; then allowOut (wins),
+// denyOut, the internet switch, and the internal ranges.
+func (l *Linux) AllowsIP(p Policy, ip netip.Addr) bool {
+	ip = ip.Unmap()
+	if !ip.Is4() || l.cfg.Pool.Contains(ip) || hostLocal(ip) {
+		return false
+	}
+	allow, deny, err := parsePolicy(p)
+	if err != nil {
+		return false
+	}
+	for _, a := range allow {
+		if a.Contains(ip) {
+			return true
+		}
+	}
+	for _, d := range deny {
+		if d.Contains(ip) {
+			return false
+		}
+	}
+	if !p.AllowInternet {
+		return false
+	}
+	for _, in := range l.internal {
+		if in.Contains(ip) {
+			return false
+		}
+	}
+	return true
+}
+
+// AllowOutCovers reports whether an allowOut CIDR of p contains ip: a name
+// allowed by a domain entry may only resolve into the internal ranges when
+// the caller opened them explicitly (DNS rebinding to 169.254.169.254).
+func (l *Linux) AllowOutCovers(p Policy, ip netip.Addr) bool {
+	allow, _, err := parsePolicy(p)
+	if err != nil {
+		return false
+	}
+	for _, a := range allow {
+		if a.Contains(ip.Unmap()) {
+			return true
+		}
+	}
+	return false
+}
+
+// Internal reports whether ip is in the ranges denied by default, in the
+// sandbox pool, or one of the host's own addresses: the proxy dials from the
+// host, where those would reach host services the sandbox chain never lets
+// a sandbox see.
+func (l *Linux) Internal(ip netip.Addr) bool {
+	ip = ip.Unmap()
+	if l.cfg.Pool.Contains(ip) || hostLocal(ip) {
+		return true
+	}
+	for _, in := range l.internal {
+		if in.Contains(ip) {
+			return true
+		}
+	}
+	return !ip.Is4()
+}
+
+// Resolvers are the sandboxes' DNS servers; the egress proxy resolves
+// allowed names through them, so a name means the same to both.
+func (l *Linux) Resolvers() []netip.Addr { return append([]netip.Addr(nil), l.cfg.Resolvers...) }
+
+// hostLocal reports whether ip is assigned to an interface of the host (read
+// per call: addresses come and go). Unknown means local: fail closed.
+func hostLocal(ip netip.Addr) bool {
+	if ip.IsLoopback() || ip.IsUnspecified() {
+		return true
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return true
+	}
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Unmap() == ip {
+			return true
+		}
+	}
+	return false
+}
