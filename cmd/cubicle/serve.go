@@ -29,6 +29,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/proxy"
 	"github.com/cubicle-dev/cubicle/internal/runtime/oci"
+	"github.com/cubicle-dev/cubicle/internal/secret"
 	"github.com/cubicle-dev/cubicle/internal/servecert"
 	"github.com/cubicle-dev/cubicle/internal/template"
 	"github.com/cubicle-dev/cubicle/internal/template/catalog"
@@ -42,6 +43,7 @@ type serveOptions struct {
 	hostFirewall                                          string
 	tlsCert, tlsKey                                       string
 	tlsSelfSigned                                         bool
+	secretsKey                                            string
 	listenTLS                                             string
 	dns                                                   []string
 	cpuCount, memoryMB, diskSizeMB, maxSandboxes          int
@@ -76,6 +78,7 @@ func serveCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&o.dataDir, "data-dir", defaultDataDir, "state directory (database, sandboxes, runtime state)")
 	f.StringVar(&o.imagesDir, "images-dir", "", "image directory holding <name>/rootfs (default <data-dir>/images)")
+	f.StringVar(&o.secretsKey, "secrets-key", "", "key file sealing secret values (default <data-dir>/secrets.key; created 0600 on first start; keep it outside database backups; losing it makes every secret unreadable, see docs/secrets.md)")
 	f.StringVar(&o.listen, "listen", "127.0.0.1:3000", "address for the API and the sandbox proxy")
 	f.StringVar(&o.runtime, "runtime", "runc", "OCI runtime: runc or runsc (gVisor)")
 	f.StringVar(&o.userns, "userns", "auto", "user namespace per sandbox (root inside is an unprivileged host uid): on, off, or auto (on for runc/crun; runsc has its own sandboxing)")
@@ -212,6 +215,18 @@ func serve(ctx context.Context, o serveOptions) error {
 		return err
 	}
 	defer st.Close()
+	if o.secretsKey == "" {
+		o.secretsKey = filepath.Join(o.dataDir, "secrets.key")
+	}
+	secretsKey, err := secret.LoadOrCreateKey(o.secretsKey)
+	if err != nil {
+		return fmt.Errorf("secrets key: %w", err)
+	}
+	secrets, err := secret.New(st, secretsKey)
+	clear(secretsKey)
+	if err != nil {
+		return fmt.Errorf("secrets key: %w", err)
+	}
 	// Not listable, even when it existed before (make run's mkdir -p):
 	// sandbox filesystems and volumes live below it, in root-only dirs;
 	// traversable, so runc in a sandbox's user namespace reaches its rootfs
@@ -327,7 +342,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	go runAccelReconciler(ctx, nd, o.accel.reconcileT)
 
 	apiSrv := api.New(api.Config{Domain: o.domain, Logger: log, Registry: reg, Templates: tpls.api, Images: tpls.images,
-		MaxImageBytes: o.maxImageBytes}, mgr, st)
+		MaxImageBytes: o.maxImageBytes, Secrets: secrets}, mgr, st)
 	tpls.startCollector(ctx, apiSrv)
 	handler := proxy.New(proxy.Config{Domain: o.domain, Logger: log}, mgr, st, apiSrv)
 

@@ -40,6 +40,9 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 
 // statusOf maps typed control-plane errors to HTTP statuses.
 func statusOf(err error) int {
+	if st, ok := secretStatus(err); ok {
+		return st
+	}
 	switch {
 	case errors.Is(err, control.ErrNotFound), errors.Is(err, control.ErrTemplateNotFound), errors.Is(err, control.ErrVolumeNotFound),
 		errors.Is(err, control.ErrSnapshotNotFound), errors.Is(err, catalog.ErrNotFound), errors.Is(err, catalog.ErrBuildNotFound):

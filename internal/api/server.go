@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/cubicle-dev/cubicle/internal/control"
+	"github.com/cubicle-dev/cubicle/internal/secret"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/template/catalog"
 	"github.com/cubicle-dev/cubicle/internal/volume/content"
@@ -36,6 +37,8 @@ type Config struct {
 	Images Images
 	// MaxImageBytes caps an image import body (default 4 GiB); above it 413.
 	MaxImageBytes int64
+	// Secrets enables the /secrets routes (the team secrets service).
+	Secrets *secret.Secrets
 }
 
 // Server is the REST API.
@@ -117,6 +120,9 @@ func New(cfg Config, mgr *control.Manager, st store.Store) *Server {
 		r.Get("/volumes", s.listVolumes)
 		r.Get("/volumes/{volumeID}", s.getVolume)
 		r.Delete("/volumes/{volumeID}", s.deleteVolume)
+		if cfg.Secrets != nil {
+			s.secretRoutes(r)
+		}
 		s.templateRoutes(r)
 		// What every team shares: only admin keys manage it.
 		r.Group(func(r chi.Router) {

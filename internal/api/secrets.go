@@ -1,0 +1,161 @@
+package api
+
+import (
+	"encoding/base64"
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/cubicle-dev/cubicle/internal/secret"
+	"github.com/cubicle-dev/cubicle/internal/store"
+)
+
+// secretJSON is e2b's Secret. It has no value field: values are write-only.
+type secretJSON struct {
+	SecretID       string            `json:"secretID"`
+	Name           string            `json:"name"`
+	CurrentVersion int               `json:"currentVersion"`
+	Metadata       map[string]string `json:"metadata"`
+	CreatedAt      time.Time         `json:"createdAt"`
+	UpdatedAt      time.Time         `json:"updatedAt"`
+}
+
+type newSecret struct {
+	Name     *string           `json:"name"`
+	Value    *string           `json:"value"`
+	Metadata map[string]string `json:"metadata"`
+}
+
+type secretUpdate struct {
+	Value *string `json:"value"`
+	// Metadata replaces the stored metadata when present; absent keeps it.
+	Metadata map[string]string `json:"metadata"`
+}
+
+func secretOut(s *store.Secret) secretJSON {
+	m := s.Metadata
+	if m == nil {
+		m = map[string]string{}
+	}
+	return secretJSON{SecretID: s.ID, Name: s.Name, CurrentVersion: s.Version, Metadata: m, CreatedAt: s.CreatedAt, UpdatedAt: s.UpdatedAt}
+}
+
+func (s *Server) secretRoutes(r chi.Router) {
+	r.Post("/secrets", s.createSecret)
+	r.Get("/secrets", s.listSecrets)
+	r.Get("/secrets/{secret}", s.getSecret)
+	r.Post("/secrets/{secret}", s.updateSecret)
+	r.Delete("/secrets/{secret}", s.deleteSecret)
+}
+
+func (s *Server) createSecret(w http.ResponseWriter, r *http.Request) {
+	var req newSecret
+	if !s.decode(w, r, &req, false) {
+		return
+	}
+	switch {
+	case req.Name == nil:
+		writeError(w, http.StatusBadRequest, "name is required")
+		return
+	case req.Value == nil:
+		writeError(w, http.StatusBadRequest, "value is required")
+		return
+	}
+	sec, err := s.cfg.Secrets.Create(r.Context(), teamOf(r), *req.Name, *req.Value, req.Metadata)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, secretOut(sec))
+}
+
+func (s *Server) updateSecret(w http.ResponseWriter, r *http.Request) {
+	var req secretUpdate
+	if !s.decode(w, r, &req, false) {
+		return
+	}
+	if req.Value == nil {
+		writeError(w, http.StatusBadRequest, "value is required")
+		return
+	}
+	sec, err := s.cfg.Secrets.Update(r.Context(), teamOf(r), chi.URLParam(r, "secret"), *req.Value, req.Metadata)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, secretOut(sec))
+}
+
+func (s *Server) getSecret(w http.ResponseWriter, r *http.Request) {
+	sec, err := s.cfg.Secrets.Get(r.Context(), teamOf(r), chi.URLParam(r, "secret"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, secretOut(sec))
+}
+
+func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request) {
+	if err := s.cfg.Secrets.Delete(r.Context(), teamOf(r), chi.URLParam(r, "secret")); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := store.SecretFilter{TeamID: teamOf(r), Limit: 100}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 100 {
+			writeError(w, http.StatusBadRequest, "limit must be an integer between 1 and 100")
+			return
+		}
+		f.Limit = n
+	}
+	if tok := q.Get("nextToken"); tok != "" {
+		var err error
+		// Same cursor shape as snapshots: created time and ID.
+		if f.AfterCreated, f.AfterID, err = decodeSnapshotCursor(tok); err != nil {
+			writeError(w, http.StatusBadRequest, "invalid nextToken")
+			return
+		}
+	}
+	want := f.Limit
+	f.Limit++ // one extra row says whether there is a next page
+	secs, err := s.cfg.Secrets.List(r.Context(), f)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	more := len(secs) > want
+	if more {
+		secs = secs[:want]
+	}
+	out := make([]secretJSON, 0, len(secs))
+	for _, sec := range secs {
+		out = append(out, secretOut(sec))
+	}
+	if more {
+		last := secs[len(secs)-1]
+		w.Header().Set("X-Next-Token", base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(last.CreatedAt.UnixNano(), 10)+":"+last.ID)))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// secretStatus maps the secret package's typed errors (see statusOf).
+func secretStatus(err error) (int, bool) {
+	switch {
+	case errors.Is(err, secret.ErrNotFound):
+		return http.StatusNotFound, true
+	case errors.Is(err, secret.ErrInvalid):
+		return http.StatusBadRequest, true
+	case errors.Is(err, secret.ErrConflict):
+		return http.StatusConflict, true
+	}
+	return 0, false
+}
