@@ -251,10 +251,19 @@ func (m *Manager) validate(o *CreateOptions) error {
 	if err := network.ValidatePolicy(policyOf(o.Network)); err != nil {
 		return invalid("network.%v", err)
 	}
-	if err := network.CheckEnforced(policyOf(o.Network)); err != nil {
+	if err := m.checkEnforced(policyOf(o.Network)); err != nil {
 		return invalid("network.%v", err)
 	}
 	return nil
+}
+
+// checkEnforced refuses domain entries unless the node's egress proxy
+// judges them: accepted and unenforced, they would fail open.
+func (m *Manager) checkEnforced(p network.Policy) error {
+	if de, ok := m.node.(network.DomainEnforcer); ok && de.EnforcesDomains() {
+		return nil
+	}
+	return network.CheckEnforced(p)
 }
 
 func policyOf(n store.Network) network.Policy {
@@ -775,7 +784,7 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, n store.Network)
 	if err := network.ValidatePolicy(policyOf(n)); err != nil {
 		return invalid("%v", err)
 	}
-	if err := network.CheckEnforced(policyOf(n)); err != nil {
+	if err := m.checkEnforced(policyOf(n)); err != nil {
 		return invalid("%v", err)
 	}
 	unlock := m.lock(id)

@@ -7,11 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/store"
 )
 
-// A domain entry is refused by name at create and at update, until the
-// node's egress proxy enforces it: accepting it would be fail-open.
+// A domain entry is refused by name at create and at update on a node
+// without an egress proxy: accepting it would be fail-open.
 func TestDomainEntriesAreRefusedByName(t *testing.T) {
 	m, _, _ := newPoolManager(t)
 	ctx := context.Background()
@@ -43,5 +44,33 @@ func TestDomainEntriesAreRefusedByName(t *testing.T) {
 	}
 	if err := m.UpdateNetwork(ctx, sb.ID, store.Network{AllowInternet: true, DenyOut: []string{"10.0.0.0/8"}}); err != nil {
 		t.Fatalf("IP-only update: %v", err)
+	}
+}
+
+// enforcingNode is a node whose network manager runs the egress proxy.
+type enforcingNode struct{ node.Node }
+
+func (enforcingNode) EnforcesDomains() bool { return true }
+
+// On a node that enforces domain entries they are accepted and reach the
+// node's policy; malformed ones are still refused by name.
+func TestDomainEntriesAcceptedWhenEnforced(t *testing.T) {
+	m, _, _ := newPoolManager(t)
+	m.node = enforcingNode{m.node}
+	ctx := context.Background()
+	sb, err := m.Create(ctx, CreateOptions{TemplateID: "tpl", TeamID: store.DefaultTeamID, Timeout: time.Minute,
+		Network: store.Network{AllowOut: []string{"pypi.org", "*.npmjs.org"}, DenyOut: []string{"0.0.0.0/0"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.UpdateNetwork(ctx, sb.ID, store.Network{AllowInternet: true, DenyOut: []string{"*.evil.test"}}); err != nil {
+		t.Fatalf("update: %v", err)
+	}
+	got, err := m.Get(ctx, sb.ID)
+	if err != nil || len(got.Network.DenyOut) != 1 || got.Network.DenyOut[0] != "*.evil.test" {
+		t.Fatalf("stored policy %+v, %v", got.Network, err)
+	}
+	if err := m.UpdateNetwork(ctx, sb.ID, store.Network{AllowOut: []string{"*"}}); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "allowOut[0]") {
+		t.Fatalf("bare *: %v", err)
 	}
 }

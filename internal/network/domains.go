@@ -116,6 +116,12 @@ func (p Policy) HasDomains() bool {
 // block through (deny) or block what it meant to allow, so it is refused.
 var ErrDomainNotEnforced = errors.New("a domain entry, and domain entries are not enforced yet (use IPs or CIDRs)")
 
+// DomainEnforcer is the optional ability of a Manager (or a node over one)
+// to enforce domain entries: it runs an egress proxy that judges them.
+type DomainEnforcer interface {
+	EnforcesDomains() bool
+}
+
 // CheckEnforced refuses the first domain entry of a valid policy, naming
 // it, until the node's egress proxy enforces them: nothing fails open.
 func CheckEnforced(p Policy) error {

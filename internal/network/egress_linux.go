@@ -118,3 +118,7 @@ func hostLocal(ip netip.Addr) bool {
 	}
 	return false
 }
+
+// EnforcesDomains implements DomainEnforcer: domain entries are judged when
+// the node runs an egress proxy.
+func (l *Linux) EnforcesDomains() bool { return l.cfg.EgressPort != 0 }

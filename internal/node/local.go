@@ -517,6 +517,13 @@ func (l *Local) AgentMetrics(ctx context.Context, id, token string) (map[string]
 	return m, nil
 }
 
+// EnforcesDomains implements network.DomainEnforcer over the node's network
+// manager.
+func (l *Local) EnforcesDomains() bool {
+	de, ok := l.cfg.Network.(network.DomainEnforcer)
+	return ok && de.EnforcesDomains()
+}
+
 // UpdatePolicy replaces the egress policy.
 func (l *Local) UpdatePolicy(ctx context.Context, id string, p network.Policy) error {
 	return l.notFound(l.cfg.Network.UpdatePolicy(ctx, id, p))
