@@ -1,8 +1,13 @@
 package api
 
 import (
+	"bytes"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
+	"strings"
 	"net/http"
 	"strconv"
 	"time"
@@ -53,7 +58,7 @@ func (s *Server) secretRoutes(r chi.Router) {
 
 func (s *Server) createSecret(w http.ResponseWriter, r *http.Request) {
 	var req newSecret
-	if !s.decode(w, r, &req, false) {
+	if !s.decodeSecretBody(w, r, &req) {
 		return
 	}
 	switch {
@@ -74,7 +79,7 @@ func (s *Server) createSecret(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) updateSecret(w http.ResponseWriter, r *http.Request) {
 	var req secretUpdate
-	if !s.decode(w, r, &req, false) {
+	if !s.decodeSecretBody(w, r, &req) {
 		return
 	}
 	if req.Value == nil {
@@ -158,4 +163,60 @@ func secretStatus(err error) (int, bool) {
 		return http.StatusConflict, true
 	}
 	return 0, false
+}
+
+// decodeSecretBody decodes strictly (an unknown field is refused by name)
+// and, unlike decodeJSON, never puts any of the body into a message: a
+// syntax error's text can quote the value being set.
+func (s *Server) decodeSecretBody(w http.ResponseWriter, r *http.Request, v any) bool {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body larger than %d bytes", s.cfg.MaxBodyBytes))
+			return false
+		}
+		writeError(w, http.StatusBadRequest, "reading body failed")
+		return false
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		writeError(w, http.StatusBadRequest, "request body is required")
+		return false
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	err = dec.Decode(v)
+	if err == nil && dec.More() {
+		err = errors.New("trailing data")
+	}
+	if err == nil {
+		return true
+	}
+	var te *json.UnmarshalTypeError
+	var se *json.SyntaxError
+	msg := "malformed JSON body"
+	switch {
+	case errors.As(err, &te):
+		msg = fmt.Sprintf("%s must be a %s", te.Field, jsonKind(te.Type.Kind().String()))
+	case errors.As(err, &se):
+		msg = fmt.Sprintf("malformed JSON body at byte %d", se.Offset)
+	default:
+		// encoding/json has no typed error for an unknown field; its
+		// message names only the field.
+		if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+			msg = "unknown field " + f
+		}
+	}
+	writeError(w, http.StatusBadRequest, msg)
+	return false
+}
+
+func jsonKind(k string) string {
+	switch k {
+	case "map":
+		return "object of strings"
+	case "ptr":
+		return "string"
+	}
+	return k
 }
