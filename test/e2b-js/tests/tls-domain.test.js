@@ -46,6 +46,52 @@ test.after(() => {
   fs.rmSync(etcDir, { recursive: true, force: true })
 })
 
+// A WebSocket echo server for the sandbox (python3's standard library only):
+// text and binary frames under 126 bytes are echoed, close answers close.
+const wsServer = String.raw`
+import base64, hashlib, socket, threading
+def rd(c, n):
+    b = b""
+    while len(b) < n:
+        d = c.recv(n - len(b))
+        if not d:
+            raise EOFError
+        b += d
+    return b
+def serve(c):
+    h = b""
+    while b"\r\n\r\n" not in h:
+        d = c.recv(4096)
+        if not d:
+            return
+        h += d
+    key = [l.split(b":", 1)[1].strip() for l in h.split(b"\r\n") if l.lower().startswith(b"sec-websocket-key:")][0]
+    acc = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+    c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: " + acc + b"\r\n\r\n")
+    while True:
+        b0, b1 = rd(c, 2)
+        n = b1 & 127
+        if n == 126:
+            n = int.from_bytes(rd(c, 2), "big")
+        elif n == 127:
+            n = int.from_bytes(rd(c, 8), "big")
+        m = rd(c, 4) if b1 & 128 else bytes(4)
+        p = bytes(x ^ m[i % 4] for i, x in enumerate(rd(c, n)))
+        op = b0 & 15
+        if op == 8:
+            c.sendall(b"\x88\x00")
+            return
+        if op in (1, 2) and len(p) < 126:
+            c.sendall(bytes([0x80 | op, len(p)]) + p)
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 8001))
+s.listen(8)
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+`
+
 // The child: what a user's program does with E2B_DOMAIN set. It adds each
 // sandbox's hosts to its namespace's /etc/hosts (a wildcard DNS record's job).
 const child = `
@@ -56,7 +102,7 @@ const addHosts = (id, ports) => fs.appendFileSync('/etc/hosts', ports.map((p) =>
 ;(async () => {
   const out = {}
   const sbx = await Sandbox.create('base', { timeoutMs: 120000, network: { maskRequestHost: 'app.local:\${PORT}' } })
-  addHosts(sbx.sandboxId, [49983, 8000])
+  addHosts(sbx.sandboxId, [49983, 8000, 8001])
   try {
     out.echo = (await sbx.commands.run('echo over-tls')).stdout.trim()
     await sbx.files.write('/home/user/tls.txt', 'written over tls')
@@ -77,6 +123,20 @@ h.HTTPServer(("0.0.0.0", 8000), H).serve_forever()'`)}, { background: true })
       } catch (e) { out.fetchErr = String(e.cause || e) }
       await new Promise((r) => setTimeout(r, 200))
     }
+    // A WebSocket through wss://<port>-<id>.<domain> (undici's client, as in
+    // browsers and Node 22's global WebSocket).
+    await sbx.files.write('/home/user/ws.py', process.env.WS_SERVER_PY)
+    await sbx.commands.run('python3 /home/user/ws.py', { background: true })
+    const { WebSocket } = require('undici')
+    for (let i = 0; i < 50 && out.wsEcho === undefined; i++) {
+      out.wsEcho = await new Promise((resolve) => {
+        const ws = new WebSocket('wss://' + sbx.getHost(8001) + '/echo')
+        ws.onopen = () => ws.send('ping over wss')
+        ws.onmessage = (ev) => { resolve(String(ev.data)); ws.close() }
+        ws.onerror = (ev) => { out.wsErr = String(ev.error || ev.message || 'error'); resolve(undefined) }
+      })
+      if (out.wsEcho === undefined) await new Promise((r) => setTimeout(r, 200))
+    }
     out.listed = (await Sandbox.list().nextItems()).some((s) => s.sandboxId === sbx.sandboxId)
   } finally {
     out.killed = await sbx.kill()
@@ -85,7 +145,7 @@ h.HTTPServer(("0.0.0.0", 8000), H).serve_forever()'`)}, { background: true })
 })().catch((e) => { console.error(e && e.stack || e); process.exit(1) })
 `
 
-test('E2B_DOMAIN only: create, commands, files and getHost(port) over https', { timeout: 180000 }, async () => {
+test('E2B_DOMAIN only: create, commands, files, getHost(port) over https and a WebSocket over wss', { timeout: 180000 }, async () => {
   const ca = path.join(srv.dataDir, 'tls', 'ca.pem')
   assert.ok(fs.existsSync(ca), 'serve made its local CA')
   const env = {
@@ -95,6 +155,7 @@ test('E2B_DOMAIN only: create, commands, files and getHost(port) over https', { 
     E2B_API_KEY: srv.apiKey,
     NODE_EXTRA_CA_CERTS: ca,
     SERVER_ADDR: hostAddr,
+    WS_SERVER_PY: wsServer,
   }
   const r = spawnSync('ip', ['netns', 'exec', ns, process.execPath, '-e', child], {
     cwd: path.join(__dirname, '..'),
@@ -109,6 +170,7 @@ test('E2B_DOMAIN only: create, commands, files and getHost(port) over https', { 
   assert.match(out.host, new RegExp(`^8000-[a-z0-9]{20}\\.${DOMAIN.replace('.', '\\.')}$`))
   // The service behind getHost(8000) answered over https and saw the masked Host.
   assert.equal(out.served, 'app.local:8000', JSON.stringify(out))
+  assert.equal(out.wsEcho, 'ping over wss', JSON.stringify(out))
   assert.equal(out.listed, true)
   assert.equal(out.killed, true)
 })
