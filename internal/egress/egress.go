@@ -48,6 +48,8 @@ const (
 	dialTimeout   = 10 * time.Second
 	maxHeaderSize = 64 << 10
 	maxConns      = 8192
+	// maxPerSandbox keeps one sandbox from using up maxConns for all.
+	maxPerSandbox = 1024
 )
 
 // Verdicts, as counted.
@@ -70,6 +72,7 @@ type Proxy struct {
 
 	mu     sync.Mutex
 	active map[net.Conn]struct{}
+	per    map[string]int // open connections by sandbox ID
 	closed bool
 	wg     sync.WaitGroup
 }
@@ -80,7 +83,7 @@ func New(ln net.Listener, pol Policies, log *slog.Logger, reg prometheus.Registe
 	if log == nil {
 		log = slog.Default()
 	}
-	p := &Proxy{ln: ln, pol: pol, log: log, sem: make(chan struct{}, maxConns), active: map[net.Conn]struct{}{},
+	p := &Proxy{ln: ln, pol: pol, log: log, sem: make(chan struct{}, maxConns), active: map[net.Conn]struct{}{}, per: map[string]int{},
 		dialer: net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second},
 		conns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cubicle_egress_connections_total",
 			Help: "Sandbox connections the egress proxy judged, by verdict."}, []string{"verdict"})}
@@ -168,6 +171,19 @@ func (p *Proxy) Close() error {
 	return err
 }
 
+// hold counts a sandbox's open connections; false when it is at its limit.
+func (p *Proxy) hold(id string, d int) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if d > 0 && p.per[id] >= maxPerSandbox {
+		return false
+	}
+	if p.per[id] += d; p.per[id] <= 0 {
+		delete(p.per, id)
+	}
+	return true
+}
+
 func (p *Proxy) count(v string) { p.conns.WithLabelValues(v).Inc() }
 
 func (p *Proxy) handle(c net.Conn) {
@@ -180,6 +196,11 @@ func (p *Proxy) handle(c net.Conn) {
 		p.count(verdictBlocked)
 		return
 	}
+	if !p.hold(id, 1) {
+		p.count(verdictBlocked)
+		return
+	}
+	defer p.hold(id, -1)
 	dst, err := originalDst(c)
 	if err != nil || dst.String() == c.LocalAddr().String() {
 		// Not redirected: a sandbox connecting to the proxy itself.
