@@ -21,9 +21,35 @@ import pytest
 from harness import DOMAIN, Server
 
 CHILD = r"""
-import json, os, time
+import base64, json, os, socket, ssl, time
 import httpx
 from e2b import Sandbox
+
+
+def ws_echo(host, msg):
+    ctx = ssl.create_default_context()
+    ctx.set_alpn_protocols(["http/1.1"])
+    with socket.create_connection((host, 443), timeout=5) as raw, ctx.wrap_socket(raw, server_hostname=host) as c:
+        key = base64.b64encode(os.urandom(16))
+        c.sendall(b"GET /echo HTTP/1.1\r\nHost: " + host.encode() + b"\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                  b"Sec-WebSocket-Key: " + key + b"\r\nSec-WebSocket-Version: 13\r\n\r\n")
+        h = b""
+        while b"\r\n\r\n" not in h:
+            d = c.recv(4096)
+            if not d:
+                raise EOFError(h)
+            h += d
+        if not h.startswith(b"HTTP/1.1 101"):
+            raise ValueError(h[:200])
+        rest = h.split(b"\r\n\r\n", 1)[1]
+        mask, p = os.urandom(4), msg.encode()
+        c.sendall(bytes([0x81, 0x80 | len(p)]) + mask + bytes(x ^ mask[i % 4] for i, x in enumerate(p)))
+        while len(rest) < 2 or len(rest) < 2 + (rest[1] & 127):
+            d = c.recv(4096)
+            if not d:
+                raise EOFError(rest)
+            rest += d
+        return rest[2:2 + (rest[1] & 127)].decode()
 
 
 out = {}
@@ -43,6 +69,17 @@ try:
         background=True,
     )
     out["host"] = sbx.get_host(8000)
+    # A WebSocket through wss://<port>-<id>.<domain>: a standard-library client
+    # (TLS with the same trust as the SDK, HTTP/1.1 upgrade, one masked frame).
+    sbx.files.write("/home/user/ws.py", os.environ["WS_SERVER_PY"])
+    sbx.commands.run("python3 /home/user/ws.py", background=True)
+    for _ in range(50):
+        try:
+            out["ws_echo"] = ws_echo(sbx.get_host(8001), "ping over wss")
+            break
+        except (OSError, ValueError, EOFError) as e:
+            out["ws_err"] = repr(e)
+        time.sleep(0.2)
     for _ in range(50):
         try:
             r = httpx.get("https://" + out["host"] + "/", timeout=5)
@@ -55,6 +92,53 @@ try:
 finally:
     out["killed"] = sbx.kill()
 print(json.dumps(out))
+"""
+
+
+# A WebSocket echo server for the sandbox (standard library only): text and
+# binary frames under 126 bytes are echoed, close answers close.
+WS_SERVER = r"""
+import base64, hashlib, socket, threading
+def rd(c, n):
+    b = b""
+    while len(b) < n:
+        d = c.recv(n - len(b))
+        if not d:
+            raise EOFError
+        b += d
+    return b
+def serve(c):
+    h = b""
+    while b"\r\n\r\n" not in h:
+        d = c.recv(4096)
+        if not d:
+            return
+        h += d
+    key = [l.split(b":", 1)[1].strip() for l in h.split(b"\r\n") if l.lower().startswith(b"sec-websocket-key:")][0]
+    acc = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+    c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: " + acc + b"\r\n\r\n")
+    while True:
+        b0, b1 = rd(c, 2)
+        n = b1 & 127
+        if n == 126:
+            n = int.from_bytes(rd(c, 2), "big")
+        elif n == 127:
+            n = int.from_bytes(rd(c, 8), "big")
+        m = rd(c, 4) if b1 & 128 else bytes(4)
+        p = bytes(x ^ m[i % 4] for i, x in enumerate(rd(c, n)))
+        op = b0 & 15
+        if op == 8:
+            c.sendall(b"\x88\x00")
+            return
+        if op in (1, 2) and len(p) < 126:
+            c.sendall(bytes([0x80 | op, len(p)]) + p)
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 8001))
+s.listen(8)
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
 """
 
 
@@ -141,6 +225,7 @@ def test_e2b_domain_only_over_tls(tls_netns):
             "E2B_DOMAIN": DOMAIN,
             "E2B_API_KEY": srv.api_key,
             "SSL_CERT_FILE": ca,
+            "WS_SERVER_PY": WS_SERVER,
         }
         r = subprocess.run(
             ["ip", "netns", "exec", ns, sys.executable, "-c", CHILD],
@@ -156,6 +241,7 @@ def test_e2b_domain_only_over_tls(tls_netns):
         assert out["host"].startswith("8000-") and out["host"].endswith("." + DOMAIN), out
         # The service behind get_host(8000) answered over https and saw the masked Host.
         assert out.get("served") == "app.local:8000", out
+        assert out.get("ws_echo") == "ping over wss", out
         assert out["killed"] is True
     finally:
         os.environ.clear()
