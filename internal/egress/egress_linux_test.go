@@ -85,23 +85,33 @@ var seq atomic.Int32
 
 func newManager(t testing.TB, resolver netip.Addr) (*network.Linux, *egress.Proxy) {
 	t.Helper()
+	return startManager(t, testConfig(t, resolver))
+}
+
+func testConfig(t testing.TB, resolver netip.Addr) network.Config {
 	n := int(seq.Add(1))
 	pool := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 251, byte((os.Getpid()*7 + n*13) % 250), 0}), 24)
-	ln, err := egress.ListenFreebind(netip.AddrPortFrom(network.GatewayOf(pool), 0))
-	if err != nil {
-		t.Fatal(err)
-	}
 	b := make([]byte, 2)
 	_, _ = rand.Read(b)
-	cfg := network.Config{
+	return network.Config{
 		Bridge:     "cbe" + hex.EncodeToString(b) + fmt.Sprint(n%10),
 		Pool:       pool,
 		NetnsDir:   filepath.Join(t.TempDir(), "netns"),
 		Table:      fmt.Sprintf("cubicle_egress_test_%d_%d", os.Getpid(), n),
 		VethPrefix: "e" + hex.EncodeToString(b),
 		Resolvers:  []netip.Addr{resolver},
-		EgressPort: uint16(ln.Addr().(*net.TCPAddr).Port),
 	}
+}
+
+// startManager starts a network manager and its egress proxy on a new port,
+// as `cubicle serve` does at each start.
+func startManager(t testing.TB, cfg network.Config) (*network.Linux, *egress.Proxy) {
+	t.Helper()
+	ln, err := egress.ListenFreebind(netip.AddrPortFrom(network.GatewayOf(cfg.Pool), 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.EgressPort = uint16(ln.Addr().(*net.TCPAddr).Port)
 	l, err := network.NewLinux(cfg)
 	if err != nil {
 		ln.Close()
@@ -308,4 +318,33 @@ func BenchmarkEgress(b *testing.B) {
 	}
 	b.Logf("sequential HTTPS connections through the proxy: %.0f/s", float64(n)/sum.Seconds())
 	b.ReportMetric(float64(pct(proxied, 50))/float64(pct(direct, 50)), "p50-ratio")
+}
+
+// After a restart (a new manager over the same table, a proxy on a new port)
+// a sandbox's domain policy is still enforced: the rebuilt table redirects
+// it to the new proxy.
+func TestDomainPolicySurvivesRestart(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (netns, veth, nftables)")
+	}
+	tn := startTestnet(t)
+	cfg := testConfig(t, netip.MustParseAddr(tn.DNS))
+	l1, p1 := startManager(t, cfg)
+	const id = "egressrestart1"
+	ep, err := l1.Setup(context.Background(), id, network.Policy{AllowOut: []string{"allowed.test"}, DenyOut: []string{"0.0.0.0/0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = p1.Close() // the old serve is gone
+	l2, _ := startManager(t, cfg)
+	defer func() { _ = l2.Teardown(context.Background(), id) }()
+	if got := curl(t, ep.NetNSPath, "https://allowed.test/", "allowed.test", tn.Addr); got != "200" {
+		t.Errorf("allowed name after restart: %q", got)
+	}
+	if got := curl(t, ep.NetNSPath, "https://other.test/", "other.test", tn.Addr); got != "" {
+		t.Errorf("other name after restart: %q", got)
+	}
+	if got := curl(t, ep.NetNSPath, "http://"+tn.Addr+"/", "", ""); got != "" {
+		t.Errorf("IP literal after restart: %q", got)
+	}
 }
