@@ -13,6 +13,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/control"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/secret"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/template/catalog"
 	"github.com/cubicle-dev/cubicle/internal/volume"
@@ -116,6 +117,8 @@ func errorCode(err error) string {
 		return "volume_in_use"
 	case errors.Is(err, control.ErrVolumeNotFound):
 		return "volume_not_found"
+	case errors.Is(err, secret.ErrNotFound):
+		return "secret_not_found"
 	case errors.Is(err, control.ErrTemplateNotFound), errors.Is(err, catalog.ErrNotFound):
 		return "template_not_found"
 	case errors.Is(err, catalog.ErrBuildNotFound):

@@ -127,6 +127,9 @@ func TestSecretRoutes(t *testing.T) {
 	// Another team's secret and a missing one answer the same bytes.
 	_, other, _ := call(t, h, b, "GET", "/secrets/"+sec.SecretID, "")
 	_, missing, _ := call(t, h, b, "GET", "/secrets/sec_000000000000000000000000", "")
+	if !strings.Contains(other, `"error_code":"secret_not_found"`) {
+		t.Fatalf("404 without error_code secret_not_found: %s", other)
+	}
 	if strings.ReplaceAll(other, sec.SecretID, "X") != strings.ReplaceAll(missing, "sec_000000000000000000000000", "X") {
 		t.Fatalf("cross-team 404 differs from a missing one: %s vs %s", other, missing)
 	}
