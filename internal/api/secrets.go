@@ -7,9 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
