@@ -124,6 +124,9 @@ type networkUpdate struct {
 	AllowInternetAccess *bool           `json:"allow_internet_access"`
 	EgressProxy         json.RawMessage `json:"egressProxy"`
 	Rules               json.RawMessage `json:"rules"`
+	// Create-only: refused here by name rather than dropped.
+	MaskRequestHost json.RawMessage `json:"maskRequestHost"`
+	HTTPSPorts      json.RawMessage `json:"httpsPorts"`
 }
 
 // network is the policy the body asks for; the manager validates it.

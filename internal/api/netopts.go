@@ -67,6 +67,20 @@ func checkMaskRequestHost(mask string) string {
 	return ""
 }
 
+// createOnlyNetwork refuses maskRequestHost and httpsPorts in PUT
+// /sandboxes/{id}/network: they are fixed at create (e2b's update body has
+// neither), and the update keeps the stored ones, so a value sent here
+// would otherwise be dropped while the call answered 204.
+func createOnlyNetwork(maskRequestHost, httpsPorts json.RawMessage) string {
+	if !absent(maskRequestHost) {
+		return "network.maskRequestHost: set at create only; PUT /network does not change it"
+	}
+	if !absent(httpsPorts) {
+		return "network.httpsPorts: set at create only; PUT /network does not change it"
+	}
+	return ""
+}
+
 // absent reports whether an optional JSON value was left out or null.
 func absent(raw json.RawMessage) bool {
 	t := bytes.TrimSpace(raw)

@@ -496,6 +496,10 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, msg)
 		return
 	}
+	if msg := createOnlyNetwork(req.MaskRequestHost, req.HTTPSPorts); msg != "" {
+		writeError(w, http.StatusBadRequest, msg)
+		return
+	}
 	if err := s.mgr.UpdateNetwork(r.Context(), chi.URLParam(r, "id"), req.network()); err != nil {
 		s.fail(w, r, err)
 		return
