@@ -37,6 +37,9 @@ const (
 	MaxMetaValueBytes = 1024
 	MaxMetadataBytes  = 8192
 	IDPrefix          = "sec_"
+	// MaxPerTeam bounds a team's secrets (a key must not grow the
+	// database without bound); beyond it create answers 429.
+	MaxPerTeam = 1000
 	// updateRetries bounds the compare-and-set loop of Update.
 	updateRetries = 5
 )
@@ -144,7 +147,7 @@ func (x *Secrets) Create(ctx context.Context, teamID, name, value string, metada
 		return nil, err
 	}
 	sec.Sealed = sealed
-	if err := x.st.CreateSecret(ctx, sec); err != nil {
+	if err := x.st.CreateSecret(ctx, sec, MaxPerTeam); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			return nil, fmt.Errorf("%w: a secret named %q already exists", ErrConflict, name)
 		}

@@ -535,8 +535,10 @@ type SecretFilter struct {
 // another team's secret is ErrNotFound, exactly like a missing one.
 type SecretStore interface {
 	// CreateSecret inserts the row; ErrConflict when the ID, or the name
-	// within the team, is taken; ErrNotFound when the team is missing.
-	CreateSecret(ctx context.Context, s *Secret) error
+	// within the team, is taken; ErrNotFound when the team is missing; a
+	// *QuotaError when the team already has limit secrets (0 = no limit;
+	// checked in the same transaction).
+	CreateSecret(ctx context.Context, s *Secret, limit int) error
 	// GetSecret finds a team's secret by ID, SecretByName by name.
 	GetSecret(ctx context.Context, teamID, id string) (*Secret, error)
 	SecretByName(ctx context.Context, teamID, name string) (*Secret, error)

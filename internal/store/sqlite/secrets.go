@@ -32,7 +32,7 @@ func scanSecret(r scanner) (*store.Secret, error) {
 }
 
 // CreateSecret implements store.SecretStore.
-func (s *Store) CreateSecret(ctx context.Context, sec *store.Secret) error {
+func (s *Store) CreateSecret(ctx context.Context, sec *store.Secret, limit int) error {
 	if sec.CreatedAt.IsZero() {
 		sec.CreatedAt = time.Now().UTC()
 	}
@@ -49,6 +49,15 @@ func (s *Store) CreateSecret(ctx context.Context, sec *store.Secret) error {
 				return fmt.Errorf("%w: team %s does not exist", store.ErrNotFound, sec.TeamID)
 			}
 			return err
+		}
+	}
+	if limit > 0 {
+		var n int
+		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM secrets WHERE team_id=?`, sec.TeamID).Scan(&n); err != nil {
+			return err
+		}
+		if n >= limit {
+			return &store.QuotaError{Quota: "secrets", Limit: limit}
 		}
 	}
 	_, err = tx.ExecContext(ctx, `INSERT INTO secrets(`+secretCols+`) VALUES(?,?,?,?,?,?,?,?)`,

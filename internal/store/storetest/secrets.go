@@ -23,19 +23,19 @@ func testSecrets(t *testing.T, s store.Store) {
 	}
 	a := mk("sec_a1", "t_a", "db-password", base)
 	a.Metadata = map[string]string{"env": "prod"}
-	if err := s.CreateSecret(ctx, a); err != nil {
+	if err := s.CreateSecret(ctx, a, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.CreateSecret(ctx, mk("sec_a2", "t_a", "db-password", base)); !errors.Is(err, store.ErrConflict) {
+	if err := s.CreateSecret(ctx, mk("sec_a2", "t_a", "db-password", base), 0); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("duplicate name in a team: want ErrConflict, got %v", err)
 	}
-	if err := s.CreateSecret(ctx, mk("sec_a1", "t_b", "other", base)); !errors.Is(err, store.ErrConflict) {
+	if err := s.CreateSecret(ctx, mk("sec_a1", "t_b", "other", base), 0); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("duplicate ID: want ErrConflict, got %v", err)
 	}
-	if err := s.CreateSecret(ctx, mk("sec_b1", "t_b", "db-password", base)); err != nil {
+	if err := s.CreateSecret(ctx, mk("sec_b1", "t_b", "db-password", base), 0); err != nil {
 		t.Fatalf("same name in another team must be allowed: %v", err)
 	}
-	if err := s.CreateSecret(ctx, mk("sec_x", "t_missing", "x", base)); !errors.Is(err, store.ErrNotFound) {
+	if err := s.CreateSecret(ctx, mk("sec_x", "t_missing", "x", base), 0); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("missing team: want ErrNotFound, got %v", err)
 	}
 
@@ -79,7 +79,7 @@ func testSecrets(t *testing.T, s store.Store) {
 	// Paging: five more in t_a, two of them sharing a created time.
 	for i := 0; i < 5; i++ {
 		at := base.Add(time.Duration(i/2+1) * time.Second)
-		if err := s.CreateSecret(ctx, mk(fmt.Sprintf("sec_p%d", i), "t_a", fmt.Sprintf("p%d", i), at)); err != nil {
+		if err := s.CreateSecret(ctx, mk(fmt.Sprintf("sec_p%d", i), "t_a", fmt.Sprintf("p%d", i), at), 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -104,6 +104,9 @@ func testSecrets(t *testing.T, s store.Store) {
 		t.Fatalf("paged list: got %v, want %v", seen, want)
 	}
 
+	if err := s.CreateSecret(ctx, mk("sec_q", "t_b", "over", base), 1); !errors.Is(err, store.ErrQuota) {
+		t.Fatalf("a team at its limit: want ErrQuota, got %v", err)
+	}
 	if err := s.DeleteTeam(ctx, "t_b"); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("a team with secrets must not be deleted: %v", err)
 	}
