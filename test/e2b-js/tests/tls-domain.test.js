@@ -92,6 +92,23 @@ while True:
     threading.Thread(target=serve, args=(c,), daemon=True).start()
 `
 
+// An HTTPS server for the sandbox's port 8443 (listed in httpsPorts): the
+// proxy ends the client's TLS and re-encrypts to it; its certificate is
+// self-signed, which the proxy accepts as e2b documents.
+const tlsServer = String.raw`
+import http.server as h, ssl
+class H(h.BaseHTTPRequestHandler):
+    def do_GET(s):
+        b = ("tls " + s.headers.get("Host", "")).encode()
+        s.send_response(200); s.send_header("Content-Length", str(len(b))); s.end_headers(); s.wfile.write(b)
+    def log_message(s, *a): pass
+srv = h.HTTPServer(("0.0.0.0", 8443), H)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain("/home/user/backend.pem", "/home/user/backend-key.pem")
+srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+srv.serve_forever()
+`
+
 // The child: what a user's program does with E2B_DOMAIN set. It adds each
 // sandbox's hosts to its namespace's /etc/hosts (a wildcard DNS record's job).
 const child = `
@@ -101,8 +118,8 @@ const domain = process.env.E2B_DOMAIN
 const addHosts = (id, ports) => fs.appendFileSync('/etc/hosts', ports.map((p) => process.env.SERVER_ADDR + ' ' + p + '-' + id + '.' + domain + '\\n').join(''))
 ;(async () => {
   const out = {}
-  const sbx = await Sandbox.create('base', { timeoutMs: 120000, network: { maskRequestHost: 'app.local:\${PORT}' } })
-  addHosts(sbx.sandboxId, [49983, 8000, 8001])
+  const sbx = await Sandbox.create('base', { timeoutMs: 120000, network: { maskRequestHost: 'app.local:\${PORT}', httpsPorts: [8443] } })
+  addHosts(sbx.sandboxId, [49983, 8000, 8001, 8443])
   try {
     out.echo = (await sbx.commands.run('echo over-tls')).stdout.trim()
     await sbx.files.write('/home/user/tls.txt', 'written over tls')
@@ -137,6 +154,20 @@ h.HTTPServer(("0.0.0.0", 8000), H).serve_forever()'`)}, { background: true })
       })
       if (out.wsEcho === undefined) await new Promise((r) => setTimeout(r, 200))
     }
+    // httpsPorts: the service on 8443 speaks TLS itself.
+    await sbx.files.write('/home/user/backend.pem', process.env.BACKEND_CERT)
+    await sbx.files.write('/home/user/backend-key.pem', process.env.BACKEND_KEY)
+    await sbx.files.write('/home/user/tls_server.py', process.env.TLS_SERVER_PY)
+    await sbx.commands.run('python3 /home/user/tls_server.py', { background: true })
+    for (let i = 0; i < 50; i++) {
+      try {
+        const res = await fetch('https://' + sbx.getHost(8443) + '/')
+        if (res.status === 200) { out.tlsServed = await res.text(); break }
+        out.tlsStatus = res.status
+      } catch (e) { out.tlsErr = String(e.cause || e) }
+      await new Promise((r) => setTimeout(r, 200))
+    }
+    out.httpsPorts = (await sbx.getInfo()).network?.httpsPorts
     out.listed = (await Sandbox.list().nextItems()).some((s) => s.sandboxId === sbx.sandboxId)
   } finally {
     out.killed = await sbx.kill()
@@ -147,6 +178,11 @@ h.HTTPServer(("0.0.0.0", 8000), H).serve_forever()'`)}, { background: true })
 
 test('E2B_DOMAIN only: create, commands, files, getHost(port) over https and a WebSocket over wss', { timeout: 180000 }, async () => {
   const ca = path.join(srv.dataDir, 'tls', 'ca.pem')
+  // A self-signed certificate for the sandbox's own HTTPS service.
+  const backendDir = fs.mkdtempSync(path.join(require('node:os').tmpdir(), 'cbtls-backend-'))
+  test.after(() => fs.rmSync(backendDir, { recursive: true, force: true }))
+  execFileSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes',
+    '-keyout', path.join(backendDir, 'key.pem'), '-out', path.join(backendDir, 'cert.pem'), '-days', '1', '-subj', '/CN=sandbox'], { stdio: 'ignore', timeout: 15000 })
   assert.ok(fs.existsSync(ca), 'serve made its local CA')
   const env = {
     PATH: process.env.PATH,
@@ -156,6 +192,9 @@ test('E2B_DOMAIN only: create, commands, files, getHost(port) over https and a W
     NODE_EXTRA_CA_CERTS: ca,
     SERVER_ADDR: hostAddr,
     WS_SERVER_PY: wsServer,
+    TLS_SERVER_PY: tlsServer,
+    BACKEND_CERT: fs.readFileSync(path.join(backendDir, 'cert.pem'), 'utf8'),
+    BACKEND_KEY: fs.readFileSync(path.join(backendDir, 'key.pem'), 'utf8'),
   }
   const r = spawnSync('ip', ['netns', 'exec', ns, process.execPath, '-e', child], {
     cwd: path.join(__dirname, '..'),
@@ -171,6 +210,9 @@ test('E2B_DOMAIN only: create, commands, files, getHost(port) over https and a W
   // The service behind getHost(8000) answered over https and saw the masked Host.
   assert.equal(out.served, 'app.local:8000', JSON.stringify(out))
   assert.equal(out.wsEcho, 'ping over wss', JSON.stringify(out))
+  // httpsPorts: reached over TLS (the mask applies there too), and reported back.
+  assert.equal(out.tlsServed, 'tls app.local:8443', JSON.stringify(out))
+  assert.deepEqual(out.httpsPorts, [8443])
   assert.equal(out.listed, true)
   assert.equal(out.killed, true)
 })
