@@ -4,6 +4,7 @@ package network
 
 import (
 	"context"
+	"net/netip"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -60,6 +61,8 @@ func testHostFirewall(t *testing.T, docker bool) {
 		}
 		ext := newExtHost(t)
 		srv := listen(t, ext.path, ext.ip)
+		// DNS-like UDP, to a port of the upstream (an echo server per check).
+		udp := netip.AddrPortFrom(ext.ip, 5353)
 		ctx := context.Background()
 
 		// Sanity: with the mode off the host's DROP policy wins.
@@ -71,6 +74,9 @@ func testHostFirewall(t *testing.T, docker bool) {
 		}
 		sbx := setup(t, l, "sbxfw"+randHex(4), Policy{AllowInternet: true})
 		mustFail(t, "FORWARD DROP without the accept rules", sbx.NetNSPath, srv)
+		if udpRoundTrip(t, sbx.NetNSPath, ext.path, udp) {
+			t.Fatal("UDP passed FORWARD DROP without the accept rules")
+		}
 		if l.HostFirewallChain() != "" {
 			t.Fatalf("mode off added rules to %s", l.HostFirewallChain())
 		}
@@ -97,12 +103,18 @@ func testHostFirewall(t *testing.T, docker bool) {
 			t.Fatalf("want two rules tagged for %s in %s:\n%s", cfg.Bridge, want, rules)
 		}
 		mustConnect(t, "FORWARD DROP with the accept rules", sbx.NetNSPath, srv)
+		if !udpRoundTrip(t, sbx.NetNSPath, ext.path, udp) {
+			t.Fatal("DNS-like UDP failed with the accept rules")
+		}
 
 		// Cubicle's own policy still applies behind the accept rules.
 		if err := l.UpdatePolicy(ctx, sbx.ID, Policy{AllowInternet: true, DenyOut: []string{"0.0.0.0/0"}}); err != nil {
 			t.Fatal(err)
 		}
 		mustFail(t, "denyOut all behind the accept rules", sbx.NetNSPath, srv)
+		if udpRoundTrip(t, sbx.NetNSPath, ext.path, udp) {
+			t.Fatal("UDP passed denyOut all behind the accept rules")
+		}
 		if err := l.UpdatePolicy(ctx, sbx.ID, Policy{AllowInternet: false}); err != nil {
 			t.Fatal(err)
 		}
