@@ -113,22 +113,12 @@ func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	f := store.SecretFilter{TeamID: teamOf(r), Limit: 100}
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 100 {
-			writeError(w, http.StatusBadRequest, "limit must be an integer between 1 and 100")
-			return
-		}
-		f.Limit = n
-	}
-	if tok := q.Get("nextToken"); tok != "" {
-		var err error
-		// Same cursor shape as snapshots: created time and ID.
-		if f.AfterCreated, f.AfterID, err = decodeSnapshotCursor(tok); err != nil {
-			writeError(w, http.StatusBadRequest, "invalid nextToken")
-			return
-		}
+	f := store.SecretFilter{TeamID: teamOf(r)}
+	var msg string
+	// Same cursor shape as snapshots: created time and ID.
+	if f.Limit, f.AfterCreated, f.AfterID, msg = pageQuery(q); msg != "" {
+		writeError(w, http.StatusBadRequest, msg)
+		return
 	}
 	want := f.Limit
 	f.Limit++ // one extra row says whether there is a next page

@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -72,21 +73,11 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	f := store.SnapshotFilter{SandboxID: q.Get("sandboxID"), Limit: 100}
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 100 {
-			writeError(w, http.StatusBadRequest, "limit must be an integer between 1 and 100")
-			return
-		}
-		f.Limit = n
-	}
-	if tok := q.Get("nextToken"); tok != "" {
-		var err error
-		if f.AfterCreated, f.AfterID, err = decodeSnapshotCursor(tok); err != nil {
-			writeError(w, http.StatusBadRequest, "invalid nextToken")
-			return
-		}
+	f := store.SnapshotFilter{SandboxID: q.Get("sandboxID")}
+	var msg string
+	if f.Limit, f.AfterCreated, f.AfterID, msg = pageQuery(q); msg != "" {
+		writeError(w, http.StatusBadRequest, msg)
+		return
 	}
 	page, err := s.mgr.ListSnapshots(r.Context(), f, q.Get("name"))
 	if err != nil {
@@ -102,6 +93,27 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Next-Token", base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(last.CreatedAt.UnixNano(), 10)+":"+last.ID)))
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// pageQuery reads the limit (1-100, default 100) and nextToken (a created
+// time and ID cursor) that the snapshot and secret lists share, or returns
+// the message of the 400 that refuses them.
+func pageQuery(q url.Values) (limit int, afterCreated time.Time, afterID, msg string) {
+	limit = 100
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 100 {
+			return 0, time.Time{}, "", "limit must be an integer between 1 and 100"
+		}
+		limit = n
+	}
+	if tok := q.Get("nextToken"); tok != "" {
+		var err error
+		if afterCreated, afterID, err = decodeSnapshotCursor(tok); err != nil {
+			return 0, time.Time{}, "", "invalid nextToken"
+		}
+	}
+	return limit, afterCreated, afterID, ""
 }
 
 func decodeSnapshotCursor(tok string) (time.Time, string, error) {
