@@ -130,7 +130,10 @@ func TestBadInput(t *testing.T) {
 		big[fmt.Sprint("k", i)] = "v"
 	}
 	errShape(t, s, "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "metadata": big}, http.StatusBadRequest)
-	errShape(t, s, "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "network": map[string]any{"denyOut": []string{"not-an-ip"}}}, http.StatusBadRequest)
+	// Domain names are valid entries; these are neither IPs, CIDRs nor names.
+	errShape(t, s, "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "network": map[string]any{"denyOut": []string{"not an ip"}}}, http.StatusBadRequest)
+	errShape(t, s, "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "network": map[string]any{"allowOut": []string{"*"}}}, http.StatusBadRequest)
+	errShape(t, s, "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "network": map[string]any{"allowOut": []string{"-bad-.example"}}}, http.StatusBadRequest)
 	errShape(t, s, "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "envVars": map[string]string{"A=B": "x"}}, http.StatusBadRequest)
 	errShape(t, s, "GET", "/v2/sandboxes?limit=0", nil, http.StatusBadRequest)
 	errShape(t, s, "GET", "/v2/sandboxes?state=dead", nil, http.StatusBadRequest)
