@@ -6,11 +6,27 @@
 // they received as JSON. Suites start `cubicle serve --dns <dns>
 // --ca-certificates <bundle>` against it, so sandboxes resolve and trust it.
 //
-// It prints one JSON line when ready and runs until stdin closes or it gets
-// SIGTERM/SIGINT, then removes the namespace, the veth and its files.
+// It also runs a SOCKS5 server on <addr>:1080 (CONNECT to IPv4 or domain
+// targets; with --socks-user/--socks-pass it requires exactly those RFC 1929
+// credentials, else no auth). It resolves names with the DNS records above and
+// dials from inside the namespace, so tunnelled requests reach the echo
+// servers from the fixture's own address ("remote" in the echo). Every
+// CONNECT is logged, and GET http://<addr>:8081/socks-log returns the log as a
+// JSON array, oldest first, at most 1000 entries: {"time", "client", "user",
+// "target" (as asked), "addr" (resolved, when it was), "error" (when it
+// failed)}.
+//
+// It prints one JSON line when ready (Ready; "socks" is the SOCKS address,
+// "socksLog" the log's URL). Then stdin is a line protocol, one answer line
+// on stdout per line read: "socks stop" closes the SOCKS listener and cuts its
+// tunnels, "socks start" reopens it; each answers "ok" (also when already
+// in that state) or "error: ...", anything else "error: unknown command". It
+// runs until stdin closes or it gets SIGTERM/SIGINT, then removes the
+// namespace, the veth and its files.
 package main
 
 import (
+	"bufio"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -22,7 +38,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -62,14 +77,18 @@ type Ready struct {
 	CACert   string `json:"caCert"`
 	// CABundle is the machine's CA bundle plus CACert, for --ca-certificates.
 	CABundle string `json:"caBundle"`
+	Socks    string `json:"socks"`    // SOCKS5 server, addr:1080
+	SocksLog string `json:"socksLog"` // http://addr:8081/socks-log
 }
 
 func main() {
 	dir := flag.String("dir", "", "where to write the CA (default: a new temp dir, removed at exit)")
 	recs := records{}
 	flag.Var(recs, "record", "name=IP: answer this name with IP instead of the fixture's address (repeatable)")
+	socksUser := flag.String("socks-user", "", "SOCKS5: require this user name (RFC 1929; default: no auth)")
+	socksPass := flag.String("socks-pass", "", "SOCKS5: require this password (RFC 1929; default: no auth)")
 	flag.Parse()
-	if err := run(*dir, recs); err != nil {
+	if err := run(*dir, recs, *socksUser, *socksPass); err != nil {
 		fmt.Fprintln(os.Stderr, "cubicle-testnet:", err)
 		os.Exit(1)
 	}
@@ -103,7 +122,7 @@ func freeSlash30() (host, peer netip.Addr, err error) {
 	return netip.Addr{}, netip.Addr{}, errors.New("no free /30 in 198.18.128.0/17")
 }
 
-func run(dir string, recs records) (err error) {
+func run(dir string, recs records, socksUser, socksPass string) (err error) {
 	var cleanup []func()
 	defer func() {
 		for i := len(cleanup) - 1; i >= 0; i-- {
@@ -181,15 +200,20 @@ func run(dir string, recs records) (err error) {
 	}); err != nil {
 		return err
 	}
+	// lookup is the fixture's name table, for its DNS and its SOCKS server.
+	lookup := func(name string) (string, bool) {
+		n := dns.Fqdn(strings.ToLower(name))
+		ip, ok := recs[n]
+		if !ok && (n == "test." || strings.HasSuffix(n, ".test.")) {
+			ip, ok = addr.String(), true
+		}
+		return ip, ok
+	}
 	dnsH := dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
 		m := new(dns.Msg)
 		m.SetReply(q)
 		for _, qq := range q.Question {
-			n := strings.ToLower(qq.Name)
-			ip, ok := recs[n]
-			if !ok && (n == "test." || strings.HasSuffix(n, ".test.")) {
-				ip, ok = addr.String(), true
-			}
+			ip, ok := lookup(qq.Name)
 			if !ok {
 				m.Rcode = dns.RcodeNameError
 				continue
@@ -218,11 +242,34 @@ func run(dir string, recs records) (err error) {
 		}
 		cleanup = append(cleanup, func() { srv.Close() })
 	}
-	ready, _ := json.Marshal(Ready{Netns: name, HostAddr: hostAddr.String(), Addr: addr.String(), DNS: addr.String(), CACert: caPath, CABundle: bundle})
+	socks, err := newSocksServer(nsPath, addr, socksUser, socksPass, lookup)
+	if err != nil {
+		return err
+	}
+	if err := socks.start(); err != nil {
+		return err
+	}
+	cleanup = append(cleanup, socks.stop)
+	lLog, err := listenInNetns(nsPath, fmt.Sprintf("%s:%d", addr, socksLogPort))
+	if err != nil {
+		return err
+	}
+	logSrv := &http.Server{Handler: http.HandlerFunc(socks.serveLog), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = logSrv.Serve(lLog) }()
+	cleanup = append(cleanup, func() { logSrv.Close() })
+
+	ready, _ := json.Marshal(Ready{Netns: name, HostAddr: hostAddr.String(), Addr: addr.String(), DNS: addr.String(), CACert: caPath, CABundle: bundle,
+		Socks: socks.listenAddr, SocksLog: fmt.Sprintf("http://%s:%d/socks-log", addr, socksLogPort)})
 	fmt.Println(string(ready))
 
 	done := make(chan struct{}, 2)
-	go func() { _, _ = io.Copy(io.Discard, os.Stdin); done <- struct{}{} }()
+	go func() {
+		sc := bufio.NewScanner(os.Stdin)
+		for sc.Scan() {
+			fmt.Println(socks.control(sc.Text()))
+		}
+		done <- struct{}{}
+	}()
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	go func() { <-sig; done <- struct{}{} }()
