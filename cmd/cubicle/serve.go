@@ -218,7 +218,9 @@ func serve(ctx context.Context, o serveOptions) error {
 	if o.secretsKey == "" {
 		o.secretsKey = filepath.Join(o.dataDir, "secrets.key")
 	}
-	secretsKey, err := secret.LoadOrCreateKey(o.secretsKey)
+	// Created only on a fresh install: a missing key with secrets in the
+	// store is a lost key, and a new one would make them all unreadable.
+	secretsKey, err := secret.LoadOrCreateKeyFor(ctx, o.secretsKey, st)
 	if err != nil {
 		return fmt.Errorf("secrets key: %w", err)
 	}

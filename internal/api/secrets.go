@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -56,6 +57,24 @@ func (s *Server) secretRoutes(r chi.Router) {
 	r.Delete("/secrets/{secret}", s.deleteSecret)
 }
 
+// secretRef is the {secret} path segment, percent-decoded. chi matches on
+// r.URL.RawPath whenever the client's escaping differs from Go's default
+// (the JS SDK's encodeURIComponent sends '/' as %2F, '+' as %2B), and its URL
+// params are then still escaped; with RawPath empty they are already
+// decoded. Without this a name holding such a character was never found.
+func secretRef(w http.ResponseWriter, r *http.Request) (string, bool) {
+	ref := chi.URLParam(r, "secret")
+	if r.URL.RawPath == "" {
+		return ref, true
+	}
+	ref, err := url.PathUnescape(ref)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "secret: malformed percent-encoding in the path")
+		return "", false
+	}
+	return ref, true
+}
+
 func (s *Server) createSecret(w http.ResponseWriter, r *http.Request) {
 	var req newSecret
 	if !s.decodeSecretBody(w, r, &req) {
@@ -86,7 +105,11 @@ func (s *Server) updateSecret(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "value is required")
 		return
 	}
-	sec, err := s.cfg.Secrets.Update(r.Context(), teamOf(r), chi.URLParam(r, "secret"), *req.Value, req.Metadata)
+	ref, ok := secretRef(w, r)
+	if !ok {
+		return
+	}
+	sec, err := s.cfg.Secrets.Update(r.Context(), teamOf(r), ref, *req.Value, req.Metadata)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -95,7 +118,11 @@ func (s *Server) updateSecret(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) getSecret(w http.ResponseWriter, r *http.Request) {
-	sec, err := s.cfg.Secrets.Get(r.Context(), teamOf(r), chi.URLParam(r, "secret"))
+	ref, ok := secretRef(w, r)
+	if !ok {
+		return
+	}
+	sec, err := s.cfg.Secrets.Get(r.Context(), teamOf(r), ref)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -104,7 +131,11 @@ func (s *Server) getSecret(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request) {
-	if err := s.cfg.Secrets.Delete(r.Context(), teamOf(r), chi.URLParam(r, "secret")); err != nil {
+	ref, ok := secretRef(w, r)
+	if !ok {
+		return
+	}
+	if err := s.cfg.Secrets.Delete(r.Context(), teamOf(r), ref); err != nil {
 		s.fail(w, r, err)
 		return
 	}

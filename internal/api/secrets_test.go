@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -175,5 +177,95 @@ func TestSecretListPages(t *testing.T) {
 	}
 	if strings.Join(names, ",") != "s1,s2,s3" {
 		t.Fatalf("pages: %v", names)
+	}
+}
+
+// encodeURIComponent is the JS SDK's path encoding (openapi-fetch): every
+// byte but A-Z a-z 0-9 - _ . ! ~ * ' ( ) is percent-encoded.
+func encodeURIComponent(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("-_.!~*'()", c) >= 0 {
+			b.WriteByte(c)
+			continue
+		}
+		fmt.Fprintf(&b, "%%%02X", c)
+	}
+	return b.String()
+}
+
+// Every name the SDKs may send is reachable by name on all three {secret}
+// routes, however the client escaped it: '/' and the reserved characters
+// arrive percent-encoded (RawPath set, chi's param still escaped), others
+// as Go's default escaping (RawPath empty, param decoded).
+func TestSecretNamesInPath(t *testing.T) {
+	h, a, _, _, _ := secretsServer(t)
+	names := []string{"team/db/password", "a b+c", "k:v@h;x,y=z&w$", "ünï-cödé", "100%", "q?f#frag", "x/..", "../x", "p%2fq", `back\slash`, "tab-free 'quoted' \"name\""}
+	for _, name := range names {
+		body, _ := json.Marshal(map[string]string{"name": name, "value": "v"})
+		code, resp, _ := call(t, h, a, "POST", "/secrets", string(body))
+		if code != 201 {
+			t.Fatalf("create %q: %d %s", name, code, resp)
+		}
+		var created secretJSON
+		json.Unmarshal([]byte(resp), &created)
+		if created.Name != name {
+			t.Fatalf("create %q: stored as %q", name, created.Name)
+		}
+		for _, enc := range []func(string) string{encodeURIComponent, url.PathEscape} {
+			p := "/secrets/" + enc(name)
+			code, resp, _ := call(t, h, a, "GET", p, "")
+			var got secretJSON
+			json.Unmarshal([]byte(resp), &got)
+			if code != 200 || got.SecretID != created.SecretID {
+				t.Fatalf("GET %s (%q): %d %s", p, name, code, resp)
+			}
+			if code, resp, _ := call(t, h, a, "POST", p, `{"value":"v2"}`); code != 200 {
+				t.Fatalf("POST %s (%q): %d %s", p, name, code, resp)
+			}
+		}
+		p := "/secrets/" + encodeURIComponent(name)
+		if code, resp, _ := call(t, h, a, "DELETE", p, ""); code != 204 {
+			t.Fatalf("DELETE %s (%q): %d %s", p, name, code, resp)
+		}
+		if code, _, _ := call(t, h, a, "GET", p, ""); code != 404 {
+			t.Fatalf("GET %s after delete: %d", p, code)
+		}
+	}
+}
+
+// e2b's schema: names are lower-cased before storage and returned in that
+// form; the sec_ prefix is reserved for IDs. "." and ".." cannot travel in
+// a URL path. All refusals are 400s naming the field.
+func TestSecretNameRules(t *testing.T) {
+	h, a, _, _, _ := secretsServer(t)
+	code, resp, _ := call(t, h, a, "POST", "/secrets", `{"name":"My/API-Key","value":"v"}`)
+	var sec secretJSON
+	json.Unmarshal([]byte(resp), &sec)
+	if code != 201 || sec.Name != "my/api-key" {
+		t.Fatalf("create: %d %s", code, resp)
+	}
+	for _, ref := range []string{"My%2FAPI-Key", "my%2Fapi-key", "MY%2FAPI-KEY"} {
+		code, resp, _ := call(t, h, a, "GET", "/secrets/"+ref, "")
+		if code != 200 || !strings.Contains(resp, sec.SecretID) || !strings.Contains(resp, `"name":"my/api-key"`) {
+			t.Fatalf("GET %s: %d %s", ref, code, resp)
+		}
+	}
+	if code, resp, _ := call(t, h, a, "POST", "/secrets", `{"name":"MY/api-KEY","value":"v"}`); code != 409 {
+		t.Fatalf("name differing only in case: %d %s", code, resp)
+	}
+	for _, name := range []string{"sec_0123456789abcdef01234567", "sec_x", "SEC_x", "Sec_", ".", ".."} {
+		body, _ := json.Marshal(map[string]string{"name": name, "value": "v"})
+		code, resp, _ := call(t, h, a, "POST", "/secrets", string(body))
+		var e errorBody
+		json.Unmarshal([]byte(resp), &e)
+		if code != 400 || e.Code != 400 || !strings.HasPrefix(e.Message, "invalid secret: name ") {
+			t.Fatalf("create %q: %d %s", name, code, resp)
+		}
+	}
+	// A name that is a valid ID of another secret can never shadow it.
+	if code, _, _ := call(t, h, a, "GET", "/secrets/"+sec.SecretID, ""); code != 200 {
+		t.Fatalf("by ID: %d", code)
 	}
 }

@@ -1,6 +1,7 @@
 package secret
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -9,6 +10,8 @@ import (
 	"io/fs"
 	"os"
 	"strings"
+
+	"github.com/cubicle-dev/cubicle/internal/store"
 )
 
 // KeySize is AES-256's key length.
@@ -44,6 +47,48 @@ func LoadOrCreateKey(path string) ([]byte, error) {
 		return nil, err
 	}
 	return LoadKey(path)
+}
+
+// ErrKeyMissing: the key file does not exist although the store already
+// holds secrets, which were sealed under some earlier key.
+var ErrKeyMissing = errors.New("secret: key file missing")
+
+// SecretCounter is what LoadOrCreateKeyFor asks of the store: whether the
+// system team or any listed team holds a secret (a team with secrets cannot
+// be deleted, so that finds every secret). store.Store satisfies it.
+type SecretCounter interface {
+	ListTeams(ctx context.Context) ([]*store.Team, error)
+	ListSecrets(ctx context.Context, f store.SecretFilter) ([]*store.Secret, error)
+}
+
+// LoadOrCreateKeyFor is serve's LoadOrCreateKey: it creates the key only on
+// a fresh install. When the file is missing but st already holds secrets it
+// returns ErrKeyMissing naming path, instead of silently making a new key
+// under which every existing secret would be unreadable.
+func LoadOrCreateKeyFor(ctx context.Context, path string, st SecretCounter) ([]byte, error) {
+	if _, err := os.Lstat(path); !errors.Is(err, fs.ErrNotExist) {
+		return LoadKey(path) // present (or unreadable: LoadKey says why)
+	}
+	teams, err := st.ListTeams(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ids := []string{store.SystemTeamID} // admin keys' team has no row
+	for _, t := range teams {
+		ids = append(ids, t.ID)
+	}
+	for _, id := range ids {
+		secs, err := st.ListSecrets(ctx, store.SecretFilter{TeamID: id, Limit: 1})
+		if err != nil {
+			return nil, err
+		}
+		if len(secs) > 0 {
+			return nil, fmt.Errorf("%w: %s does not exist, but the database already holds secrets sealed with a key: "+
+				"restore that key file (or point --secrets-key at it); if it is lost for good, create a new key file yourself "+
+				"and set every secret's value again (docs/secrets.md, \"If the key file is lost\")", ErrKeyMissing, path)
+		}
+	}
+	return LoadOrCreateKey(path)
 }
 
 // LoadKey reads an existing key file; see LoadOrCreateKey for the checks.

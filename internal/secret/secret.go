@@ -59,10 +59,14 @@ func New(st store.SecretStore, key []byte) (*Secrets, error) {
 	return &Secrets{st: st, s: s}, nil
 }
 
-// ValidateName is the server's name rule: 1..128 bytes of UTF-8 with no
-// '{', '}' or control characters (the SDK's rule: a name is interpolated
-// into ${e2b.secrets.<name>}), and no surrounding whitespace. Names are
-// case-sensitive and unique per team.
+// ValidateName is the server's rule for a canonical name (see
+// CanonicalName): 1..128 bytes of UTF-8 with no '{', '}' or control
+// characters (the SDK's rule: a name is interpolated into
+// ${e2b.secrets.<name>}), no surrounding whitespace, not starting with
+// "sec_" (e2b's schema reserves that prefix for secret IDs, and a ref that
+// starts with it is looked up as an ID first), and not "." or ".." (an HTTP
+// client removes those path segments, so no SDK could address the secret by
+// name). Names are unique per team.
 func ValidateName(name string) error {
 	switch {
 	case name == "":
@@ -75,8 +79,23 @@ func ValidateName(name string) error {
 		return fmt.Errorf("%w: name must not begin or end with whitespace", ErrInvalid)
 	case strings.ContainsFunc(name, func(r rune) bool { return r == '{' || r == '}' || unicode.IsControl(r) }):
 		return fmt.Errorf("%w: name must not contain '{', '}' or control characters", ErrInvalid)
+	case strings.HasPrefix(strings.ToLower(name), IDPrefix):
+		return fmt.Errorf("%w: name must not begin with %q, the prefix of secret IDs", ErrInvalid, IDPrefix)
+	case name == "." || name == "..":
+		return fmt.Errorf("%w: name must not be \".\" or \"..\" (a URL path cannot carry it)", ErrInvalid)
 	}
 	return nil
+}
+
+// CanonicalName is the form a name is stored, returned and looked up in:
+// e2b's schema says names are lower-cased before storage and returned in
+// that canonical form. Invalid UTF-8 is returned unchanged (ValidateName
+// refuses it) rather than having its bytes replaced.
+func CanonicalName(name string) string {
+	if !utf8.ValidString(name) {
+		return name
+	}
+	return strings.ToLower(name)
 }
 
 func validateValue(v string) error {
@@ -131,7 +150,9 @@ func mapErr(err error, ref string) error {
 }
 
 // Create stores a new secret at version 1.
+// The name is stored in its canonical (lower-case) form.
 func (x *Secrets) Create(ctx context.Context, teamID, name, value string, metadata map[string]string) (*store.Secret, error) {
+	name = CanonicalName(name)
 	if err := ValidateName(name); err != nil {
 		return nil, err
 	}
@@ -156,8 +177,8 @@ func (x *Secrets) Create(ctx context.Context, teamID, name, value string, metada
 	return sec, nil
 }
 
-// Get finds a team's secret by ID ("sec_…") or, failing that, by name.
-// Another team's secret is ErrNotFound like a missing one.
+// Get finds a team's secret by ID ("sec_…") or, failing that, by name
+// (see byName). Another team's secret is ErrNotFound like a missing one.
 func (x *Secrets) Get(ctx context.Context, teamID, ref string) (*store.Secret, error) {
 	if strings.HasPrefix(ref, IDPrefix) {
 		sec, err := x.st.GetSecret(ctx, teamID, ref)
@@ -165,8 +186,19 @@ func (x *Secrets) Get(ctx context.Context, teamID, ref string) (*store.Secret, e
 			return sec, mapErr(err, ref)
 		}
 	}
-	sec, err := x.st.SecretByName(ctx, teamID, ref)
+	sec, err := x.byName(ctx, teamID, ref)
 	return sec, mapErr(err, ref)
+}
+
+// byName looks name up in its canonical form, then as given: a row stored
+// before names were canonicalised may hold upper-case letters.
+func (x *Secrets) byName(ctx context.Context, teamID, name string) (*store.Secret, error) {
+	c := CanonicalName(name)
+	sec, err := x.st.SecretByName(ctx, teamID, c)
+	if errors.Is(err, store.ErrNotFound) && c != name {
+		sec, err = x.st.SecretByName(ctx, teamID, name)
+	}
+	return sec, err
 }
 
 // List pages a team's secrets oldest first.
@@ -213,9 +245,10 @@ func (x *Secrets) Delete(ctx context.Context, teamID, ref string) error {
 // Resolve returns the current value of teamID's secret called name: the
 // egress proxy's call when it expands ${e2b.secrets.<name>} at request
 // time. ErrNotFound when there is none; ErrWrongKey when the key that
-// sealed it is gone. Callers must not log or keep the value.
+// sealed it is gone. The name is matched like a ref's (canonical form
+// first). Callers must not log or keep the value.
 func (x *Secrets) Resolve(ctx context.Context, teamID, name string) (string, error) {
-	sec, err := x.st.SecretByName(ctx, teamID, name)
+	sec, err := x.byName(ctx, teamID, name)
 	if err != nil {
 		return "", mapErr(err, name)
 	}

@@ -205,3 +205,106 @@ func TestConcurrentUpdates(t *testing.T) {
 		t.Fatalf("resolve: %v", err)
 	}
 }
+
+// e2b's schema: "Names are lower-cased before storage and returned in that
+// canonical form; the sec_ prefix is reserved for secret identifiers."
+func TestNamesCanonicalAndNotIDs(t *testing.T) {
+	dir := t.TempDir()
+	key, _ := secret.LoadOrCreateKey(filepath.Join(dir, "k"))
+	x, st := open(t, dir, key)
+	ctx := context.Background()
+	sec, err := x.Create(ctx, store.SystemTeamID, "OpenAI/API-Key", "v1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sec.Name != "openai/api-key" {
+		t.Fatalf("stored name %q, want the lower-case form", sec.Name)
+	}
+	for _, ref := range []string{"openai/api-key", "OpenAI/API-Key", "OPENAI/API-KEY"} {
+		if got, err := x.Get(ctx, store.SystemTeamID, ref); err != nil || got.ID != sec.ID {
+			t.Fatalf("get %q: %v", ref, err)
+		}
+		if v, err := x.Resolve(ctx, store.SystemTeamID, ref); err != nil || v != "v1" {
+			t.Fatalf("resolve %q: %q %v", ref, v, err)
+		}
+	}
+	if _, err := x.Create(ctx, store.SystemTeamID, "OPENAI/api-key", "v", nil); !errors.Is(err, secret.ErrConflict) {
+		t.Fatalf("a name differing only in case: want ErrConflict, got %v", err)
+	}
+	for _, name := range []string{"sec_" + strings.Repeat("0", 24), "sec_x", "SEC_x", "Sec_", ".", ".."} {
+		_, err := x.Create(ctx, store.SystemTeamID, name, "v", nil)
+		if !errors.Is(err, secret.ErrInvalid) || !strings.Contains(err.Error(), "name must not") {
+			t.Fatalf("create %q: want ErrInvalid naming the name, got %v", name, err)
+		}
+	}
+	// Lower-casing can lengthen a name: the limit applies to what is stored.
+	if _, err := x.Create(ctx, store.SystemTeamID, strings.Repeat("Ⱥ", 64), "v", nil); !errors.Is(err, secret.ErrInvalid) {
+		t.Fatalf("128-byte name that lower-cases to 192 bytes: %v", err)
+	}
+	// A row stored before names were canonicalised is still found as given.
+	legacy := &store.Secret{ID: "sec_legacy0000000000000000", TeamID: store.SystemTeamID, Name: "Legacy-Name", Version: 1, Sealed: sec.Sealed}
+	if err := st.CreateSecret(ctx, legacy, 0); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := x.Get(ctx, store.SystemTeamID, "Legacy-Name"); err != nil || got.ID != legacy.ID {
+		t.Fatalf("legacy mixed-case row: %v", err)
+	}
+}
+
+// serve's key loading: a fresh install gets a key; a missing key file with
+// secrets already in the store is refused, naming the path, and no key is
+// made; an existing key file is read as before.
+func TestLoadOrCreateKeyForRefusesLostKey(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "secrets.key")
+	st, err := sqlite.Open(filepath.Join(dir, "c.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	k1, err := secret.LoadOrCreateKeyFor(ctx, p, st)
+	if err != nil || len(k1) != secret.KeySize {
+		t.Fatalf("fresh install: %v", err)
+	}
+	x, err := secret.New(st, k1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := x.Create(ctx, store.SystemTeamID, "s", "v", nil); err != nil {
+		t.Fatal(err)
+	}
+	if k2, err := secret.LoadOrCreateKeyFor(ctx, p, st); err != nil || !bytes.Equal(k1, k2) {
+		t.Fatalf("existing key: %v", err)
+	}
+	if err := os.Remove(p); err != nil {
+		t.Fatal(err)
+	}
+	_, err = secret.LoadOrCreateKeyFor(ctx, p, st)
+	if !errors.Is(err, secret.ErrKeyMissing) || !strings.Contains(err.Error(), p) {
+		t.Fatalf("lost key: want ErrKeyMissing naming %s, got %v", p, err)
+	}
+	if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a key file was created after all: %v", err)
+	}
+	// Once the secrets are gone a new key may be made again.
+	if err := x.Delete(ctx, store.SystemTeamID, "s"); err != nil {
+		t.Fatal(err)
+	}
+	k3, err := secret.LoadOrCreateKeyFor(ctx, p, st)
+	if err != nil {
+		t.Fatalf("no secrets left: %v", err)
+	}
+	// A secret of a team (not the system team) counts too.
+	if err := st.CreateTeam(ctx, &store.Team{ID: "t_a", Name: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	x3, _ := secret.New(st, k3)
+	if _, err := x3.Create(ctx, "t_a", "s", "v", nil); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(p)
+	if _, err := secret.LoadOrCreateKeyFor(ctx, p, st); !errors.Is(err, secret.ErrKeyMissing) {
+		t.Fatalf("lost key, team secret: want ErrKeyMissing, got %v", err)
+	}
+}

@@ -37,8 +37,10 @@ type ListSecretsOptions struct {
 // egress proxy fill in the secret's current value (e2b's Secret.fill).
 func SecretPlaceholder(name string) string { return "${e2b.secrets." + name + "}" }
 
-// CreateSecret stores a new secret (version 1). The name is unique within
-// the team (ErrConflict when taken); metadata may be nil.
+// CreateSecret stores a new secret (version 1). The server lower-cases the
+// name (e2b's schema; the returned Name is that form) and refuses one that
+// starts with "sec_", the ID prefix (ErrInvalidArgument). The name is
+// unique within the team (ErrConflict when taken); metadata may be nil.
 func (c *Client) CreateSecret(ctx context.Context, name, value string, metadata map[string]string) (*Secret, error) {
 	body := map[string]any{"name": name, "value": value}
 	if metadata != nil {

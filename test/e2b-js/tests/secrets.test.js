@@ -147,3 +147,34 @@ test("another team's key sees none of this team's secrets", { timeout: 60000 }, 
   assert.equal(await Secret.destroy(twin.secretId, opts), true)
   assert.equal(await Secret.destroy(mine.secretId), true)
 })
+
+test('Secret names with / and reserved characters are reachable by name; names are lower-cased; sec_ is refused', { timeout: 60000 }, async () => {
+  const ts = Date.now()
+  // The SDK percent-encodes the ref (encodeURIComponent): '/' arrives as
+  // %2F, '+ : @ ; , = & $ ? # %' as %XX.
+  for (const name of [`team/db-${ts}/password`, `a b+c:d@e;f,g=h&i$-${ts}`, `q?f#x-${ts}`, `100%-${ts}`, `ünï-${ts}`, `../up-${ts}`]) {
+    const s = await Secret.create(name, 'v')
+    assert.equal(s.name, name)
+    assert.equal((await Secret.getInfo(name)).secretId, s.secretId, name)
+    assert.equal((await Secret.update(name, 'v2')).version, 2, name)
+    assert.equal(await Secret.exists(name), true, name)
+    assert.equal(await Secret.destroy(name), true, name)
+    assert.equal(await Secret.exists(name), false, name)
+  }
+
+  // e2b's schema: "Names are lower-cased before storage and returned in that canonical form".
+  const mixed = `Mixed/Case-${ts}`
+  const m = await Secret.create(mixed, 'v')
+  assert.equal(m.name, mixed.toLowerCase())
+  for (const ref of [mixed, mixed.toLowerCase(), mixed.toUpperCase()]) assert.equal((await Secret.getInfo(ref)).secretId, m.secretId, ref)
+  const lst = await Secret.list().nextItems()
+  assert.ok(lst.some((x) => x.secretId === m.secretId && x.name === mixed.toLowerCase()))
+  await assert.rejects(Secret.create(mixed.toUpperCase(), 'v'), (e) => e instanceof SecretError && /^409/.test(e.message))
+  assert.equal(await Secret.destroy(mixed.toUpperCase()), true)
+
+  // ...and "the sec_ prefix is reserved for secret identifiers"; '.' and
+  // '..' cannot travel as a path segment.
+  for (const name of [`sec_${ts}`, `SEC_${ts}`, '.', '..']) {
+    await assert.rejects(Secret.create(name, 'v'), (e) => e instanceof SecretError && /^400: invalid secret: name must not/.test(e.message), name)
+  }
+})

@@ -118,3 +118,34 @@ async def test_async_secret_lifecycle(server):
     assert await AsyncSecret.destroy(name) is False
     with pytest.raises(SecretNotFoundException):
         await AsyncSecret.get_info(name)
+
+
+def test_secret_names_lower_cased_and_reachable(server):
+    # This SDK puts the ref into the path unencoded (f"/secrets/{secret_id}"):
+    # names without '/', '\\', '?', '#' and '%' are reachable by name; those
+    # with them by ID (docs/secrets.md).
+    for name in (uniq("a b+c:d@e;f,g=h&i$"), uniq("ünï"), uniq("p|i^p`e[s]<a>\"q\"~!*()'")):
+        s = Secret.create(name, "v")
+        assert s.name == name
+        assert Secret.get_info(name).secret_id == s.secret_id
+        assert Secret.update(name, "v2").version == 2
+        assert Secret.destroy(name) is True
+        assert Secret.exists(name) is False
+    slash = Secret.create(uniq("team/db"), "v")
+    assert Secret.get_info(slash.secret_id).name == slash.name
+    assert Secret.destroy(slash.secret_id) is True
+
+    # e2b's schema: names are lower-cased before storage and returned so.
+    mixed = uniq("Mixed-Case")
+    m = Secret.create(mixed, "v")
+    assert m.name == mixed.lower()
+    for ref in (mixed, mixed.lower(), mixed.upper()):
+        assert Secret.get_info(ref).secret_id == m.secret_id
+    with pytest.raises(SecretException, match="^409"):
+        Secret.create(mixed.upper(), "v")
+    assert Secret.destroy(mixed.upper()) is True
+
+    # The sec_ prefix is reserved for IDs; '.' and '..' cannot be a path segment.
+    for name in (uniq("sec_"), uniq("SEC_"), ".", ".."):
+        with pytest.raises(SecretException, match=r"^400: invalid secret: name must not"):
+            Secret.create(name, "v")
