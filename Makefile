@@ -85,6 +85,10 @@ bench-codeinterp: deps build
 bench-snapshot: deps build
 	CUBICLE_IMAGES_DIR=$${CUBICLE_IMAGES_DIR:-$(DATA_DIR)/images} node bench/snapshot/run.js $(BENCH_FLAGS)
 
+.PHONY: bench-egress
+bench-egress: deps build
+	CUBICLE_IMAGES_DIR=$${CUBICLE_IMAGES_DIR:-$(DATA_DIR)/images} node bench/egress/run.js $(BENCH_FLAGS)
+
 proto:
 	scripts/gen-proto
 

@@ -6,25 +6,19 @@ import (
 	"bufio"
 	"context"
 	"crypto/rand"
-	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"sort"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/vishvananda/netns"
 
 	"github.com/cubicle-dev/cubicle/internal/egress"
 	"github.com/cubicle-dev/cubicle/internal/network"
@@ -233,91 +227,6 @@ func TestDomainPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("IP allow without domains", "200", "https://any.test/", "any.test")
-}
-
-// dialIn dials from inside the netns at nsPath: the socket is made on a
-// thread switched into it, and stays there.
-func dialIn(nsPath string) func(ctx context.Context, nw, addr string) (net.Conn, error) {
-	return func(ctx context.Context, nw, addr string) (net.Conn, error) {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			return nil, err
-		}
-		defer orig.Close()
-		target, err := netns.GetFromPath(nsPath)
-		if err != nil {
-			return nil, err
-		}
-		defer target.Close()
-		if err := netns.Set(target); err != nil {
-			return nil, err
-		}
-		defer func() { _ = netns.Set(orig) }()
-		var d net.Dialer
-		return d.DialContext(ctx, nw, addr)
-	}
-}
-
-// BenchmarkEgress prints the latency of a fresh HTTPS request from a sandbox
-// through the egress proxy (a domain allow-list) against the same request
-// judged by the nftables chain alone (an IP allow-list), in the same run,
-// and connections per second through the proxy.
-func BenchmarkEgress(b *testing.B) {
-	if os.Geteuid() != 0 {
-		b.Skip("needs root")
-	}
-	tn := startTestnet(b)
-	l, _ := newManager(b, netip.MustParseAddr(tn.DNS))
-	const id = "egressbench1"
-	ep, err := l.Setup(context.Background(), id, network.Policy{AllowOut: []string{"bench.test"}, DenyOut: []string{"0.0.0.0/0"}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = l.Teardown(context.Background(), id) }()
-	dial := dialIn(ep.NetNSPath)
-	client := &http.Client{Transport: &http.Transport{
-		DialContext: func(ctx context.Context, nw, _ string) (net.Conn, error) {
-			return dial(ctx, nw, tn.Addr+":443")
-		},
-		TLSClientConfig:   &tls.Config{InsecureSkipVerify: true, ServerName: "bench.test"},
-		DisableKeepAlives: true, // every request is a new connection, judged anew
-	}}
-	const n = 300
-	run := func() []time.Duration {
-		var ds []time.Duration
-		for range n {
-			start := time.Now()
-			res, err := client.Get("https://bench.test/")
-			if err != nil {
-				b.Fatal(err)
-			}
-			_, _ = io.Copy(io.Discard, res.Body)
-			res.Body.Close()
-			if res.StatusCode != 200 {
-				b.Fatalf("status %d", res.StatusCode)
-			}
-			ds = append(ds, time.Since(start))
-		}
-		sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
-		return ds
-	}
-	pct := func(ds []time.Duration, p int) time.Duration { return ds[len(ds)*p/100] }
-	proxied := run()
-	if err := l.UpdatePolicy(context.Background(), id, network.Policy{AllowOut: []string{tn.Addr}, DenyOut: []string{"0.0.0.0/0"}}); err != nil {
-		b.Fatal(err)
-	}
-	direct := run()
-	var sum time.Duration
-	for _, d := range proxied {
-		sum += d
-	}
-	for _, p := range []int{50, 95, 99} {
-		b.Logf("p%d: proxy %v, direct %v, ratio %.2f", p, pct(proxied, p), pct(direct, p), float64(pct(proxied, p))/float64(pct(direct, p)))
-	}
-	b.Logf("sequential HTTPS connections through the proxy: %.0f/s", float64(n)/sum.Seconds())
-	b.ReportMetric(float64(pct(proxied, 50))/float64(pct(direct, 50)), "p50-ratio")
 }
 
 // After a restart (a new manager over the same table, a proxy on a new port)
