@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -46,6 +47,7 @@ type serveOptions struct {
 	secretsKey                                            string
 	listenTLS                                             string
 	dns                                                   []string
+	egressProxyAllow                                      []string
 	cpuCount, memoryMB, diskSizeMB, maxSandboxes          int
 	maxSnapshots                                          int
 	maxCreates                                            int
@@ -92,6 +94,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&o.pool, "pool", "10.211.0.0/16", "sandbox address pool")
 	f.StringVar(&o.bridge, "bridge", "cubicle0", "bridge interface name")
 	f.StringVar(&o.netnsDir, "netns-dir", "", "where sandbox netns are bind-mounted (default /run/cubicle/<bridge>/netns)")
+	f.StringSliceVar(&o.egressProxyAllow, "egress-proxy-allow", nil, "CIDRs in private or internal ranges where a sandbox's SOCKS5 network.egressProxy may be (default: only public addresses; loopback, link-local, the host's own addresses and the sandbox pool never)")
 	f.StringVar(&o.hostFirewall, "host-firewall", "auto", "auto: when the host's iptables FORWARD chain drops (Docker, ufw, firewalld), add accept rules for the bridge (in DOCKER-USER if it exists) and remove them on exit; off: never touch iptables")
 	f.StringVar(&o.nftTable, "nft-table", "", "nftables table (inet family) owned by this server (default cubicle, or cubicle_<bridge>)")
 	f.StringVar(&o.cgroupParent, "cgroup-parent", "cubicle", "cgroup parent of sandbox cgroups")
@@ -269,8 +272,30 @@ func serve(ctx context.Context, o serveOptions) error {
 	}
 	defer egressLn.Close()
 	egressPort := uint16(egressLn.Addr().(*net.TCPAddr).Port)
+	var upstreamAllow []netip.Prefix
+	for _, c := range o.egressProxyAllow {
+		p, err := network.ParsePrefix(c)
+		if err != nil {
+			return fmt.Errorf("--egress-proxy-allow: %w", err)
+		}
+		upstreamAllow = append(upstreamAllow, p)
+	}
+	// The interception CA: sandboxes trust it, so the egress proxy can
+	// apply network.rules to their HTTPS (docs/network.md, trust model).
+	egressCA, err := servecert.LoadOrCreateCA(filepath.Join(o.dataDir, "egress-ca"), "Cubicle egress CA "+hostname())
+	if err != nil {
+		return fmt.Errorf("egress CA: %w", err)
+	}
+	sandboxCAs, err := withCA(o.caCerts, egressCA.PEM())
+	if err != nil {
+		return fmt.Errorf("egress CA: %w", err)
+	}
+	upstreamRoots, err := trustRoots(o.caCerts)
+	if err != nil {
+		return err
+	}
 	netm, err := network.NewLinux(network.Config{Bridge: o.bridge, Pool: pool, NetnsDir: o.netnsDir, Table: o.nftTable, Resolvers: resolvers,
-		HostFirewall: o.hostFirewall, EgressPort: egressPort})
+		HostFirewall: o.hostFirewall, EgressPort: egressPort, UpstreamAllow: upstreamAllow})
 	if err != nil {
 		return fmt.Errorf("network: %w", err)
 	}
@@ -285,7 +310,14 @@ func serve(ctx context.Context, o serveOptions) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	volMetrics := control.NewVolumeMetrics(reg)
-	egressProxy := egress.New(egressLn, netm, log, reg)
+	egressProxy := egress.New(egressLn, netm, log, reg, egress.WithInterception(egressCA, upstreamRoots,
+		func(ctx context.Context, sandboxID, name string) (string, error) {
+			sb, err := st.GetSandbox(ctx, sandboxID)
+			if err != nil {
+				return "", err
+			}
+			return secrets.Resolve(ctx, sb.TeamID, name)
+		}))
 	go func() {
 		if err := egressProxy.Serve(); err != nil {
 			log.Error("egress proxy stopped", "err", err)
@@ -302,7 +334,7 @@ func serve(ctx context.Context, o serveOptions) error {
 		VolumeDir: filepath.Join(o.dataDir, "node", "volumes"), VolumeBaseDir: vc.node.BaseDir,
 		VolumePlugin:  func(d string) (volume.Node, error) { return nodePlugins.Get(d) },
 		VolumeDrivers: nodePlugins.Names(), VolumeMetrics: volMetrics, Logger: log,
-		Lxcfs: lx.Mountpoint(), LxcfsFiles: lx.Files(), CACerts: o.caCerts,
+		Lxcfs: lx.Mountpoint(), LxcfsFiles: lx.Files(), CACerts: sandboxCAs,
 		SnapshotDir: filepath.Join(o.dataDir, "snapshots"),
 	})
 	if err != nil {
@@ -546,4 +578,31 @@ func usernsMode(v, runtime string) (bool, error) {
 		return false, nil
 	}
 	return false, fmt.Errorf("--userns %q: want on, off or auto", v)
+}
+
+func hostname() string {
+	h, _ := os.Hostname()
+	return h
+}
+
+// withCA is the operator's CA set plus one more certificate (PEM).
+func withCA(set *cacerts.Set, pem []byte) (*cacerts.Set, error) {
+	var b []byte
+	if set != nil {
+		b = append(set.PEM(), '\n')
+	}
+	return cacerts.Parse(append(b, pem...))
+}
+
+// trustRoots is what the egress proxy verifies real servers against: the
+// host's trust store plus the operator's CAs, what a sandbox trusts.
+func trustRoots(set *cacerts.Set) (*x509.CertPool, error) {
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		return nil, fmt.Errorf("host trust store: %w", err)
+	}
+	if set != nil {
+		pool.AppendCertsFromPEM(set.PEM())
+	}
+	return pool, nil
 }

@@ -79,9 +79,11 @@ func (req *newSandbox) options(v2 bool) (control.CreateOptions, string) {
 		return control.CreateOptions{}, msg
 	}
 	if req.Network != nil {
-		if msg := unsupportedEgress(req.Network.EgressProxy, req.Network.Rules); msg != "" {
+		ep, rules, msg := parseEgress(req.Network.EgressProxy, req.Network.Rules)
+		if msg != "" {
 			return control.CreateOptions{}, msg
 		}
+		netw.EgressProxy, netw.Rules = ep, rules
 		if req.Network.AllowPublicTraffic != nil {
 			netw.AllowPublicTraffic = *req.Network.AllowPublicTraffic
 		}
@@ -125,17 +127,28 @@ type networkUpdate struct {
 	EgressProxy         json.RawMessage `json:"egressProxy"`
 	Rules               json.RawMessage `json:"rules"`
 	// Create-only: refused here by name rather than dropped.
-	MaskRequestHost json.RawMessage `json:"maskRequestHost"`
-	HTTPSPorts      json.RawMessage `json:"httpsPorts"`
+	MaskRequestHost    json.RawMessage `json:"maskRequestHost"`
+	HTTPSPorts         json.RawMessage `json:"httpsPorts"`
+	AllowPublicTraffic json.RawMessage `json:"allowPublicTraffic"`
 }
 
-// network is the policy the body asks for; the manager validates it.
-func (req *networkUpdate) network() store.Network {
+// network is the policy the body asks for (or the message of the 400 that
+// refuses it); the manager validates the rest. Omitted fields are cleared,
+// as e2b's update replaces the whole egress configuration.
+func (req *networkUpdate) network() (store.Network, string) {
+	if msg := createOnlyNetwork(req.MaskRequestHost, req.HTTPSPorts, req.AllowPublicTraffic); msg != "" {
+		return store.Network{}, msg
+	}
 	n := store.Network{AllowInternet: true, AllowOut: req.AllowOut, DenyOut: req.DenyOut}
 	if req.AllowInternetAccess != nil {
 		n.AllowInternet = *req.AllowInternetAccess
 	}
-	return n
+	ep, rules, msg := parseEgress(req.EgressProxy, req.Rules)
+	if msg != "" {
+		return store.Network{}, msg
+	}
+	n.EgressProxy, n.Rules = ep, rules
+	return n, ""
 }
 
 // volumeName is the requested name ("" for a generated one), or the message

@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/url"
 	"strconv"
 	"strings"
 
 	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/store"
 )
 
 // Limits on the data-plane network options. They bound what one create
@@ -71,7 +73,10 @@ func checkMaskRequestHost(mask string) string {
 // /sandboxes/{id}/network: they are fixed at create (e2b's update body has
 // neither), and the update keeps the stored ones, so a value sent here
 // would otherwise be dropped while the call answered 204.
-func createOnlyNetwork(maskRequestHost, httpsPorts json.RawMessage) string {
+func createOnlyNetwork(maskRequestHost, httpsPorts, allowPublicTraffic json.RawMessage) string {
+	if !absent(allowPublicTraffic) {
+		return "network.allowPublicTraffic: set at create only; PUT /network does not change it"
+	}
 	if !absent(maskRequestHost) {
 		return "network.maskRequestHost: set at create only; PUT /network does not change it"
 	}
@@ -87,23 +92,115 @@ func absent(raw json.RawMessage) bool {
 	return len(t) == 0 || bytes.Equal(t, []byte("null"))
 }
 
-// unsupportedEgress refuses the egress options Cubicle does not apply yet,
-// by name: accepting them would send the sandbox's traffic out directly
-// when the caller asked for a proxy or for rewritten requests (fail-open).
-func unsupportedEgress(egressProxy, rules json.RawMessage) string {
-	if !absent(egressProxy) {
-		return "network.egressProxy: tunnelling egress through a SOCKS5 proxy is not supported by this server; omit it"
-	}
-	if !absent(rules) {
-		var m map[string]json.RawMessage
-		if err := json.Unmarshal(rules, &m); err != nil {
-			return "network.rules: want an object of domain to rule list"
+// ruleJSON is one entry of e2b's network.rules lists.
+type ruleJSON struct {
+	Transform *struct {
+		Headers map[string]string `json:"headers"`
+	} `json:"transform"`
+}
+
+// egressProxyJSON is e2b's SandboxEgressProxyConfig. Password and caCert
+// are write-only.
+type egressProxyJSON struct {
+	Address  string          `json:"address"`
+	Username string          `json:"username,omitempty"`
+	Password string          `json:"password,omitempty"`
+	TLS      *egressProxyTLS `json:"tls,omitempty"`
+}
+
+type egressProxyTLS struct {
+	Enabled    bool   `json:"enabled"`
+	ServerName string `json:"serverName,omitempty"`
+	CACert     string `json:"caCert,omitempty"`
+}
+
+// strictJSON decodes raw into v, refusing unknown fields by name: a
+// transform or proxy option this server does not know would otherwise be
+// dropped while the sandbox runs without it.
+func strictJSON(field string, raw json.RawMessage, v any) string {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		msg := err.Error()
+		// encoding/json has no typed error for an unknown field.
+		if f, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
+			return fmt.Sprintf("%s: unknown field %s (not supported by this server)", field, f)
 		}
-		if len(m) > 0 {
-			return "network.rules: per-domain transform rules are not supported by this server; omit them"
-		}
+		return fmt.Sprintf("%s: malformed: %s", field, strings.TrimPrefix(msg, "json: "))
 	}
 	return ""
+}
+
+// parseEgress turns network.egressProxy and network.rules into their
+// stored form; the manager validates them further (network.ValidatePolicy).
+func parseEgress(egressProxy, rules json.RawMessage) (*store.EgressProxy, map[string][]store.NetworkRule, string) {
+	var ep *store.EgressProxy
+	if !absent(egressProxy) {
+		var in egressProxyJSON
+		if msg := strictJSON("network.egressProxy", egressProxy, &in); msg != "" {
+			return nil, nil, msg
+		}
+		if in.Address == "" {
+			return nil, nil, "network.egressProxy.address: required (host:port of a SOCKS5 proxy)"
+		}
+		if u, err := url.Parse(in.Address); err == nil && u.Scheme != "" && u.Host != "" {
+			return nil, nil, fmt.Sprintf("network.egressProxy.address: %q: give host:port; the scheme is always SOCKS5 (%s:// is not supported)", in.Address, u.Scheme)
+		}
+		ep = &store.EgressProxy{Address: in.Address, Username: in.Username, Password: in.Password}
+		if t := in.TLS; t != nil {
+			if !t.Enabled && (t.ServerName != "" || t.CACert != "") {
+				return nil, nil, "network.egressProxy.tls: serverName and caCert are only valid with enabled: true"
+			}
+			ep.TLS, ep.TLSServerName, ep.TLSCACert = t.Enabled, t.ServerName, t.CACert
+		}
+	}
+	var out map[string][]store.NetworkRule
+	if !absent(rules) {
+		var in map[string][]ruleJSON
+		if msg := strictJSON("network.rules", rules, &in); msg != "" {
+			return nil, nil, msg
+		}
+		for host, list := range in {
+			rs := make([]store.NetworkRule, len(list))
+			for i, r := range list {
+				if r.Transform != nil {
+					rs[i].Headers = r.Transform.Headers
+				}
+			}
+			if out == nil {
+				out = map[string][]store.NetworkRule{}
+			}
+			out[host] = rs
+		}
+	}
+	return ep, out, ""
+}
+
+// egressOut is what GET /sandboxes/{id} shows of the stored options:
+// never the proxy's password or CA.
+func egressOut(n store.Network) (json.RawMessage, json.RawMessage) {
+	var ep, rules json.RawMessage
+	if e := n.EgressProxy; e != nil {
+		out := egressProxyJSON{Address: e.Address, Username: e.Username}
+		if e.TLS {
+			out.TLS = &egressProxyTLS{Enabled: true, ServerName: e.TLSServerName}
+		}
+		ep, _ = json.Marshal(out)
+	}
+	if len(n.Rules) > 0 {
+		m := map[string][]ruleJSON{}
+		for host, list := range n.Rules {
+			rs := make([]ruleJSON, len(list))
+			for i, r := range list {
+				rs[i].Transform = &struct {
+					Headers map[string]string `json:"headers"`
+				}{Headers: r.Headers}
+			}
+			m[host] = rs
+		}
+		rules, _ = json.Marshal(m)
+	}
+	return ep, rules
 }
 
 // unsupportedIAM refuses workload identity tokens: there is no identity

@@ -50,12 +50,15 @@ func TestNetworkPortAndMaskOptions(t *testing.T) {
 	}
 }
 
-func TestUnimplementedSecurityOptionsAreRefusedByName(t *testing.T) {
+func TestEgressOptionsParsedOrRefusedByName(t *testing.T) {
 	for body, want := range map[string]string{
-		`{"templateID":"base","network":{"egressProxy":{"address":"proxy.example:1080"}}}`:                    "network.egressProxy",
-		`{"templateID":"base","network":{"rules":{"api.example.com":[{"transform":{"headers":{"A":"b"}}}]}}}`: "network.rules",
-		`{"templateID":"base","network":{"rules":[]}}`:                                                        "network.rules",
-		`{"templateID":"base","iam":{"tokens":{"aws":{"audience":"sts","tokenType":"JWT-SVID"}}}}`:            "iam.tokens",
+		`{"templateID":"base","network":{"egressProxy":{"address":"socks5://proxy.example:1080"}}}`:                  "network.egressProxy.address",
+		`{"templateID":"base","network":{"egressProxy":{"address":""}}}`:                                             "network.egressProxy.address",
+		`{"templateID":"base","network":{"egressProxy":{"address":"p:1","auth":"x"}}}`:                               "network.egressProxy: unknown field",
+		`{"templateID":"base","network":{"egressProxy":{"address":"p:1","tls":{"enabled":false,"serverName":"p"}}}}`: "network.egressProxy.tls",
+		`{"templateID":"base","network":{"rules":[]}}`:                                                               "network.rules",
+		`{"templateID":"base","network":{"rules":{"a.com":[{"transform":{"body":"x"}}]}}}`:                           "network.rules: unknown field",
+		`{"templateID":"base","iam":{"tokens":{"aws":{"audience":"sts","tokenType":"JWT-SVID"}}}}`:                   "iam.tokens",
 	} {
 		var req newSandbox
 		if msg := decodeJSON([]byte(body), &req, false); msg != "" {
@@ -78,7 +81,29 @@ func TestUnimplementedSecurityOptionsAreRefusedByName(t *testing.T) {
 			t.Errorf("%s: refused: %s", body, msg)
 		}
 	}
-	if msg := unsupportedEgress([]byte(`{"address":"p:1"}`), nil); !strings.HasPrefix(msg, "network.egressProxy") {
-		t.Errorf("update with egressProxy: %q", msg)
+	// Parsed into the stored form; GET never shows the password or CA.
+	var req newSandbox
+	body := `{"templateID":"base","network":{"egressProxy":{"address":"p.example:1080","username":"u","password":"pw","tls":{"enabled":true,"serverName":"s.example","caCert":"PEM"}},` +
+		`"rules":{"API.example.com":[{"transform":{"headers":{"X-Key":"${e2b.secrets.k}"}}}]}}}`
+	if msg := decodeJSON([]byte(body), &req, false); msg != "" {
+		t.Fatal(msg)
+	}
+	opts, msg := req.options(true)
+	if msg != "" {
+		t.Fatal(msg)
+	}
+	ep := opts.Network.EgressProxy
+	if ep == nil || ep.Address != "p.example:1080" || ep.Password != "pw" || !ep.TLS || ep.TLSServerName != "s.example" || ep.TLSCACert != "PEM" {
+		t.Fatalf("egressProxy %+v", ep)
+	}
+	if r := opts.Network.Rules["API.example.com"]; len(r) != 1 || r[0].Headers["X-Key"] != "${e2b.secrets.k}" {
+		t.Fatalf("rules %+v", opts.Network.Rules)
+	}
+	epOut, rulesOut := egressOut(opts.Network)
+	if strings.Contains(string(epOut), "pw") || strings.Contains(string(epOut), "PEM") || !strings.Contains(string(epOut), `"serverName":"s.example"`) {
+		t.Errorf("shown egressProxy %s", epOut)
+	}
+	if !strings.Contains(string(rulesOut), `"transform":{"headers":{"X-Key":"${e2b.secrets.k}"}}`) {
+		t.Errorf("shown rules %s", rulesOut)
 	}
 }

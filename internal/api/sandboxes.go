@@ -27,7 +27,7 @@ type networkConfig struct {
 	DenyOut            []string `json:"denyOut,omitempty"`
 	MaskRequestHost    string   `json:"maskRequestHost,omitempty"`
 	HTTPSPorts         []int    `json:"httpsPorts,omitempty"`
-	// Refused when set (checkUnsupported): decoded only to say so.
+	// Parsed strictly by parseEgress; shown by egressOut.
 	EgressProxy json.RawMessage `json:"egressProxy,omitempty"`
 	Rules       json.RawMessage `json:"rules,omitempty"`
 }
@@ -346,6 +346,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 	d.AllowInternetAccess = &ai
 	apt := sb.Network.AllowPublicTraffic
 	d.Network = networkConfig{AllowPublicTraffic: &apt, AllowOut: sb.Network.AllowOut, DenyOut: sb.Network.DenyOut, MaskRequestHost: sb.Network.MaskRequestHost, HTTPSPorts: sb.Network.HTTPSPorts}
+	d.Network.EgressProxy, d.Network.Rules = egressOut(sb.Network)
 	d.Lifecycle.AutoResume = sb.AutoResume
 	d.Lifecycle.OnTimeout = "kill"
 	if sb.AutoPause {
@@ -492,15 +493,12 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 	if !s.decode(w, r, &req, false) {
 		return
 	}
-	if msg := unsupportedEgress(req.EgressProxy, req.Rules); msg != "" {
+	n, msg := req.network()
+	if msg != "" {
 		writeError(w, http.StatusBadRequest, msg)
 		return
 	}
-	if msg := createOnlyNetwork(req.MaskRequestHost, req.HTTPSPorts); msg != "" {
-		writeError(w, http.StatusBadRequest, msg)
-		return
-	}
-	if err := s.mgr.UpdateNetwork(r.Context(), chi.URLParam(r, "id"), req.network()); err != nil {
+	if err := s.mgr.UpdateNetwork(r.Context(), chi.URLParam(r, "id"), n); err != nil {
 		s.fail(w, r, err)
 		return
 	}

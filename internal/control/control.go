@@ -222,7 +222,7 @@ func ValidateMetadata(md map[string]string) error {
 	return nil
 }
 
-func (m *Manager) validate(o *CreateOptions) error {
+func (m *Manager) validate(ctx context.Context, o *CreateOptions) error {
 	if o.Timeout < 0 {
 		return invalid("timeout must be >= 0, got %v", o.Timeout.Seconds())
 	}
@@ -248,13 +248,7 @@ func (m *Manager) validate(o *CreateOptions) error {
 			}
 		}
 	}
-	if err := network.ValidatePolicy(policyOf(o.Network)); err != nil {
-		return invalid("network.%v", err)
-	}
-	if err := m.checkEnforced(policyOf(o.Network)); err != nil {
-		return invalid("network.%v", err)
-	}
-	return nil
+	return m.checkNetwork(ctx, &o.Network)
 }
 
 // checkEnforced refuses domain entries unless the node's egress proxy
@@ -267,7 +261,55 @@ func (m *Manager) checkEnforced(p network.Policy) error {
 }
 
 func policyOf(n store.Network) network.Policy {
-	return network.Policy{AllowInternet: n.AllowInternet, AllowOut: n.AllowOut, DenyOut: n.DenyOut}
+	p := network.Policy{AllowInternet: n.AllowInternet, AllowOut: n.AllowOut, DenyOut: n.DenyOut}
+	if len(n.Rules) > 0 {
+		p.Rules = make(map[string][]network.Rule, len(n.Rules))
+		for host, list := range n.Rules {
+			rs := make([]network.Rule, len(list))
+			for i, r := range list {
+				rs[i] = network.Rule{Headers: r.Headers}
+			}
+			p.Rules[host] = rs
+		}
+	}
+	if e := n.EgressProxy; e != nil {
+		p.Upstream = &network.Upstream{Address: e.Address, Username: e.Username, Password: e.Password}
+		if e.TLS {
+			p.Upstream.TLS = &network.UpstreamTLS{ServerName: e.TLSServerName, CACert: e.TLSCACert}
+		}
+	}
+	return p
+}
+
+// checkNetwork validates n for this node and normalises it (rule hosts
+// lower-cased): shape, domain enforcement, and where an egress proxy
+// points.
+func (m *Manager) checkNetwork(ctx context.Context, n *store.Network) error {
+	p := policyOf(*n)
+	if err := network.ValidatePolicy(p); err != nil {
+		return invalid("network.%v", err)
+	}
+	if err := m.checkEnforced(p); err != nil {
+		return invalid("network.%v", err)
+	}
+	if p.Upstream != nil {
+		ur, ok := m.node.(network.UpstreamResolver)
+		if !ok {
+			return invalid("network.egressProxy: this node runs no egress proxy to tunnel through")
+		}
+		if _, err := ur.ResolveUpstream(ctx, p.Upstream.Address); err != nil {
+			return invalid("network.%v", err)
+		}
+	}
+	if len(n.Rules) > 0 {
+		norm := make(map[string][]store.NetworkRule, len(n.Rules))
+		for host, list := range n.Rules {
+			d, _ := network.ParseDomain(host) // valid: checked above
+			norm[d] = list
+		}
+		n.Rules = norm
+	}
+	return nil
 }
 
 func (m *Manager) event(ctx context.Context, id, typ, level, format string, a ...any) {
@@ -281,7 +323,7 @@ func (m *Manager) event(ctx context.Context, id, typ, level, format string, a ..
 // a crash mid-create is visible to recovery.
 func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ *store.Sandbox, err error) {
 	defer m.metrics.observe("create", time.Now(), &err)
-	if err := m.validate(&o); err != nil {
+	if err := m.validate(ctx, &o); err != nil {
 		return nil, err
 	}
 	var tpl template.Template
@@ -781,11 +823,8 @@ func (m *Manager) resumeLocked(ctx context.Context, sb *store.Sandbox) (err erro
 
 // UpdateNetwork replaces the egress policy of a running sandbox.
 func (m *Manager) UpdateNetwork(ctx context.Context, id string, n store.Network) error {
-	if err := network.ValidatePolicy(policyOf(n)); err != nil {
-		return invalid("%v", err)
-	}
-	if err := m.checkEnforced(policyOf(n)); err != nil {
-		return invalid("%v", err)
+	if err := m.checkNetwork(ctx, &n); err != nil {
+		return err
 	}
 	unlock := m.lock(id)
 	defer unlock()

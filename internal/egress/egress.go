@@ -10,6 +10,12 @@
 // to: otherwise a sandbox could send "SNI: pypi.org" to any address. Such a
 // name may only resolve into the internal ranges (cloud metadata, private
 // networks) when an allowOut CIDR opens them.
+//
+// Two more things happen here when the policy asks for them. TLS to a host
+// with transform rules is terminated with a certificate from the node's
+// interception CA and its requests are rewritten (intercept.go). A sandbox
+// with an upstream SOCKS5 proxy has all of its TCP redirected here, and
+// every allowed connection is dialled through that proxy (upstream.go).
 package egress
 
 import (
@@ -23,8 +29,11 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -40,12 +49,20 @@ type Policies interface {
 	AllowOutCovers(p network.Policy, ip netip.Addr) bool
 	Internal(ip netip.Addr) bool
 	Resolvers() []netip.Addr
+	// ResolveUpstream returns where an egress proxy address may be dialled.
+	ResolveUpstream(ctx context.Context, address string) ([]netip.AddrPort, error)
 }
+
+// Option configures a Proxy.
+type Option func(*Proxy)
 
 // Limits on what one connection may cost before it is judged.
 const (
-	peekTimeout   = 10 * time.Second
-	dialTimeout   = 10 * time.Second
+	peekTimeout = 10 * time.Second
+	dialTimeout = 10 * time.Second
+	// idleTimeout ends a spliced connection on which nothing moved either
+	// way for this long, so abandoned connections do not hold the caps.
+	idleTimeout   = 15 * time.Minute
 	maxHeaderSize = 64 << 10
 	maxConns      = 8192
 	// maxPerSandbox keeps one sandbox from using up maxConns for all.
@@ -69,6 +86,7 @@ type Proxy struct {
 	dialer   net.Dialer
 	sem      chan struct{}
 	conns    *prometheus.CounterVec
+	icpt     *interception // nil: rules are not applied (and are refused upstream)
 
 	mu     sync.Mutex
 	active map[net.Conn]struct{}
@@ -79,7 +97,7 @@ type Proxy struct {
 
 // New makes a proxy for ln (on the bridge's gateway address). reg may be
 // nil.
-func New(ln net.Listener, pol Policies, log *slog.Logger, reg prometheus.Registerer) *Proxy {
+func New(ln net.Listener, pol Policies, log *slog.Logger, reg prometheus.Registerer, opts ...Option) *Proxy {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -104,6 +122,9 @@ func New(ln net.Listener, pol Policies, log *slog.Logger, reg prometheus.Registe
 		}}
 	} else {
 		p.resolver = net.DefaultResolver
+	}
+	for _, o := range opts {
+		o(p)
 	}
 	return p
 }
@@ -207,17 +228,32 @@ func (p *Proxy) handle(c net.Conn) {
 		p.count(verdictBlocked)
 		return
 	}
-	_ = c.SetReadDeadline(time.Now().Add(peekTimeout))
+	log := p.log.With("sandbox", id, "dst", dst.String())
 	br := bufio.NewReaderSize(c, 4096)
+	if dst.Port() != 80 && dst.Port() != 443 {
+		// Tunnelled TCP on other ports: judged by address, no peeking (the
+		// server may be the one to speak first).
+		up := p.dialFor(log, pol, "", dst)
+		if up == nil {
+			return
+		}
+		defer up.Close()
+		splice(c, br, up)
+		return
+	}
+	_ = c.SetReadDeadline(time.Now().Add(peekTimeout))
 	first, err := br.Peek(1)
 	if err != nil {
 		return
 	}
-	log := p.log.With("sandbox", id, "dst", dst.String())
 	if first[0] == 0x16 { // a TLS handshake record
 		var seen bytes.Buffer
 		name := serverName(io.TeeReader(br, &seen))
 		_ = c.SetReadDeadline(time.Time{})
+		if rules, ok := network.RulesFor(pol.Rules, name); ok && p.icpt != nil && !isIP(name) {
+			p.intercept(log, c, io.MultiReader(&seen, br), id, src.Addr(), pol, name, rules, dst)
+			return
+		}
 		up := p.dialFor(log, pol, name, dst)
 		if up == nil {
 			return
@@ -230,6 +266,11 @@ func (p *Proxy) handle(c net.Conn) {
 		return
 	}
 	p.serveHTTP(log, c, br, pol, dst)
+}
+
+func isIP(s string) bool {
+	_, err := netip.ParseAddr(s)
+	return err == nil
 }
 
 // serveHTTP judges each request on a plain connection by its Host (a later
@@ -304,7 +345,28 @@ func (p *Proxy) dialFor(log *slog.Logger, pol network.Policy, name string, dst n
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), dialTimeout)
 	defer cancel()
+	if pol.Upstream != nil && dst.Port() == 53 && slices.Contains(p.pol.Resolvers(), dst.Addr().Unmap()) {
+		// DNS stays with the sandbox's resolvers, as its UDP does.
+		up, err := p.dialer.DialContext(ctx, "tcp", dst.String())
+		if err != nil {
+			p.count(verdictError)
+			return nil
+		}
+		p.count(verdictAllowIP)
+		return up
+	}
 	switch {
+	case name != "" && matchAny(allow, name) && pol.Upstream != nil:
+		// The upstream resolves the name in its own network (SOCKS5
+		// remote DNS), where the host's internal ranges mean nothing.
+		up, err := p.dialUpstream(ctx, pol.Upstream, net.JoinHostPort(name, strconv.Itoa(int(dst.Port()))))
+		if err != nil {
+			log.Info("egress: via the egress proxy", "name", name, "err", err)
+			p.count(verdictError)
+			return nil
+		}
+		p.count(verdictAllowName)
+		return up
 	case name != "" && matchAny(allow, name):
 		ips, err := p.resolver.LookupNetIP(ctx, "ip4", name)
 		if err != nil {
@@ -331,8 +393,15 @@ func (p *Proxy) dialFor(log *slog.Logger, pol network.Policy, name string, dst n
 		p.count(verdictBlocked)
 		return nil
 	case p.pol.AllowsIP(pol, dst.Addr()):
-		up, err := p.dialer.DialContext(ctx, "tcp", dst.String())
+		var up net.Conn
+		var err error
+		if pol.Upstream != nil {
+			up, err = p.dialUpstream(ctx, pol.Upstream, dst.String())
+		} else {
+			up, err = p.dialer.DialContext(ctx, "tcp", dst.String())
+		}
 		if err != nil {
+			log.Debug("egress: dial", "err", err)
 			p.count(verdictError)
 			return nil
 		}
@@ -394,16 +463,49 @@ func (readOnly) SetWriteDeadline(time.Time) error { return nil }
 
 // splice copies both ways (the client's side from br, which may hold
 // buffered bytes) until both are done, half-closing as each ends.
-func splice(c net.Conn, br *bufio.Reader, up net.Conn) {
+func splice(c net.Conn, br io.Reader, up net.Conn) {
+	var last atomic.Int64
+	last.Store(time.Now().UnixNano())
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		// Idle watchdog: a read deadline per Read would cost a syscall per
+		// chunk; a coarse tick does not.
+		t := time.NewTicker(idleTimeout / 15)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				if time.Since(time.Unix(0, last.Load())) > idleTimeout {
+					c.Close()
+					up.Close()
+					return
+				}
+			}
+		}
+	}()
 	done := make(chan struct{})
 	go func() {
-		_, _ = io.Copy(c, up)
+		_, _ = io.Copy(activity{c, &last}, up)
 		closeWrite(c)
 		close(done)
 	}()
-	_, _ = io.Copy(up, br)
+	_, _ = io.Copy(activity{up, &last}, br)
 	closeWrite(up)
 	<-done
+}
+
+// activity is a writer that notes when it was last written to.
+type activity struct {
+	w    io.Writer
+	last *atomic.Int64
+}
+
+func (a activity) Write(b []byte) (int, error) {
+	a.last.Store(time.Now().UnixNano())
+	return a.w.Write(b)
 }
 
 func closeWrite(c net.Conn) {

@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -31,19 +32,28 @@ import (
 
 type testnet struct {
 	HostAddr, Addr, DNS string
+	CACert              string
+	Socks, SocksLog     string
+	// ctl sends a control line ("socks stop") and returns the answer.
+	ctl func(line string) string
 }
 
 func startTestnet(t testing.TB, records ...string) testnet {
+	t.Helper()
+	var args []string
+	for _, r := range records {
+		args = append(args, "-record", r)
+	}
+	return startTestnetArgs(t, args...)
+}
+
+func startTestnetArgs(t testing.TB, args ...string) testnet {
 	t.Helper()
 	_, file, _, _ := runtime.Caller(0)
 	root := filepath.Join(filepath.Dir(file), "..", "..")
 	bin := filepath.Join(t.TempDir(), "cubicle-testnet")
 	if out, err := exec.Command("go", "build", "-C", root, "-o", bin, "./test/testnet").CombinedOutput(); err != nil {
 		t.Fatalf("build testnet: %v: %s", err, out)
-	}
-	args := []string{}
-	for _, r := range records {
-		args = append(args, "-record", r)
 	}
 	cmd := exec.Command(bin, args...)
 	stdin, _ := cmd.StdinPipe()
@@ -64,13 +74,24 @@ func startTestnet(t testing.TB, records ...string) testnet {
 			t.Error("testnet did not exit on stdin close")
 		}
 	})
-	line, err := bufio.NewReader(stdout).ReadString('\n')
+	out := bufio.NewReader(stdout)
+	line, err := out.ReadString('\n')
 	if err != nil {
 		t.Fatalf("testnet: %v", err)
 	}
 	var tn testnet
 	if err := json.Unmarshal([]byte(line), &tn); err != nil {
 		t.Fatalf("testnet ready line %q: %v", line, err)
+	}
+	tn.ctl = func(cmd string) string {
+		if _, err := io.WriteString(stdin, cmd+"\n"); err != nil {
+			t.Fatalf("testnet %s: %v", cmd, err)
+		}
+		ans, err := out.ReadString('\n')
+		if err != nil {
+			t.Fatalf("testnet %s: %v", cmd, err)
+		}
+		return strings.TrimSpace(ans)
 	}
 	return tn
 }
@@ -99,7 +120,7 @@ func testConfig(t testing.TB, resolver netip.Addr) network.Config {
 
 // startManager starts a network manager and its egress proxy on a new port,
 // as `cubicle serve` does at each start.
-func startManager(t testing.TB, cfg network.Config) (*network.Linux, *egress.Proxy) {
+func startManager(t testing.TB, cfg network.Config, opts ...egress.Option) (*network.Linux, *egress.Proxy) {
 	t.Helper()
 	ln, err := egress.ListenFreebind(netip.AddrPortFrom(network.GatewayOf(cfg.Pool), 0))
 	if err != nil {
@@ -111,7 +132,7 @@ func startManager(t testing.TB, cfg network.Config) (*network.Linux, *egress.Pro
 		ln.Close()
 		t.Fatalf("NewLinux: %v", err)
 	}
-	p := egress.New(ln, l, nil, nil)
+	p := egress.New(ln, l, nil, nil, opts...)
 	go func() { _ = p.Serve() }()
 	t.Cleanup(func() {
 		_ = p.Close()

@@ -135,5 +135,11 @@ func CheckEnforced(p Policy) error {
 			}
 		}
 	}
+	if len(p.Rules) > 0 {
+		return &FieldError{Field: "rules", Kind: ErrRules, Err: errors.New("this node runs no egress proxy to apply them")}
+	}
+	if p.Upstream != nil {
+		return &FieldError{Field: "egressProxy", Kind: ErrUpstream, Err: errors.New("this node runs no egress proxy to tunnel through")}
+	}
 	return nil
 }

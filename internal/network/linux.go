@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -47,6 +48,10 @@ type Config struct {
 	// bridge in iptables when the host's FORWARD chain would drop its
 	// traffic; see hostfw_linux.go) or HostFirewallOff.
 	HostFirewall string
+	// UpstreamAllow are internal ranges where a sandbox's SOCKS5 egress
+	// proxy may be (network.egressProxy); by default only public
+	// addresses are.
+	UpstreamAllow []netip.Prefix
 }
 
 func (c *Config) applyDefaults() error {
@@ -379,14 +384,14 @@ func (l *Linux) endpointFor(id string) Endpoint {
 // every healthy endpoint, keeping policies stored in the old table (deny-all
 // for an endpoint whose policy cannot be read back).
 func (l *Linux) rebuildTables() error {
-	c, err := nftables.New()
+	c, err := newNftConn()
 	if err != nil {
 		return fmt.Errorf("network: nftables: %w", err)
 	}
 	t := l.tables()
-	policies := map[string]Policy{}
+	legacy := map[string]Policy{}
 	if tableExists(c, l.cfg.Table, nftables.TableFamilyINet) {
-		policies = storedPolicies(c, t.inet)
+		legacy = storedPolicies(c, t.inet)
 		c.DelTable(t.inet)
 	}
 	if tableExists(c, l.cfg.Table, nftables.TableFamilyBridge) {
@@ -399,8 +404,11 @@ func (l *Linux) rebuildTables() error {
 		if ep.Stale {
 			continue
 		}
-		p := policies[sandboxChainName(ep.ID)]
-		if p.HasDomains() && l.cfg.EgressPort == 0 {
+		p, ok := l.recordedPolicy(ep.ID)
+		if !ok {
+			p = legacy[sandboxChainName(ep.ID)] // written by an older build
+		}
+		if p.NeedsProxy() && l.cfg.EgressPort == 0 {
 			p = Policy{} // no proxy to judge names now: deny all rather than allow
 		}
 		l.policies[ep.ID] = p
@@ -488,7 +496,10 @@ func (l *Linux) Setup(ctx context.Context, id string, p Policy) (ep Endpoint, er
 	if err = l.recordAddr(ep); err != nil {
 		return ep, err
 	}
-	c, err := nftables.New()
+	if err = l.recordPolicy(id, p); err != nil {
+		return ep, err
+	}
+	c, err := newNftConn()
 	if err != nil {
 		return ep, fmt.Errorf("network: nftables: %w", err)
 	}
@@ -625,8 +636,10 @@ func (l *Linux) cleanup(ep Endpoint, withNft bool) error {
 	if err := deleteNetns(ep.NetNSPath); err != nil {
 		errs = append(errs, err)
 	}
-	if err := os.Remove(l.addrFile(ep.ID)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		errs = append(errs, err)
+	for _, f := range []string{l.addrFile(ep.ID), l.policyFile(ep.ID)} {
+		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -649,6 +662,46 @@ func (l *Linux) recordAddr(ep Endpoint) error {
 	return nil
 }
 
+// policyFile holds an endpoint's policy, for a restarted manager: rules
+// and credentials make it too big for nftables rule user data (256 bytes).
+// 0600: it may hold the egress proxy's password and transform values.
+func (l *Linux) policyFile(id string) string {
+	return filepath.Join(l.cfg.NetnsDir, ".policy", id)
+}
+
+func (l *Linux) recordPolicy(id string, p Policy) error {
+	b, err := json.Marshal(p)
+	if err != nil {
+		return fmt.Errorf("network: record policy: %w", err)
+	}
+	f := l.policyFile(id)
+	if err := os.MkdirAll(filepath.Dir(f), 0o700); err != nil {
+		return fmt.Errorf("network: record policy: %w", err)
+	}
+	tmp := f + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("network: record policy: %w", err)
+	}
+	if err := os.Rename(tmp, f); err != nil {
+		return fmt.Errorf("network: record policy: %w", err)
+	}
+	return nil
+}
+
+// recordedPolicy reads what recordPolicy wrote; false when there is none
+// or it does not validate (the caller then denies all).
+func (l *Linux) recordedPolicy(id string) (Policy, bool) {
+	b, err := os.ReadFile(l.policyFile(id))
+	if err != nil {
+		return Policy{}, false
+	}
+	var p Policy
+	if json.Unmarshal(b, &p) != nil || ValidatePolicy(p) != nil {
+		return Policy{}, false
+	}
+	return p, true
+}
+
 // recordedAddr returns the address written by recordAddr, if any.
 func (l *Linux) recordedAddr(id string) netip.Addr {
 	b, err := os.ReadFile(l.addrFile(id))
@@ -667,7 +720,7 @@ func (l *Linux) recordedAddr(id string) netip.Addr {
 // each object is removed on its own and "does not exist" is ignored.
 func (l *Linux) removeNft(ep Endpoint) error {
 	t := l.tables()
-	c, err := nftables.New()
+	c, err := newNftConn()
 	if err != nil {
 		return err
 	}
@@ -686,6 +739,9 @@ func (l *Linux) removeNft(ep Endpoint) error {
 		},
 		func(c *nftables.Conn) error {
 			return c.SetDeleteElements(t.redir, []nftables.SetElement{{Key: ep.Addr.AsSlice()}})
+		},
+		func(c *nftables.Conn) error {
+			return c.SetDeleteElements(t.tunnel, []nftables.SetElement{{Key: ep.Addr.AsSlice()}})
 		},
 		func(c *nftables.Conn) error {
 			ch := &nftables.Chain{Name: sandboxChainName(ep.ID), Table: t.inet}
@@ -748,7 +804,7 @@ func (l *Linux) UpdatePolicy(ctx context.Context, id string, p Policy) error {
 	if !ok || ep.Stale {
 		return ErrNotFound
 	}
-	c, err := nftables.New()
+	c, err := newNftConn()
 	if err != nil {
 		return fmt.Errorf("network: nftables: %w", err)
 	}
@@ -756,17 +812,28 @@ func (l *Linux) UpdatePolicy(ctx context.Context, id string, p Policy) error {
 	ch := &nftables.Chain{Name: sandboxChainName(id), Table: t.inet}
 	c.FlushChain(ch)
 	l.addPolicyRules(c, t, ch, p, allow, deny)
-	was, now := l.policies[id].HasDomains(), p.HasDomains()
-	switch {
-	case now && !was:
-		err = c.SetAddElements(t.redir, []nftables.SetElement{{Key: ep.Addr.AsSlice()}})
-	case was && !now:
-		err = c.SetDeleteElements(t.redir, []nftables.SetElement{{Key: ep.Addr.AsSlice()}})
+	old := l.policies[id]
+	for _, set := range []struct {
+		s        *nftables.Set
+		was, now bool
+	}{{t.redir, old.NeedsProxy(), p.NeedsProxy()}, {t.tunnel, old.Tunnels(), p.Tunnels()}} {
+		switch {
+		case set.now && !set.was:
+			err = c.SetAddElements(set.s, []nftables.SetElement{{Key: ep.Addr.AsSlice()}})
+		case set.was && !set.now:
+			err = c.SetDeleteElements(set.s, []nftables.SetElement{{Key: ep.Addr.AsSlice()}})
+		}
+		if err != nil {
+			return fmt.Errorf("network: nftables update: %w", err)
+		}
 	}
-	if err != nil {
-		return fmt.Errorf("network: nftables update: %w", err)
+	// Recorded first: a crash after the flush must not bring the old
+	// policy back at the next start.
+	if err := l.recordPolicy(id, p); err != nil {
+		return err
 	}
 	if err := c.Flush(); err != nil {
+		_ = l.recordPolicy(id, old)
 		return fmt.Errorf("network: nftables update: %w", err)
 	}
 	l.policies[id] = p
@@ -779,8 +846,8 @@ func (l *Linux) parsePolicy(p Policy) (allow, deny []netip.Prefix, err error) {
 	if allow, deny, err = parsePolicy(p); err != nil {
 		return nil, nil, err
 	}
-	if l.cfg.EgressPort == 0 && p.HasDomains() {
-		return nil, nil, fmt.Errorf("%w: domain entries need the node's egress proxy", ErrInvalidPolicy)
+	if l.cfg.EgressPort == 0 && p.NeedsProxy() {
+		return nil, nil, fmt.Errorf("%w: domain entries, rules and an egress proxy need the node's egress proxy", ErrInvalidPolicy)
 	}
 	return allow, deny, nil
 }
@@ -827,7 +894,7 @@ func (l *Linux) Destroy(ctx context.Context) error {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if c, err := nftables.New(); err == nil {
+	if c, err := newNftConn(); err == nil {
 		for _, fam := range []nftables.TableFamily{nftables.TableFamilyINet, nftables.TableFamilyBridge} {
 			if tableExists(c, l.cfg.Table, fam) {
 				c.DelTable(&nftables.Table{Family: fam, Name: l.cfg.Table})

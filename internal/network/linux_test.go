@@ -465,12 +465,16 @@ func assertClean(t *testing.T, l *Linux) {
 			t.Errorf("leaked link %s", lk.Attrs().Name)
 		}
 	}
-	if ents, _ := os.ReadDir(filepath.Join(l.cfg.NetnsDir, ".addr")); len(ents) != 0 {
-		t.Errorf("leaked address records: %d", len(ents))
+	for _, d := range []string{".addr", ".policy"} {
+		if ents, _ := os.ReadDir(filepath.Join(l.cfg.NetnsDir, d)); len(ents) != 0 {
+			t.Errorf("leaked %s records: %d", d, len(ents))
+		}
 	}
 	ents, _ := os.ReadDir(l.cfg.NetnsDir)
-	if n := len(ents); n != 0 && !(n == 1 && ents[0].Name() == ".addr") {
-		t.Errorf("leaked netns files: %d", len(ents))
+	for _, e := range ents {
+		if e.Name() != ".addr" && e.Name() != ".policy" {
+			t.Errorf("leaked netns file %s", e.Name())
+		}
 	}
 	if len(l.used) != 0 || len(l.endpoints) != 0 {
 		t.Errorf("leaked allocations: %v %v", l.used, l.endpoints)
@@ -500,7 +504,7 @@ func assertClean(t *testing.T, l *Linux) {
 			}
 		}
 	}
-	for _, s := range []*nftables.Set{tb.sbx, tb.ports} {
+	for _, s := range []*nftables.Set{tb.sbx, tb.ports, tb.redir, tb.tunnel} {
 		els, err := c.GetSetElements(s)
 		if err != nil {
 			t.Fatal(err)
@@ -867,4 +871,49 @@ func eth0In(t *testing.T, path string) (*netlink.Handle, netlink.Link) {
 		t.Fatal(err)
 	}
 	return h, eth
+}
+
+// A policy far bigger than nftables rule user data (256 bytes) is set up,
+// updated and, after a restart, still enforced: policies are recorded in
+// files, not in the table.
+func TestLargePolicySurvivesRestart(t *testing.T) {
+	cfg := testConfig(t, 24)
+	cfg.EgressPort = 1 // rules and upstreams need an egress proxy; none listens in this test
+	ctx := context.Background()
+	l1 := newTestManager(t, cfg)
+	ext := newExtHost(t)
+	extSrv := listen(t, ext.path, ext.ip)
+	var allow []string
+	for i := range MaxPolicyEntries - 1 { // the most a list may hold
+		allow = append(allow, fmt.Sprintf("203.0.%d.%d", i/250, i%250+1))
+	}
+	p := Policy{AllowOut: append(allow, ext.ip.String()), DenyOut: []string{"0.0.0.0/0"},
+		Rules:    map[string][]Rule{"api.example.com": {{Headers: map[string]string{"Authorization": "Bearer ${e2b.secrets.k}"}}}},
+		Upstream: &Upstream{Address: "198.51.100.7:1080", Username: "u", Password: "p"}}
+	a := setup(t, l1, "sbxbig", Policy{AllowOut: allow, DenyOut: []string{"0.0.0.0/0"}})
+	mustFail(t, "before the update", a.NetNSPath, extSrv)
+	if err := l1.UpdatePolicy(ctx, a.ID, Policy{AllowOut: append(allow, ext.ip.String()), DenyOut: []string{"0.0.0.0/0"}}); err != nil {
+		t.Fatal(err)
+	}
+	mustConnect(t, "after the update", a.NetNSPath, extSrv)
+	b := setup(t, l1, "sbxbig2", p)
+	if fi, err := os.Stat(l1.policyFile(b.ID)); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("policy file: %v %v", fi, err)
+	}
+
+	l2, err := NewLinux(cfg) // as after a restart
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustConnect(t, "large allowOut kept after restart", a.NetNSPath, extSrv)
+	_, got, ok := l2.SandboxPolicy(b.Addr)
+	if !ok || len(got.AllowOut) != len(p.AllowOut) || got.Upstream == nil || got.Upstream.Password != "p" || len(got.Rules) != 1 {
+		t.Fatalf("recovered policy %+v", got)
+	}
+	for _, id := range []string{a.ID, b.ID} {
+		if err := l2.Teardown(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	assertClean(t, l2)
 }

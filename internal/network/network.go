@@ -65,10 +65,16 @@ next:
 // Domain entries ("pypi.org", "*.npmjs.org") are judged by the node's
 // egress proxy, by the Host header of HTTP and the SNI of TLS on ports 80
 // and 443, with the same precedence; other traffic follows the IP entries.
+//
+// Rules transform the HTTPS requests to matching hosts and Upstream
+// tunnels all TCP through a SOCKS5 proxy (transforms.go); both run in the
+// egress proxy, after the rules above.
 type Policy struct {
 	AllowInternet bool
-	AllowOut      []string // IPs, CIDRs or domains
-	DenyOut       []string // IPs, CIDRs or domains
+	AllowOut      []string          // IPs, CIDRs or domains
+	DenyOut       []string          // IPs, CIDRs or domains
+	Rules         map[string][]Rule `json:",omitempty"`
+	Upstream      *Upstream         `json:",omitempty"`
 }
 
 // Endpoint is a sandbox's network attachment.
@@ -105,8 +111,13 @@ func ValidatePolicy(p Policy) error {
 	if _, _, err := splitEntries("allowOut", p.AllowOut); err != nil {
 		return err
 	}
-	_, _, err := splitEntries("denyOut", p.DenyOut)
-	return err
+	if _, _, err := splitEntries("denyOut", p.DenyOut); err != nil {
+		return err
+	}
+	if _, err := NormalizeRules(p.Rules); err != nil {
+		return err
+	}
+	return ValidateUpstream(p.Upstream)
 }
 
 // ParsePrefix accepts "1.2.3.4" or "1.2.3.0/24".

@@ -4,11 +4,13 @@ package network
 
 import (
 	"encoding/json"
+	"errors"
 	"net/netip"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -24,9 +26,11 @@ import (
 //	  chain input     (filter/input, accept)
 //	    iif br, ct established,related accept; iif br drop  host services unreachable
 //	    iif br, ip saddr @redir, tcp dport <egress> accept (the egress proxy)
-//	  set redir { ipv4_addr }                 sandboxes with domain rules
+//	  set redir { ipv4_addr }                 sandboxes with domains, rules or an upstream
+//	  set tunnel { ipv4_addr }                sandboxes with an upstream (a subset of redir)
 //	  chain prerouting (nat/prerouting)
 //	    iif br, ip saddr @redir, tcp dport 80|443 redirect to :<egress>
+//	    iif br, ip saddr @tunnel, tcp redirect to :<egress>
 //	  chain postrouting (nat/postrouting)
 //	    ipv4, ip saddr <pool>, oif != br (or oif == EgressIface) masquerade
 //	  chain s_<hash>  per sandbox, replaced atomically by UpdatePolicy
@@ -42,11 +46,12 @@ const (
 	setSandboxes = "sbx"
 	setPorts     = "ports"
 	setRedirect  = "redir"
+	setTunnel    = "tunnel"
 )
 
 type nftTables struct {
-	inet, bridge      *nftables.Table
-	sbx, ports, redir *nftables.Set
+	inet, bridge              *nftables.Table
+	sbx, ports, redir, tunnel *nftables.Set
 }
 
 func (l *Linux) tables() nftTables {
@@ -57,8 +62,31 @@ func (l *Linux) tables() nftTables {
 		bridge: br,
 		sbx:    &nftables.Set{Table: inet, Name: setSandboxes, IsMap: true, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict},
 		redir:  &nftables.Set{Table: inet, Name: setRedirect, KeyType: nftables.TypeIPAddr},
+		tunnel: &nftables.Set{Table: inet, Name: setTunnel, KeyType: nftables.TypeIPAddr},
 		ports:  &nftables.Set{Table: br, Name: setPorts, IsMap: true, KeyType: nftables.TypeIFName, DataType: nftables.TypeVerdict, KeyByteOrder: binaryutil.NativeEndian}, // only affects how nft(8) prints the names
 	}
+}
+
+// newNftConn opens a netlink connection for one transaction. A policy of
+// a thousand entries is that many rules, and the kernel acknowledges each:
+// the default receive buffer (rmem_default) overflows with ENOBUFS. Root may
+// force a bigger one; it costs memory only while messages are queued.
+func newNftConn() (*nftables.Conn, error) {
+	return nftables.New(nftables.WithSockOptions(func(c *netlink.Conn) error {
+		rc, err := c.SyscallConn()
+		if err != nil {
+			return err
+		}
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			// The whole batch is one sendmsg, bounded by the send buffer.
+			serr = errors.Join(unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 32<<20),
+				unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, 32<<20))
+		}); err != nil {
+			return err
+		}
+		return serr
+	}))
 }
 
 func sandboxChainName(id string) string { return "s_" + idHash(id) }
@@ -145,6 +173,9 @@ func (l *Linux) addBase(c *nftables.Conn, t nftTables) error {
 	if err := c.AddSet(t.redir, nil); err != nil {
 		return err
 	}
+	if err := c.AddSet(t.tunnel, nil); err != nil {
+		return err
+	}
 
 	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t.inet, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
@@ -160,15 +191,18 @@ func (l *Linux) addBase(c *nftables.Conn, t nftTables) error {
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
 	c.AddRule(&nftables.Rule{Table: t.inet, Chain: in, Exprs: concat(iif(br, true), ctEstablished(), []expr.Any{verdict(expr.VerdictAccept)})})
 	if port := l.cfg.EgressPort; port != 0 {
-		c.AddRule(&nftables.Rule{Table: t.inet, Chain: in, Exprs: concat(iif(br, true), inRedirect(t), tcpDport(port), []expr.Any{verdict(expr.VerdictAccept)})})
+		c.AddRule(&nftables.Rule{Table: t.inet, Chain: in, Exprs: concat(iif(br, true), inSet(t.redir), tcpDport(port), []expr.Any{verdict(expr.VerdictAccept)})})
 		nat := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t.inet, Type: nftables.ChainTypeNAT,
 			Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest, Policy: &accept})
-		for _, dport := range []uint16{80, 443} {
-			c.AddRule(&nftables.Rule{Table: t.inet, Chain: nat, Exprs: concat(iif(br, true), inRedirect(t), tcpDport(dport), []expr.Any{
-				&expr.Immediate{Register: 1, Data: binaryutil.BigEndian.PutUint16(port)},
-				&expr.Redir{RegisterProtoMin: 1},
-			})})
+		redirect := []expr.Any{
+			&expr.Immediate{Register: 1, Data: binaryutil.BigEndian.PutUint16(port)},
+			&expr.Redir{RegisterProtoMin: 1},
 		}
+		for _, dport := range []uint16{80, 443} {
+			c.AddRule(&nftables.Rule{Table: t.inet, Chain: nat, Exprs: concat(iif(br, true), inSet(t.redir), tcpDport(dport), redirect)})
+		}
+		c.AddRule(&nftables.Rule{Table: t.inet, Chain: nat, Exprs: concat(iif(br, true), inSet(t.tunnel),
+			[]expr.Any{meta(expr.MetaKeyL4PROTO), cmpEq([]byte{unix.IPPROTO_TCP})}, redirect)})
 	}
 	c.AddRule(&nftables.Rule{Table: t.inet, Chain: in, Exprs: concat(iif(br, true), []expr.Any{verdict(expr.VerdictDrop)})})
 
@@ -189,11 +223,11 @@ func (l *Linux) addBase(c *nftables.Conn, t nftTables) error {
 	return nil
 }
 
-// inRedirect matches IPv4 packets from a sandbox in the redirect set.
-func inRedirect(t nftTables) []expr.Any {
+// inSet matches IPv4 packets from a sandbox in set (redir or tunnel).
+func inSet(set *nftables.Set) []expr.Any {
 	return concat(ipv4Only(), []expr.Any{
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
-		&expr.Lookup{SourceRegister: 1, SetName: t.redir.Name, SetID: t.redir.ID},
+		&expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID},
 	})
 }
 
@@ -203,15 +237,13 @@ func tcpDport(port uint16) []expr.Any {
 		cmpEq(binaryutil.BigEndian.PutUint16(port))}
 }
 
-// addPolicyRules queues the rules of sandbox chain ch for policy p. The
-// policy is stored as JSON in the first rule's user data so a restarted
-// manager can rebuild the table with the same policies.
+// addPolicyRules queues the rules of sandbox chain ch for policy p (the
+// policy itself is recorded in a file, see recordPolicy).
 func (l *Linux) addPolicyRules(c *nftables.Conn, t nftTables, ch *nftables.Chain, p Policy, allow, deny []netip.Prefix) {
-	ud, _ := json.Marshal(p)
 	// Sandbox to any other pool address (other sandboxes, via routing).
-	c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, UserData: ud,
+	c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch,
 		Exprs: concat(ipMatch(16, l.cfg.Pool), []expr.Any{verdict(expr.VerdictDrop)})})
-	if p.HasDomains() {
+	if p.NeedsProxy() {
 		// Names must resolve even under deny-all (e2b keeps its resolver open).
 		l.addResolverRules(c, t, ch)
 	}
@@ -252,9 +284,14 @@ func (l *Linux) addResolverRules(c *nftables.Conn, t nftTables, ch *nftables.Cha
 func (l *Linux) addEndpoint(c *nftables.Conn, t nftTables, ep Endpoint, p Policy, allow, deny []netip.Prefix) error {
 	sc := c.AddChain(&nftables.Chain{Name: sandboxChainName(ep.ID), Table: t.inet})
 	l.addPolicyRules(c, t, sc, p, allow, deny)
-	if p.HasDomains() && l.cfg.EgressPort != 0 {
+	if p.NeedsProxy() && l.cfg.EgressPort != 0 {
 		if err := c.SetAddElements(t.redir, []nftables.SetElement{{Key: ep.Addr.AsSlice()}}); err != nil {
 			return err
+		}
+		if p.Tunnels() {
+			if err := c.SetAddElements(t.tunnel, []nftables.SetElement{{Key: ep.Addr.AsSlice()}}); err != nil {
+				return err
+			}
 		}
 	}
 	if err := c.SetAddElements(t.sbx, []nftables.SetElement{{
@@ -303,8 +340,13 @@ func (l *Linux) delEndpoint(c *nftables.Conn, t nftTables, ep Endpoint) error {
 	if err := c.SetDeleteElements(t.ports, []nftables.SetElement{{Key: ifname(ep.HostVeth)}}); err != nil {
 		return err
 	}
-	if l.policies[ep.ID].HasDomains() {
+	if l.policies[ep.ID].NeedsProxy() {
 		if err := c.SetDeleteElements(t.redir, []nftables.SetElement{{Key: ep.Addr.AsSlice()}}); err != nil {
+			return err
+		}
+	}
+	if l.policies[ep.ID].Tunnels() {
+		if err := c.SetDeleteElements(t.tunnel, []nftables.SetElement{{Key: ep.Addr.AsSlice()}}); err != nil {
 			return err
 		}
 	}
@@ -315,8 +357,9 @@ func (l *Linux) delEndpoint(c *nftables.Conn, t nftTables, ep Endpoint) error {
 	return nil
 }
 
-// storedPolicies reads the policy of every sandbox chain in an existing
-// table, keyed by chain name.
+// storedPolicies reads the policy of every sandbox chain in a table made
+// by an older build, which kept it in the first rule's user data, keyed by
+// chain name.
 func storedPolicies(c *nftables.Conn, inet *nftables.Table) map[string]Policy {
 	out := map[string]Policy{}
 	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)

@@ -524,6 +524,16 @@ func (l *Local) EnforcesDomains() bool {
 	return ok && de.EnforcesDomains()
 }
 
+// ResolveUpstream implements network.UpstreamResolver over the node's
+// network manager.
+func (l *Local) ResolveUpstream(ctx context.Context, address string) ([]netip.AddrPort, error) {
+	ur, ok := l.cfg.Network.(network.UpstreamResolver)
+	if !ok {
+		return nil, &network.FieldError{Field: "egressProxy", Kind: network.ErrUpstream, Err: errors.New("this node runs no egress proxy to tunnel through")}
+	}
+	return ur.ResolveUpstream(ctx, address)
+}
+
 // UpdatePolicy replaces the egress policy.
 func (l *Local) UpdatePolicy(ctx context.Context, id string, p network.Policy) error {
 	return l.notFound(l.cfg.Network.UpdatePolicy(ctx, id, p))

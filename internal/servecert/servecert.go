@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -79,17 +80,12 @@ func covers(c *tls.Certificate, domain string, now time.Time) error {
 // and reused; the leaf is re-issued when it nears expiry or no longer
 // covers the domain.
 func SelfSigned(dir, domain string) (*tls.Certificate, string, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, "", err
-	}
-	if err := os.Chmod(dir, 0o700); err != nil {
-		return nil, "", err
-	}
-	caCertPath := filepath.Join(dir, "ca.pem")
-	caCert, caKey, err := loadOrCreateCA(caCertPath, filepath.Join(dir, "ca-key.pem"))
+	host, _ := os.Hostname()
+	ca, err := LoadOrCreateCA(dir, "Cubicle local CA "+host)
 	if err != nil {
 		return nil, "", err
 	}
+	caCertPath, caCert, caKey := ca.CertPath, ca.Cert, ca.key
 	leafCert, leafKey := filepath.Join(dir, "server.pem"), filepath.Join(dir, "server-key.pem")
 	if c, err := tls.LoadX509KeyPair(leafCert, leafKey); err == nil {
 		if covers(&c, domain, time.Now().Add(renewBefore)) == nil && issuedBy(&c, caCert) {
@@ -129,7 +125,74 @@ func issuedBy(c *tls.Certificate, ca *x509.Certificate) bool {
 	return err == nil && leaf.CheckSignatureFrom(ca) == nil
 }
 
-func loadOrCreateCA(certPath, keyPath string) (*x509.Certificate, *ecdsa.PrivateKey, error) {
+// CA is a local certificate authority whose certificate and key live in a
+// directory (the key 0600).
+type CA struct {
+	Cert     *x509.Certificate
+	CertPath string
+	key      *ecdsa.PrivateKey
+}
+
+// LoadOrCreateCA loads the CA in dir (ca.pem, ca-key.pem), making the
+// directory (0700) and a new CA named commonName on first use or when the
+// old one nears expiry.
+func LoadOrCreateCA(dir, commonName string) (*CA, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return nil, err
+	}
+	certPath := filepath.Join(dir, "ca.pem")
+	cert, key, err := loadOrCreateCA(certPath, filepath.Join(dir, "ca-key.pem"), commonName)
+	if err != nil {
+		return nil, err
+	}
+	return &CA{Cert: cert, CertPath: certPath, key: key}, nil
+}
+
+// PEM is the CA certificate, for trust stores.
+func (ca *CA) PEM() []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw})
+}
+
+// Issue makes a server certificate for names (DNS names or IP literals),
+// valid for validity (backdated an hour for clock skew), kept in memory.
+func (ca *CA) Issue(names []string, validity time.Duration) (*tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(),
+		NotBefore:    now.Add(-time.Hour),
+		NotAfter:     now.Add(validity),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	if len(names) > 0 {
+		tmpl.Subject = pkix.Name{CommonName: names[0]}
+	}
+	for _, n := range names {
+		if ip := net.ParseIP(n); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, n)
+		}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.key)
+	if err != nil {
+		return nil, err
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Certificate{Certificate: [][]byte{der, ca.Cert.Raw}, PrivateKey: key, Leaf: leaf}, nil
+}
+
+func loadOrCreateCA(certPath, keyPath, commonName string) (*x509.Certificate, *ecdsa.PrivateKey, error) {
 	if c, err := tls.LoadX509KeyPair(certPath, keyPath); err == nil {
 		cert, err := x509.ParseCertificate(c.Certificate[0])
 		key, ok := c.PrivateKey.(*ecdsa.PrivateKey)
@@ -143,11 +206,10 @@ func loadOrCreateCA(certPath, keyPath string) (*x509.Certificate, *ecdsa.Private
 	if err != nil {
 		return nil, nil, err
 	}
-	host, _ := os.Hostname()
 	now := time.Now()
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial(),
-		Subject:               pkix.Name{CommonName: "Cubicle local CA " + host, Organization: []string{"Cubicle"}},
+		Subject:               pkix.Name{CommonName: commonName, Organization: []string{"Cubicle"}},
 		NotBefore:             now.Add(-time.Hour),
 		NotAfter:              now.Add(caValidity),
 		IsCA:                  true,

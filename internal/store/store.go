@@ -82,6 +82,28 @@ type Network struct {
 	// HTTPSPorts are sandbox ports whose services speak TLS: the proxy
 	// reaches them over HTTPS (e2b's network.httpsPorts).
 	HTTPSPorts []int `json:"httpsPorts,omitempty"`
+	// Rules are e2b's network.rules: per-host header transforms the
+	// egress proxy applies to HTTPS requests (keys lower-cased).
+	Rules map[string][]NetworkRule `json:"rules,omitempty"`
+	// EgressProxy is the SOCKS5 upstream all TCP egress goes through.
+	EgressProxy *EgressProxy `json:"egressProxy,omitempty"`
+}
+
+// NetworkRule is one transform of network.rules.
+type NetworkRule struct {
+	Headers map[string]string `json:"headers,omitempty"`
+}
+
+// EgressProxy is network.egressProxy. The API never returns Password or
+// TLSCACert.
+type EgressProxy struct {
+	Address  string `json:"address"`
+	Username string `json:"username,omitempty"`
+	Password string `json:"password,omitempty"`
+	// TLS wraps the hop to the proxy; ServerName and CACert are optional.
+	TLS           bool   `json:"tls,omitempty"`
+	TLSServerName string `json:"tlsServerName,omitempty"`
+	TLSCACert     string `json:"tlsCACert,omitempty"`
 }
 
 // Sandbox is one sandbox row.

@@ -30,9 +30,11 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -279,7 +281,17 @@ func run(dir string, recs records, socksUser, socksPass string) (err error) {
 
 // serveEcho answers with what it received, so tests see the Host, SNI and
 // headers a request arrived with.
+//
+// With ?sha256=<Header> it answers only {"sha256": hex of that header's
+// value, "present": bool}: a test can check a secret a proxy added without
+// the value ever reaching the client (the sandbox).
 func serveEcho(w http.ResponseWriter, r *http.Request) {
+	if h := r.URL.Query().Get("sha256"); h != "" {
+		sum := sha256.Sum256([]byte(r.Header.Get(h)))
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]any{"sha256": hex.EncodeToString(sum[:]), "present": len(r.Header.Values(h)) > 0})
+		return
+	}
 	e := map[string]any{
 		"host": r.Host, "method": r.Method, "path": r.URL.RequestURI(), "proto": r.Proto,
 		"headers": r.Header, "remote": r.RemoteAddr, "tls": r.TLS != nil,

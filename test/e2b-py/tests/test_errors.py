@@ -84,15 +84,17 @@ async def test_async_errors(server):
 
 
 def test_unenforced_network_and_security_options_are_refused_by_name(server):
-    # Malformed domain entries, a SOCKS5 egress proxy and transform rules
-    # (not implemented: accepted and ignored they would fail open) are each a
-    # 400 naming the field, at create and on update.
+    # Malformed domain entries, egress proxy addresses and transform rules,
+    # and iam tokens (not implemented: accepted and ignored they would fail
+    # open) are each a 400 naming the field, at create and on update.
     for network, field in [
         ({"allow_out": ["1.1.1.1", "*"]}, r"network\.allowOut\[1\]"),
         ({"deny_out": ["ex!ample.test"]}, r"network\.denyOut\[0\]"),
         ({"allow_out": ["1.1.1.1"] * 1001}, r"network\.allowOut: at most 1000"),
         ({"deny_out": ["a.*.b"]}, r"network\.denyOut\[0\]"),
-        ({"egress_proxy": {"address": "198.18.0.1:1080"}}, r"network\.egressProxy"),
+        ({"egress_proxy": {"address": "socks4://198.18.0.1:1080"}}, r"network\.egressProxy\.address"),
+        ({"egress_proxy": {"address": "127.0.0.1:1080"}}, r"network\.egressProxy\.address"),
+        ({"rules": {"*": [{"transform": {"headers": {"A": "b"}}}]}}, r"network\.rules"),
     ]:
         with pytest.raises((SandboxException, InvalidArgumentException), match=field):
             Sandbox.create("base", network=network, allow_internet_access=False)

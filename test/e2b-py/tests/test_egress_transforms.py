@@ -1,0 +1,125 @@
+"""Request transforms (network rules) with Secret placeholders, and a SOCKS5
+egress proxy, through the unmodified SDK: a real sandbox, the node's egress
+proxy, and test/testnet (bin/cubicle-testnet: a netns on 198.18.128.0/17
+answering every *.test name, echo servers, and a SOCKS5 server that needs
+alice/pw and can be stopped) standing in for the internet. The server needs
+the fixture's DNS and CA on its command line, so this test runs one of its
+own and restores the session server's environment after."""
+
+import hashlib
+import json
+import os
+import secrets
+import subprocess
+from pathlib import Path
+
+from e2b import ALL_TRAFFIC, Sandbox, Secret
+
+from harness import Server, uniq
+
+TESTNET = Path(__file__).resolve().parents[3] / "bin" / "cubicle-testnet"
+
+
+def _curl(sbx, args: str) -> str:
+    return sbx.commands.run(f"curl -sS -m 5 {args} || true").stdout.strip()
+
+
+def _status(sbx, url: str) -> str:
+    return _curl(sbx, f"-o /dev/null -w '%{{http_code}}' {url}")
+
+
+def _sha256(s: str) -> str:
+    return hashlib.sha256(s.encode()).hexdigest()
+
+
+def test_rules_secret_placeholder_and_socks5_upstream(server):
+    saved = dict(os.environ)
+    fixture = subprocess.Popen(
+        [str(TESTNET), "--socks-user", "alice", "--socks-pass", "pw"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+    def control(line: str) -> str:
+        fixture.stdin.write(line + "\n")
+        fixture.stdin.flush()
+        return fixture.stdout.readline().strip()
+
+    srv = None
+    name = uniq("py-api-key")
+    value = "sv-" + secrets.token_hex(12)
+    try:
+        net = json.loads(fixture.stdout.readline())
+        srv = Server().start(["--dns", net["dns"], "--ca-certificates", net["caBundle"]])
+        Secret.create(name, value)
+
+        # A header from a rule, with the secret filled in by the proxy; the
+        # echo answers only its hash, so the value never reaches the sandbox.
+        sbx = srv.track(
+            Sandbox.create(
+                "base",
+                network={
+                    "allow_out": ["api.test", "plain.test"],
+                    "deny_out": [ALL_TRAFFIC],
+                    "rules": {"api.test": [{"transform": {"headers": {"X-Api-Key": Secret.fill(name), "X-Team": "cubicle"}}}]},
+                },
+            )
+        )
+        out = json.loads(_curl(sbx, "'https://api.test/?sha256=X-Api-Key' -H 'X-Api-Key: from-the-sandbox'"))
+        assert out["sha256"] == _sha256(value)
+        seen = json.loads(_curl(sbx, "https://api.test/"))
+        assert seen["headers"]["X-Team"] == ["cubicle"]
+        assert "X-Team" not in json.loads(_curl(sbx, "https://plain.test/"))["headers"]
+
+        # Nowhere in the sandbox: env, /proc environ and cmdline, files. The
+        # command carries the value in two halves and greps through a pipe.
+        half = len(value) // 2
+        r = sbx.commands.run(
+            f"a='{value[:half]}'; b='{value[half:]}'; v=\"$a$b\"; "
+            "env | grep -cF -f <(printf %s \"$v\"); "
+            "cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | grep -acF -f <(printf %s \"$v\"); "
+            "grep -rlsaF --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev -f <(printf %s \"$v\") / | head -5; true",
+            user="root",
+            timeout=120,
+        )
+        assert r.stdout.strip() == "0\n0", f"found the secret in the sandbox: {r.stdout}"
+
+        # update_network replaces the rules; a rotated secret applies next time.
+        Secret.update(name, value + "-rotated")
+        sbx.update_network(
+            {
+                "allow_out": ["api.test"],
+                "deny_out": [ALL_TRAFFIC],
+                "rules": {"api.test": [{"transform": {"headers": {"X-Api-Key": "v2 " + Secret.fill(name)}}}]},
+            }
+        )
+        out = json.loads(_curl(sbx, "'https://api.test/?sha256=X-Api-Key'"))
+        assert out["sha256"] == _sha256(f"v2 {value}-rotated")
+        sbx.kill()
+
+        # SOCKS5: all TCP through the proxy (the echo sees the fixture's own
+        # address), the password never shown, fail closed when it stops.
+        sbx = srv.track(Sandbox.create("base", network={"egress_proxy": {"address": net["socks"], "username": "alice", "password": "pw"}}))
+        for url in ["http://a.test/", "https://a.test/", "http://a.test:8080/"]:
+            remote = json.loads(_curl(sbx, url))["remote"]
+            assert remote.startswith(net["addr"] + ":"), f"{url} came from {remote}"
+        info = sbx.get_info()
+        assert info.network["egress_proxy"] == {"address": net["socks"], "username": "alice"}
+        assert control("socks stop") == "ok"
+        for url in ["http://a.test/", "https://a.test/", "http://a.test:8080/"]:
+            assert _status(sbx, url) == "000", url
+        assert control("socks start") == "ok"
+        assert _status(sbx, "http://a.test/") == "200"
+        sbx.kill()
+    finally:
+        try:
+            Secret.destroy(name)
+        except Exception:
+            pass
+        if srv is not None:
+            srv.stop()
+        os.environ.clear()
+        os.environ.update(saved)
+        fixture.stdin.close()  # it removes its netns, veth and files
+        fixture.wait(timeout=30)
