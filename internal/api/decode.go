@@ -84,6 +84,7 @@ func (req *newSandbox) options(v2 bool) (control.CreateOptions, string) {
 			return control.CreateOptions{}, msg
 		}
 		netw.EgressProxy, netw.Rules = ep, rules
+		netw.DNSServers = req.Network.DNSServers
 		if req.Network.AllowPublicTraffic != nil {
 			netw.AllowPublicTraffic = *req.Network.AllowPublicTraffic
 		}
@@ -126,6 +127,7 @@ type networkUpdate struct {
 	AllowInternetAccess *bool           `json:"allow_internet_access"`
 	EgressProxy         json.RawMessage `json:"egressProxy"`
 	Rules               json.RawMessage `json:"rules"`
+	DNSServers          *[]string       `json:"dnsServers"`
 	// Create-only: refused here by name rather than dropped.
 	MaskRequestHost    json.RawMessage `json:"maskRequestHost"`
 	HTTPSPorts         json.RawMessage `json:"httpsPorts"`
@@ -148,6 +150,7 @@ func (req *networkUpdate) network() (store.Network, string) {
 		return store.Network{}, msg
 	}
 	n.EgressProxy, n.Rules = ep, rules
+	n.DNSServers = req.DNSServers
 	return n, ""
 }
 

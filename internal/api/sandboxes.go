@@ -22,11 +22,12 @@ import (
 const clientID = "6532622b" // e2b's constant, kept for SDK compatibility
 
 type networkConfig struct {
-	AllowPublicTraffic *bool    `json:"allowPublicTraffic,omitempty"`
-	AllowOut           []string `json:"allowOut,omitempty"`
-	DenyOut            []string `json:"denyOut,omitempty"`
-	MaskRequestHost    string   `json:"maskRequestHost,omitempty"`
-	HTTPSPorts         []int    `json:"httpsPorts,omitempty"`
+	AllowPublicTraffic *bool     `json:"allowPublicTraffic,omitempty"`
+	AllowOut           []string  `json:"allowOut,omitempty"`
+	DenyOut            []string  `json:"denyOut,omitempty"`
+	MaskRequestHost    string    `json:"maskRequestHost,omitempty"`
+	HTTPSPorts         []int     `json:"httpsPorts,omitempty"`
+	DNSServers         *[]string `json:"dnsServers,omitempty"`
 	// Parsed strictly by parseEgress; shown by egressOut.
 	EgressProxy json.RawMessage `json:"egressProxy,omitempty"`
 	Rules       json.RawMessage `json:"rules,omitempty"`
@@ -347,6 +348,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 	apt := sb.Network.AllowPublicTraffic
 	d.Network = networkConfig{AllowPublicTraffic: &apt, AllowOut: sb.Network.AllowOut, DenyOut: sb.Network.DenyOut, MaskRequestHost: sb.Network.MaskRequestHost, HTTPSPorts: sb.Network.HTTPSPorts}
 	d.Network.EgressProxy, d.Network.Rules = egressOut(sb.Network)
+	d.Network.DNSServers = sb.Network.DNSServers
 	d.Lifecycle.AutoResume = sb.AutoResume
 	d.Lifecycle.OnTimeout = "kill"
 	if sb.AutoPause {

@@ -261,7 +261,7 @@ func (m *Manager) checkEnforced(p network.Policy) error {
 }
 
 func policyOf(n store.Network) network.Policy {
-	p := network.Policy{AllowInternet: n.AllowInternet, AllowOut: n.AllowOut, DenyOut: n.DenyOut}
+	p := network.Policy{AllowInternet: n.AllowInternet, AllowOut: n.AllowOut, DenyOut: n.DenyOut, DNSServers: n.DNSServers}
 	if len(n.Rules) > 0 {
 		p.Rules = make(map[string][]network.Rule, len(n.Rules))
 		for host, list := range n.Rules {

@@ -152,7 +152,7 @@ func (m *Manager) claim(ctx context.Context, o CreateOptions, tpl template.Templ
 
 func samePolicy(a, b network.Policy) bool {
 	return a.AllowInternet == b.AllowInternet && slices.Equal(a.AllowOut, b.AllowOut) && slices.Equal(a.DenyOut, b.DenyOut) &&
-		len(a.Rules) == 0 && len(b.Rules) == 0 && a.Upstream == nil && b.Upstream == nil
+		len(a.Rules) == 0 && len(b.Rules) == 0 && a.Upstream == nil && b.Upstream == nil && a.DNSServers == nil && b.DNSServers == nil
 }
 
 func (m *Manager) standbyTimeout() time.Duration { return min(standbyTimeout, m.cfg.MaxTimeout) }

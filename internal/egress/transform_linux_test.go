@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -15,6 +16,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/miekg/dns"
 
 	"github.com/cubicle-dev/cubicle/internal/egress"
 	"github.com/cubicle-dev/cubicle/internal/network"
@@ -297,6 +301,72 @@ func TestResolveUpstreamRefusesHostAndInternal(t *testing.T) {
 	for _, a := range []string{"192.168.77.9:1080", "198.51.100.7:1080"} {
 		if _, err := l.ResolveUpstream(context.Background(), a); err != nil {
 			t.Errorf("%s: %v", a, err)
+		}
+	}
+}
+
+// network.dnsServers with domain entries: the default opens the node's
+// resolvers on port 53, an empty list opens none, and a list opens all
+// traffic to each of its addresses.
+func TestDNSServers(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (netns, veth, nftables)")
+	}
+	tn := startTestnet(t)
+	l, _ := newManager(t, netip.MustParseAddr(tn.DNS))
+	const id = "dnsservers1"
+	base := network.Policy{AllowOut: []string{"allowed.test"}, DenyOut: []string{"0.0.0.0/0"}}
+	ep, err := l.Setup(context.Background(), id, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Teardown(context.Background(), id) }()
+	resolves := func() bool {
+		var ok bool
+		_ = network.RunInNetns(ep.NetNSPath, func() error {
+			m := new(dns.Msg)
+			m.SetQuestion("a.test.", dns.TypeA)
+			c := &dns.Client{Timeout: 2 * time.Second}
+			r, _, err := c.Exchange(m, net.JoinHostPort(tn.DNS, "53"))
+			ok = err == nil && len(r.Answer) == 1
+			return nil
+		})
+		return ok
+	}
+	echo := "http://" + tn.Addr + ":8080/"
+	if !resolves() {
+		t.Error("default: the node's resolver does not answer")
+	}
+	if code := curl(t, ep.NetNSPath, echo, "", ""); code != "" {
+		t.Errorf("default: other traffic to the resolver's address: %q", code)
+	}
+	none := base
+	none.DNSServers = &[]string{}
+	if err := l.UpdatePolicy(context.Background(), id, none); err != nil {
+		t.Fatal(err)
+	}
+	if resolves() {
+		t.Error("dnsServers []: the node's resolver still answers")
+	}
+	if code := curl(t, ep.NetNSPath, "https://allowed.test/", "allowed.test", tn.Addr); code != "200" {
+		t.Errorf("dnsServers []: allowed name (matched by name): %q", code)
+	}
+	own := base
+	own.DNSServers = &[]string{tn.Addr}
+	if err := l.UpdatePolicy(context.Background(), id, own); err != nil {
+		t.Fatal(err)
+	}
+	if !resolves() {
+		t.Error("dnsServers [addr]: does not answer")
+	}
+	if code := curl(t, ep.NetNSPath, echo, "", ""); code != "200" {
+		t.Errorf("dnsServers [addr]: all traffic to it: %q", code)
+	}
+	for _, bad := range [][]string{{"::1"}, {"8.8.8.8/32"}, {"x"}, make([]string, 11)} {
+		p := base
+		p.DNSServers = &bad
+		if err := network.ValidatePolicy(p); !errors.Is(err, network.ErrInvalidPolicy) {
+			t.Errorf("dnsServers %q: %v", bad, err)
 		}
 	}
 }

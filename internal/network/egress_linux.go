@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 )
 
@@ -46,6 +47,9 @@ func (l *Linux) AllowsIP(p Policy, ip netip.Addr) bool {
 	allow, deny, err := parsePolicy(p)
 	if err != nil {
 		return false
+	}
+	if p.HasDomains() && slices.Contains(p.dnsServers(), ip) {
+		return true
 	}
 	for _, a := range allow {
 		if a.Contains(ip) {

@@ -6,6 +6,7 @@ package network
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 )
 
@@ -75,6 +76,11 @@ type Policy struct {
 	DenyOut       []string          // IPs, CIDRs or domains
 	Rules         map[string][]Rule `json:",omitempty"`
 	Upstream      *Upstream         `json:",omitempty"`
+	// DNSServers (e2b's network.dnsServers) replaces, when the policy has
+	// domain entries, the default opening of the node's resolvers on port
+	// 53 by all traffic to these IPv4 addresses; nil keeps the default, an
+	// empty list opens none.
+	DNSServers *[]string `json:",omitempty"`
 }
 
 // Endpoint is a sandbox's network attachment.
@@ -117,7 +123,42 @@ func ValidatePolicy(p Policy) error {
 	if _, err := NormalizeRules(p.Rules); err != nil {
 		return err
 	}
+	if err := validateDNSServers(p.DNSServers); err != nil {
+		return err
+	}
 	return ValidateUpstream(p.Upstream)
+}
+
+// MaxDNSServers bounds network.dnsServers, as e2b does.
+const MaxDNSServers = 10
+
+func validateDNSServers(list *[]string) error {
+	if list == nil {
+		return nil
+	}
+	if len(*list) > MaxDNSServers {
+		return &FieldError{Field: "dnsServers", Kind: ErrInvalidPolicy, Err: fmt.Errorf("at most %d entries, got %d", MaxDNSServers, len(*list))}
+	}
+	for i, s := range *list {
+		if a, err := netip.ParseAddr(s); err != nil || !a.Is4() {
+			return &FieldError{Field: fmt.Sprintf("dnsServers[%d]", i), Kind: ErrInvalidPolicy, Err: fmt.Errorf("%q is not an IPv4 address", s)}
+		}
+	}
+	return nil
+}
+
+// dnsServers are the parsed DNSServers (valid: checked by ValidatePolicy).
+func (p Policy) dnsServers() []netip.Addr {
+	if p.DNSServers == nil {
+		return nil
+	}
+	out := make([]netip.Addr, 0, len(*p.DNSServers))
+	for _, s := range *p.DNSServers {
+		if a, err := netip.ParseAddr(s); err == nil {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // ParsePrefix accepts "1.2.3.4" or "1.2.3.0/24".

@@ -243,7 +243,13 @@ func (l *Linux) addPolicyRules(c *nftables.Conn, t nftTables, ch *nftables.Chain
 	// Sandbox to any other pool address (other sandboxes, via routing).
 	c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch,
 		Exprs: concat(ipMatch(16, l.cfg.Pool), []expr.Any{verdict(expr.VerdictDrop)})})
-	if p.NeedsProxy() {
+	switch {
+	case p.HasDomains() && p.DNSServers != nil:
+		// The caller's own list: all traffic to each, as e2b opens them.
+		for _, a := range p.dnsServers() {
+			c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: concat(ipMatch(16, netip.PrefixFrom(a, 32)), []expr.Any{verdict(expr.VerdictAccept)})})
+		}
+	case p.NeedsProxy():
 		// Names must resolve even under deny-all (e2b keeps its resolver open).
 		l.addResolverRules(c, t, ch)
 	}

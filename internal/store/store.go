@@ -87,6 +87,9 @@ type Network struct {
 	Rules map[string][]NetworkRule `json:"rules,omitempty"`
 	// EgressProxy is the SOCKS5 upstream all TCP egress goes through.
 	EgressProxy *EgressProxy `json:"egressProxy,omitempty"`
+	// DNSServers is e2b's network.dnsServers: nil is the default (the
+	// node's resolvers), an empty list none.
+	DNSServers *[]string `json:"dnsServers,omitempty"`
 }
 
 // NetworkRule is one transform of network.rules.

@@ -1,5 +1,5 @@
-"""Request transforms (network rules) with Secret placeholders, and a SOCKS5
-egress proxy, through the unmodified SDK: a real sandbox, the node's egress
+"""Request transforms (network rules) with Secret placeholders, dns_servers,
+and a SOCKS5 egress proxy, through the unmodified SDK: a real sandbox, the node's egress
 proxy, and test/testnet (bin/cubicle-testnet: a netns on 198.18.128.0/17
 answering every *.test name, echo servers, and a SOCKS5 server that needs
 alice/pw and can be stopped) standing in for the internet. The server needs
@@ -96,6 +96,17 @@ def test_rules_secret_placeholder_and_socks5_upstream(server):
         )
         out = json.loads(_curl(sbx, "'https://api.test/?sha256=X-Api-Key'"))
         assert out["sha256"] == _sha256(f"v2 {value}-rotated")
+        sbx.kill()
+
+        # dns_servers=[]: the node's resolver is not opened under deny-all;
+        # allowed names still work by name (from /etc/hosts).
+        sbx = srv.track(Sandbox.create("base", network={"allow_out": ["allowed.test"], "deny_out": [ALL_TRAFFIC], "dns_servers": []}))
+        assert sbx.commands.run("getent hosts a.test || echo unresolved").stdout.strip() == "unresolved"
+        sbx.commands.run(f"echo '{net['addr']} allowed.test' >> /etc/hosts", user="root")
+        assert _status(sbx, "https://allowed.test/") == "200"
+        assert sbx.get_info().network["dns_servers"] == []
+        sbx.update_network({"allow_out": ["allowed.test"], "deny_out": [ALL_TRAFFIC]})
+        assert sbx.commands.run("getent hosts a.test || echo unresolved").stdout.strip() != "unresolved"
         sbx.kill()
 
         # SOCKS5: all TCP through the proxy (the echo sees the fixture's own
