@@ -91,14 +91,13 @@ func (ic *interception) leaf(name string) (*tls.Certificate, error) {
 // sandbox's handshake completes, so a blocked name sees what it would
 // without rules: a closed connection.
 func (p *Proxy) intercept(log *slog.Logger, c net.Conn, hello io.Reader, id string, src netip.Addr, pol network.Policy, name string, rules []network.Rule, dst netip.AddrPort) {
-	first := p.dialFor(log, pol, name, dst)
-	if first == nil {
+	first := &handoff{c: p.dialFor(log, pol, name, dst)}
+	if first.c == nil {
 		return
 	}
-	var once sync.Once
+	defer first.close()
 	dial := func(ctx context.Context) (net.Conn, error) {
-		var raw net.Conn
-		once.Do(func() { raw, first = first, nil })
+		raw := first.take()
 		if raw == nil {
 			// A later connection of this keep-alive session: judged anew
 			// against the live policy.
@@ -117,11 +116,6 @@ func (p *Proxy) intercept(log *slog.Logger, c net.Conn, hello io.Reader, id stri
 		}
 		return tc, nil
 	}
-	defer func() {
-		if first != nil {
-			first.Close()
-		}
-	}()
 	tr := &http.Transport{
 		DialTLSContext:        func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) },
 		DisableCompression:    true, // forward Accept-Encoding as the sandbox sent it
@@ -206,6 +200,27 @@ func (p *Proxy) intercept(log *slog.Logger, c net.Conn, hello io.Reader, id stri
 	_ = srv.Serve(ln)
 	ln.wait()
 	inflight.Wait()
+}
+
+// handoff holds the connection dialled to judge the name until the
+// transport takes it for its first request.
+type handoff struct {
+	mu sync.Mutex
+	c  net.Conn
+}
+
+func (h *handoff) take() net.Conn {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	c := h.c
+	h.c = nil
+	return c
+}
+
+func (h *handoff) close() {
+	if c := h.take(); c != nil {
+		c.Close()
+	}
 }
 
 // prefixed reads r (bytes already consumed from Conn, then the rest of it)

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -74,8 +75,11 @@ func TestTransformRules(t *testing.T) {
 	}
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(testnetCA)
+	var mu sync.Mutex
 	secrets := map[string]string{"api-key": "s3cr3t-value"}
 	lookup := func(_ context.Context, sandbox, name string) (string, error) {
+		mu.Lock()
+		defer mu.Unlock()
 		if sandbox != "rulestest1" {
 			return "", fmt.Errorf("asked for sandbox %q", sandbox)
 		}
@@ -158,7 +162,9 @@ func TestTransformRules(t *testing.T) {
 		t.Errorf("missing secret: %s, want 502", code)
 	}
 	// Updates apply to the next request; a changed secret value too.
+	mu.Lock()
 	secrets["api-key"] = "rotated"
+	mu.Unlock()
 	if code, e := get("https://api.test/", "api.test"); code != "200" || http.Header(e.Headers).Get("X-Api-Key") != "v2 rotated" {
 		t.Errorf("after update: %s %+v", code, e.Headers)
 	}
