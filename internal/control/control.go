@@ -54,6 +54,9 @@ const (
 
 // Config tunes the manager.
 type Config struct {
+	// Sealer encrypts credentials kept in sandbox rows (an egress
+	// proxy's password) with the secrets key; nil keeps them as given.
+	Sealer       FieldSealer
 	MaxTimeout   time.Duration // default 24h
 	MaxSandboxes int           // live sandboxes; 0 = unlimited
 	// MaxSnapshotsPerTeam bounds the snapshots a team keeps (each holds up
@@ -326,6 +329,9 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ *store.Sandbox
 	if err := m.validate(ctx, &o); err != nil {
 		return nil, err
 	}
+	if err := m.sealNetwork(o.TeamID, &o.Network); err != nil {
+		return nil, err
+	}
 	var tpl template.Template
 	if tr, ok := m.templates.(TeamResolver); ok {
 		tpl, err = tr.ResolveTeam(ctx, o.TeamID, o.TemplateID)
@@ -576,7 +582,7 @@ func (m *Manager) Probe(ctx context.Context, rootfs string, t template.Template)
 func (m *Manager) nodeRequest(sb *store.Sandbox, layers []string) node.CreateRequest {
 	return node.CreateRequest{
 		ID: sb.ID, Layers: layers, EnvdToken: sb.EnvdToken, EnvVars: sb.EnvVars, DefaultUser: orDefault(sb.DefaultUser),
-		CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskSizeMB, Policy: policyOf(sb.Network),
+		CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskSizeMB, Policy: m.policyFor(sb.TeamID, sb.Network),
 	}
 }
 
@@ -833,6 +839,9 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, n store.Network)
 		return err
 	}
 	if err := m.node.UpdatePolicy(ctx, id, policyOf(n)); err != nil {
+		return err
+	}
+	if err := m.sealNetwork(sb.TeamID, &n); err != nil {
 		return err
 	}
 	n.AllowPublicTraffic = sb.Network.AllowPublicTraffic

@@ -138,7 +138,7 @@ func (m *Manager) claim(ctx context.Context, o CreateOptions, tpl template.Templ
 	if err := m.node.Reinit(nctx, sb.ID, req, oldToken); err != nil {
 		return fail("agent re-init", err)
 	}
-	if p := policyOf(o.Network); !samePolicy(p, oldPolicy) {
+	if p := m.policyFor(o.TeamID, o.Network); !samePolicy(p, oldPolicy) {
 		if err := m.node.UpdatePolicy(nctx, sb.ID, p); err != nil {
 			return fail("network policy", err)
 		}

@@ -5,6 +5,7 @@ import (
 	"crypto/aes"
 	"crypto/cipher"
 	"crypto/rand"
+	"encoding/base64"
 	"fmt"
 	"strconv"
 )
@@ -68,4 +69,28 @@ func (s *sealer) open(teamID, id string, version int, sealed []byte) ([]byte, er
 		return nil, fmt.Errorf("%w: secret %s failed authentication (tampered or moved between rows)", ErrUnreadable, id)
 	}
 	return v, nil
+}
+
+// SealField encrypts a credential that lives outside the secrets table (a
+// sandbox's egress proxy password), bound to its team and scope; the
+// result is printable (base64).
+func (x *Secrets) SealField(teamID, scope, value string) (string, error) {
+	b, err := x.s.seal(teamID, "field:"+scope, 0, []byte(value))
+	if err != nil {
+		return "", err
+	}
+	return base64.RawStdEncoding.EncodeToString(b), nil
+}
+
+// OpenField reverses SealField; ErrWrongKey or ErrUnreadable when it cannot.
+func (x *Secrets) OpenField(teamID, scope, sealed string) (string, error) {
+	b, err := base64.RawStdEncoding.DecodeString(sealed)
+	if err != nil {
+		return "", fmt.Errorf("%w: %s is not a sealed value", ErrUnreadable, scope)
+	}
+	v, err := x.s.open(teamID, "field:"+scope, 0, b)
+	if err != nil {
+		return "", err
+	}
+	return string(v), nil
 }

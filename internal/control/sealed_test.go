@@ -1,0 +1,66 @@
+package control
+
+import (
+	"context"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/secret"
+	"github.com/cubicle-dev/cubicle/internal/store"
+)
+
+// upstreamNode runs an egress proxy and lets every upstream address pass.
+type upstreamNode struct{ *fakeNode }
+
+func (upstreamNode) EnforcesDomains() bool { return true }
+func (upstreamNode) ResolveUpstream(context.Context, string) ([]netip.AddrPort, error) {
+	return []netip.AddrPort{netip.MustParseAddrPort("198.51.100.7:1080")}, nil
+}
+
+// An egress proxy's password is sealed in the sandbox row with the
+// secrets key and opened only for the node.
+func TestEgressProxyPasswordSealedAtRest(t *testing.T) {
+	m, fn, st := newPoolManager(t)
+	m.node = upstreamNode{fn}
+	key := make([]byte, secret.KeySize)
+	sec, err := secret.New(st, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.cfg.Sealer = sec
+	ctx := context.Background()
+	sb, err := m.Create(ctx, CreateOptions{TemplateID: "tpl", TeamID: store.DefaultTeamID, Timeout: time.Minute,
+		Network: store.Network{AllowInternet: true, EgressProxy: &store.EgressProxy{Address: "proxy.example:1080", Username: "u", Password: "pw-one"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	row, err := st.GetSandbox(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := row.Network.EgressProxy.Password; !strings.HasPrefix(p, sealedPrefix) || strings.Contains(p, "pw-one") {
+		t.Fatalf("stored password %q", p)
+	}
+	fn.mu.Lock()
+	got := fn.sbs[sb.ID].Policy.Upstream
+	fn.mu.Unlock()
+	if got == nil || got.Password != "pw-one" {
+		t.Fatalf("node got upstream %+v", got)
+	}
+	if err := m.UpdateNetwork(ctx, sb.ID, store.Network{AllowInternet: true, EgressProxy: &store.EgressProxy{Address: "proxy.example:1080", Username: "u", Password: "pw-two"}}); err != nil {
+		t.Fatal(err)
+	}
+	row, _ = st.GetSandbox(ctx, sb.ID)
+	if p := row.Network.EgressProxy.Password; !strings.HasPrefix(p, sealedPrefix) || strings.Contains(p, "pw-two") {
+		t.Fatalf("stored password after update %q", p)
+	}
+	if p := m.policyFor(row.TeamID, row.Network); p.Upstream.Password != "pw-two" {
+		t.Fatalf("opened %q", p.Upstream.Password)
+	}
+	// Bound to the team: another team's row does not open (fails closed).
+	if p := m.policyFor("another-team", row.Network); p.Upstream == nil || p.Upstream.Password != "" {
+		t.Fatalf("opened for another team: %+v", p.Upstream)
+	}
+}
