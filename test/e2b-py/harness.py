@@ -5,6 +5,12 @@ e2b-code-interpreter, cubesandbox) at it through their documented env vars.
 Everything it starts is stopped by PID and everything it creates is removed in
 stop(), which fails if the sandboxes left anything on the host.
 
+Server(netns=NAME, listen_addr=IP) runs serve inside an existing network
+namespace (/run/netns/NAME, made by the test, e.g. a "host" whose firewall
+drops forwarding) listening on IP (an address of that namespace this process
+can reach); the SDK env then points there, and the leak checks look for links
+and nft tables in it.
+
 A port of test/e2b-js/tests/harness.js; keep the two in step.
 """
 
@@ -172,13 +178,20 @@ def veth_of(sandbox_id: str) -> str:
     return "cbv" + hashlib.sha256(sandbox_id.encode()).hexdigest()[:8]
 
 
-def link_exists(name: str) -> bool:
-    return _quiet("ip", "link", "show", name) == 0
+def in_netns(netns: Optional[str], *args: str) -> list[str]:
+    """args run in network namespace netns (None: as they are). nsenter --net
+    changes only the network namespace: `ip netns exec` also remounts /sys,
+    which hides /sys/fs/cgroup from serve and its runtime."""
+    return ["nsenter", f"--net=/run/netns/{netns}", *args] if netns else list(args)
 
 
-def nft_tables_of(bridge: str) -> list[tuple[str, str]]:
+def link_exists(name: str, netns: Optional[str] = None) -> bool:
+    return _quiet(*in_netns(netns, "ip", "link", "show", name)) == 0
+
+
+def nft_tables_of(bridge: str, netns: Optional[str] = None) -> list[tuple[str, str]]:
     try:
-        out = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, timeout=15).stdout
+        out = subprocess.run(in_netns(netns, "nft", "list", "tables"), capture_output=True, text=True, timeout=15).stdout
     except (OSError, subprocess.TimeoutExpired):
         return []
     tables = []
@@ -198,9 +211,15 @@ def serve_supports(flag: str) -> bool:
 class Server:
     """One `cubicle serve` with everything it needs, and its clean-up."""
 
-    def __init__(self, runtime: str = RUNTIME, images_dir: str = IMAGES_DIR) -> None:
+    def __init__(
+        self, runtime: str = RUNTIME, images_dir: str = IMAGES_DIR, netns: Optional[str] = None, listen_addr: str = "127.0.0.1"
+    ) -> None:
+        if netns and listen_addr == "127.0.0.1":
+            raise ValueError("Server(netns=...) needs a listen_addr of that namespace reachable from here")
         self.runtime = runtime
         self.images_dir = images_dir
+        self.netns = netns
+        self.listen_addr = listen_addr
         self.proc: Optional[subprocess.Popen] = None
         self.data_dir: Optional[str] = None
         self.log_path: Optional[Path] = None
@@ -221,7 +240,7 @@ class Server:
         self.bridge = f"cbp{rand}"
         self.cgroup_parent = f"cubicle-e2e-py-{rand}"
         self.pool = f"10.213.{random.randrange(256)}.0/24"
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{self.listen_addr}:{self.port}"
 
         self.api_key = subprocess.run(
             [CUBICLE, "apikey", "create", "--data-dir", self.data_dir, "--name", "e2e-py"],
@@ -249,7 +268,7 @@ class Server:
             "--data-dir",
             self.data_dir,
             "--listen",
-            f"127.0.0.1:{self.port}",
+            f"{self.listen_addr}:{self.port}",
             "--images-dir",
             self.images_dir,
             "--runtime",
@@ -267,7 +286,8 @@ class Server:
             args += ["--ca-certificates", HOST_CA_BUNDLE]
         args += extra_args or []
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+            # nsenter execs serve in place, so self.proc.pid is serve's.
+            self.proc = subprocess.Popen(in_netns(self.netns, *args), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
 
         def healthy() -> bool:
             if self.proc.poll() is not None:
@@ -300,7 +320,7 @@ class Server:
             "CUBE_API_URL": self.url,
             "CUBE_API_KEY": self.api_key,
             "CUBE_TEMPLATE_ID": "base",
-            "CUBE_PROXY_NODE_IP": "127.0.0.1",
+            "CUBE_PROXY_NODE_IP": self.listen_addr,
             "CUBE_PROXY_PORT_HTTP": str(self.port),
             "CUBE_SANDBOX_DOMAIN": DOMAIN,
         }
@@ -370,12 +390,14 @@ class Server:
                 left.append(f"netns address record {f}")
         except OSError:
             pass
-        links = subprocess.run(["ip", "-o", "link", "show", "master", self.bridge], capture_output=True, text=True, timeout=15)
+        links = subprocess.run(
+            in_netns(self.netns, "ip", "-o", "link", "show", "master", self.bridge), capture_output=True, text=True, timeout=15
+        )
         for line in links.stdout.splitlines():
             if line:
                 left.append(f"link on bridge {self.bridge}: {line}")
         for sid in self.seen:
-            if link_exists(veth_of(sid)):
+            if link_exists(veth_of(sid), self.netns):
                 left.append(f"host veth {veth_of(sid)} of sandbox {sid}")
         for h in cgroup_hierarchies():
             for d in subdirs(os.path.join(h, self.cgroup_parent)):
@@ -395,9 +417,9 @@ class Server:
     def infra_leftovers(self) -> list[str]:
         """What survived the clean-up: bridge, nft tables, cgroup parent, dirs."""
         left = []
-        if link_exists(self.bridge):
+        if link_exists(self.bridge, self.netns):
             left.append(f"bridge {self.bridge}")
-        for fam, name in nft_tables_of(self.bridge):
+        for fam, name in nft_tables_of(self.bridge, self.netns):
             left.append(f"nft table {fam} {name}")
         for h in cgroup_hierarchies():
             p = os.path.join(h, self.cgroup_parent)
@@ -469,8 +491,8 @@ class Server:
             except Exception:  # noqa: BLE001
                 pass
         for sid in self.seen:
-            _quiet("ip", "link", "del", veth_of(sid))
-        _quiet("ip", "link", "del", self.bridge)
+            _quiet(*in_netns(self.netns, "ip", "link", "del", veth_of(sid)))
+        _quiet(*in_netns(self.netns, "ip", "link", "del", self.bridge))
         for h in cgroup_hierarchies():
             for d in subdirs(os.path.join(h, self.cgroup_parent)):
                 try:
@@ -485,8 +507,8 @@ class Server:
         for mp in mounts_under(run_dir) + mounts_under(self.data_dir):
             _quiet("umount", "-l", mp)
         shutil.rmtree(run_dir, ignore_errors=True)
-        for fam, name in nft_tables_of(self.bridge):
-            _quiet("nft", "delete", "table", fam, name)
+        for fam, name in nft_tables_of(self.bridge, self.netns):
+            _quiet(*in_netns(self.netns, "nft", "delete", "table", fam, name))
         for _ in range(3):
             shutil.rmtree(self.data_dir, ignore_errors=True)
             if not os.path.exists(self.data_dir):

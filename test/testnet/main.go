@@ -23,6 +23,12 @@
 // in that state) or "error: ...", anything else "error: unknown command". It
 // runs until stdin closes or it gets SIGTERM/SIGINT, then removes the
 // namespace, the veth and its files.
+//
+// With --attach-netns NAME the host end of the veth (and "hostAddr") is in
+// the existing namespace /run/netns/NAME instead of the root one, so a
+// `cubicle serve` run inside NAME (a test's stand-in for a host with its own
+// firewall) reaches the fixture; the /30 is one that neither the root nor
+// NAME uses. NAME itself is left alone (attach.go).
 package main
 
 import (
@@ -37,7 +43,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
-	"errors"
 	"flag"
 	"fmt"
 	"math/big"
@@ -81,6 +86,8 @@ type Ready struct {
 	CABundle string `json:"caBundle"`
 	Socks    string `json:"socks"`    // SOCKS5 server, addr:1080
 	SocksLog string `json:"socksLog"` // http://addr:8081/socks-log
+	// AttachNetns is --attach-netns: the namespace HostAddr is in (omitted for the root).
+	AttachNetns string `json:"attachNetns,omitempty"`
 }
 
 func main() {
@@ -89,8 +96,9 @@ func main() {
 	flag.Var(recs, "record", "name=IP: answer this name with IP instead of the fixture's address (repeatable)")
 	socksUser := flag.String("socks-user", "", "SOCKS5: require this user name (RFC 1929; default: no auth)")
 	socksPass := flag.String("socks-pass", "", "SOCKS5: require this password (RFC 1929; default: no auth)")
+	attach := flag.String("attach-netns", "", "put the veth's host end in this existing network namespace (/run/netns/NAME) instead of the root one")
 	flag.Parse()
-	if err := run(*dir, recs, *socksUser, *socksPass); err != nil {
+	if err := run(*dir, recs, *socksUser, *socksPass, hostSide{netns: *attach}); err != nil {
 		fmt.Fprintln(os.Stderr, "cubicle-testnet:", err)
 		os.Exit(1)
 	}
@@ -104,27 +112,30 @@ func sh(args ...string) error {
 	return nil
 }
 
-// freeSlash30 picks a /30 in 198.18.128.0/17 that no interface uses.
-func freeSlash30() (host, peer netip.Addr, err error) {
-	used := map[netip.Addr]bool{}
-	addrs, _ := net.InterfaceAddrs()
-	for _, a := range addrs {
-		if p, err := netip.ParsePrefix(a.String()); err == nil {
-			used[p.Masked().Addr()] = true
-		}
+// freeSlash30 picks a /30 in 198.18.128.0/17 that no interface on the host
+// side (see hostSide.usedPrefixes) overlaps.
+func freeSlash30(side hostSide) (host, peer netip.Addr, err error) {
+	used, err := side.usedPrefixes()
+	if err != nil {
+		return netip.Addr{}, netip.Addr{}, err
 	}
 	for range 64 {
 		b := make([]byte, 2)
 		_, _ = rand.Read(b)
 		base := netip.AddrFrom4([4]byte{198, 18, 128 | b[0]&0x7f, b[1] &^ 3})
-		if !used[base] {
+		cand := netip.PrefixFrom(base, 30)
+		free := true
+		for _, p := range used {
+			free = free && !p.Overlaps(cand)
+		}
+		if free {
 			return base.Next(), base.Next().Next(), nil
 		}
 	}
-	return netip.Addr{}, netip.Addr{}, errors.New("no free /30 in 198.18.128.0/17")
+	return netip.Addr{}, netip.Addr{}, errNoSlash30
 }
 
-func run(dir string, recs records, socksUser, socksPass string) (err error) {
+func run(dir string, recs records, socksUser, socksPass string, side hostSide) (err error) {
 	var cleanup []func()
 	defer func() {
 		for i := len(cleanup) - 1; i >= 0; i-- {
@@ -140,7 +151,10 @@ func run(dir string, recs records, socksUser, socksPass string) (err error) {
 	b := make([]byte, 3)
 	_, _ = rand.Read(b)
 	name := fmt.Sprintf("cbtn%x", b)
-	hostAddr, addr, err := freeSlash30()
+	if err := side.check(); err != nil {
+		return err
+	}
+	hostAddr, addr, err := freeSlash30(side)
 	if err != nil {
 		return err
 	}
@@ -148,13 +162,14 @@ func run(dir string, recs records, socksUser, socksPass string) (err error) {
 		return err
 	}
 	cleanup = append(cleanup, func() { _ = sh("ip", "netns", "del", name) })
-	if err := sh("ip", "link", "add", name, "type", "veth", "peer", "name", "eth0", "netns", name); err != nil {
+	if err := sh(side.ip("link", "add", name, "type", "veth", "peer", "name", "eth0", "netns", name)...); err != nil {
 		return err
 	}
-	cleanup = append(cleanup, func() { _ = sh("ip", "link", "del", name) })
+	// Also gone with either namespace; deleting it first is harmless then.
+	cleanup = append(cleanup, func() { _ = sh(side.ip("link", "del", name)...) })
 	for _, c := range [][]string{
-		{"ip", "addr", "add", hostAddr.String() + "/30", "dev", name},
-		{"ip", "link", "set", name, "up"},
+		side.ip("addr", "add", hostAddr.String()+"/30", "dev", name),
+		side.ip("link", "set", name, "up"),
 		{"ip", "-n", name, "addr", "add", addr.String() + "/30", "dev", "eth0"},
 		{"ip", "-n", name, "link", "set", "eth0", "up"},
 		{"ip", "-n", name, "link", "set", "lo", "up"},
@@ -260,7 +275,7 @@ func run(dir string, recs records, socksUser, socksPass string) (err error) {
 	go func() { _ = logSrv.Serve(lLog) }()
 	cleanup = append(cleanup, func() { logSrv.Close() })
 
-	ready, _ := json.Marshal(Ready{Netns: name, HostAddr: hostAddr.String(), Addr: addr.String(), DNS: addr.String(), CACert: caPath, CABundle: bundle,
+	ready, _ := json.Marshal(Ready{Netns: name, AttachNetns: side.netns, HostAddr: hostAddr.String(), Addr: addr.String(), DNS: addr.String(), CACert: caPath, CABundle: bundle,
 		Socks: socks.listenAddr, SocksLog: fmt.Sprintf("http://%s:%d/socks-log", addr, socksLogPort)})
 	fmt.Println(string(ready))
 

@@ -3,6 +3,11 @@
 // on a free loopback port with its own data dir, bridge and address pool, creates an API
 // key, and points the unmodified e2b SDK at it through the documented env vars.
 // Everything it starts is stopped (by PID) and everything it creates is removed in stop().
+//
+// new Server({ netns, listenAddr }) runs serve inside an existing network namespace
+// (/run/netns/<netns>, made by the test, e.g. a "host" whose firewall drops forwarding)
+// listening on listenAddr (an address of that namespace the test's process can reach); the
+// SDK env then points there, and the leak checks look for links and nft tables in it.
 
 const { spawn, execFileSync, spawnSync } = require('node:child_process')
 const crypto = require('node:crypto')
@@ -124,12 +129,19 @@ function vethOf(id) {
   return 'cbv' + crypto.createHash('sha256').update(id).digest('hex').slice(0, 8)
 }
 
-function linkExists(name) {
-  return spawnSync('ip', ['link', 'show', name], { stdio: 'ignore', timeout: 15000 }).status === 0
+// inNetns is [cmd, args] running cmd in network namespace netns (none: as it is). nsenter
+// --net changes only the network namespace: `ip netns exec` also remounts /sys, which hides
+// /sys/fs/cgroup from serve and its runtime.
+function inNetns(netns, cmd, args) {
+  return netns ? ['nsenter', [`--net=/run/netns/${netns}`, cmd, ...args]] : [cmd, args]
 }
 
-function nftTablesOf(bridge) {
-  const nft = spawnSync('nft', ['list', 'tables'], { encoding: 'utf8', timeout: 15000 })
+function linkExists(name, netns = null) {
+  return spawnSync(...inNetns(netns, 'ip', ['link', 'show', name]), { stdio: 'ignore', timeout: 15000 }).status === 0
+}
+
+function nftTablesOf(bridge, netns = null) {
+  const nft = spawnSync(...inNetns(netns, 'nft', ['list', 'tables']), { encoding: 'utf8', timeout: 15000 })
   const out = []
   for (const line of (nft.stdout || '').split('\n')) {
     const m = /^table (\S+) (\S+)$/.exec(line.trim())
@@ -139,9 +151,14 @@ function nftTablesOf(bridge) {
 }
 
 class Server {
-  constructor({ runtime = RUNTIME, imagesDir = IMAGES_DIR } = {}) {
+  constructor({ runtime = RUNTIME, imagesDir = IMAGES_DIR, netns = null, listenAddr = '127.0.0.1' } = {}) {
+    if (netns && listenAddr === '127.0.0.1') {
+      throw new Error('Server({ netns }) needs a listenAddr of that namespace reachable from here')
+    }
     this.runtime = runtime
     this.imagesDir = imagesDir
+    this.netns = netns
+    this.listenAddr = listenAddr
     this.proc = null
     this.stderrTail = ''
     this.sandboxes = []
@@ -176,7 +193,7 @@ class Server {
     this.bridge = `cbe${rand}`
     this.cgroupParent = `cubicle-e2e-${rand}`
     this.pool = `10.212.${crypto.randomInt(0, 256)}.0/24`
-    this.url = `http://127.0.0.1:${this.port}`
+    this.url = `http://${this.listenAddr}:${this.port}`
 
     this.apiKey = execFileSync(CUBICLE, ['apikey', 'create', '--data-dir', this.dataDir, '--name', 'e2e'], {
       encoding: 'utf8',
@@ -200,7 +217,7 @@ class Server {
     const args = [
       'serve',
       '--data-dir', this.dataDir,
-      '--listen', `127.0.0.1:${this.port}`,
+      '--listen', `${this.listenAddr}:${this.port}`,
       '--images-dir', this.imagesDir,
       '--runtime', this.runtime,
       '--domain', DOMAIN,
@@ -210,7 +227,8 @@ class Server {
       ...(fs.existsSync(CA_CERTS) ? ['--ca-certificates', CA_CERTS] : []),
       ...extraArgs,
     ]
-    this.proc = spawn(CUBICLE, args, { stdio: ['ignore', 'pipe', 'pipe'] })
+    // nsenter execs serve in place, so this.proc.pid is serve's.
+    this.proc = spawn(...inNetns(this.netns, CUBICLE, args), { stdio: ['ignore', 'pipe', 'pipe'] })
     this.exited = new Promise((resolve) => this.proc.once('exit', (code, sig) => resolve({ code, sig })))
     const onData = (chunk) => {
       fs.writeSync(logFd, chunk)
@@ -295,10 +313,10 @@ class Server {
     try {
       for (const f of fs.readdirSync(path.join(nsDir, '.addr'))) left.push(`netns address record ${f}`)
     } catch {}
-    const links = spawnSync('ip', ['-o', 'link', 'show', 'master', this.bridge], { encoding: 'utf8', timeout: 15000 })
+    const links = spawnSync(...inNetns(this.netns, 'ip', ['-o', 'link', 'show', 'master', this.bridge]), { encoding: 'utf8', timeout: 15000 })
     for (const l of (links.stdout || '').split('\n').filter(Boolean)) left.push(`link on bridge ${this.bridge}: ${l}`)
     for (const id of this.seen) {
-      if (linkExists(vethOf(id))) left.push(`host veth ${vethOf(id)} of sandbox ${id}`)
+      if (linkExists(vethOf(id), this.netns)) left.push(`host veth ${vethOf(id)} of sandbox ${id}`)
     }
     for (const h of cgroupHierarchies()) {
       for (const d of subdirs(path.join(h, this.cgroupParent))) left.push(`cgroup ${d}`)
@@ -318,8 +336,8 @@ class Server {
   // parent, netns dir and data dir must all be gone.
   infraLeftovers() {
     const left = []
-    if (linkExists(this.bridge)) left.push(`bridge ${this.bridge}`)
-    for (const [fam, name] of nftTablesOf(this.bridge)) left.push(`nft table ${fam} ${name}`)
+    if (linkExists(this.bridge, this.netns)) left.push(`bridge ${this.bridge}`)
+    for (const [fam, name] of nftTablesOf(this.bridge, this.netns)) left.push(`nft table ${fam} ${name}`)
     for (const h of cgroupHierarchies()) {
       if (fs.existsSync(path.join(h, this.cgroupParent))) left.push(`cgroup parent ${path.join(h, this.cgroupParent)}`)
     }
@@ -389,8 +407,8 @@ class Server {
         if (still.length) leaks.push(`containers survived delete --force in ${rootDir}: ${still.join(' ')}`)
       } catch {}
     }
-    for (const id of this.seen) quiet('ip', ['link', 'del', vethOf(id)])
-    quiet('ip', ['link', 'del', this.bridge])
+    for (const id of this.seen) quiet(...inNetns(this.netns, 'ip', ['link', 'del', vethOf(id)]))
+    quiet(...inNetns(this.netns, 'ip', ['link', 'del', this.bridge]))
     for (const h of cgroupHierarchies()) {
       for (const d of subdirs(path.join(h, this.cgroupParent))) {
         try {
@@ -406,7 +424,7 @@ class Server {
     for (const mp of [...mountsUnder(runDir), ...mountsUnder(this.dataDir)]) quiet('umount', ['-l', mp])
     fs.rmSync(runDir, { recursive: true, force: true })
     // nftables tables this server created for its bridge (named cubicle_<bridge>).
-    for (const [fam, name] of nftTablesOf(this.bridge)) quiet('nft', ['delete', 'table', fam, name])
+    for (const [fam, name] of nftTablesOf(this.bridge, this.netns)) quiet(...inNetns(this.netns, 'nft', ['delete', 'table', fam, name]))
     fs.rmSync(this.dataDir, { recursive: true, force: true, maxRetries: 3 })
     leaks.push(...this.infraLeftovers())
     this.dataDir = null
@@ -416,9 +434,10 @@ class Server {
   }
 }
 
-// setup() registers before/after hooks on the calling test file and returns the server.
-function setup(t = require('node:test'), extraArgs = []) {
-  const srv = new Server()
+// setup() registers before/after hooks on the calling test file and returns the server
+// (opts: Server's, e.g. { netns, listenAddr }).
+function setup(t = require('node:test'), extraArgs = [], opts = {}) {
+  const srv = new Server(opts)
   t.before(async () => {
     await srv.ensure(extraArgs)
   })
@@ -428,4 +447,4 @@ function setup(t = require('node:test'), extraArgs = []) {
   return srv
 }
 
-module.exports = { Server, setup, waitFor, sleep, freePort, REPO, IMAGES_DIR, DOMAIN }
+module.exports = { Server, setup, waitFor, sleep, freePort, inNetns, REPO, IMAGES_DIR, DOMAIN }
