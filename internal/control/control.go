@@ -838,17 +838,26 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, n store.Network)
 	if err != nil {
 		return err
 	}
-	if err := m.node.UpdatePolicy(ctx, id, policyOf(n)); err != nil {
+	plain := policyOf(n)
+	if err := m.sealNetwork(sb.TeamID, &n); err != nil {
 		return err
 	}
-	if err := m.sealNetwork(sb.TeamID, &n); err != nil {
+	old := sb.Network
+	if err := m.node.UpdatePolicy(ctx, id, plain); err != nil {
 		return err
 	}
 	n.AllowPublicTraffic = sb.Network.AllowPublicTraffic
 	n.MaskRequestHost = sb.Network.MaskRequestHost
 	n.HTTPSPorts = sb.Network.HTTPSPorts
 	sb.Network = n
-	return m.store.UpdateSandbox(ctx, sb)
+	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+		// The node must not enforce what the store does not say.
+		if rerr := m.node.UpdatePolicy(context.WithoutCancel(ctx), id, m.policyFor(sb.TeamID, old)); rerr != nil {
+			m.log.Error("network update: store failed and the node kept the new policy", "sandbox", id, "err", rerr)
+		}
+		return err
+	}
+	return nil
 }
 
 // Logs returns the sandbox console and its lifecycle events.

@@ -1,8 +1,6 @@
 package control
 
 import (
-	"strings"
-
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/store"
 )
@@ -18,13 +16,10 @@ type FieldSealer interface {
 // bytes copied into another field or team do not open.
 const scopeEgressProxyPassword = "network.egressProxy.password"
 
-// sealedPrefix marks a sealed value in a row.
-const sealedPrefix = "sealed:"
-
 // sealNetwork encrypts n's egress proxy password for storage.
 func (m *Manager) sealNetwork(teamID string, n *store.Network) error {
 	ep := n.EgressProxy
-	if m.cfg.Sealer == nil || ep == nil || ep.Password == "" || strings.HasPrefix(ep.Password, sealedPrefix) {
+	if m.cfg.Sealer == nil || ep == nil || ep.Password == "" || ep.PasswordSealed {
 		return nil
 	}
 	s, err := m.cfg.Sealer.SealField(teamID, scopeEgressProxyPassword, ep.Password)
@@ -32,7 +27,7 @@ func (m *Manager) sealNetwork(teamID string, n *store.Network) error {
 		return err
 	}
 	cp := *ep
-	cp.Password = sealedPrefix + s
+	cp.Password, cp.PasswordSealed = s, true
 	n.EgressProxy = &cp
 	return nil
 }
@@ -42,11 +37,11 @@ func (m *Manager) sealNetwork(teamID string, n *store.Network) error {
 // is dropped: the upstream then refuses the tunnel, so egress fails closed
 // rather than going out directly.
 func (m *Manager) policyFor(teamID string, n store.Network) network.Policy {
-	if ep := n.EgressProxy; ep != nil && strings.HasPrefix(ep.Password, sealedPrefix) {
+	if ep := n.EgressProxy; ep != nil && ep.PasswordSealed {
 		cp := *ep
-		cp.Password = ""
+		cp.Password, cp.PasswordSealed = "", false
 		if m.cfg.Sealer != nil {
-			v, err := m.cfg.Sealer.OpenField(teamID, scopeEgressProxyPassword, strings.TrimPrefix(ep.Password, sealedPrefix))
+			v, err := m.cfg.Sealer.OpenField(teamID, scopeEgressProxyPassword, ep.Password)
 			if err != nil {
 				m.log.Error("egress proxy password unreadable; the sandbox's tunnel will fail", "err", err)
 			} else {

@@ -40,8 +40,8 @@ func TestEgressProxyPasswordSealedAtRest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p := row.Network.EgressProxy.Password; !strings.HasPrefix(p, sealedPrefix) || strings.Contains(p, "pw-one") {
-		t.Fatalf("stored password %q", p)
+	if ep := row.Network.EgressProxy; !ep.PasswordSealed || strings.Contains(ep.Password, "pw-one") {
+		t.Fatalf("stored password %+v", ep)
 	}
 	fn.mu.Lock()
 	got := fn.sbs[sb.ID].Policy.Upstream
@@ -53,11 +53,19 @@ func TestEgressProxyPasswordSealedAtRest(t *testing.T) {
 		t.Fatal(err)
 	}
 	row, _ = st.GetSandbox(ctx, sb.ID)
-	if p := row.Network.EgressProxy.Password; !strings.HasPrefix(p, sealedPrefix) || strings.Contains(p, "pw-two") {
-		t.Fatalf("stored password after update %q", p)
+	if ep := row.Network.EgressProxy; !ep.PasswordSealed || strings.Contains(ep.Password, "pw-two") {
+		t.Fatalf("stored password after update %+v", ep)
 	}
 	if p := m.policyFor(row.TeamID, row.Network); p.Upstream.Password != "pw-two" {
 		t.Fatalf("opened %q", p.Upstream.Password)
+	}
+	// A password that looks sealed is still a password.
+	if err := m.UpdateNetwork(ctx, sb.ID, store.Network{AllowInternet: true, EgressProxy: &store.EgressProxy{Address: "proxy.example:1080", Username: "u", Password: "sealed:x"}}); err != nil {
+		t.Fatal(err)
+	}
+	row, _ = st.GetSandbox(ctx, sb.ID)
+	if p := m.policyFor(row.TeamID, row.Network); !row.Network.EgressProxy.PasswordSealed || p.Upstream.Password != "sealed:x" {
+		t.Fatalf("a password starting with sealed: %+v %q", row.Network.EgressProxy, p.Upstream.Password)
 	}
 	// Bound to the team: another team's row does not open (fails closed).
 	if p := m.policyFor("another-team", row.Network); p.Upstream == nil || p.Upstream.Password != "" {

@@ -29,7 +29,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -49,6 +48,9 @@ type Policies interface {
 	AllowOutCovers(p network.Policy, ip netip.Addr) bool
 	Internal(ip netip.Addr) bool
 	Resolvers() []netip.Addr
+	// AllowsDNS reports whether p's chain opens TCP port 53 of ip (one of
+	// the sandboxes' resolvers), which a tunnelled sandbox reaches direct.
+	AllowsDNS(p network.Policy, ip netip.Addr) bool
 	// ResolveUpstream returns where an egress proxy address may be dialled.
 	ResolveUpstream(ctx context.Context, address string) ([]netip.AddrPort, error)
 }
@@ -345,8 +347,9 @@ func (p *Proxy) dialFor(log *slog.Logger, pol network.Policy, name string, dst n
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), dialTimeout)
 	defer cancel()
-	if pol.Upstream != nil && dst.Port() == 53 && slices.Contains(p.pol.Resolvers(), dst.Addr().Unmap()) {
-		// DNS stays with the sandbox's resolvers, as its UDP does.
+	if pol.Upstream != nil && dst.Port() == 53 && p.pol.AllowsDNS(pol, dst.Addr()) {
+		// DNS stays with the sandbox's resolvers, as its UDP does, where
+		// its chain opens them.
 		up, err := p.dialer.DialContext(ctx, "tcp", dst.String())
 		if err != nil {
 			p.count(verdictError)

@@ -69,16 +69,25 @@ func (p *Proxy) Intercepts() bool { return p.icpt != nil }
 // leaf returns a certificate for name, issued once and cached.
 func (ic *interception) leaf(name string) (*tls.Certificate, error) {
 	ic.mu.Lock()
-	defer ic.mu.Unlock()
-	if c := ic.leaves[name]; c != nil && time.Until(c.Leaf.NotAfter) > leafRenew {
+	c := ic.leaves[name]
+	ic.mu.Unlock()
+	if c != nil && time.Until(c.Leaf.NotAfter) > leafRenew {
 		return c, nil
 	}
-	if len(ic.leaves) >= maxLeaves {
-		clear(ic.leaves)
-	}
+	// Issued outside the lock: one sandbox's new names do not hold up
+	// everyone's handshakes.
 	c, err := ic.ca.Issue([]string{name}, leafValidity)
 	if err != nil {
 		return nil, err
+	}
+	ic.mu.Lock()
+	defer ic.mu.Unlock()
+	if len(ic.leaves) >= maxLeaves {
+		// Evict one arbitrary entry rather than the whole cache.
+		for k := range ic.leaves {
+			delete(ic.leaves, k)
+			break
+		}
 	}
 	ic.leaves[name] = c
 	return c, nil
@@ -101,8 +110,8 @@ func (p *Proxy) intercept(log *slog.Logger, c net.Conn, hello io.Reader, id stri
 		if raw == nil {
 			// A later connection of this keep-alive session: judged anew
 			// against the live policy.
-			_, live, ok := p.pol.SandboxPolicy(src)
-			if !ok {
+			liveID, live, ok := p.pol.SandboxPolicy(src)
+			if !ok || liveID != id {
 				return nil, errors.New("sandbox gone")
 			}
 			if raw = p.dialFor(log, live, name, dst); raw == nil {
@@ -110,7 +119,9 @@ func (p *Proxy) intercept(log *slog.Logger, c net.Conn, hello io.Reader, id stri
 			}
 		}
 		tc := tls.Client(raw, &tls.Config{ServerName: name, RootCAs: p.icpt.roots, NextProtos: []string{"http/1.1"}, MinVersion: tls.VersionTLS12})
-		if err := tc.HandshakeContext(ctx); err != nil {
+		hctx, cancel := context.WithTimeout(ctx, dialTimeout)
+		defer cancel()
+		if err := tc.HandshakeContext(hctx); err != nil {
 			raw.Close()
 			return nil, err
 		}
@@ -130,7 +141,14 @@ func (p *Proxy) intercept(log *slog.Logger, c net.Conn, hello io.Reader, id stri
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = "https"
 			pr.Out.URL.Host = name
-			pr.Out.Host = pr.In.Host
+			pr.Out.Host = name
+			// Set after ReverseProxy dropped the hop-by-hop headers, so a
+			// "Connection: Authorization" from the sandbox cannot strip them.
+			if set, ok := pr.In.Context().Value(headersKey{}).(http.Header); ok {
+				for k, v := range set {
+					pr.Out.Header[k] = v
+				}
+			}
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			log.Info("egress: intercepted request failed", "host", name, "err", err)
@@ -138,16 +156,23 @@ func (p *Proxy) intercept(log *slog.Logger, c net.Conn, hello io.Reader, id stri
 		},
 	}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.Method {
+		case "TRACE", "TRACK", http.MethodConnect:
+			// TRACE echoes the request, injected secrets included, back
+			// into the sandbox; CONNECT would tunnel past the transforms.
+			http.Error(w, "cubicle egress proxy: "+r.Method+" is not forwarded to a host with transform rules", http.StatusMethodNotAllowed)
+			return
+		}
 		if hostOf(r.Host) != name {
 			// The rules (and any secret) were chosen for the SNI's host.
 			http.Error(w, "cubicle egress proxy: the Host header does not match the TLS server name", http.StatusMisdirectedRequest)
 			return
 		}
 		set := rules
-		if _, live, ok := p.pol.SandboxPolicy(src); ok {
+		if liveID, live, ok := p.pol.SandboxPolicy(src); ok && liveID == id {
 			set, _ = network.RulesFor(live.Rules, name) // updateNetwork applies per request
 		}
-		out := r.Clone(r.Context())
+		headers := http.Header{}
 		for _, rule := range set {
 			for k, v := range rule.Headers {
 				val, err := network.ExpandSecrets(v, func(secret string) (string, error) {
@@ -165,10 +190,10 @@ func (p *Proxy) intercept(log *slog.Logger, c net.Conn, hello io.Reader, id stri
 					http.Error(w, "cubicle egress proxy: "+err.Error(), http.StatusBadGateway)
 					return
 				}
-				out.Header.Set(k, val)
+				headers.Set(k, val)
 			}
 		}
-		rp.ServeHTTP(w, out)
+		rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), headersKey{}, headers)))
 	})
 	sc := tls.Server(prefixed{Conn: c, r: hello}, &tls.Config{
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return p.icpt.leaf(name) },
@@ -201,6 +226,9 @@ func (p *Proxy) intercept(log *slog.Logger, c net.Conn, hello io.Reader, id stri
 	ln.wait()
 	inflight.Wait()
 }
+
+// headersKey carries a request's transformed headers to Rewrite.
+type headersKey struct{}
 
 // handoff holds the connection dialled to judge the name until the
 // transport takes it for its first request.

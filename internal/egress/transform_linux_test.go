@@ -129,6 +129,14 @@ func TestTransformRules(t *testing.T) {
 	if n := strings.Count(body, `"X-Api-Key":["Bearer s3cr3t-value"]`); n != 2 {
 		t.Errorf("two requests on one connection: %d transformed:\n%s", n, body)
 	}
+	// A sandbox cannot strip the rule's header as hop-by-hop, nor have it
+	// echoed back by TRACE.
+	if code, e := get("https://api.test/", "api.test", "-H", "Connection: X-Api-Key"); code != "200" || http.Header(e.Headers).Get("X-Api-Key") != "Bearer s3cr3t-value" {
+		t.Errorf("Connection: X-Api-Key: %s %+v", code, e.Headers)
+	}
+	if code, _ := get("https://api.test/", "api.test", "-X", "TRACE"); code != "405" {
+		t.Errorf("TRACE: %s, want 405", code)
+	}
 	// The most specific key wins and sets are not merged.
 	if code, e := get("https://x.w.test/", "x.w.test"); code != "200" || http.Header(e.Headers).Get("X-Exact") != "wins" || http.Header(e.Headers).Get("X-Wild") != "" {
 		t.Errorf("exact over wildcard: %s %+v", code, e.Headers)
@@ -298,7 +306,7 @@ func TestResolveUpstreamRefusesHostAndInternal(t *testing.T) {
 	cfg.UpstreamAllow = []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24")}
 	l, _ := startManager(t, cfg)
 	gw := network.GatewayOf(cfg.Pool)
-	for _, a := range []string{"127.0.0.1:1080", "169.254.169.254:80", "10.1.2.3:1080", gw.String() + ":1080", "[::1]:1080", "0.0.0.0:1080", "localhost:1080"} {
+	for _, a := range []string{"127.0.0.1:1080", "169.254.169.254:80", "10.1.2.3:1080", gw.String() + ":1080", "[::1]:1080", "[2001:db8::1]:1080", "[::ffff:127.0.0.1]:1080", "0.0.0.0:1080", "localhost:1080"} {
 		_, err := l.ResolveUpstream(context.Background(), a)
 		if !errors.Is(err, network.ErrUpstream) {
 			t.Errorf("%s: %v, want ErrUpstream", a, err)

@@ -72,6 +72,35 @@ func (l *Linux) AllowsIP(p Policy, ip netip.Addr) bool {
 	return true
 }
 
+// AllowsDNS reports whether p's chain accepts TCP to port 53 of ip, in the
+// chain's order (addPolicyRules): one of the resolvers, opened early when
+// the egress proxy is in use (unless dnsServers replaces them), else by
+// allowOut, not by denyOut, and with internet access.
+func (l *Linux) AllowsDNS(p Policy, ip netip.Addr) bool {
+	ip = ip.Unmap()
+	if !slices.Contains(l.cfg.Resolvers, ip) || l.cfg.Pool.Contains(ip) {
+		return false
+	}
+	if p.NeedsProxy() && !(p.HasDomains() && p.DNSServers != nil) {
+		return true
+	}
+	allow, deny, err := parsePolicy(p)
+	if err != nil {
+		return false
+	}
+	for _, a := range allow {
+		if a.Contains(ip) {
+			return true
+		}
+	}
+	for _, d := range deny {
+		if d.Contains(ip) {
+			return false
+		}
+	}
+	return p.AllowInternet
+}
+
 // AllowOutCovers reports whether an allowOut CIDR of p contains ip: a name
 // allowed by a domain entry may only resolve into the internal ranges when
 // the caller opened them explicitly (DNS rebinding to 169.254.169.254).
@@ -182,7 +211,10 @@ func (l *Linux) upstreamAllowed(ip netip.Addr) bool {
 			return true
 		}
 	}
-	if ip.Is6() && (ip.IsPrivate() || !ip.IsGlobalUnicast()) {
+	if ip.Is6() {
+		// Sandboxes have no IPv6, and the internal ranges are IPv4: an
+		// IPv6 proxy (a LAN neighbour, NAT64 into 10/8) needs the
+		// operator's explicit allowance.
 		return false
 	}
 	for _, in := range l.internal {

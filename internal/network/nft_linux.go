@@ -80,8 +80,13 @@ func newNftConn() (*nftables.Conn, error) {
 		var serr error
 		if err := rc.Control(func(fd uintptr) {
 			// The whole batch is one sendmsg, bounded by the send buffer.
-			serr = errors.Join(unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 32<<20),
-				unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, 32<<20))
+			// Forcing needs CAP_NET_ADMIN in the initial user namespace;
+			// elsewhere the plain options give what rmem_max allows.
+			for _, o := range [][2]int{{unix.SO_RCVBUFFORCE, unix.SO_RCVBUF}, {unix.SO_SNDBUFFORCE, unix.SO_SNDBUF}} {
+				if err := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o[0], 32<<20); err != nil {
+					serr = errors.Join(serr, unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o[1], 32<<20))
+				}
+			}
 		}); err != nil {
 			return err
 		}

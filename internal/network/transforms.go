@@ -88,6 +88,8 @@ const SecretPlaceholderPrefix = "e2b.secrets."
 var reservedHeaders = map[string]bool{
 	"Host": true, "Content-Length": true, "Transfer-Encoding": true, "Connection": true,
 	"Upgrade": true, "Te": true, "Trailer": true, "Keep-Alive": true, "Proxy-Connection": true, "Expect": true,
+	// Hop-by-hop: dropped on the way out, so a rule setting them would do nothing.
+	"Proxy-Authorization": true, "Proxy-Authenticate": true,
 }
 
 // NormalizeRules validates rules and returns them with lower-cased host
@@ -122,11 +124,17 @@ func NormalizeRules(rules map[string][]Rule) (map[string][]Rule, error) {
 			if len(r.Headers) > MaxRuleHeaders {
 				return nil, &FieldError{Field: fmt.Sprintf("%s[%d].transform.headers", field, i), Kind: ErrRules, Err: fmt.Errorf("at most %d headers, got %d", MaxRuleHeaders, len(r.Headers))}
 			}
+			seen := map[string]bool{}
 			for k, v := range r.Headers {
 				hf := fmt.Sprintf("%s[%d].transform.headers[%q]", field, i, k)
 				if err := checkHeader(k, v); err != nil {
 					return nil, &FieldError{Field: hf, Kind: ErrRules, Err: err}
 				}
+				ck := textproto.CanonicalMIMEHeaderKey(k)
+				if seen[ck] {
+					return nil, &FieldError{Field: hf, Kind: ErrRules, Err: errors.New("the same header is set twice (names are case-insensitive)")}
+				}
+				seen[ck] = true
 			}
 		}
 		out[d] = list

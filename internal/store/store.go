@@ -103,6 +103,9 @@ type EgressProxy struct {
 	Address  string `json:"address"`
 	Username string `json:"username,omitempty"`
 	Password string `json:"password,omitempty"`
+	// PasswordSealed: Password is sealed with the secrets key
+	// (control.FieldSealer), base64.
+	PasswordSealed bool `json:"passwordSealed,omitempty"`
 	// TLS wraps the hop to the proxy; ServerName and CACert are optional.
 	TLS           bool   `json:"tls,omitempty"`
 	TLSServerName string `json:"tlsServerName,omitempty"`
