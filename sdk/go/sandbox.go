@@ -19,14 +19,110 @@ type VolumeMount struct {
 	ReadOnly bool   `json:"readOnly,omitempty"`
 }
 
-// NetworkConfig is the sandbox's egress and ingress policy.
+// NetworkConfig is the sandbox's egress and ingress policy, as set at
+// Create (CreateOptions.Network) and as SandboxInfo.Network reports it.
+// Every field is optional; the zero value changes nothing. UpdateNetwork
+// changes the egress part (AllowOut, DenyOut, Rules, EgressProxy,
+// DNSServers) of a running sandbox; the other fields are fixed at create.
 type NetworkConfig struct {
 	// AllowPublicTraffic false makes sandbox ports need the traffic token.
 	AllowPublicTraffic *bool `json:"allowPublicTraffic,omitempty"`
-	// AllowOut and DenyOut are CIDRs, IPs or (AllowOut only) domains.
-	AllowOut        []string `json:"allowOut,omitempty"`
-	DenyOut         []string `json:"denyOut,omitempty"`
-	MaskRequestHost string   `json:"maskRequestHost,omitempty"`
+	// AllowOut and DenyOut are CIDRs, IPs, domains or *.domain wildcards
+	// (domains in DenyOut are a Cubicle extension). Allow wins over deny,
+	// so DenyOut ["0.0.0.0/0"] with AllowOut ["pypi.org"] reaches only
+	// pypi.org.
+	AllowOut []string `json:"allowOut,omitempty"`
+	DenyOut  []string `json:"denyOut,omitempty"`
+	// MaskRequestHost is the Host header the proxy sends to the sandbox's
+	// ports; "${PORT}" in it is replaced by the port (create only).
+	MaskRequestHost string `json:"maskRequestHost,omitempty"`
+	// HTTPSPorts lists the sandbox ports whose services speak HTTPS
+	// themselves: the proxy reaches them over TLS (without verifying the
+	// certificate) instead of plain HTTP. Not envd's port (create only).
+	HTTPSPorts []int `json:"httpsPorts,omitempty"`
+	// Rules are per-host transforms applied by the egress proxy to the
+	// sandbox's HTTPS requests: the key is a host name or *.domain
+	// (lower-cased by the server), the value its rules in order. Header
+	// values may hold SecretPlaceholder(name), filled in with the secret's
+	// current value at request time, so the sandbox never sees it. A rule
+	// does not open the host: list it in AllowOut too when egress is
+	// restricted.
+	Rules map[string][]NetworkRule `json:"rules,omitempty"`
+	// EgressProxy tunnels all of the sandbox's TCP through a SOCKS5 proxy
+	// of yours, after AllowOut/DenyOut filtering; it fails closed when the
+	// proxy is down. Info never reports its Password or TLS.CACert.
+	EgressProxy *EgressProxy `json:"egressProxy,omitempty"`
+	// DNSServers, when the policy has domain entries, replaces the default
+	// opening of the node's resolvers (port 53) with all traffic to each
+	// listed IPv4 address. nil leaves the default; a non-nil empty list
+	// (&[]string{}) opens none. It does not change the sandbox's
+	// resolv.conf. At most 10, IPv4 only.
+	DNSServers *[]string `json:"dnsServers,omitempty"`
+}
+
+// NetworkRule is one entry of NetworkConfig.Rules (e2b's
+// SandboxNetworkRule).
+type NetworkRule struct {
+	Transform *NetworkTransform `json:"transform,omitempty"`
+}
+
+// NetworkTransform is what a NetworkRule does to a matching request.
+type NetworkTransform struct {
+	// Headers are set on the request, replacing any of the same name
+	// (names are case-insensitive). Framing and routing headers (Host,
+	// Content-Length, Transfer-Encoding, Connection, ...) are refused.
+	Headers map[string]string `json:"headers,omitempty"`
+}
+
+// EgressProxy is a SOCKS5 proxy the sandbox's outbound TCP goes through
+// (e2b's SandboxEgressProxyConfig).
+type EgressProxy struct {
+	// Address is host:port, without a scheme (always SOCKS5).
+	Address string `json:"address"`
+	// Username and Password are RFC 1929 credentials; a Password needs a
+	// Username. The Password is write-only: Info leaves it empty.
+	Username string `json:"username,omitempty"`
+	Password string `json:"password,omitempty"`
+	// TLS wraps the hop to the proxy in TLS.
+	TLS *EgressProxyTLS `json:"tls,omitempty"`
+}
+
+// EgressProxyTLS configures TLS to the egress proxy.
+type EgressProxyTLS struct {
+	Enabled bool `json:"enabled"`
+	// ServerName overrides the name the proxy's certificate is checked
+	// against (default: Address's host). Only with Enabled.
+	ServerName string `json:"serverName,omitempty"`
+	// CACert is the PEM CA the proxy's certificate must chain to (default:
+	// the server host's trust store). Only with Enabled; write-only, Info
+	// leaves it empty.
+	CACert string `json:"caCert,omitempty"`
+}
+
+// NetworkUpdate is the egress configuration UpdateNetwork sets (e2b's
+// SandboxNetworkUpdateConfig). It replaces the whole configuration: a field
+// left zero is cleared, not kept (an update without EgressProxy stops
+// tunnelling, one without Rules drops them). AllowPublicTraffic,
+// MaskRequestHost and HTTPSPorts are fixed at create and kept.
+type NetworkUpdate struct {
+	// AllowInternetAccess false cuts all egress not in AllowOut; nil is true.
+	AllowInternetAccess *bool                    `json:"allow_internet_access,omitempty"`
+	AllowOut            []string                 `json:"allowOut,omitempty"`
+	DenyOut             []string                 `json:"denyOut,omitempty"`
+	Rules               map[string][]NetworkRule `json:"rules,omitempty"`
+	EgressProxy         *EgressProxy             `json:"egressProxy,omitempty"`
+	// DNSServers: nil is the default, &[]string{} none (see NetworkConfig).
+	DNSServers *[]string `json:"dnsServers,omitempty"`
+}
+
+// dnsWire keeps a non-nil DNSServers that points at a nil slice meaning
+// "none": encoding/json would send it as null, which the server reads as
+// "the default".
+func dnsWire(p *[]string) *[]string {
+	if p != nil && *p == nil {
+		return &[]string{}
+	}
+	return p
 }
 
 // AcceleratorRequest asks for devices (a Cubicle extension to e2b's create).
@@ -55,9 +151,11 @@ type CreateOptions struct {
 	Metadata           map[string]string
 	// AllowInternetAccess false cuts all egress.
 	AllowInternetAccess *bool
-	Network             *NetworkConfig
-	VolumeMounts        []VolumeMount
-	Accelerators        []AcceleratorRequest
+	// Network is the sandbox's network policy (nil: the server's default,
+	// all egress allowed).
+	Network      *NetworkConfig
+	VolumeMounts []VolumeMount
+	Accelerators []AcceleratorRequest
 	// IdempotencyKey makes retried creates return the first sandbox.
 	IdempotencyKey string
 }
@@ -78,7 +176,8 @@ type SandboxInfo struct {
 	EnvdVersion  string               `json:"envdVersion"`
 	VolumeMounts []VolumeMount        `json:"volumeMounts,omitempty"`
 	Accelerators []AcceleratorRequest `json:"accelerators,omitempty"`
-	// Detail fields (Get only).
+	// Detail fields (Get only). Network is the stored policy, without the
+	// egress proxy's Password and TLS.CACert.
 	EnvdAccessToken     string         `json:"envdAccessToken,omitempty"`
 	AllowInternetAccess *bool          `json:"allowInternetAccess,omitempty"`
 	Domain              *string        `json:"domain,omitempty"`
@@ -163,7 +262,9 @@ func (c *Client) Create(ctx context.Context, o CreateOptions) (*Sandbox, error) 
 		body["allow_internet_access"] = *o.AllowInternetAccess
 	}
 	if o.Network != nil {
-		body["network"] = o.Network
+		n := *o.Network
+		n.DNSServers = dnsWire(n.DNSServers)
+		body["network"] = &n
 	}
 	if len(o.VolumeMounts) > 0 {
 		body["volumeMounts"] = o.VolumeMounts
@@ -265,6 +366,16 @@ func (c *Client) Pause(ctx context.Context, sandboxID string) (bool, error) {
 		}
 	}
 	return false, err
+}
+
+// UpdateNetwork replaces a running sandbox's egress configuration
+// (PUT /sandboxes/{id}/network). It applies at once: established
+// connections the new policy drops stop passing packets. Fields of n left zero are cleared (see NetworkUpdate);
+// a refused option is an ErrInvalidArgument naming it.
+func (c *Client) UpdateNetwork(ctx context.Context, sandboxID string, n NetworkUpdate) error {
+	n.DNSServers = dnsWire(n.DNSServers)
+	_, err := c.do(ctx, request{method: http.MethodPut, path: "/sandboxes/" + seg(sandboxID) + "/network", body: n, res: resSandbox})
+	return err
 }
 
 func isStatus(err error, status int) bool {
@@ -376,6 +487,12 @@ func (s *Sandbox) SetTimeout(ctx context.Context, timeout time.Duration) error {
 // Pause pauses the sandbox (false when already paused). Resume with
 // Client.Connect.
 func (s *Sandbox) Pause(ctx context.Context) (bool, error) { return s.c.Pause(ctx, s.ID) }
+
+// UpdateNetwork replaces the sandbox's egress configuration; fields of n
+// left zero are cleared (see Client.UpdateNetwork).
+func (s *Sandbox) UpdateNetwork(ctx context.Context, n NetworkUpdate) error {
+	return s.c.UpdateNetwork(ctx, s.ID, n)
+}
 
 // Info reports the sandbox.
 func (s *Sandbox) Info(ctx context.Context) (*SandboxInfo, error) { return s.c.Get(ctx, s.ID) }

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"strconv"
 	"time"
+	"unicode/utf8"
 )
 
 // Secret is a secret's metadata. Its value is write-only: no call returns
@@ -33,9 +34,36 @@ type ListSecretsOptions struct {
 	NextToken string
 }
 
-// SecretPlaceholder is what a network rule's header value names to have the
-// egress proxy fill in the secret's current value (e2b's Secret.fill).
-func SecretPlaceholder(name string) string { return "${e2b.secrets." + name + "}" }
+// SecretPlaceholder returns "${e2b.secrets.<name>}", the text a network
+// rule's header value (NetworkTransform.Headers) holds to have the egress
+// proxy fill in the secret's current value at request time (e2b's
+// Secret.fill). It makes no request and does not check that the secret
+// exists. A name that is empty, not UTF-8, or holds '{', '}' or a control
+// character (U+0000-U+001F, U+007F-U+009F) is an ErrInvalidArgument, as in
+// e2b's SDKs: no secret can have it, and the placeholder would not read
+// back as that name.
+func SecretPlaceholder(name string) (string, error) {
+	if err := checkSecretName(name); err != nil {
+		return "", err
+	}
+	return "${e2b.secrets." + name + "}", nil
+}
+
+// checkSecretName is e2b's INVALID_SECRET_NAME_CHARS rule (plus UTF-8).
+func checkSecretName(name string) error {
+	if name == "" {
+		return fmt.Errorf("%w: secret name is empty", ErrInvalidArgument)
+	}
+	if !utf8.ValidString(name) {
+		return fmt.Errorf("%w: secret name %q is not UTF-8", ErrInvalidArgument, name)
+	}
+	for _, r := range name {
+		if r == '{' || r == '}' || r <= 0x1f || (r >= 0x7f && r <= 0x9f) {
+			return fmt.Errorf("%w: secret name %q holds %q: a name cannot contain '{', '}' or control characters, since it is put in ${e2b.secrets.<name>}", ErrInvalidArgument, name, r)
+		}
+	}
+	return nil
+}
 
 // CreateSecret stores a new secret (version 1). The server lower-cases the
 // name (e2b's schema; the returned Name is that form) and refuses one that
