@@ -35,9 +35,7 @@ func decodeStrict(body []byte, v any) string {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		msg := err.Error()
-		// encoding/json has no typed error for an unknown field: its
-		// message is the only place the field's name is.
-		if f, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
+		if f, ok := unknownField(err); ok {
 			hint := ""
 			if f == `"image"` {
 				hint = " (CubeSandbox's create-from-image is not supported: build from an image with the e2b template API, Template().fromImage(...))"
@@ -50,6 +48,13 @@ func decodeStrict(body []byte, v any) string {
 		return "malformed JSON body: data after the JSON object"
 	}
 	return ""
+}
+
+// unknownField is the name (quoted) of the field a DisallowUnknownFields
+// decode refused. encoding/json has no typed error for it: its message is
+// the only place the name is.
+func unknownField(err error) (string, bool) {
+	return strings.CutPrefix(err.Error(), "json: unknown field ")
 }
 
 // options turns a create body into the manager's options (without the

@@ -121,12 +121,10 @@ func strictJSON(field string, raw json.RawMessage, v any) string {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		msg := err.Error()
-		// encoding/json has no typed error for an unknown field.
-		if f, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
+		if f, ok := unknownField(err); ok {
 			return fmt.Sprintf("%s: unknown field %s (not supported by this server)", field, f)
 		}
-		return fmt.Sprintf("%s: malformed: %s", field, strings.TrimPrefix(msg, "json: "))
+		return fmt.Sprintf("%s: malformed: %s", field, strings.TrimPrefix(err.Error(), "json: "))
 	}
 	return ""
 }

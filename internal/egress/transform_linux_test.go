@@ -289,6 +289,29 @@ func TestUpstreamSOCKS5(t *testing.T) {
 		t.Errorf("CONNECT targets: %v", targets)
 	}
 
+	// TCP DNS to the node's resolver goes direct only where the chain
+	// opens it: not with dnsServers [].
+	tcpDNS := func() bool {
+		var ok bool
+		_ = network.RunInNetns(ns, func() error {
+			m := new(dns.Msg)
+			m.SetQuestion("a.test.", dns.TypeA)
+			r, _, err := (&dns.Client{Net: "tcp", Timeout: 2 * time.Second}).Exchange(m, net.JoinHostPort(tn.DNS, "53"))
+			ok = err == nil && len(r.Answer) == 1
+			return nil
+		})
+		return ok
+	}
+	if !tcpDNS() {
+		t.Error("TCP DNS to the resolver through a tunnelled sandbox")
+	}
+	if err := l.UpdatePolicy(context.Background(), id, network.Policy{AllowOut: []string{"allowed.test"}, DenyOut: []string{"0.0.0.0/0"}, DNSServers: &[]string{}, Upstream: up}); err != nil {
+		t.Fatal(err)
+	}
+	if tcpDNS() {
+		t.Error("TCP DNS to the resolver with dnsServers []")
+	}
+
 	// Wrong credentials: fails closed.
 	if err := l.UpdatePolicy(context.Background(), id, network.Policy{AllowInternet: true, Upstream: &network.Upstream{Address: tn.Socks, Username: "alice", Password: "wrong"}}); err != nil {
 		t.Fatal(err)

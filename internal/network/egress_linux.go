@@ -39,8 +39,20 @@ func (l *Linux) SandboxPolicy(addr netip.Addr) (string, Policy, bool) {
 // AllowsIP is the verdict of p's chain for a TCP connection to ip (a port
 // other than DNS): other sandboxes and the host never; then allowOut (wins),
 // denyOut, the internet switch, and the internal ranges.
-func (l *Linux) AllowsIP(p Policy, ip netip.Addr) bool {
+func (l *Linux) AllowsIP(p Policy, ip netip.Addr) bool { return l.verdict(p, ip.Unmap(), false) }
+
+// AllowsDNS reports whether p's chain accepts TCP to port 53 of ip, one of
+// the sandboxes' resolvers.
+func (l *Linux) AllowsDNS(p Policy, ip netip.Addr) bool {
 	ip = ip.Unmap()
+	return slices.Contains(l.cfg.Resolvers, ip) && l.verdict(p, ip, true)
+}
+
+// verdict walks p's chain (addPolicyRules) for TCP to ip, to port 53 when
+// dns: the pool and the host never; with the egress proxy in use, the
+// resolvers (or dnsServers with domains) early; allowOut; denyOut; the
+// internet switch; the resolvers; the internal ranges.
+func (l *Linux) verdict(p Policy, ip netip.Addr, dns bool) bool {
 	if !ip.Is4() || l.cfg.Pool.Contains(ip) || hostLocal(ip) {
 		return false
 	}
@@ -48,7 +60,12 @@ func (l *Linux) AllowsIP(p Policy, ip netip.Addr) bool {
 	if err != nil {
 		return false
 	}
-	if p.HasDomains() && slices.Contains(p.dnsServers(), ip) {
+	resolver := dns && slices.Contains(l.cfg.Resolvers, ip)
+	custom := p.HasDomains() && p.DNSServers != nil
+	switch {
+	case custom && slices.Contains(p.dnsServers(), ip):
+		return true
+	case !custom && p.NeedsProxy() && resolver:
 		return true
 	}
 	for _, a := range allow {
@@ -64,41 +81,15 @@ func (l *Linux) AllowsIP(p Policy, ip netip.Addr) bool {
 	if !p.AllowInternet {
 		return false
 	}
+	if resolver {
+		return true
+	}
 	for _, in := range l.internal {
 		if in.Contains(ip) {
 			return false
 		}
 	}
 	return true
-}
-
-// AllowsDNS reports whether p's chain accepts TCP to port 53 of ip, in the
-// chain's order (addPolicyRules): one of the resolvers, opened early when
-// the egress proxy is in use (unless dnsServers replaces them), else by
-// allowOut, not by denyOut, and with internet access.
-func (l *Linux) AllowsDNS(p Policy, ip netip.Addr) bool {
-	ip = ip.Unmap()
-	if !slices.Contains(l.cfg.Resolvers, ip) || l.cfg.Pool.Contains(ip) {
-		return false
-	}
-	if p.NeedsProxy() && !(p.HasDomains() && p.DNSServers != nil) {
-		return true
-	}
-	allow, deny, err := parsePolicy(p)
-	if err != nil {
-		return false
-	}
-	for _, a := range allow {
-		if a.Contains(ip) {
-			return true
-		}
-	}
-	for _, d := range deny {
-		if d.Contains(ip) {
-			return false
-		}
-	}
-	return p.AllowInternet
 }
 
 // AllowOutCovers reports whether an allowOut CIDR of p contains ip: a name
