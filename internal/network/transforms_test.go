@@ -7,7 +7,9 @@ import (
 )
 
 func TestNormalizeRules(t *testing.T) {
-	h := func(k, v string) map[string][]Rule { return map[string][]Rule{"api.example.com": {{Headers: map[string]string{k: v}}}} }
+	h := func(k, v string) map[string][]Rule {
+		return map[string][]Rule{"api.example.com": {{Headers: map[string]string{k: v}}}}
+	}
 	for _, c := range []struct {
 		rules map[string][]Rule
 		want  string
