@@ -222,8 +222,7 @@ func (p *Proxy) intercept(log *slog.Logger, c net.Conn, hello io.Reader, id stri
 				ln.done()
 			}
 		}}
-	_ = srv.Serve(ln)
-	ln.wait()
+	_ = srv.Serve(ln) // returns once the connection is closed or hijacked
 	inflight.Wait()
 }
 
@@ -287,6 +286,5 @@ func (l *oneConnListener) Accept() (net.Conn, error) {
 }
 
 func (l *oneConnListener) done()          { l.once.Do(func() { close(l.closed) }) }
-func (l *oneConnListener) wait()          { <-l.closed }
 func (l *oneConnListener) Close() error   { l.done(); return nil }
 func (l *oneConnListener) Addr() net.Addr { return l.c.LocalAddr() }

@@ -56,11 +56,10 @@ func fetch(t *testing.T, ns, url, host, ip string, extra ...string) (string, str
 	return code, s[:i]
 }
 
-func TestTransformRules(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (netns, veth, nftables)")
-	}
-	tn := startTestnet(t)
+// interceptionCA makes an interception CA and writes its certificate
+// where curl in a sandbox netns can be told to trust it.
+func interceptionCA(t *testing.T) (*servecert.CA, string) {
+	t.Helper()
 	ca, err := servecert.LoadOrCreateCA(t.TempDir(), "egress test CA")
 	if err != nil {
 		t.Fatal(err)
@@ -69,6 +68,29 @@ func TestTransformRules(t *testing.T) {
 	if err := os.WriteFile(caFile, ca.PEM(), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return ca, caFile
+}
+
+// resolvesIn reports whether a.test resolves from netns ns through the
+// DNS server at addr over proto ("udp" or "tcp").
+func resolvesIn(ns, proto, addr string) bool {
+	var ok bool
+	_ = network.RunInNetns(ns, func() error {
+		m := new(dns.Msg)
+		m.SetQuestion("a.test.", dns.TypeA)
+		r, _, err := (&dns.Client{Net: proto, Timeout: 2 * time.Second}).Exchange(m, net.JoinHostPort(addr, "53"))
+		ok = err == nil && len(r.Answer) == 1
+		return nil
+	})
+	return ok
+}
+
+func TestTransformRules(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (netns, veth, nftables)")
+	}
+	tn := startTestnet(t)
+	ca, caFile := interceptionCA(t)
 	testnetCA, err := os.ReadFile(tn.CACert)
 	if err != nil {
 		t.Fatal(err)
@@ -190,16 +212,8 @@ func TestTransformRulesVerifyUpstream(t *testing.T) {
 		t.Skip("needs root (netns, veth, nftables)")
 	}
 	tn := startTestnet(t)
-	ca, err := servecert.LoadOrCreateCA(t.TempDir(), "egress test CA")
-	if err != nil {
-		t.Fatal(err)
-	}
-	caFile := filepath.Join(t.TempDir(), "egress-ca.pem")
-	if err := os.WriteFile(caFile, ca.PEM(), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	asked := 0
-	lookup := func(context.Context, string, string) (string, error) { asked++; return "v", nil }
+	ca, caFile := interceptionCA(t)
+	lookup := func(context.Context, string, string) (string, error) { return "v", nil }
 	// Roots without the testnet CA.
 	l, _ := startManager(t, testConfig(t, netip.MustParseAddr(tn.DNS)), egress.WithInterception(ca, x509.NewCertPool(), lookup))
 	const id = "rulestest2"
@@ -291,17 +305,7 @@ func TestUpstreamSOCKS5(t *testing.T) {
 
 	// TCP DNS to the node's resolver goes direct only where the chain
 	// opens it: not with dnsServers [].
-	tcpDNS := func() bool {
-		var ok bool
-		_ = network.RunInNetns(ns, func() error {
-			m := new(dns.Msg)
-			m.SetQuestion("a.test.", dns.TypeA)
-			r, _, err := (&dns.Client{Net: "tcp", Timeout: 2 * time.Second}).Exchange(m, net.JoinHostPort(tn.DNS, "53"))
-			ok = err == nil && len(r.Answer) == 1
-			return nil
-		})
-		return ok
-	}
+	tcpDNS := func() bool { return resolvesIn(ns, "tcp", tn.DNS) }
 	if !tcpDNS() {
 		t.Error("TCP DNS to the resolver through a tunnelled sandbox")
 	}
@@ -358,18 +362,7 @@ func TestDNSServers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = l.Teardown(context.Background(), id) }()
-	resolves := func() bool {
-		var ok bool
-		_ = network.RunInNetns(ep.NetNSPath, func() error {
-			m := new(dns.Msg)
-			m.SetQuestion("a.test.", dns.TypeA)
-			c := &dns.Client{Timeout: 2 * time.Second}
-			r, _, err := c.Exchange(m, net.JoinHostPort(tn.DNS, "53"))
-			ok = err == nil && len(r.Answer) == 1
-			return nil
-		})
-		return ok
-	}
+	resolves := func() bool { return resolvesIn(ep.NetNSPath, "udp", tn.DNS) }
 	echo := "http://" + tn.Addr + ":8080/"
 	if !resolves() {
 		t.Error("default: the node's resolver does not answer")
