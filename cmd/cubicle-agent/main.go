@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -26,19 +27,42 @@ func main() {
 	port := flag.Int("port", agent.Port, "port to listen on (all interfaces)")
 	listen := flag.String("listen", "", "listen address host:port (overrides -port)")
 	interpPort := flag.Int("interp-port", interp.Port, "code interpreter port (0: off); served only where a Jupyter kernel can run")
+	tokenFile := flag.String("token-file", "", "file holding the access token the agent starts with (required: the agent never serves without one)")
 	version := flag.Bool("version", false, "print version and exit")
 	flag.Parse()
 	if *version {
 		fmt.Printf("cubicle-agent %s (envd %s)\n", agent.Version, agent.EnvdVersion)
 		return
 	}
-	if err := run(*listen, *port, *interpPort); err != nil {
+	token, err := readToken(*tokenFile)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "cubicle-agent:", err)
+		os.Exit(1)
+	}
+	if err := run(*listen, *port, *interpPort, token); err != nil {
 		fmt.Fprintln(os.Stderr, "cubicle-agent:", err)
 		os.Exit(1)
 	}
 }
 
-func run(listen string, port, interpPort int) error {
+// readToken reads the token the node bound in before the sandbox started,
+// so the agent never serves a request without one.
+func readToken(path string) (string, error) {
+	if path == "" {
+		return "", errors.New("-token-file is required")
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("access token: %w", err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return "", fmt.Errorf("access token: %s is empty", path)
+	}
+	return tok, nil
+}
+
+func run(listen string, port, interpPort int, token string) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	addr := listen
 	if addr == "" {
@@ -52,7 +76,7 @@ func run(listen string, port, interpPort int) error {
 			reapAll = true
 		}
 	}
-	a := agent.New(agent.Config{ReapAll: reapAll, Logger: log})
+	a := agent.New(agent.Config{ReapAll: reapAll, Logger: log, AccessToken: token})
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err

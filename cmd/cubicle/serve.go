@@ -336,6 +336,8 @@ func serve(ctx context.Context, o serveOptions) error {
 		VolumeDrivers: nodePlugins.Names(), VolumeMetrics: volMetrics, Logger: log,
 		Lxcfs: lx.Mountpoint(), LxcfsFiles: lx.Files(), CACerts: sandboxCAs,
 		SnapshotDir: filepath.Join(o.dataDir, "snapshots"),
+		TokenDir:    filepath.Join(o.dataDir, "node", "tokens"),
+		HoldInit:    holdInitFromEnv(),
 	})
 	if err != nil {
 		return err

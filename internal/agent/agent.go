@@ -55,7 +55,9 @@ type Config struct {
 	// (what tests and embedding need).
 	ReapAll bool
 	// AccessToken, DefaultUser, DefaultWorkdir and EnvVars are initial values
-	// that POST /init may replace.
+	// that POST /init may replace. AccessToken is required: an agent without
+	// one refuses every authenticated route and /init (it never serves
+	// token-less, docs/security.md "The agent's token").
 	AccessToken    string
 	DefaultUser    string
 	DefaultWorkdir string
@@ -215,13 +217,18 @@ func tokenEqual(a, b string) bool {
 	return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1
 }
 
+// ValidToken reports whether got is the agent's current token. An agent
+// without a token accepts none: it fails closed.
+func (a *Agent) ValidToken(got string) bool {
+	tok := a.currentToken()
+	return tok != "" && tokenEqual(got, tok)
+}
+
 func (a *Agent) tokenMiddleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !tokenExempt(r) {
-			if tok := a.currentToken(); tok != "" && !tokenEqual(r.Header.Get("X-Access-Token"), tok) {
-				writeJSONError(w, http.StatusUnauthorized, "invalid access token")
-				return
-			}
+		if !tokenExempt(r) && !a.ValidToken(r.Header.Get("X-Access-Token")) {
+			writeJSONError(w, http.StatusUnauthorized, "invalid access token")
+			return
 		}
 		next.ServeHTTP(w, r)
 	})

@@ -50,12 +50,14 @@ func Signature(path, op, user, token string, exp int64) string {
 	return "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
 }
 
-// checkFileAuth implements envd's /files auth: no token → allowed; an
-// X-Access-Token header must match; otherwise a valid, unexpired signature.
+// checkFileAuth implements envd's /files auth: an X-Access-Token header must
+// match, or else a valid, unexpired signature. An agent without a token
+// refuses every request.
 func (a *Agent) checkFileAuth(r *http.Request, op string) error {
 	token := a.currentToken()
 	if token == "" {
-		return nil
+		// Fails closed: no signature can be checked without a token.
+		return ErrUnauthorized
 	}
 	if h := r.Header.Get("X-Access-Token"); h != "" {
 		if tokenEqual(h, token) {

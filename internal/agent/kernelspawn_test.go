@@ -11,7 +11,7 @@ import (
 )
 
 func TestSpawnRunsAsUserWithEnvAndOutput(t *testing.T) {
-	e := newTestEnv(t, "")
+	e := newTestEnv(t, testToken)
 	e.a.mu.Lock()
 	e.a.envVars["SANDBOX_VAR"] = "from-init"
 	e.a.mu.Unlock()
@@ -48,7 +48,7 @@ func TestSpawnRunsAsUserWithEnvAndOutput(t *testing.T) {
 }
 
 func TestShutdownTerminatesServiceProcesses(t *testing.T) {
-	e := newTestEnv(t, "")
+	e := newTestEnv(t, testToken)
 	env, err := e.a.ProcessEnv("")
 	if err != nil {
 		t.Fatal(err)

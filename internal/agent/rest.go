@@ -35,13 +35,13 @@ type initRequest struct {
 	StartWorkdir   string            `json:"startWorkdir"`
 }
 
-// handleInit applies /init. It is idempotent. Who may change the token:
-//   - nobody holds a token yet (first boot): anyone, since the agent is only
-//     reachable by the control plane at that point (the proxy blocks /init);
-//   - otherwise the caller must prove it knows the current token, either in
-//     X-Access-Token or by sending the same accessToken again (a resume
-//     re-sending identical state). Anything else is 401, so a process inside or
-//     outside the sandbox cannot take over the agent by re-initialising it.
+// handleInit applies /init. It is idempotent. The caller must prove it knows
+// the current token, either in X-Access-Token or by sending the same
+// accessToken again (a resume re-sending identical state); anything else is
+// 401, so a process inside or outside the sandbox cannot take over the agent
+// by re-initialising it. The agent is given its first token before it
+// serves (a root-only file bound in by the node), so there is no window in
+// which /init is open to whoever reaches the address first.
 //
 // The timestamp is not used to set the clock: in a container the clock is the
 // host's.
@@ -72,13 +72,15 @@ func (a *Agent) handleInit(w http.ResponseWriter, r *http.Request) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.token != "" {
-		hdr := r.Header.Get("X-Access-Token")
-		sameToken := req.AccessToken != nil && tokenEqual(*req.AccessToken, a.token)
-		if !tokenEqual(hdr, a.token) && !sameToken {
-			writeJSONError(w, http.StatusUnauthorized, "invalid access token")
-			return
-		}
+	hdr := r.Header.Get("X-Access-Token")
+	sameToken := req.AccessToken != nil && tokenEqual(*req.AccessToken, a.token)
+	if a.token == "" || (!tokenEqual(hdr, a.token) && !sameToken) {
+		writeJSONError(w, http.StatusUnauthorized, "invalid access token")
+		return
+	}
+	if req.AccessToken != nil && *req.AccessToken == "" {
+		writeJSONError(w, http.StatusBadRequest, "accessToken must not be empty")
+		return
 	}
 	if strings.TrimSpace(req.StartCmd) != "" && !a.startClaimed {
 		if a.startStatusFromThisBoot() {

@@ -105,8 +105,24 @@ func TestHealthTokenEnvsMetrics(t *testing.T) {
 	checkJSONError(t, resp, body, 401)
 }
 
-func TestInit(t *testing.T) {
+func TestAgentWithoutTokenRefusesEverything(t *testing.T) {
 	e := newTestEnv(t, "")
+	for _, c := range []struct{ method, path, body string }{
+		{"GET", "/envs", ""},
+		{"POST", "/init", `{"accessToken":"mine"}`},
+		{"POST", "/process.Process/List", `{}`},
+		{"GET", "/files?path=/etc/hostname", ""},
+	} {
+		hdr := map[string]string{"Content-Type": "application/json", "X-Access-Token": ""}
+		resp, b := e.do(t, c.method, c.path, strings.NewReader(c.body), hdr)
+		if resp.StatusCode != 401 {
+			t.Fatalf("%s %s without a token: %d %s", c.method, c.path, resp.StatusCode, b)
+		}
+	}
+}
+
+func TestInit(t *testing.T) {
+	e := newTestEnv(t, testToken)
 	post := func(body string, hdr map[string]string) int {
 		if hdr == nil {
 			hdr = map[string]string{}
@@ -115,9 +131,13 @@ func TestInit(t *testing.T) {
 		resp, _ := e.do(t, "POST", "/init", strings.NewReader(body), hdr)
 		return resp.StatusCode
 	}
-	// No token yet: accepted.
 	body := `{"accessToken":"t1","envVars":{"A":"1"},"defaultUser":"root","defaultWorkdir":"/","timestamp":"2026-01-01T00:00:00Z","volumeMounts":[],"lifecycleID":"x"}`
-	if c := post(body, nil); c != 204 {
+	// The agent starts with its token: even the first /init needs it, so
+	// whoever reaches a new sandbox first cannot take it over.
+	if c := post(body, nil); c != 401 {
+		t.Fatalf("first init without the start token %d", c)
+	}
+	if c := post(body, map[string]string{"X-Access-Token": testToken}); c != 204 {
 		t.Fatalf("first init %d", c)
 	}
 	// Idempotent: same body again.

@@ -170,7 +170,7 @@ func TestStartCmdUsers(t *testing.T) {
 		{name: "default-fallback", uid: 1000, gid: 1000},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newTestEnv(t, "")
+			e := newTestEnv(t, testToken)
 			body := map[string]any{"startCmd": cmd}
 			if tc.startUser != "" {
 				body["startUser"] = tc.startUser
@@ -202,7 +202,7 @@ func TestStartCmdWorkdir(t *testing.T) {
 		{"sub", "home/user/sub"},
 		{"/", "/"},
 	} {
-		e := newTestEnv(t, "")
+		e := newTestEnv(t, testToken)
 		sub := filepath.Join(e.userHome, "sub")
 		if err := os.Mkdir(sub, 0o755); err != nil {
 			t.Fatal(err)
@@ -225,7 +225,7 @@ func TestStartCmdExitStatus(t *testing.T) {
 		"echo bye; exit 3": "exited code=3",
 		"kill -KILL $$":    "signaled SIGKILL",
 	} {
-		e := newTestEnv(t, "")
+		e := newTestEnv(t, testToken)
 		e.mustInit(t, map[string]any{"startCmd": cmd})
 		e.waitExited(t, want)
 	}
@@ -276,7 +276,7 @@ func TestStartCmdLongRunning(t *testing.T) {
 }
 
 func TestStartCmdInvalid(t *testing.T) {
-	e := newTestEnv(t, "")
+	e := newTestEnv(t, testToken)
 	if err := os.WriteFile(filepath.Join(e.userHome, "file"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -321,7 +321,7 @@ func TestStartCmdInvalid(t *testing.T) {
 func TestStartCmdStatusFromEarlierAgent(t *testing.T) {
 	// A status file written since PID 1 started means an earlier agent of this
 	// boot already started the command.
-	e := newTestEnv(t, "")
+	e := newTestEnv(t, testToken)
 	if err := os.MkdirAll(e.logDir(), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -337,7 +337,7 @@ func TestStartCmdStatusFromEarlierAgent(t *testing.T) {
 	}
 
 	// One left from an earlier boot (older than PID 1) does not count.
-	e = newTestEnv(t, "")
+	e = newTestEnv(t, testToken)
 	if err := os.MkdirAll(e.logDir(), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -395,13 +395,15 @@ func startCmdReapScenario() error {
 		return err
 	}
 	logDir := filepath.Join(dir, "log")
-	a := New(Config{PasswdPath: passwd, GroupPath: filepath.Join(dir, "group"), ReapAll: true, LogDir: logDir})
+	a := New(Config{PasswdPath: passwd, GroupPath: filepath.Join(dir, "group"), ReapAll: true, LogDir: logDir, AccessToken: testToken})
 	defer a.Shutdown()
 	// The inner sh backgrounds a sleep and exits: the sleep is orphaned onto
 	// us, the subreaper, as a daemon's child is onto PID 1.
 	body := `{"defaultUser":"root","startCmd":"sh -c 'sleep 1 & echo $! > gc.pid'; echo parent-done"}`
 	rec := httptest.NewRecorder()
-	a.Handler().ServeHTTP(rec, httptest.NewRequest("POST", "/init", strings.NewReader(body)))
+	req := httptest.NewRequest("POST", "/init", strings.NewReader(body))
+	req.Header.Set("X-Access-Token", testToken)
+	a.Handler().ServeHTTP(rec, req)
 	if rec.Code != 204 {
 		return fmt.Errorf("init %d: %s", rec.Code, rec.Body)
 	}

@@ -26,6 +26,10 @@ import (
 // AgentPathInSandbox is where the agent binary is bind-mounted.
 const AgentPathInSandbox = "/.cubicle/cubicle-agent"
 
+// AgentTokenInSandbox is where the agent's token file is bind-mounted
+// (read-only, root-only): the agent reads it before it serves anything.
+const AgentTokenInSandbox = "/.cubicle/envd-token"
+
 // LocalConfig configures the in-process node.
 type LocalConfig struct {
 	ID         string
@@ -63,8 +67,15 @@ type LocalConfig struct {
 	// "" = this node takes no snapshots.
 	SnapshotDir string
 	// Accel owns the node's accelerators (nil = the node has none).
-	Accel  *accel.Manager
-	Logger *slog.Logger
+	Accel *accel.Manager
+	// TokenDir keeps each sandbox's agent token file (root-only), bound
+	// into the sandbox so its agent knows its token before it serves.
+	TokenDir string
+	// HoldInit, when set, is called in Create once the sandbox's process
+	// has started and before the control plane's first /init. Tests hold
+	// it to probe an agent nobody has initialised yet.
+	HoldInit func(ctx context.Context, id string, addr netip.Addr) error
+	Logger   *slog.Logger
 }
 
 // Local runs sandboxes on this machine.
@@ -141,6 +152,16 @@ func NewLocal(cfg LocalConfig) (*Local, error) {
 	if err := os.MkdirAll(cfg.VolumeDir, 0o700); err != nil {
 		return nil, fmt.Errorf("node: volume ref dir: %w", err)
 	}
+	if cfg.TokenDir == "" {
+		return nil, errors.New("node: TokenDir is required")
+	}
+	// Root only: the files are the sandboxes' agent tokens.
+	if err := os.MkdirAll(cfg.TokenDir, 0o700); err != nil {
+		return nil, fmt.Errorf("node: token dir: %w", err)
+	}
+	if err := os.Chmod(cfg.TokenDir, 0o700); err != nil {
+		return nil, fmt.Errorf("node: token dir: %w", err)
+	}
 	tr := &http.Transport{
 		DialContext:         DialSandbox(&net.Dialer{Timeout: 2 * time.Second}), // a pool per sandbox: see SandboxHost
 		MaxIdleConnsPerHost: 4,
@@ -166,11 +187,16 @@ func (l *Local) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err e
 		if err != nil {
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 			defer cancel()
-			_ = l.cfg.Runtime.Delete(cctx, req.ID)
+			if l.cfg.Runtime.Delete(cctx, req.ID) == nil {
+				l.removeToken(req.ID)
+			}
 			_ = l.cfg.Network.Teardown(cctx, req.ID)
 		}
 	}()
-	mounts := l.baseMounts()
+	if err := l.writeToken(req.ID, req.EnvdToken); err != nil {
+		return Sandbox{}, err
+	}
+	mounts := l.baseMounts(req.ID)
 	mounts = append(mounts, req.Mounts...)
 	var devices []runtime.Device
 	var att accel.Attachment
@@ -242,6 +268,11 @@ func (l *Local) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err e
 	info, err := l.cfg.Runtime.Create(ctx, spec)
 	if err != nil {
 		return Sandbox{}, fmt.Errorf("runtime create: %w", err)
+	}
+	if l.cfg.HoldInit != nil {
+		if err := l.cfg.HoldInit(ctx, req.ID, ep.Addr); err != nil {
+			return Sandbox{}, err
+		}
 	}
 	if err := l.initAgent(ctx, req.ID, ep.Addr, req, req.CurrentToken); err != nil {
 		return Sandbox{}, err
@@ -331,7 +362,29 @@ func (l *Local) initAgent(ctx context.Context, id string, addr netip.Addr, req C
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		return fmt.Errorf("agent init: status %d: %s", resp.StatusCode, b)
 	}
+	// The file follows the agent's token, so an agent that boots again
+	// from it (a stopped sandbox resumed) starts with the current one.
+	return l.writeToken(id, req.EnvdToken)
+}
+
+func (l *Local) tokenPath(id string) string { return filepath.Join(l.cfg.TokenDir, id) }
+
+// writeToken writes in place: the file is bind-mounted, and a rename would
+// leave the sandbox's bind on the old inode.
+func (l *Local) writeToken(id, tok string) error {
+	if tok == "" {
+		return errors.New("node: sandbox has no agent token")
+	}
+	if err := os.WriteFile(l.tokenPath(id), []byte(tok), 0o600); err != nil {
+		return fmt.Errorf("node: agent token: %w", err)
+	}
 	return nil
+}
+
+func (l *Local) removeToken(id string) {
+	if err := os.Remove(l.tokenPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		l.cfg.Logger.Warn("remove agent token", "sandbox", id, "err", err)
+	}
 }
 
 // Delete tears down runtime then network; both are idempotent.
@@ -349,6 +402,7 @@ func (l *Local) Delete(ctx context.Context, id string) error {
 		// Only once no process can use the mounts or devices any more.
 		verr = l.vols.detachHolder(ctx, id)
 		aerr = l.releaseAccelerators(ctx, id)
+		l.removeToken(id)
 	}
 	return errors.Join(rerr, nerr, verr, aerr)
 }

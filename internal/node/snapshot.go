@@ -131,7 +131,10 @@ func (l *Local) Rebuild(ctx context.Context, id string, req CreateRequest) error
 	if _, err := l.cfg.Runtime.Inspect(ctx, id); err != nil {
 		return refused(err)
 	}
-	mounts := l.baseMounts()
+	if err := l.writeToken(id, req.EnvdToken); err != nil {
+		return refused(err)
+	}
+	mounts := l.baseMounts(id)
 	mounts = append(mounts, req.Mounts...)
 	for _, va := range req.Volumes {
 		// Already attached for this sandbox: attach returns the same path.
@@ -163,9 +166,13 @@ func (l *Local) Rebuild(ctx context.Context, id string, req CreateRequest) error
 	return nil
 }
 
-// baseMounts are what every sandbox gets: the agent, resolv.conf, lxcfs.
-func (l *Local) baseMounts() []runtime.Mount {
-	mounts := []runtime.Mount{{Source: l.cfg.AgentBin, Destination: AgentPathInSandbox, ReadOnly: true}}
+// baseMounts are what every sandbox gets: the agent and its token,
+// resolv.conf, lxcfs.
+func (l *Local) baseMounts(id string) []runtime.Mount {
+	mounts := []runtime.Mount{
+		{Source: l.cfg.AgentBin, Destination: AgentPathInSandbox, ReadOnly: true},
+		{Source: l.tokenPath(id), Destination: AgentTokenInSandbox, ReadOnly: true},
+	}
 	if l.cfg.ResolvConf != "" {
 		mounts = append(mounts, runtime.Mount{Source: l.cfg.ResolvConf, Destination: "/etc/resolv.conf", ReadOnly: true})
 	}
@@ -199,7 +206,7 @@ func (l *Local) runtimeSpec(req *CreateRequest, netns string, mounts []runtime.M
 		Layers:    req.Layers,
 		Restore:   req.Restore,
 		Hostname:  "cubicle",
-		Args:      []string{AgentPathInSandbox, "-port", strconv.Itoa(AgentPort)},
+		Args:      []string{AgentPathInSandbox, "-port", strconv.Itoa(AgentPort), "-token-file", AgentTokenInSandbox},
 		Env:       []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
 		NetNSPath: netns,
 		Mounts:    mounts,

@@ -26,9 +26,9 @@ const maxBodyBytes = 16 << 20
 //	POST   /contexts/{id}/restart   204
 //
 // Errors are {"code": status, "message": text}. /execute needs the
-// sandbox's access token in X-Access-Token when it has one; the context
-// routes do not, since the SDKs send no token there (the proxy still
-// guards the port).
+// sandbox's access token in X-Access-Token, always (an agent without one
+// refuses it); the context routes do not, since the SDKs send no token
+// there (the proxy still guards the port).
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
@@ -88,7 +88,8 @@ type executeBody struct {
 }
 
 func (s *Server) handleExecute(w http.ResponseWriter, r *http.Request) {
-	if tok := s.host.AccessToken(); tok != "" && subtle.ConstantTimeCompare([]byte(r.Header.Get("X-Access-Token")), []byte(tok)) != 1 {
+	// Fails closed: an agent without a token accepts none.
+	if tok := s.host.AccessToken(); tok == "" || subtle.ConstantTimeCompare([]byte(r.Header.Get("X-Access-Token")), []byte(tok)) != 1 {
 		writeJSONError(w, http.StatusUnauthorized, "invalid access token")
 		return
 	}
