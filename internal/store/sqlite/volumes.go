@@ -63,7 +63,7 @@ func (s *Store) CreateVolume(ctx context.Context, v *store.Volume) error {
 				return err
 			}
 			if n+v.SizeMB > max {
-				return &store.QuotaError{Quota: "total volume size in MiB", Limit: max}
+				return &store.QuotaError{Quota: "volume MiB", Limit: max}
 			}
 		}
 	}

@@ -391,7 +391,7 @@ func testVolumeByteQuota(t *testing.T, s store.Store) {
 	}
 	err := mk("b4", 1)
 	var qe *store.QuotaError
-	if !errors.As(err, &qe) || qe.Quota != "total volume size in MiB" || qe.Limit != 100 || !errors.Is(err, store.ErrQuota) {
+	if !errors.As(err, &qe) || qe.Quota != "volume MiB" || qe.Limit != 100 || !errors.Is(err, store.ErrQuota) {
 		t.Fatalf("101 MiB over a 100 MiB quota: want the volume size quota, got %v", err)
 	}
 	if _, err := s.GetVolume(ctx, "b4"); !errors.Is(err, store.ErrNotFound) {
