@@ -118,6 +118,42 @@ func (b *Budget) Status() (Status, error) {
 	return Status{FreeBytes: free, TotalBytes: total, PromisedBytes: promised, ReserveBytes: b.cfg.Reserve(total)}, nil
 }
 
+// Shortfall is an image that may still grow by more than the filesystem
+// has free: its owner's writes can fail (as I/O errors inside the image)
+// before it reaches its size.
+type Shortfall struct {
+	Key            string
+	AllowanceBytes int64
+}
+
+// Short lists the images whose allowance exceeds the free space, and the
+// free space. Admission keeps this list empty unless something else
+// filled the filesystem (snapshots, templates, an operator's files).
+func (b *Budget) Short() (freeBytes int64, short []Shortfall, err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	free, _, err := b.statfs()
+	if err != nil {
+		return 0, nil, err
+	}
+	for _, src := range b.cfg.Sources {
+		imgs, err := src()
+		if err != nil {
+			return 0, nil, fmt.Errorf("diskbudget: %w", err)
+		}
+		for _, img := range imgs {
+			size, alloc, err := diskimage.Usage(img.Path)
+			if err != nil {
+				continue
+			}
+			if a := size - alloc; a > free {
+				short = append(short, Shortfall{Key: img.Key, AllowanceBytes: a})
+			}
+		}
+	}
+	return free, short, nil
+}
+
 // promisedLocked sums the allowances of existing images (those with a
 // reservation standing count that instead) and the reservations.
 func (b *Budget) promisedLocked() (int64, error) {

@@ -88,3 +88,34 @@ func TestReserve(t *testing.T) {
 	}
 	rel()
 }
+
+// An image that may grow by more than the filesystem has free is listed
+// by Short (a sparse file larger than the disk stands in for a budget
+// overrun by files that are not images).
+func TestShort(t *testing.T) {
+	dir := t.TempDir()
+	small, huge := filepath.Join(dir, "small.img"), filepath.Join(dir, "huge.img")
+	for _, f := range []struct {
+		path string
+		size int64
+	}{{small, 1 << 20}, {huge, 1 << 42}} {
+		fh, err := os.Create(f.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := fh.Truncate(f.size); err != nil {
+			t.Fatal(err)
+		}
+		fh.Close()
+	}
+	b := New(Config{Dir: dir, Reserve: func(int64) int64 { return 0 }, Sources: []Source{func() ([]Image, error) {
+		return []Image{{Key: "sandbox/small", Path: small}, {Key: "sandbox/huge", Path: huge}}, nil
+	}}})
+	free, short, err := b.Short()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if free <= 0 || len(short) != 1 || short[0].Key != "sandbox/huge" || short[0].AllowanceBytes != 1<<42 {
+		t.Fatalf("Short = %d, %+v; want only the 4 TiB image", free, short)
+	}
+}

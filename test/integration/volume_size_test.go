@@ -4,9 +4,16 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cubicle-dev/cubicle/internal/diskimage"
 )
 
 type sizedVolume struct {
@@ -142,4 +149,89 @@ func TestDiskReserve(t *testing.T) {
 	if st := s.do("GET", "/volumes", nil, &vs); st != 200 || len(vs) != 0 {
 		t.Fatalf("a refused create left volumes: %d %v", st, vs)
 	}
+}
+
+// When the data filesystem runs short anyway (filled by something that is
+// not an image, here a file the test makes), a sandbox whose disk can no
+// longer grow to its size is reported with the reason in its logs, its
+// writes fail, and the store is untouched: the API keeps answering and,
+// once space is back, creates work. The server's data dir is a 3 GiB
+// filesystem of its own so the test fills that, not the host.
+func TestDiskShortReported(t *testing.T) {
+	img := filepath.Join(t.TempDir(), "data.img") // removed after the server's clean-up
+	s := newServer(t, nil, "--disk-reserve", "0")
+	orig := s.DataDir
+	mnt := orig + "-fs"
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := diskimage.Create(t.Context(), img, 3072); err != nil {
+		t.Fatal(err)
+	}
+	if err := diskimage.Mount(t.Context(), img, mnt); err != nil {
+		t.Fatal(err)
+	}
+	// The API key was made in the original data dir; the server runs on mnt.
+	ents, err := os.ReadDir(orig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(orig, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(mnt, e.Name()), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.RemoveAll(orig)
+	s.DataDir = mnt
+	for i := range s.args {
+		if s.args[i] == "--data-dir" {
+			s.args[i+1] = mnt
+		}
+	}
+	s.start()
+	c := s.create(map[string]any{"templateID": "base"})
+
+	var st unix.Statfs_t
+	if err := unix.Statfs(mnt, &st); err != nil {
+		t.Fatal(err)
+	}
+	filler := filepath.Join(mnt, "filler")
+	f, err := os.Create(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, int64(st.Bavail)*st.Bsize-64<<20); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, _, logs := s.raw("GET", "/v2/sandboxes/"+c.SandboxID+"/logs", nil)
+		if strings.Contains(string(logs), "data filesystem has") && strings.Contains(string(logs), "sandbox's disk may still take") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the sandbox was not reported; logs: %s", logs)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if _, _, code, _ := s.run(c, "dd if=/dev/zero of=/big bs=1M count=256 conv=fsync"); code == 0 {
+		t.Fatal("256 MiB into a sandbox disk with 64 MiB left on the host succeeded")
+	}
+	if st := s.do("GET", "/sandboxes/"+c.SandboxID, nil, nil); st != 200 {
+		t.Fatalf("API after the disk filled: %d", st)
+	}
+	s.kill(t, c.SandboxID)
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.do("POST", "/volumes", map[string]any{"name": "after", "size": 16 << 20}, nil); st != 201 {
+		t.Fatalf("create after space came back: %d", st)
+	}
+	s.do("DELETE", "/volumes/after", nil, nil)
 }
