@@ -27,22 +27,28 @@ func TestParseReserve(t *testing.T) {
 
 // The budget counts reservations and what existing sparse images may
 // still take, and refuses a new image past free space minus the reserve.
-// The window left is set 512 MiB above what is promised, so writes by
-// other processes on the same filesystem meanwhile cannot flip the result.
+// Before each admission the reserve is set to leave a window of a known
+// size above what is promised, measured just before, so writes by other
+// processes on the same filesystem cannot flip the result.
 func TestReserve(t *testing.T) {
 	dir := t.TempDir()
 	var imgs []Image
 	var reserve int64
 	b := New(Config{Dir: dir, Reserve: func(int64) int64 { return reserve }, Sources: []Source{func() ([]Image, error) { return imgs, nil }}})
-	st, err := b.Status()
-	if err != nil {
-		t.Fatal(err)
+	window := func(w int64) Status {
+		t.Helper()
+		reserve = 0
+		st, err := b.Status()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.FreeBytes-st.PromisedBytes < 2<<30 {
+			t.Fatalf("the test needs 2 GiB free in %s", dir)
+		}
+		reserve = st.FreeBytes - st.PromisedBytes - w
+		return st
 	}
-	if st.FreeBytes < 2<<30 {
-		t.Fatalf("the test needs 2 GiB free in %s", dir)
-	}
-	reserve = st.FreeBytes - st.PromisedBytes - 512<<20
-
+	st := window(512 << 20)
 	rel1, err := b.Reserve("sandbox/a", "a", 100<<20)
 	if err != nil {
 		t.Fatal(err)
@@ -63,6 +69,7 @@ func TestReserve(t *testing.T) {
 		t.Fatalf("promised grew by %d MiB, want 300 (100 reserved + a 200 MiB sparse image)", d>>20)
 	}
 	// A reservation standing for an image that exists counts once.
+	window(512 << 20)
 	rel2, err := b.Reserve("sandbox/b", "b", 200<<20)
 	if err != nil {
 		t.Fatal(err)
@@ -72,19 +79,21 @@ func TestReserve(t *testing.T) {
 	}
 	rel2()
 	rel2() // idempotent
+	window(512 << 20)
 	_, err = b.Reserve("volume/c", "a 1024 MiB volume", 1<<30)
 	var se *ShortError
 	if !errors.As(err, &se) || !errors.Is(err, ErrInsufficientStorage) || se.What != "a 1024 MiB volume" {
-		t.Fatalf("1 GiB into a window of ~212 MiB: want a ShortError, got %v", err)
+		t.Fatalf("1 GiB into a window of 512 MiB: want a ShortError, got %v", err)
 	}
 	rel1()
 	imgs = nil
 	if st4, _ := b.Status(); st4.PromisedBytes != st.PromisedBytes {
 		t.Fatalf("after release: promised %d MiB, want %d", st4.PromisedBytes>>20, st.PromisedBytes>>20)
 	}
+	window(512 << 20)
 	rel, err := b.Reserve("volume/c", "c", 400<<20)
 	if err != nil {
-		t.Fatalf("after the release, 400 MiB fits the 512 MiB window: %v", err)
+		t.Fatalf("400 MiB into a 512 MiB window: %v", err)
 	}
 	rel()
 }
