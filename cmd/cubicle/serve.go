@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -362,7 +361,7 @@ func serve(ctx context.Context, o serveOptions) error {
 		return err
 	}
 	defer tpls.Close()
-	disk := diskbudget.New(diskbudget.Config{Dir: o.dataDir, Reserve: diskReserve, Sources: diskSources(drv, sandboxDir, vc.node.Plugins)})
+	disk := diskbudget.New(diskbudget.Config{Dir: o.dataDir, Reserve: diskReserve, Sources: diskSources(drv, vc.node.Plugins)})
 	mgr := control.New(control.Config{Disk: disk, DefaultVolumeMB: o.volumeSizeMB, MaxVolumeMB: o.maxVolumeSizeMB, Sealer: secrets, MaxSandboxes: o.maxSandboxes, MaxSnapshotsPerTeam: o.maxSnapshots, MaxTimeout: o.maxTimeout, MaxConcurrentCreates: o.maxCreates,
 		CreateQueueWait: o.createWait, Logger: log, Registry: reg, Volumes: ctrlPlugins, VolumeMetrics: volMetrics, ContentIdle: o.contentIdle,
 		ReadyTimeout: o.readyTimeout, MaxSandboxCPU: o.maxCPU, MaxSandboxMemoryMB: o.maxMemoryMB, MaxSandboxDiskMB: o.maxDiskMB}, st, nd, tpls.catalog)
@@ -435,19 +434,14 @@ func serve(ctx context.Context, o serveOptions) error {
 
 // diskSources lists the sparse images on the data filesystem for the disk
 // budget: every sandbox's disk and every sized volume of a local plugin.
-func diskSources(drv *oci.Driver, sandboxDir string, plugins []volume.PluginConfig) []diskbudget.Source {
+func diskSources(drv *oci.Driver, plugins []volume.PluginConfig) []diskbudget.Source {
 	srcs := []diskbudget.Source{func() ([]diskbudget.Image, error) {
-		ents, err := os.ReadDir(sandboxDir)
-		if err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return nil, err
+		imgs, err := drv.DiskImages()
+		out := make([]diskbudget.Image, 0, len(imgs))
+		for id, p := range imgs {
+			out = append(out, diskbudget.Image{Key: "sandbox/" + id, Path: p})
 		}
-		out := make([]diskbudget.Image, 0, len(ents))
-		for _, e := range ents {
-			if e.IsDir() {
-				out = append(out, diskbudget.Image{Key: "sandbox/" + e.Name(), Path: drv.DiskImage(e.Name())})
-			}
-		}
-		return out, nil
+		return out, err
 	}}
 	seen := map[string]bool{}
 	for _, p := range plugins {

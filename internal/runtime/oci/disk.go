@@ -2,9 +2,12 @@ package oci
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/cubicle-dev/cubicle/internal/diskimage"
 )
@@ -21,8 +24,28 @@ const diskImage = "disk.img"
 func (d *Driver) diskDir(id string) string { return filepath.Join(d.dir(id), "disk") }
 
 // DiskImage is the path of sandbox id's disk image (absent when the
-// sandbox has no disk limit); the server's free-space budget reads it.
+// sandbox has no disk limit).
 func (d *Driver) DiskImage(id string) string { return filepath.Join(d.dir(id), diskImage) }
+
+// DiskImages lists the disk images of the sandboxes on disk, by sandbox
+// ID, for the server's free-space budget.
+func (d *Driver) DiskImages() (map[string]string, error) {
+	ents, err := os.ReadDir(d.cfg.SandboxDir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	out := make(map[string]string, len(ents))
+	for _, e := range ents {
+		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		img := d.DiskImage(e.Name())
+		if _, err := os.Stat(img); err == nil {
+			out[e.Name()] = img
+		}
+	}
+	return out, nil
+}
 
 // setupDisk makes <dir>/disk: a mounted image of sizeMB, or a plain
 // directory when sizeMB is 0 (no limit). The mount is torn down by
