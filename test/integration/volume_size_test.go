@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -234,4 +235,28 @@ func TestDiskShortReported(t *testing.T) {
 		t.Fatalf("create after space came back: %d", st)
 	}
 	s.do("DELETE", "/volumes/after", nil, nil)
+}
+
+// Under gVisor the volume's writes reach the image through the gofer, and
+// a write past the size is ENOSPC there too.
+func TestVolumeSizeRunsc(t *testing.T) {
+	if _, err := exec.LookPath("runsc"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("runsc missing in CI: scripts/install must install it")
+		}
+		t.Skip("runsc not installed")
+	}
+	s := startServer(t, "--runtime", "runsc")
+	s.createVolume(t, map[string]any{"name": "small", "size": 16 << 20})
+	t.Cleanup(func() { s.do("DELETE", "/volumes/small", nil, nil) })
+	c := s.create(map[string]any{"templateID": "base", "volumeMounts": []any{map[string]any{"name": "small", "path": "/v"}}})
+	s.mustRun(c, "echo precious > /v/keep && sync")
+	_, stderr, code, err := s.run(c, "dd if=/dev/zero of=/v/fill bs=1M count=32 conv=fsync")
+	if err != nil || code == 0 || !strings.Contains(stderr, "No space left on device") {
+		t.Fatalf("writing 32 MiB into a 16 MiB volume under runsc: code %d err %v stderr %q; want ENOSPC", code, err, stderr)
+	}
+	if out := s.mustRun(c, "cat /v/keep"); out != "precious\n" {
+		t.Fatalf("after the volume filled: %q", out)
+	}
+	s.kill(t, c.SandboxID)
 }
