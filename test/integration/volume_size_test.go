@@ -260,3 +260,23 @@ func TestVolumeSizeRunsc(t *testing.T) {
 	}
 	s.kill(t, c.SandboxID)
 }
+
+// A binary plugin has no size in its protocol: asking it for one is a 400
+// before the plugin is called, and its volumes are unsized (no size in the
+// answer, nothing counted).
+func TestVolumeSizeOtherDriver(t *testing.T) {
+	extra, dir, _ := faultPlugin(t, "5s")
+	s := startServer(t, extra...)
+	e := wantStatus(t, s, "POST", "/volumes", map[string]any{"name": "sz-1", "driver": "fault", "size": 16 << 20}, 400)
+	if !strings.Contains(e.Message, `driver "fault" does not enforce volume sizes`) {
+		t.Fatalf("size on a binary plugin: %q", e.Message)
+	}
+	if strings.Contains(calls(dir), "sz-1") {
+		t.Fatalf("the plugin was called for a refused create:\n%s", calls(dir))
+	}
+	var v sizedVolume
+	if st := s.do("POST", "/volumes", map[string]any{"name": "sz-2", "driver": "fault"}, &v); st != 201 || v.Size != 0 {
+		t.Fatalf("create on a binary plugin without a size: %d %+v, want 201 and no size", st, v)
+	}
+	s.do("DELETE", "/volumes/sz-2", nil, nil)
+}
