@@ -183,7 +183,7 @@ func TestTeamsAndTeamKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, err = run(t, "team", "list", "--data-dir", dir)
-	if err != nil || !regexp.MustCompile(`(?m)^`+teamID+`\s+acme\s+-\s+8\s+-\s+-\s+2\s*$`).MatchString(out) || !strings.Contains(out, "default") {
+	if err != nil || !regexp.MustCompile(`(?m)^`+teamID+`\s+acme\s+-\s+8\s+-\s+-\s+2\s+-\s*$`).MatchString(out) || !strings.Contains(out, "default") {
 		t.Fatalf("list: %q %v", out, err)
 	}
 	member, err := run(t, "apikey", "create", "--data-dir", dir, "--team", "acme")

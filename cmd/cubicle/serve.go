@@ -25,6 +25,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/api"
 	"github.com/cubicle-dev/cubicle/internal/cacerts"
 	"github.com/cubicle-dev/cubicle/internal/control"
+	"github.com/cubicle-dev/cubicle/internal/diskbudget"
 	"github.com/cubicle-dev/cubicle/internal/egress"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
@@ -35,6 +36,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/template"
 	"github.com/cubicle-dev/cubicle/internal/template/catalog"
 	"github.com/cubicle-dev/cubicle/internal/volume"
+	"github.com/cubicle-dev/cubicle/internal/volume/local"
 	"github.com/cubicle-dev/cubicle/internal/volume/registry"
 )
 
@@ -61,6 +63,8 @@ type serveOptions struct {
 	warmPools                                             []string
 	accel                                                 accelOptions
 	maxCPU, maxMemoryMB, maxDiskMB                        int
+	volumeSizeMB, maxVolumeSizeMB                         int
+	diskReserve                                           string
 	maxImageBytes                                         int64
 	userns                                                string
 	caCertsFile                                           string
@@ -118,6 +122,9 @@ func serveCmd() *cobra.Command {
 	f.IntVar(&o.maxCPU, "max-sandbox-cpu", 0, "most CPUs a template or sandbox may ask for (default: the host's CPU count); above it 400")
 	f.IntVar(&o.maxMemoryMB, "max-sandbox-memory-mb", 0, "most memory in MiB a template or sandbox may ask for (default: the host's memory); above it 400")
 	f.IntVar(&o.maxDiskMB, "max-sandbox-disk-mb", 0, "largest diskSizeMB a template or sandbox may ask for (default: the size of the data dir's filesystem); above it 400")
+	f.IntVar(&o.volumeSizeMB, "volume-size-mb", 1024, "size in MiB of a volume created without one, on a driver that enforces sizes (the local plugin)")
+	f.IntVar(&o.maxVolumeSizeMB, "max-volume-size-mb", 0, "largest volume size in MiB a create may ask for (default: the size of the data dir's filesystem); above it 400")
+	f.StringVar(&o.diskReserve, "disk-reserve", "5%", "free space kept on the data dir's filesystem, as N% of its size or a size in MiB/GiB (2048, 2GiB): a sandbox or volume create that would promise sparse images more than free space minus this is refused with 507, so the store and the server's own files still have room when every image fills")
 	f.Int64Var(&o.maxImageBytes, "max-image-bytes", api.DefaultMaxImageBytes, "largest image body POST /images accepts; above it 413")
 	f.StringVar(&o.volumeBaseDir, "volume-base-dir", "", "volume_plugin_base_dir override (default: the node config's, else <data-dir>/volume-mounts)")
 	f.StringVar(&o.caCertsFile, "ca-certificates", "", "PEM file of extra CA certificates to trust in every sandbox and template build (a TLS-intercepting proxy's CA); default none")
@@ -156,6 +163,13 @@ func serve(ctx context.Context, o serveOptions) error {
 	}
 	if err := sandboxMaxima(&o); err != nil {
 		return err
+	}
+	if o.volumeSizeMB <= 0 {
+		return fmt.Errorf("--volume-size-mb must be positive")
+	}
+	diskReserve, err := diskbudget.ParseReserve(o.diskReserve)
+	if err != nil {
+		return fmt.Errorf("--disk-reserve: %w", err)
 	}
 	userns, err := usernsMode(o.userns, o.runtime)
 	if err != nil {
@@ -349,7 +363,13 @@ func serve(ctx context.Context, o serveOptions) error {
 		return err
 	}
 	defer tpls.Close()
-	mgr := control.New(control.Config{Sealer: secrets, MaxSandboxes: o.maxSandboxes, MaxSnapshotsPerTeam: o.maxSnapshots, MaxTimeout: o.maxTimeout, MaxConcurrentCreates: o.maxCreates,
+	disk := diskbudget.New(diskbudget.Config{Dir: o.dataDir, Reserve: diskReserve, Sources: diskSources(drv, vc.node.Plugins)})
+	ds, err := disk.Status()
+	if err != nil {
+		return fmt.Errorf("data filesystem: %w", err)
+	}
+	log.Info("data filesystem", "free_mib", ds.FreeBytes>>20, "promised_to_images_mib", ds.PromisedBytes>>20, "reserve_mib", ds.ReserveBytes>>20)
+	mgr := control.New(control.Config{Disk: disk, DefaultVolumeMB: o.volumeSizeMB, MaxVolumeMB: o.maxVolumeSizeMB, Sealer: secrets, MaxSandboxes: o.maxSandboxes, MaxSnapshotsPerTeam: o.maxSnapshots, MaxTimeout: o.maxTimeout, MaxConcurrentCreates: o.maxCreates,
 		CreateQueueWait: o.createWait, Logger: log, Registry: reg, Volumes: ctrlPlugins, VolumeMetrics: volMetrics, ContentIdle: o.contentIdle,
 		ReadyTimeout: o.readyTimeout, MaxSandboxCPU: o.maxCPU, MaxSandboxMemoryMB: o.maxMemoryMB, MaxSandboxDiskMB: o.maxDiskMB}, st, nd, tpls.catalog)
 	tpls.catalog.SetProber(mgr)
@@ -417,6 +437,36 @@ func serve(ctx context.Context, o serveOptions) error {
 	}
 	log.Info("cubicle stopped; sandboxes left running for re-adoption")
 	return nil
+}
+
+// diskSources lists the sparse images on the data filesystem for the disk
+// budget: every sandbox's disk and every sized volume of a local plugin.
+func diskSources(drv *oci.Driver, plugins []volume.PluginConfig) []diskbudget.Source {
+	srcs := []diskbudget.Source{func() ([]diskbudget.Image, error) {
+		imgs, err := drv.DiskImages()
+		out := make([]diskbudget.Image, 0, len(imgs))
+		for id, p := range imgs {
+			out = append(out, diskbudget.Image{Key: "sandbox/" + id, Path: p})
+		}
+		return out, err
+	}}
+	seen := map[string]bool{}
+	for _, p := range plugins {
+		if p.Type != volume.TypeLocal || seen[p.Root] {
+			continue
+		}
+		seen[p.Root] = true
+		root := p.Root
+		srcs = append(srcs, func() ([]diskbudget.Image, error) {
+			imgs, err := local.Images(root)
+			out := make([]diskbudget.Image, 0, len(imgs))
+			for _, i := range imgs {
+				out = append(out, diskbudget.Image{Key: "volume/" + i.VolumeID, Path: i.Path})
+			}
+			return out, err
+		})
+	}
+	return srcs
 }
 
 // sandboxResolvers writes the sandboxes' resolv.conf: --dns when given,
@@ -489,6 +539,7 @@ func sandboxMaxima(o *serveOptions) error {
 		{"--max-sandbox-cpu", "--cpu-count", &o.maxCPU, o.cpuCount, host.cpus},
 		{"--max-sandbox-memory-mb", "--memory-mb", &o.maxMemoryMB, o.memoryMB, host.memoryMB},
 		{"--max-sandbox-disk-mb", "--disk-size-mb", &o.maxDiskMB, o.diskSizeMB, host.diskMB},
+		{"--max-volume-size-mb", "--volume-size-mb", &o.maxVolumeSizeMB, o.volumeSizeMB, host.diskMB},
 	} {
 		switch {
 		case *m.max < 0:

@@ -38,6 +38,7 @@ func (f *quotaFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.q.MaxMemoryMB, "max-memory-mb", 0, "memory MiB summed over live sandboxes (0 = unlimited)")
 	fs.IntVar(&f.q.MaxDiskMB, "max-disk-mb", 0, "diskSizeMB summed over live sandboxes (0 = unlimited)")
 	fs.IntVar(&f.q.MaxVolumes, "max-volumes", 0, "volumes (0 = unlimited)")
+	fs.IntVar(&f.q.MaxVolumeMB, "max-volume-mb", 0, "volume sizes in MiB summed over the team's volumes (0 = unlimited)")
 }
 
 // apply copies the flags the user set onto q.
@@ -48,7 +49,7 @@ func (f *quotaFlags) apply(fs *pflag.FlagSet, q *store.Quota) error {
 	}{
 		{"max-sandboxes", &f.q.MaxSandboxes, &q.MaxSandboxes}, {"max-vcpus", &f.q.MaxVCPUs, &q.MaxVCPUs},
 		{"max-memory-mb", &f.q.MaxMemoryMB, &q.MaxMemoryMB}, {"max-disk-mb", &f.q.MaxDiskMB, &q.MaxDiskMB},
-		{"max-volumes", &f.q.MaxVolumes, &q.MaxVolumes},
+		{"max-volumes", &f.q.MaxVolumes, &q.MaxVolumes}, {"max-volume-mb", &f.q.MaxVolumeMB, &q.MaxVolumeMB},
 	} {
 		if !fs.Changed(c.name) {
 			continue
@@ -131,11 +132,11 @@ func teamCmd() *cobra.Command {
 					return err
 				}
 				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "ID\tNAME\tSANDBOXES\tVCPUS\tMEMORY MB\tDISK MB\tVOLUMES")
+				fmt.Fprintln(tw, "ID\tNAME\tSANDBOXES\tVCPUS\tMEMORY MB\tDISK MB\tVOLUMES\tVOLUME MB")
 				for _, t := range ts {
 					q := t.Quota
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.Name, limit(q.MaxSandboxes), limit(q.MaxVCPUs),
-						limit(q.MaxMemoryMB), limit(q.MaxDiskMB), limit(q.MaxVolumes))
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.Name, limit(q.MaxSandboxes), limit(q.MaxVCPUs),
+						limit(q.MaxMemoryMB), limit(q.MaxDiskMB), limit(q.MaxVolumes), limit(q.MaxVolumeMB))
 				}
 				return tw.Flush()
 			})

@@ -46,6 +46,7 @@ func volumeCmd() *cobra.Command {
 	var asJSON bool
 	cmd.PersistentFlags().BoolVar(&asJSON, "json", false, "print JSON")
 	var driver string
+	var sizeMB int64
 	create := &cobra.Command{
 		Use:   "create [NAME]",
 		Short: "Create a volume (without NAME the server generates a UUID)",
@@ -59,7 +60,7 @@ func volumeCmd() *cobra.Command {
 			if len(args) == 1 {
 				name = args[0]
 			}
-			v, err := c.CreateVolume(cmd.Context(), name, &cubicle.CreateVolumeOptions{Driver: driver})
+			v, err := c.CreateVolume(cmd.Context(), name, &cubicle.CreateVolumeOptions{Driver: driver, Size: sizeMB << 20})
 			if err != nil {
 				return err
 			}
@@ -71,6 +72,7 @@ func volumeCmd() *cobra.Command {
 		},
 	}
 	create.Flags().StringVar(&driver, "driver", "", "volume plugin (default: the first configured)")
+	create.Flags().Int64Var(&sizeMB, "size-mb", 0, "volume size in MiB; writes past it fail with ENOSPC (default: the server's --volume-size-mb)")
 	list := &cobra.Command{
 		Use:   "list",
 		Short: "List volumes",

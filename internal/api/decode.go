@@ -3,6 +3,8 @@ package api
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -161,6 +163,23 @@ func (req *networkUpdate) network() (store.Network, string) {
 
 // volumeName is the requested name ("" for a generated one), or the message
 // of the 400 that refuses an explicit empty one.
+// sizeMB is the asked size in MiB (0 when absent: the server default).
+func (req *newVolume) sizeMB() (int, string) {
+	if req.Size == nil {
+		return 0, ""
+	}
+	n := *req.Size
+	switch {
+	case n <= 0:
+		return 0, fmt.Sprintf("volume size %d must be a positive number of bytes; omit it for the server default", n)
+	case n%(1<<20) != 0:
+		return 0, fmt.Sprintf("volume size %d is not a whole number of MiB (multiples of 1048576 bytes)", n)
+	case n>>20 > math.MaxInt32:
+		return 0, fmt.Sprintf("volume size %d is too large", n)
+	}
+	return int(n >> 20), ""
+}
+
 func (req *newVolume) volumeName() (string, string) {
 	if req.Name == nil {
 		return "", ""

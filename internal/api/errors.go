@@ -11,6 +11,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/accel"
 	"github.com/cubicle-dev/cubicle/internal/control"
+	"github.com/cubicle-dev/cubicle/internal/diskbudget"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/secret"
@@ -78,6 +79,8 @@ func statusOf(err error) int {
 		return http.StatusTooManyRequests
 	case errors.Is(err, control.ErrBusy), errors.Is(err, network.ErrPoolExhausted):
 		return http.StatusServiceUnavailable
+	case errors.Is(err, diskbudget.ErrInsufficientStorage):
+		return http.StatusInsufficientStorage
 	default:
 		return http.StatusInternalServerError
 	}
@@ -135,6 +138,8 @@ func errorCode(err error) string {
 		return "team_quota_exceeded"
 	case errors.Is(err, control.ErrAccelUnsupported):
 		return "accelerator_unsupported"
+	case errors.Is(err, diskbudget.ErrInsufficientStorage):
+		return "insufficient_storage"
 	}
 	return ""
 }

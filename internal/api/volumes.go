@@ -14,6 +14,9 @@ type newVolume struct {
 	// Driver is the CubeSandbox extension; e2b clients omit it and get the
 	// first configured plugin.
 	Driver string `json:"driver"`
+	// Size is Cubicle's extension: the volume's size in bytes, a whole
+	// number of MiB. e2b clients omit it and get the server default.
+	Size *int64 `json:"size"`
 }
 
 // volumeJSON is e2b's VolumeAndToken (token omitted in lists) plus driver.
@@ -22,6 +25,9 @@ type volumeJSON struct {
 	Name     string  `json:"name"`
 	Token    *string `json:"token,omitempty"`
 	Driver   string  `json:"driver,omitempty"`
+	// Size in bytes; absent for a volume without one (a driver that does
+	// not enforce sizes, or a volume made before sizes existed).
+	Size int64 `json:"size,omitempty"`
 }
 
 type volumeDetail struct {
@@ -38,7 +44,7 @@ type attachmentRef struct {
 }
 
 func volumeOut(v *store.Volume, withToken bool) volumeJSON {
-	out := volumeJSON{VolumeID: v.ID, Name: v.Name, Driver: v.Driver}
+	out := volumeJSON{VolumeID: v.ID, Name: v.Name, Driver: v.Driver, Size: int64(v.SizeMB) << 20}
 	if withToken {
 		t := v.Token
 		out.Token = &t
@@ -56,7 +62,12 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, msg)
 		return
 	}
-	v, err := s.mgr.CreateVolume(r.Context(), teamOf(r), name, req.Driver)
+	sizeMB, msg := req.sizeMB()
+	if msg != "" {
+		writeError(w, http.StatusBadRequest, msg)
+		return
+	}
+	v, err := s.mgr.CreateVolume(r.Context(), teamOf(r), name, req.Driver, sizeMB)
 	if err != nil {
 		s.fail(w, r, err)
 		return

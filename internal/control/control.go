@@ -80,6 +80,31 @@ type Config struct {
 	MaxSandboxCPU      int
 	MaxSandboxMemoryMB int
 	MaxSandboxDiskMB   int
+	// DefaultVolumeMB is the size of a volume created without one on a
+	// driver that enforces sizes (volume.Sized); 0 makes such volumes
+	// unsized. MaxVolumeMB bounds an asked size (0 = no bound).
+	DefaultVolumeMB int
+	MaxVolumeMB     int
+	// Disk admits new sandbox disks and sized volumes against the data
+	// filesystem's free space; nil admits everything.
+	Disk DiskBudget
+}
+
+// DiskBudget admits a new sparse image (diskbudget.Budget): it returns an
+// error matching diskbudget.ErrInsufficientStorage when the data
+// filesystem cannot hold it, or a release to call once the image exists
+// (or its create failed).
+type DiskBudget interface {
+	Reserve(key, what string, sizeBytes int64) (release func(), err error)
+}
+
+// reserveDisk reserves an image of sizeMB for key; a no-op without a
+// budget or a size.
+func (m *Manager) reserveDisk(key, what string, sizeMB int) (func(), error) {
+	if m.cfg.Disk == nil || sizeMB <= 0 {
+		return func() {}, nil
+	}
+	return m.cfg.Disk.Reserve(key, what, int64(sizeMB)<<20)
 }
 
 // TeamResolver is a template.Resolver that knows teams: it resolves a
@@ -496,6 +521,12 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 			return nil, err
 		}
 	}
+	// Stands in for the disk image until the node has made it.
+	releaseDisk, err := m.reserveDisk("sandbox/"+sb.ID, fmt.Sprintf("a %d MiB sandbox disk", sb.DiskSizeMB), sb.DiskSizeMB)
+	if err != nil {
+		return nil, err
+	}
+	defer releaseDisk()
 	if err := m.store.CreateSandbox(ctx, sb); err != nil {
 		if errors.Is(err, store.ErrConflict) && len(mounts) > 0 {
 			return nil, fmt.Errorf("%w: %v", ErrConflict, err)
@@ -513,6 +544,7 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 	req.Restore, req.CurrentToken = restore, currentToken
 	req.StartCmd, req.StartUser, req.StartWorkdir, req.DefaultWorkdir = tpl.StartCmd, sb.DefaultUser, tpl.Workdir, tpl.Workdir
 	placed, err := m.node.Create(nctx, req)
+	releaseDisk()
 	if err != nil {
 		// Delete again: the node's own rollback may have failed to detach,
 		// and the attachment rows may only go once the node confirmed it.

@@ -93,6 +93,9 @@ func (m *Manager) Run(ctx context.Context) {
 	if w, ok := m.node.(node.ExitWatcher); ok {
 		go m.watchExits(ctx, w)
 	}
+	if w, ok := m.cfg.Disk.(DiskWatcher); ok {
+		go m.watchDisk(ctx, w)
+	}
 	for {
 		select {
 		case <-ctx.Done():

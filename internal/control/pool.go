@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/cubicle-dev/cubicle/internal/diskbudget"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/template"
@@ -281,6 +282,10 @@ func (m *Manager) reconcilePool(ctx context.Context) error {
 				}
 				if errors.Is(err, ErrCapacity) || errors.Is(err, ErrBusy) {
 					return nil // try again next tick
+				}
+				if errors.Is(err, diskbudget.ErrInsufficientStorage) {
+					m.log.Warn("warm pool not filled: no room on the data filesystem", "template", id, "err", err)
+					return nil // space may come back; try again next tick
 				}
 				return fmt.Errorf("create standby of %s: %w", id, err)
 			}

@@ -61,7 +61,12 @@ func (m *Manager) plugin(driver string) (volume.Plugin, error) {
 // Names are per team. The default team's volumes keep ID = name (as before
 // teams existed); another team's get a generated ID, so no team learns
 // whether a name is taken elsewhere.
-func (m *Manager) CreateVolume(ctx context.Context, teamID, name, driver string) (_ *store.Volume, err error) {
+//
+// sizeMB 0 takes the server default on a driver that enforces sizes
+// (volume.Sized); a size is refused on one that does not, and above the
+// server maximum. A sized volume counts against the team's byte quota and
+// must fit the data filesystem's free-space budget.
+func (m *Manager) CreateVolume(ctx context.Context, teamID, name, driver string, sizeMB int) (_ *store.Volume, err error) {
 	start := time.Now()
 	if name == "" {
 		name = uuid.NewString()
@@ -78,12 +83,32 @@ func (m *Manager) CreateVolume(ctx context.Context, teamID, name, driver string)
 	if err != nil {
 		return nil, invalid("unknown driver %q (configured: %s)", driver, strings.Join(m.volumes.Names(), ", "))
 	}
+	sized := false
+	if s, ok := p.(volume.Sized); ok && s.EnforcesSize() {
+		sized = true
+	}
+	switch {
+	case sizeMB < 0:
+		return nil, invalid("volume size must be positive")
+	case sizeMB > 0 && !sized:
+		return nil, invalid("driver %q does not enforce volume sizes (its data is not kept on this server's disk); create the volume without a size", driver)
+	case sized && sizeMB == 0:
+		sizeMB = m.cfg.DefaultVolumeMB
+	}
+	if m.cfg.MaxVolumeMB > 0 && sizeMB > m.cfg.MaxVolumeMB {
+		return nil, invalid("volume size %d MiB is above the server maximum of %d MiB", sizeMB, m.cfg.MaxVolumeMB)
+	}
 	defer func() { m.volMetrics.op("create", driver, start, err) }()
 	id := name
 	if teamID != store.DefaultTeamID {
 		id = "vol_" + token(8)
 	}
-	v := &store.Volume{ID: id, TeamID: teamID, Name: name, Driver: driver, State: store.VolumeCreating}
+	releaseDisk, err := m.reserveDisk("volume/"+id, fmt.Sprintf("a %d MiB volume", sizeMB), sizeMB)
+	if err != nil {
+		return nil, err
+	}
+	defer releaseDisk()
+	v := &store.Volume{ID: id, TeamID: teamID, Name: name, Driver: driver, State: store.VolumeCreating, SizeMB: sizeMB}
 	if err := m.store.CreateVolume(ctx, v); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			return nil, fmt.Errorf("%w: volume '%s' already exists", ErrConflict, name)
@@ -92,7 +117,8 @@ func (m *Manager) CreateVolume(ctx context.Context, teamID, name, driver string)
 	}
 	// The hook must not be abandoned half way because the client went away.
 	hctx := context.WithoutCancel(ctx)
-	res, err := p.Create(hctx, volume.CreateRequest{VolumeID: v.ID, Name: v.Name})
+	res, err := p.Create(hctx, volume.CreateRequest{VolumeID: v.ID, Name: v.Name, SizeMB: v.SizeMB})
+	releaseDisk()
 	if err == nil && len(res.PrivateData) > volume.MaxPrivateData {
 		err = fmt.Errorf("%w: private_data is %d bytes, at most %d allowed", volume.ErrProtocol, len(res.PrivateData), volume.MaxPrivateData)
 		if derr := p.Destroy(hctx, volume.DestroyRequest{VolumeID: v.ID}); derr != nil {

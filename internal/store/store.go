@@ -44,6 +44,7 @@ type Quota struct {
 	MaxMemoryMB  int // sum of memoryMB over live sandboxes
 	MaxDiskMB    int // sum of diskSizeMB over live sandboxes
 	MaxVolumes   int // volumes
+	MaxVolumeMB  int // sum of sizeMB over the team's volumes
 }
 
 // QuotaError names the quota a create would exceed.
@@ -182,8 +183,12 @@ type Volume struct {
 	State       VolumeState
 	Token       string
 	PrivateData string
-	CreatedAt   time.Time
-	UpdatedAt   time.Time
+	// SizeMB is the volume's size, which its driver enforces (volume.Sized);
+	// 0: no size (a driver that keeps data elsewhere, or a volume made
+	// before sizes existed). The team's MaxVolumeMB sums it.
+	SizeMB    int
+	CreatedAt time.Time
+	UpdatedAt time.Time
 }
 
 // VolumeAttachment is a durable reference from a sandbox to a volume.
@@ -292,7 +297,8 @@ type Store interface {
 	DeleteTeam(ctx context.Context, id string) error
 
 	// CreateVolume inserts a row; ErrConflict if the ID, or the name within
-	// the team, exists; a *QuotaError when the team is at its volume quota
+	// the team, exists; a *QuotaError when the team is at its volume quota,
+	// or its volumes' sizes with this one would exceed MaxVolumeMB
 	// (checked in the same transaction).
 	CreateVolume(ctx context.Context, v *Volume) error
 	GetVolume(ctx context.Context, id string) (*Volume, error)

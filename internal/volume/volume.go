@@ -40,10 +40,13 @@ const Namespace = "cubicle"
 // DefaultBaseDir is the node's volume_plugin_base_dir when unset.
 const DefaultBaseDir = "/data/cube-shared/volume"
 
-// CreateRequest is the Create hook input.
+// CreateRequest is the Create hook input. SizeMB is Cubicle's extension:
+// the volume's size in MiB, sent only to plugins that are Sized (the
+// protocol's binary and rpc plugins have no such field); 0 is no limit.
 type CreateRequest struct {
 	VolumeID string
 	Name     string
+	SizeMB   int
 }
 
 // CreateResult is the Create hook output.
@@ -94,6 +97,16 @@ type Controller interface {
 type Node interface {
 	Attach(ctx context.Context, req AttachRequest) (AttachResult, error)
 	Detach(ctx context.Context, req DetachRequest) error
+}
+
+// Sized is optionally implemented by a plugin that holds each volume to
+// CreateRequest.SizeMB, with writes past it failing with ENOSPC, and keeps
+// the data on this host's data disk. The control plane sends a size only
+// to such plugins and counts their volumes against the team's byte quota
+// and the server's free-space budget; a size asked of another driver is
+// refused.
+type Sized interface {
+	EnforcesSize() bool
 }
 
 // Plugin implements both halves (every driver in this module does).

@@ -18,6 +18,9 @@ type Volume struct {
 	Name     string `json:"name"`
 	Token    string `json:"token,omitempty"`
 	Driver   string `json:"driver,omitempty"`
+	// Size in bytes (0: the volume has none: its driver does not enforce
+	// sizes, or it predates them). Writes past it fail with ENOSPC.
+	Size int64 `json:"size,omitempty"`
 	// Detail fields (GetVolume only).
 	State       string             `json:"state,omitempty"`
 	CreatedAt   time.Time          `json:"createdAt,omitzero"`
@@ -37,6 +40,8 @@ type VolumeAttachment struct {
 type CreateVolumeOptions struct {
 	// Driver picks the volume plugin (default: the server's first).
 	Driver string
+	// Size in bytes, a whole number of MiB (0: the server default).
+	Size int64
 }
 
 // CreateVolume creates a volume named name (letters, digits, '_' and '-');
@@ -48,6 +53,9 @@ func (c *Client) CreateVolume(ctx context.Context, name string, o *CreateVolumeO
 	}
 	if o != nil && o.Driver != "" {
 		body["driver"] = o.Driver
+	}
+	if o != nil && o.Size != 0 {
+		body["size"] = o.Size
 	}
 	v := &Volume{c: c}
 	// resNone: a 409 here is a taken name, not a volume in use.

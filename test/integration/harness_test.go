@@ -451,10 +451,12 @@ func unmountUnder(dir string) {
 	var points []string
 	for _, line := range strings.Split(string(raw), "\n") {
 		f := strings.Fields(line)
-		if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+		if len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
 			points = append(points, f[4])
 		}
 	}
+	// Deepest (latest) first; dir itself last, when a test made it a
+	// filesystem of its own.
 	for i := len(points) - 1; i >= 0; i-- {
 		syscall.Unmount(points[i], syscall.MNT_DETACH)
 	}

@@ -2,27 +2,50 @@ package oci
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"github.com/cubicle-dev/cubicle/internal/diskimage"
 )
 
 // Each sandbox's writable layer lives on a filesystem of its own: a sparse
-// ext4 image of Resources.DiskMB, loop-mounted at <dir>/disk, holding the
-// overlay's upper and work dirs. Writes past the size fail with ENOSPC
-// inside the sandbox and never reach the host's disk beyond it; `df` in
-// the sandbox reports the image (overlayfs reports its upper filesystem).
-// The image is sparse, so the host only pays for what is written. A
-// project quota would be cheaper to set up but needs an XFS or
-// prjquota-mounted ext4 data dir, which most hosts (and these test
-// machines) do not have; an image works on any filesystem with loop
-// devices. Measured: mkfs + mount of a 1 GiB image ~50 ms (docs/security.md).
+// ext4 image of Resources.DiskMB (internal/diskimage), loop-mounted at
+// <dir>/disk, holding the overlay's upper and work dirs. Writes past the
+// size fail with ENOSPC inside the sandbox and never reach the host's disk
+// beyond it; `df` in the sandbox reports the image (overlayfs reports its
+// upper filesystem).
 const diskImage = "disk.img"
 
 // diskDir is where the sandbox's upper and work dirs live.
 func (d *Driver) diskDir(id string) string { return filepath.Join(d.dir(id), "disk") }
+
+// DiskImage is the path of sandbox id's disk image (absent when the
+// sandbox has no disk limit).
+func (d *Driver) DiskImage(id string) string { return filepath.Join(d.dir(id), diskImage) }
+
+// DiskImages lists the disk images of the sandboxes on disk, by sandbox
+// ID, for the server's free-space budget.
+func (d *Driver) DiskImages() (map[string]string, error) {
+	ents, err := os.ReadDir(d.cfg.SandboxDir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	out := make(map[string]string, len(ents))
+	for _, e := range ents {
+		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		img := d.DiskImage(e.Name())
+		if _, err := os.Stat(img); err == nil {
+			out[e.Name()] = img
+		}
+	}
+	return out, nil
+}
 
 // setupDisk makes <dir>/disk: a mounted image of sizeMB, or a plain
 // directory when sizeMB is 0 (no limit). The mount is torn down by
@@ -36,43 +59,12 @@ func (d *Driver) setupDisk(ctx context.Context, id string, sizeMB int) error {
 	if sizeMB <= 0 {
 		return nil
 	}
-	img := filepath.Join(d.dir(id), diskImage)
-	f, err := os.OpenFile(img, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-	if err != nil {
-		return err
-	}
-	err = f.Truncate(int64(sizeMB) << 20)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	img := d.DiskImage(id)
+	if err := diskimage.Create(ctx, img, sizeMB); err != nil {
 		return fmt.Errorf("oci: disk image: %w", err)
 	}
-	// No journal (a sandbox's disk does not outlive a host crash in any
-	// useful state), no reserved blocks (the sandbox gets all of
-	// diskSizeMB), lazy inode tables: formatting takes milliseconds.
-	if out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-m", "0",
-		"-E", "lazy_itable_init=1,nodiscard", img).CombinedOutput(); err != nil {
-		return fmt.Errorf("oci: mkfs.ext4 (%d MiB): %v: %s", sizeMB, err, out)
-	}
-	if out, err := exec.CommandContext(ctx, "mount", "-t", "ext4", "-o", "loop,noatime,nosuid,nodev", img, mnt).CombinedOutput(); err != nil {
-		return fmt.Errorf("oci: mount disk image: %v: %s", err, out)
+	if err := diskimage.Mount(ctx, img, mnt); err != nil {
+		return fmt.Errorf("oci: mount disk image: %w", err)
 	}
 	return nil
-}
-
-// loopsUnder lists loop devices whose backing file is under dir.
-func loopsUnder(dir string) []string {
-	devs, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
-	var out []string
-	for _, p := range devs {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		if f := strings.TrimSpace(string(b)); strings.HasPrefix(f, filepath.Clean(dir)+"/") {
-			out = append(out, filepath.Base(filepath.Dir(filepath.Dir(p)))+"="+f)
-		}
-	}
-	return out
 }

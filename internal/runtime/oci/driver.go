@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/diskimage"
 	"github.com/cubicle-dev/cubicle/internal/idlock"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 )
@@ -759,7 +760,7 @@ func (d *Driver) CheckLeaks(ctx context.Context) error {
 	} else if len(mps) > 0 {
 		errs = append(errs, fmt.Errorf("oci: mounts left: %v", mps))
 	}
-	if loops := loopsUnder(d.cfg.SandboxDir); len(loops) > 0 {
+	if loops := diskimage.LoopsUnder(d.cfg.SandboxDir); len(loops) > 0 {
 		errs = append(errs, fmt.Errorf("oci: loop devices left: %v", loops))
 	}
 	for _, h := range CgroupHierarchies() {

@@ -10,13 +10,13 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/store"
 )
 
-const teamCols = `id, name, max_sandboxes, max_vcpus, max_memory_mb, max_disk_mb, max_volumes, created_at`
+const teamCols = `id, name, max_sandboxes, max_vcpus, max_memory_mb, max_disk_mb, max_volumes, max_volume_mb, created_at`
 
 func scanTeam(r scanner) (*store.Team, error) {
 	var t store.Team
 	var created int64
 	q := &t.Quota
-	if err := r.Scan(&t.ID, &t.Name, &q.MaxSandboxes, &q.MaxVCPUs, &q.MaxMemoryMB, &q.MaxDiskMB, &q.MaxVolumes, &created); err != nil {
+	if err := r.Scan(&t.ID, &t.Name, &q.MaxSandboxes, &q.MaxVCPUs, &q.MaxMemoryMB, &q.MaxDiskMB, &q.MaxVolumes, &q.MaxVolumeMB, &created); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil, store.ErrNotFound
 		}
@@ -35,8 +35,8 @@ func (s *Store) CreateTeam(ctx context.Context, t *store.Team) error {
 		t.CreatedAt = time.Now().UTC()
 	}
 	q := t.Quota
-	_, err := s.db.ExecContext(ctx, `INSERT INTO teams(`+teamCols+`) VALUES(?,?,?,?,?,?,?,?)`,
-		t.ID, t.Name, q.MaxSandboxes, q.MaxVCPUs, q.MaxMemoryMB, q.MaxDiskMB, q.MaxVolumes, ts(t.CreatedAt))
+	_, err := s.db.ExecContext(ctx, `INSERT INTO teams(`+teamCols+`) VALUES(?,?,?,?,?,?,?,?,?)`,
+		t.ID, t.Name, q.MaxSandboxes, q.MaxVCPUs, q.MaxMemoryMB, q.MaxDiskMB, q.MaxVolumes, q.MaxVolumeMB, ts(t.CreatedAt))
 	if isConstraint(err) {
 		return fmt.Errorf("%w: team %s exists", store.ErrConflict, t.Name)
 	}
@@ -61,8 +61,8 @@ func (s *Store) ListTeams(ctx context.Context) ([]*store.Team, error) {
 // UpdateTeam writes the name and quota.
 func (s *Store) UpdateTeam(ctx context.Context, t *store.Team) error {
 	q := t.Quota
-	res, err := s.db.ExecContext(ctx, `UPDATE teams SET name=?, max_sandboxes=?, max_vcpus=?, max_memory_mb=?, max_disk_mb=?, max_volumes=? WHERE id=?`,
-		t.Name, q.MaxSandboxes, q.MaxVCPUs, q.MaxMemoryMB, q.MaxDiskMB, q.MaxVolumes, t.ID)
+	res, err := s.db.ExecContext(ctx, `UPDATE teams SET name=?, max_sandboxes=?, max_vcpus=?, max_memory_mb=?, max_disk_mb=?, max_volumes=?, max_volume_mb=? WHERE id=?`,
+		t.Name, q.MaxSandboxes, q.MaxVCPUs, q.MaxMemoryMB, q.MaxDiskMB, q.MaxVolumes, q.MaxVolumeMB, t.ID)
 	if isConstraint(err) {
 		return fmt.Errorf("%w: team %s exists", store.ErrConflict, t.Name)
 	}

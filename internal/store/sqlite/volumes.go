@@ -10,13 +10,13 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/store"
 )
 
-const volumeCols = `id, team_id, name, driver, state, token, private_data, created_at, updated_at`
+const volumeCols = `id, team_id, name, driver, state, token, private_data, size_mb, created_at, updated_at`
 
 func scanVolume(r scanner) (*store.Volume, error) {
 	var v store.Volume
 	var state string
 	var created, updated int64
-	if err := r.Scan(&v.ID, &v.TeamID, &v.Name, &v.Driver, &state, &v.Token, &v.PrivateData, &created, &updated); err != nil {
+	if err := r.Scan(&v.ID, &v.TeamID, &v.Name, &v.Driver, &state, &v.Token, &v.PrivateData, &v.SizeMB, &created, &updated); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil, store.ErrNotFound
 		}
@@ -57,9 +57,18 @@ func (s *Store) CreateVolume(ctx context.Context, v *store.Volume) error {
 				return &store.QuotaError{Quota: "volumes", Limit: max}
 			}
 		}
+		if max := t.Quota.MaxVolumeMB; max > 0 && v.SizeMB > 0 {
+			var n int
+			if err := tx.QueryRowContext(ctx, `SELECT COALESCE(SUM(size_mb), 0) FROM volumes WHERE team_id=?`, v.TeamID).Scan(&n); err != nil {
+				return err
+			}
+			if n+v.SizeMB > max {
+				return &store.QuotaError{Quota: "volume MiB", Limit: max}
+			}
+		}
 	}
-	_, err = tx.ExecContext(ctx, `INSERT INTO volumes(`+volumeCols+`) VALUES(?,?,?,?,?,?,?,?,?)`,
-		v.ID, v.TeamID, v.Name, v.Driver, string(v.State), v.Token, v.PrivateData, ts(v.CreatedAt), ts(v.UpdatedAt))
+	_, err = tx.ExecContext(ctx, `INSERT INTO volumes(`+volumeCols+`) VALUES(?,?,?,?,?,?,?,?,?,?)`,
+		v.ID, v.TeamID, v.Name, v.Driver, string(v.State), v.Token, v.PrivateData, v.SizeMB, ts(v.CreatedAt), ts(v.UpdatedAt))
 	if isConstraint(err) {
 		return fmt.Errorf("%w: volume %s already exists", store.ErrConflict, v.Name)
 	}
@@ -96,8 +105,8 @@ func (s *Store) listVolumes(ctx context.Context, q string, args ...any) ([]*stor
 // UpdateVolume overwrites all fields.
 func (s *Store) UpdateVolume(ctx context.Context, v *store.Volume) error {
 	v.UpdatedAt = time.Now().UTC()
-	res, err := s.db.ExecContext(ctx, `UPDATE volumes SET name=?, driver=?, state=?, token=?, private_data=?, updated_at=? WHERE id=?`,
-		v.Name, v.Driver, string(v.State), v.Token, v.PrivateData, ts(v.UpdatedAt), v.ID)
+	res, err := s.db.ExecContext(ctx, `UPDATE volumes SET name=?, driver=?, state=?, token=?, private_data=?, size_mb=?, updated_at=? WHERE id=?`,
+		v.Name, v.Driver, string(v.State), v.Token, v.PrivateData, v.SizeMB, ts(v.UpdatedAt), v.ID)
 	if err != nil {
 		return err
 	}

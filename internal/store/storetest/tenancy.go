@@ -21,6 +21,7 @@ func runTenancy(t *testing.T, open func(t *testing.T) store.Store) {
 	t.Run("SandboxQuota", func(t *testing.T) { testSandboxQuota(t, open(t)) })
 	t.Run("SandboxQuotaRace", func(t *testing.T) { testSandboxQuotaRace(t, open(t)) })
 	t.Run("VolumeQuota", func(t *testing.T) { testVolumeQuota(t, open(t)) })
+	t.Run("VolumeByteQuota", func(t *testing.T) { testVolumeByteQuota(t, open(t)) })
 	t.Run("PoolClaimMovesTeamAndChecksQuota", func(t *testing.T) { testPoolClaimTeams(t, open(t)) })
 }
 
@@ -45,7 +46,7 @@ func testTeams(t *testing.T, s store.Store) {
 	if d, err := s.GetTeam(ctx, store.DefaultTeamID); err != nil || d.Name != "default" {
 		t.Fatalf("default team: %+v %v", d, err)
 	}
-	a := mustTeam(t, s, "t_a", store.Quota{MaxSandboxes: 3, MaxVCPUs: 4, MaxMemoryMB: 1024, MaxDiskMB: 2048, MaxVolumes: 5})
+	a := mustTeam(t, s, "t_a", store.Quota{MaxSandboxes: 3, MaxVCPUs: 4, MaxMemoryMB: 1024, MaxDiskMB: 2048, MaxVolumes: 5, MaxVolumeMB: 4096})
 	if err := s.CreateTeam(ctx, &store.Team{ID: "t_b", Name: a.Name}); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("duplicate name: want ErrConflict, got %v", err)
 	}
@@ -365,6 +366,66 @@ func testVolumeQuota(t *testing.T, s store.Store) {
 	}
 	if _, err := s.GetVolume(ctx, "v2"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("the refused create left a row: %v", err)
+	}
+}
+
+// The byte quota sums the sizes of the team's volumes (deleting ones
+// included, their data is still on disk) in the insert transaction;
+// unsized volumes count nothing.
+func testVolumeByteQuota(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	mustTeam(t, s, "t_vb", store.Quota{MaxVolumeMB: 100})
+	mk := func(id string, size int) error {
+		return s.CreateVolume(ctx, &store.Volume{ID: id, TeamID: "t_vb", Name: id, Driver: "local", State: store.VolumeReady, SizeMB: size})
+	}
+	for _, v := range []struct {
+		id   string
+		size int
+	}{{"b1", 60}, {"b2", 40}, {"b3", 0}} {
+		if err := mk(v.id, v.size); err != nil {
+			t.Fatalf("%s (%d MiB) within the quota: %v", v.id, v.size, err)
+		}
+	}
+	if got, err := s.GetVolume(ctx, "b1"); err != nil || got.SizeMB != 60 {
+		t.Fatalf("size round trip: %+v %v", got, err)
+	}
+	err := mk("b4", 1)
+	var qe *store.QuotaError
+	if !errors.As(err, &qe) || qe.Quota != "volume MiB" || qe.Limit != 100 || !errors.Is(err, store.ErrQuota) {
+		t.Fatalf("101 MiB over a 100 MiB quota: want the volume size quota, got %v", err)
+	}
+	if _, err := s.GetVolume(ctx, "b4"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the refused create left a row: %v", err)
+	}
+	// Another team's volumes do not count.
+	mustTeam(t, s, "t_vb2", store.Quota{MaxVolumeMB: 100})
+	if err := s.CreateVolume(ctx, &store.Volume{ID: "c1", TeamID: "t_vb2", Name: "c1", Driver: "local", State: store.VolumeReady, SizeMB: 100}); err != nil {
+		t.Fatal(err)
+	}
+	// Concurrent creates cannot both pass the check.
+	mustTeam(t, s, "t_vb3", store.Quota{MaxVolumeMB: 10})
+	var wg sync.WaitGroup
+	errs := make([]error, 8)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id := fmt.Sprint("r", i)
+			errs[i] = s.CreateVolume(ctx, &store.Volume{ID: id, TeamID: "t_vb3", Name: id, Driver: "local", State: store.VolumeReady, SizeMB: 4})
+		}()
+	}
+	wg.Wait()
+	ok := 0
+	for _, err := range errs {
+		switch {
+		case err == nil:
+			ok++
+		case !errors.Is(err, store.ErrQuota):
+			t.Fatalf("racing create: %v", err)
+		}
+	}
+	if ok != 2 {
+		t.Fatalf("%d racing 4 MiB creates fit a 10 MiB quota, want 2", ok)
 	}
 }
 

@@ -15,6 +15,8 @@
 //     -> 409
 //   - GET file of a non-regular file (FIFO, device, socket) -> 400
 //   - PATCH mode on a symlink -> 400 (Linux cannot chmod a link itself)
+//   - a write past the volume's size (ENOSPC, EDQUOT) -> 507, the partial
+//     upload removed
 package content
 
 import (
@@ -782,6 +784,21 @@ func (h *handler) writeFile(w http.ResponseWriter, r *http.Request, q *request) 
 	return nil
 }
 
+// fileWriter remembers a write error, so writeTemp can tell a full volume
+// from a broken upload.
+type fileWriter struct {
+	f   *os.File
+	err error
+}
+
+func (w *fileWriter) Write(p []byte) (int, error) {
+	n, err := w.f.Write(p)
+	if err != nil {
+		w.err = err
+	}
+	return n, err
+}
+
 // writeTemp streams body into a new temp file in dir and returns its
 // root-relative name; on failure the temp file is removed, so an aborted
 // upload never leaves a partial file behind.
@@ -800,10 +817,15 @@ func writeTemp(root *os.Root, dir string, body io.Reader, p writeParams) (_ stri
 			_ = root.Remove(name)
 		}
 	}()
-	if _, err = io.Copy(f, body); err != nil {
+	fw := &fileWriter{f: f}
+	if _, err = io.Copy(fw, body); err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			return "", err
+		}
+		if fw.err != nil {
+			// The volume's side (ENOSPC past its size: 507), not the client's.
+			return "", fw.err
 		}
 		return "", errorf(http.StatusBadRequest, "reading upload body: %v", err)
 	}

@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/diskimage"
 )
 
 const (
@@ -938,5 +940,51 @@ func TestEscapeSentinel(t *testing.T) {
 	_, err = root.Stat("esc/etc")
 	if !errors.Is(err, h.escapeErr) {
 		t.Fatalf("root.Stat through escaping link = %v, not the sentinel", err)
+	}
+}
+
+// An upload into a volume that fills up is a 507 (not a 400 blaming the
+// client's body), the partial upload is removed, and the files already
+// there are intact. The volume is a real 8 MiB sized image.
+func TestUploadPastVolumeSize(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("needs root to mount an image")
+		}
+		t.Skip("needs root to mount an image")
+	}
+	e := newEnv(t)
+	img := filepath.Join(t.TempDir(), "vol.img")
+	if err := diskimage.Create(t.Context(), img, 8); err != nil {
+		t.Fatal(err)
+	}
+	if err := diskimage.Mount(t.Context(), img, e.dir); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := diskimage.Release(img); err != nil {
+			t.Error(err)
+		}
+	})
+	e.writeHost("keep", "precious")
+	r := e.do("PUT", e.url("file", "path", "/big"), bytes.NewReader(make([]byte, 16<<20)))
+	var body struct{ Code, Message string }
+	if r.status != http.StatusInsufficientStorage || json.Unmarshal(r.body, &body) != nil || body.Code != "507" || body.Message == "" {
+		t.Fatalf("16 MiB into 8 MiB: %d %s, want 507 {code, message}", r.status, r.body)
+	}
+	e.waitIdle()
+	ents, err := os.ReadDir(e.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, de := range ents {
+		names = append(names, de.Name())
+	}
+	if strings.Join(names, ",") != "keep,lost+found" || e.readHost("keep") != "precious" {
+		t.Fatalf("after the failed upload: %v", names)
+	}
+	if r := e.do("PUT", e.url("file", "path", "/small"), strings.NewReader("fits")); r.status != http.StatusCreated {
+		t.Fatalf("small upload after: %d %s", r.status, r.body)
 	}
 }

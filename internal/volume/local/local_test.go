@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cubicle-dev/cubicle/internal/diskimage"
 	"github.com/cubicle-dev/cubicle/internal/volume"
 	"github.com/cubicle-dev/cubicle/internal/volume/internal/mountinfo"
 	"github.com/cubicle-dev/cubicle/internal/volume/local"
@@ -194,4 +195,50 @@ func countMounts(t *testing.T, path string) int {
 		}
 	}
 	return n
+}
+
+// A sized volume left mounted (a node process that crashed before its
+// detach) is unmounted and its loop device detached by Destroy, so the
+// image's blocks are really freed; Images lists only sized volumes.
+func TestSizedDestroyReleasesMount(t *testing.T) {
+	root, base := dirs(t)
+	ctx := context.Background()
+	p := local.New(root)
+	if _, err := p.Create(ctx, volume.CreateRequest{VolumeID: "big", Name: "big", SizeMB: 8}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Create(ctx, volume.CreateRequest{VolumeID: "plain", Name: "plain"}); err != nil {
+		t.Fatal(err)
+	}
+	imgs, err := local.Images(root)
+	if err != nil || len(imgs) != 1 || imgs[0].VolumeID != "big" || imgs[0].Path != filepath.Join(root, "big.img") {
+		t.Fatalf("Images = %+v, %v; want only big", imgs, err)
+	}
+	res, err := p.Attach(ctx, volume.AttachRequest{SandboxID: "s", Namespace: volume.Namespace, VolumeID: "big", VolumeBaseDir: base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir(res.HostPath)
+	if err != nil || len(ents) != 0 {
+		t.Fatalf("a new sized volume lists %v (%v); want it empty (no lost+found)", ents, err)
+	}
+	if fi, err := os.Stat(res.HostPath); err != nil || fi.Mode().Perm() != 0o777 {
+		t.Fatalf("sized volume root: %v %v; want 0777", fi, err)
+	}
+	if err := p.Destroy(ctx, volume.DestroyRequest{VolumeID: "big"}); err != nil {
+		t.Fatal(err)
+	}
+	if m, _ := mountinfo.IsMountpoint(res.HostPath); m {
+		t.Fatalf("%s still mounted after destroy", res.HostPath)
+	}
+	if loops := diskimage.LoopsUnder(root); len(loops) > 0 {
+		t.Fatalf("loop devices left: %v", loops)
+	}
+	if _, err := os.Stat(filepath.Join(root, "big.img")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("image left: %v", err)
+	}
+	if err := p.Destroy(ctx, volume.DestroyRequest{VolumeID: "plain"}); err != nil {
+		t.Fatal(err)
+	}
+	_ = os.Remove(res.HostPath)
 }

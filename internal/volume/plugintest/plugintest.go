@@ -8,11 +8,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -39,6 +41,11 @@ type Options struct {
 	// it through the second's, then re-attaches after the last detach and
 	// checks the file survived (detach must keep the data).
 	ProbeFiles bool
+	// SizeMB is the size of the sized volume the checker makes, with
+	// ProbeFiles, when the plugin is volume.Sized (default 8): it fills it
+	// through host_path and expects ENOSPC, with the files written before
+	// kept.
+	SizeMB int
 }
 
 // Step is one hook call (or check) the checker made.
@@ -153,6 +160,103 @@ func (c *checker) run() {
 		c.violate("create returned private_data of %d bytes, more than %d", n, volume.MaxPrivateData)
 	}
 	c.destroyAfter(c.attachPhase(created.PrivateData))
+	if sz, ok := c.p.(volume.Sized); ok && sz.EnforcesSize() && c.opts.ProbeFiles {
+		c.sizePhase()
+	}
+}
+
+// sizePhase checks a sized volume: a write past its size fails with
+// ENOSPC, the files written before survive it (and a detach), removing a
+// file gives the space back, and destroy leaves nothing mounted.
+func (c *checker) sizePhase() {
+	size := c.opts.SizeMB
+	if size <= 0 {
+		size = 8
+	}
+	id := c.opts.VolumeID + "-sized"
+	att := func(sandbox string) (volume.AttachResult, error) {
+		return c.p.Attach(c.ctx, volume.AttachRequest{SandboxID: sandbox, Namespace: volume.Namespace, VolumeID: id,
+			VolumeBaseDir: c.opts.BaseDir})
+	}
+	det := func(sandbox string, md map[string]string) error {
+		return c.p.Detach(c.ctx, volume.DetachRequest{SandboxID: sandbox, Namespace: volume.Namespace, VolumeID: id, Metadata: md})
+	}
+	defer c.cleanup("destroy sized (cleanup)", func(ctx context.Context) error {
+		return c.p.Destroy(ctx, volume.DestroyRequest{VolumeID: id})
+	})
+	if c.step(fmt.Sprintf("create sized (%d MiB)", size), func() error {
+		_, err := c.p.Create(c.ctx, volume.CreateRequest{VolumeID: id, Name: id, SizeMB: size})
+		return err
+	}) != nil {
+		return
+	}
+	var a volume.AttachResult
+	if c.step("attach sized", func() (err error) { a, err = att(SandboxA); return err }) != nil {
+		c.cleanup("detach sized (cleanup)", func(context.Context) error { return det(SandboxA, nil) })
+		return
+	}
+	keep := filepath.Join(a.HostPath, "keep")
+	keepData := "plugintest " + randHex(16) + "\n"
+	fillErr := c.step("write past the size: ENOSPC", func() error {
+		if err := os.WriteFile(keep, []byte(keepData), 0o644); err != nil {
+			return fmt.Errorf("write a small file first: %w", err)
+		}
+		err := fill(filepath.Join(a.HostPath, "fill"), int64(size+1)<<20)
+		if err == nil {
+			return fmt.Errorf("wrote %d MiB into a %d MiB volume: the size is not enforced", size+1, size)
+		}
+		if !errors.Is(err, syscall.ENOSPC) && !errors.Is(err, syscall.EDQUOT) {
+			return fmt.Errorf("writing past the size failed with %v, want ENOSPC", err)
+		}
+		if got, err := os.ReadFile(keep); err != nil || string(got) != keepData {
+			return fmt.Errorf("the file written before the volume filled is gone or changed: %v", err)
+		}
+		if err := os.Remove(filepath.Join(a.HostPath, "fill")); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(a.HostPath, "after"), make([]byte, 1<<20), 0o644); err != nil {
+			return fmt.Errorf("removing the filler did not give the space back: %w", err)
+		}
+		return nil
+	})
+	if c.step("detach sized", func() error { return det(SandboxA, a.Metadata) }) != nil {
+		return
+	}
+	if still, _ := mountinfo.IsMountpoint(a.HostPath); still {
+		c.violate("detach(refCount=0) left the sized volume mounted at %q", a.HostPath)
+	}
+	if fillErr == nil {
+		var b volume.AttachResult
+		if c.step("re-attach sized", func() (err error) { b, err = att(SandboxB); return err }) == nil {
+			if got, err := os.ReadFile(filepath.Join(b.HostPath, "keep")); err != nil || string(got) != keepData {
+				c.violate("after filling the sized volume and re-attaching it, the file written first is gone or changed: %v", err)
+			}
+			c.step("detach sized again", func() error { return det(SandboxB, b.Metadata) })
+		}
+	}
+	c.step("destroy sized", func() error { return c.p.Destroy(c.ctx, volume.DestroyRequest{VolumeID: id}) })
+}
+
+// fill writes n bytes of zeros to path and syncs them, so a size limit
+// enforced at writeback shows up as an error here.
+func fill(path string, n int64) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, 1<<20)
+	for n > 0 && err == nil {
+		var w int
+		w, err = f.Write(buf[:min(int64(len(buf)), n)])
+		n -= int64(w)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // attachPhase runs the attach/detach part; it returns whether the volume's
