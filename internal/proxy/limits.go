@@ -1,0 +1,119 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/connlimit"
+	"github.com/cubicle-dev/cubicle/internal/node"
+)
+
+// Limits bound what proxied requests may hold. Each request in flight holds
+// an upstream connection (a descriptor) besides the client's, for as long
+// as the sandbox takes to answer, so a sandbox port that accepts and never
+// answers would otherwise collect descriptors until the process has none
+// left for its API and store. A cap of 0 is no cap.
+type Limits struct {
+	// PerSandbox: requests in flight to one sandbox; past it 503.
+	PerSandbox int
+	// PerClient: requests in flight from one client address (an IPv6 /64);
+	// past it 429.
+	PerClient int
+	// Total: requests in flight through the proxy; past it 503.
+	Total int
+	// ResponseStart is how long a user port may take, once the request is
+	// written, to start its response; past it 504. envd's port and the code
+	// interpreter's are exempt: their streams (a command's output, a cell's
+	// results) legitimately wait, and the caps above bound what they hold.
+	// 0: no limit.
+	ResponseStart time.Duration
+	// IdleConns is the upstream keep-alive pool, in all (0: 1024).
+	IdleConns int
+}
+
+// limiter counts proxied requests in flight.
+type limiter struct {
+	clients   *connlimit.Counter // per client, and the total
+	sandboxes *connlimit.Counter
+
+	mu      sync.Mutex
+	refused int
+	lastLog time.Time
+}
+
+func newLimiter(l Limits) *limiter {
+	return &limiter{clients: connlimit.NewCounter(l.PerClient, l.Total), sandboxes: connlimit.NewCounter(l.PerSandbox, 0)}
+}
+
+// acquire counts a request from client to sandbox sb, or answers the
+// refusal itself and returns nil.
+func (p *Proxy) acquire(w http.ResponseWriter, r *http.Request, sb string) (release func()) {
+	client := connlimit.ClientKey(r.RemoteAddr)
+	l := p.lim
+	var status int
+	var msg string
+	switch l.clients.Acquire(client) {
+	case connlimit.KeyFull:
+		status, msg = http.StatusTooManyRequests, "too many requests in flight from "+client+" (at most "+strconv.Itoa(p.cfg.Limits.PerClient)+" per client address)"
+	case connlimit.TotalFull:
+		status, msg = http.StatusServiceUnavailable, "the sandbox proxy is at its connection limit ("+strconv.Itoa(p.cfg.Limits.Total)+" requests in flight)"
+	default:
+		if l.sandboxes.Acquire(sb) == connlimit.Granted {
+			return func() { l.sandboxes.Release(sb); l.clients.Release(client) }
+		}
+		l.clients.Release(client)
+		status, msg = http.StatusServiceUnavailable, "too many requests in flight to sandbox "+sb+" (at most "+strconv.Itoa(p.cfg.Limits.PerSandbox)+")"
+	}
+	p.logRefusal(msg)
+	// The client holding too much should let go of this connection too.
+	w.Header().Set("Connection", "close")
+	w.Header().Set("Retry-After", "1")
+	writeSandboxError(w, sandboxError{Code: status, SandboxID: sb, Message: msg})
+	return nil
+}
+
+// logRefusal logs refusals at most every 10 s, with how many there were,
+// so that a flood does not become a flood of log lines.
+func (p *Proxy) logRefusal(msg string) {
+	l := p.lim
+	l.mu.Lock()
+	l.refused++
+	n := l.refused
+	if time.Since(l.lastLog) < 10*time.Second {
+		l.mu.Unlock()
+		return
+	}
+	l.lastLog, l.refused = time.Now(), 0
+	l.mu.Unlock()
+	p.log.Warn("proxy refused requests past its limits", "refused", n, "last", msg)
+}
+
+// portTransport sends envd's and the code interpreter's traffic through
+// agent, which has no response-start timeout, and the user's ports through
+// user, which has one.
+type portTransport struct{ agent, user http.RoundTripper }
+
+func (t portTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if exemptPort(int(r.Context().Value(targetKey{}).(target).addr.Port())) {
+		return t.agent.RoundTrip(r)
+	}
+	return t.user.RoundTrip(r)
+}
+
+func exemptPort(port int) bool { return port == node.AgentPort || port == codeInterpreterPort }
+
+// responseStartTimeout reports whether err is a response that did not start
+// in time, as opposed to a dial that failed.
+func responseStartTimeout(err error) bool {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return false
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout() && !errors.Is(err, context.DeadlineExceeded)
+}
