@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"errors"
 	"net"
 	"net/http"
@@ -115,5 +114,5 @@ func responseStartTimeout(err error) bool {
 		return false
 	}
 	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout() && !errors.Is(err, context.DeadlineExceeded)
+	return errors.As(err, &ne) && ne.Timeout()
 }
