@@ -18,7 +18,9 @@ import (
 // answers would otherwise collect descriptors until the process has none
 // left for its API and store. A cap of 0 is no cap.
 type Limits struct {
-	// PerSandbox: requests in flight to one sandbox; past it 503.
+	// PerSandbox: requests in flight to one sandbox's own ports, and
+	// apart from those to its envd and code interpreter, so that a flood of
+	// a public port does not lock the owner out of envd; past it 503.
 	PerSandbox int
 	// PerClient: requests in flight from one client address (an IPv6 /64);
 	// past it 429.
@@ -49,10 +51,14 @@ func newLimiter(l Limits) *limiter {
 	return &limiter{clients: connlimit.NewCounter(l.PerClient, l.Total), sandboxes: connlimit.NewCounter(l.PerSandbox, 0)}
 }
 
-// acquire counts a request from client to sandbox sb, or answers the
-// refusal itself and returns nil.
-func (p *Proxy) acquire(w http.ResponseWriter, r *http.Request, sb string) (release func()) {
+// acquire counts a request from client to port of sandbox sb, or answers
+// the refusal itself and returns nil.
+func (p *Proxy) acquire(w http.ResponseWriter, r *http.Request, sb string, port int) (release func()) {
 	client := connlimit.ClientKey(r.RemoteAddr)
+	sbKey, what := sb, "sandbox "+sb+"'s own ports"
+	if exemptPort(port) {
+		sbKey, what = sb+"/agent", "sandbox "+sb+"'s envd and code interpreter"
+	}
 	l := p.lim
 	var status int
 	var msg string
@@ -62,11 +68,11 @@ func (p *Proxy) acquire(w http.ResponseWriter, r *http.Request, sb string) (rele
 	case connlimit.TotalFull:
 		status, msg = http.StatusServiceUnavailable, "the sandbox proxy is at its connection limit ("+strconv.Itoa(p.cfg.Limits.Total)+" requests in flight)"
 	default:
-		if l.sandboxes.Acquire(sb) == connlimit.Granted {
-			return func() { l.sandboxes.Release(sb); l.clients.Release(client) }
+		if l.sandboxes.Acquire(sbKey) == connlimit.Granted {
+			return func() { l.sandboxes.Release(sbKey); l.clients.Release(client) }
 		}
 		l.clients.Release(client)
-		status, msg = http.StatusServiceUnavailable, "too many requests in flight to sandbox "+sb+" (at most "+strconv.Itoa(p.cfg.Limits.PerSandbox)+")"
+		status, msg = http.StatusServiceUnavailable, "too many requests in flight to "+what+" (at most "+strconv.Itoa(p.cfg.Limits.PerSandbox)+")"
 	}
 	p.logRefusal(msg)
 	// The client holding too much should let go of this connection too.

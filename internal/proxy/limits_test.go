@@ -130,8 +130,18 @@ func TestCapsRefuseAFloodOfHangingRequests(t *testing.T) {
 	waitInFlight(t, p, 5)
 	refusal(t, clientFrom("127.0.0.4"), front, host, http.StatusServiceUnavailable, f.sb.ID)
 
+	// The same sandbox's envd has its own slots: a flood of a public port
+	// does not lock the owner out (nothing listens there here, so 502).
+	req, _ := http.NewRequest(http.MethodGet, front.URL+"/health", nil)
+	req.Header.Set(headerSandboxID, f.sb.ID)
+	resp, err := clientFrom("127.0.0.4").Do(req)
+	if err != nil || resp.StatusCode == http.StatusServiceUnavailable {
+		t.Fatalf("envd of a sandbox whose own ports are full: %v %v", resp, err)
+	}
+	resp.Body.Close()
+
 	// The API, and another sandbox, are not held up by the full one.
-	resp, err := clientFrom("127.0.0.2").Get(front.URL + "/health")
+	resp, err = clientFrom("127.0.0.2").Get(front.URL + "/health")
 	if err != nil || resp.StatusCode != http.StatusTeapot {
 		t.Fatalf("API behind a full sandbox: %v %v", resp, err)
 	}
@@ -141,7 +151,7 @@ func TestCapsRefuseAFloodOfHangingRequests(t *testing.T) {
 	if err := f.st.CreateSandbox(context.Background(), other); err != nil {
 		t.Fatal(err)
 	}
-	req, _ := http.NewRequest(http.MethodGet, front.URL+"/x", nil)
+	req, _ = http.NewRequest(http.MethodGet, front.URL+"/x", nil)
 	req.Host = fmt.Sprintf("%d-%s.cubicle.test", f.port, other.ID)
 	resp, err = clientFrom("127.0.0.4").Do(req)
 	if err != nil || resp.StatusCode != http.StatusOK {

@@ -346,7 +346,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, sb *store.Sandbo
 		writeError(w, http.StatusBadGateway, "sandbox "+sb.ID+" has no address")
 		return
 	}
-	release := p.acquire(w, r, sb.ID)
+	release := p.acquire(w, r, sb.ID, port)
 	if release == nil {
 		return
 	}
