@@ -15,23 +15,38 @@ import (
 )
 
 // silentPortScript listens on 8000 and never answers, holding each
-// connection until its peer closes it.
+// connection until its peer closes it (one thread, so that thousands fit
+// in the sandbox's pids limit).
 const silentPortScript = `cat > /tmp/silent.py <<'PY'
-import socket, threading
-def hold(c):
-    try:
-        while c.recv(65536):
-            pass
-    finally:
-        c.close()
+import selectors, socket, time
+sel = selectors.DefaultSelector()
 s = socket.socket()
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("0.0.0.0", 8000))
-s.listen(1024)
+s.listen(4096)
+s.setblocking(False)
+sel.register(s, selectors.EVENT_READ)
 while True:
-    c, _ = s.accept()
-    threading.Thread(target=hold, args=(c,), daemon=True).start()
+    for key, _ in sel.select():
+        if key.fileobj is s:
+            try:
+                c, _ = s.accept()
+            except OSError:  # out of descriptors: the rest wait in the backlog
+                time.sleep(0.01)
+                continue
+            c.setblocking(False)
+            sel.register(c, selectors.EVENT_READ)
+            continue
+        c = key.fileobj
+        try:
+            data = c.recv(65536)
+        except OSError:
+            data = b""
+        if not data:
+            sel.unregister(c)
+            c.close()
 PY
+ulimit -n "$(ulimit -Hn)"
 (python3 /tmp/silent.py >/dev/null 2>&1 &)
 for i in $(seq 100); do (echo > /dev/tcp/127.0.0.1/8000) 2>/dev/null && exit 0; sleep 0.1; done; exit 1`
 
@@ -117,7 +132,7 @@ func (f *flood) worker(src, addr, sandboxID string, stop <-chan struct{}) {
 			f.note("closed") // at accept, past the per-address cap
 		}
 		close(done)
-		time.Sleep(50 * time.Millisecond) // refused: try again, a little later
+		time.Sleep(100 * time.Millisecond) // refused: try again, a little later
 	}
 }
 
