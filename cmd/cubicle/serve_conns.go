@@ -86,9 +86,10 @@ func (c *connOptions) budget() (connBudget, error) {
 	return b, nil
 }
 
-// raiseNoFile raises the soft descriptor limit to the hard one (Go does so
-// at start too, but not where the hard limit is above what the kernel
-// allows) and returns the soft limit in force.
+// raiseNoFile raises the soft descriptor limit to the hard one where it is
+// lower and returns the soft limit in force. Go's runtime raises it at start
+// on Linux already (and restores the original for the processes serve
+// starts); this keeps the budget from resting on that.
 func raiseNoFile() (uint64, error) {
 	var lim unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
