@@ -189,7 +189,6 @@ func serve(ctx context.Context, o serveOptions) error {
 		}
 		defer lnTLS.Close()
 	}
-	o.conns.listeners(budget, &ln, &lnTLS)
 	pool, err := netip.ParsePrefix(o.pool)
 	if err != nil {
 		return fmt.Errorf("--pool: %w", err)
@@ -385,8 +384,9 @@ func serve(ctx context.Context, o serveOptions) error {
 	apiSrv := api.New(api.Config{Domain: o.domain, Logger: log, Registry: reg, Templates: tpls.api, Images: tpls.images,
 		MaxImageBytes: o.maxImageBytes, Secrets: secrets}, mgr, st)
 	tpls.startCollector(ctx, apiSrv)
-	handler := proxy.New(proxy.Config{Domain: o.domain, Logger: log, Limits: o.conns.proxyLimits(budget)}, mgr, st, apiSrv)
+	handler := proxy.New(proxy.Config{Domain: o.domain, Logger: log, Limits: o.conns.proxyLimits(budget), Registry: reg}, mgr, st, apiSrv)
 
+	o.conns.listeners(budget, reg, &ln, &lnTLS)
 	srv := o.conns.server(handler)
 	// HTTP/1.1 for the JS SDK, cleartext HTTP/2 for clients that prefer it.
 	srv.Protocols = new(http.Protocols)

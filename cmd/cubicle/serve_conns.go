@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 
@@ -112,9 +113,14 @@ func (c *connOptions) proxyLimits(b connBudget) proxy.Limits {
 }
 
 // listeners wraps serve's listeners so that they share one count of client
-// connections.
-func (c *connOptions) listeners(b connBudget, lns ...*net.Listener) {
+// connections, reported in reg.
+func (c *connOptions) listeners(b connBudget, reg prometheus.Registerer, lns ...*net.Listener) {
 	conns := connlimit.NewCounter(c.maxConnsPerClient, b.maxConns)
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "cubicle_client_connections_open", Help: "Client connections open, API and proxy together."},
+			func() float64 { return float64(conns.Len()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "cubicle_client_connections_refused_total", Help: "Client connections closed at accept, past --max-conns or --max-conns-per-client."},
+			func() float64 { return float64(conns.Refused()) }))
 	for _, ln := range lns {
 		if *ln != nil {
 			*ln = connlimit.NewListener(*ln, conns)

@@ -14,9 +14,10 @@ import (
 type Counter struct {
 	perKey, total int
 
-	mu  sync.Mutex
-	n   map[string]int
-	sum int
+	mu      sync.Mutex
+	n       map[string]int
+	sum     int
+	refused uint64
 }
 
 // NewCounter returns a counter allowing perKey holders per key and total
@@ -42,9 +43,11 @@ func (c *Counter) Acquire(key string) Refusal {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.perKey > 0 && c.n[key] >= c.perKey {
+		c.refused++
 		return KeyFull
 	}
 	if c.total > 0 && c.sum >= c.total {
+		c.refused++
 		return TotalFull
 	}
 	c.n[key]++
@@ -69,6 +72,13 @@ func (c *Counter) Len() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.sum
+}
+
+// Refused is how many Acquire calls were refused, ever.
+func (c *Counter) Refused() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.refused
 }
 
 // ClientKey is the key of the client at addr (host:port or a bare address):

@@ -42,6 +42,9 @@ func TestCounter(t *testing.T) {
 			t.Fatalf("Acquire(%s) = %v, want %v", step.key, got, step.want)
 		}
 	}
+	if c.Refused() != 2 {
+		t.Fatalf("refused %d, want 2", c.Refused())
+	}
 	c.Release("a")
 	if got := c.Acquire("c"); got != Granted {
 		t.Fatalf("after a release: %v", got)

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/cubicle-dev/cubicle/internal/connlimit"
 	"github.com/cubicle-dev/cubicle/internal/node"
 )
@@ -41,14 +43,29 @@ type Limits struct {
 type limiter struct {
 	clients   *connlimit.Counter // per client, and the total
 	sandboxes *connlimit.Counter
+	refusals  *prometheus.CounterVec // by cap: client, sandbox, total
+	timeouts  prometheus.Counter     // response-start timeouts
 
 	mu      sync.Mutex
 	refused int
 	lastLog time.Time
 }
 
-func newLimiter(l Limits) *limiter {
-	return &limiter{clients: connlimit.NewCounter(l.PerClient, l.Total), sandboxes: connlimit.NewCounter(l.PerSandbox, 0)}
+func newLimiter(l Limits, reg prometheus.Registerer) *limiter {
+	lim := &limiter{clients: connlimit.NewCounter(l.PerClient, l.Total), sandboxes: connlimit.NewCounter(l.PerSandbox, 0),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cubicle_proxy_requests_refused_total", Help: "Sandbox requests refused past a cap (client: 429; sandbox, total: 503).",
+		}, []string{"cap"}),
+		timeouts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cubicle_proxy_response_start_timeouts_total", Help: "Requests to a sandbox's own port answered 504: no response started in time.",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(lim.refusals, lim.timeouts, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "cubicle_proxy_requests_in_flight", Help: "Requests being proxied to sandboxes.",
+		}, func() float64 { return float64(lim.clients.Len()) }))
+	}
+	return lim
 }
 
 // acquire counts a request from client to port of sandbox sb, or answers
@@ -61,19 +78,20 @@ func (p *Proxy) acquire(w http.ResponseWriter, r *http.Request, sb string, port 
 	}
 	l := p.lim
 	var status int
-	var msg string
+	var msg, which string
 	switch l.clients.Acquire(client) {
 	case connlimit.KeyFull:
-		status, msg = http.StatusTooManyRequests, "too many requests in flight from "+client+" (at most "+strconv.Itoa(p.cfg.Limits.PerClient)+" per client address)"
+		status, which, msg = http.StatusTooManyRequests, "client", "too many requests in flight from "+client+" (at most "+strconv.Itoa(p.cfg.Limits.PerClient)+" per client address)"
 	case connlimit.TotalFull:
-		status, msg = http.StatusServiceUnavailable, "the sandbox proxy is at its connection limit ("+strconv.Itoa(p.cfg.Limits.Total)+" requests in flight)"
+		status, which, msg = http.StatusServiceUnavailable, "total", "the sandbox proxy is at its connection limit ("+strconv.Itoa(p.cfg.Limits.Total)+" requests in flight)"
 	default:
 		if l.sandboxes.Acquire(sbKey) == connlimit.Granted {
 			return func() { l.sandboxes.Release(sbKey); l.clients.Release(client) }
 		}
 		l.clients.Release(client)
-		status, msg = http.StatusServiceUnavailable, "too many requests in flight to "+what+" (at most "+strconv.Itoa(p.cfg.Limits.PerSandbox)+")"
+		status, which, msg = http.StatusServiceUnavailable, "sandbox", "too many requests in flight to "+what+" (at most "+strconv.Itoa(p.cfg.Limits.PerSandbox)+")"
 	}
+	l.refusals.WithLabelValues(which).Inc()
 	p.logRefusal(msg)
 	// The client holding too much should let go of this connection too.
 	w.Header().Set("Connection", "close")

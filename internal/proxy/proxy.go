@@ -22,6 +22,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/control"
 	"github.com/cubicle-dev/cubicle/internal/node"
@@ -49,6 +51,8 @@ type Config struct {
 	// Limits bound the requests in flight and how long a sandbox may take
 	// to answer; the zero value bounds nothing.
 	Limits Limits
+	// Registry, when set, gets the proxy's metrics.
+	Registry prometheus.Registerer
 }
 
 // Proxy routes sandbox traffic and hands everything else to the API.
@@ -78,7 +82,7 @@ func New(cfg Config, mgr *control.Manager, st store.Store, api http.Handler) *Pr
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	p := &Proxy{cfg: cfg, mgr: mgr, st: st, api: api, log: cfg.Logger, lim: newLimiter(cfg.Limits)}
+	p := &Proxy{cfg: cfg, mgr: mgr, st: st, api: api, log: cfg.Logger, lim: newLimiter(cfg.Limits, cfg.Registry)}
 	idle := cfg.Limits.IdleConns
 	if idle <= 0 {
 		idle = 1024
@@ -135,6 +139,7 @@ func New(cfg Config, mgr *control.Manager, st store.Store, api http.Handler) *Pr
 				return
 			}
 			if p.cfg.Limits.ResponseStart > 0 && responseStartTimeout(err) {
+				p.lim.timeouts.Inc()
 				writeSandboxError(w, sandboxError{Code: http.StatusGatewayTimeout, SandboxID: t.sb.ID, Port: int(t.addr.Port()),
 					Message: "the sandbox's port " + strconv.Itoa(int(t.addr.Port())) + " did not start its response within " + p.cfg.Limits.ResponseStart.String()})
 				return

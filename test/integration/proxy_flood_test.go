@@ -248,6 +248,8 @@ func proxyFlood(t *testing.T, runtime string) {
 			t.Errorf("flood outcome %q: want only 429, 503, 504 or a connection closed at accept: %v", k, o)
 		}
 	}
+	s.requireMetrics(t, `cubicle_proxy_requests_refused_total{cap="sandbox"}`, `cubicle_proxy_requests_refused_total{cap="client"}`,
+		"cubicle_proxy_response_start_timeouts_total", "cubicle_proxy_requests_in_flight", "cubicle_client_connections_refused_total")
 	// Client connections (per address), upstream ones (per sandbox), the
 	// upstream pool and the second sandbox's, with room to spare.
 	if bound := baseFiles + 2*connsPerClient + perSandbox + 64 + 100; maxFiles > bound {
