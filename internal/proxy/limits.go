@@ -130,11 +130,13 @@ func (t portTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 
 func exemptPort(port int) bool { return port == node.AgentPort || port == codeInterpreterPort }
 
-// responseStartTimeout reports whether err is a response that did not start
-// in time, as opposed to a dial that failed.
+// responseStartTimeout reports whether err is the transport's timeout for a
+// response that did not start, as opposed to a dial that failed or a
+// connection that broke (a *net.OpError, ETIMEDOUT from keep-alives among
+// them).
 func responseStartTimeout(err error) bool {
 	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
+	if errors.As(err, &op) {
 		return false
 	}
 	var ne net.Error

@@ -138,10 +138,10 @@ func New(cfg Config, mgr *control.Manager, st store.Store, api http.Handler) *Pr
 				portClosed(w, t.sb, int(t.addr.Port()))
 				return
 			}
-			if p.cfg.Limits.ResponseStart > 0 && responseStartTimeout(err) {
+			if port := int(t.addr.Port()); p.cfg.Limits.ResponseStart > 0 && !exemptPort(port) && responseStartTimeout(err) {
 				p.lim.timeouts.Inc()
-				writeSandboxError(w, sandboxError{Code: http.StatusGatewayTimeout, SandboxID: t.sb.ID, Port: int(t.addr.Port()),
-					Message: "the sandbox's port " + strconv.Itoa(int(t.addr.Port())) + " did not start its response within " + p.cfg.Limits.ResponseStart.String()})
+				writeSandboxError(w, sandboxError{Code: http.StatusGatewayTimeout, SandboxID: t.sb.ID, Port: port,
+					Message: "the sandbox's port " + strconv.Itoa(port) + " did not start its response in time (at most " + p.cfg.Limits.ResponseStart.String() + " once the request is sent)"})
 				return
 			}
 			p.log.Warn("proxy upstream error", "host", r.Host, "path", r.URL.Path, "err", err)
