@@ -62,6 +62,7 @@ type serveOptions struct {
 	readyTimeout                                          time.Duration
 	warmPools                                             []string
 	accel                                                 accelOptions
+	conns                                                 connOptions
 	maxCPU, maxMemoryMB, maxDiskMB                        int
 	volumeSizeMB, maxVolumeSizeMB                         int
 	diskReserve                                           string
@@ -129,6 +130,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&o.volumeBaseDir, "volume-base-dir", "", "volume_plugin_base_dir override (default: the node config's, else <data-dir>/volume-mounts)")
 	f.StringVar(&o.caCertsFile, "ca-certificates", "", "PEM file of extra CA certificates to trust in every sandbox and template build (a TLS-intercepting proxy's CA); default none")
 	o.accel.flags(f)
+	o.conns.flags(f)
 	return cmd
 }
 
@@ -172,6 +174,10 @@ func serve(ctx context.Context, o serveOptions) error {
 		return fmt.Errorf("--disk-reserve: %w", err)
 	}
 	userns, err := usernsMode(o.userns, o.runtime)
+	if err != nil {
+		return err
+	}
+	budget, err := o.conns.budget()
 	if err != nil {
 		return err
 	}
@@ -400,9 +406,10 @@ func serve(ctx context.Context, o serveOptions) error {
 	apiSrv := api.New(api.Config{Domain: o.domain, Logger: log, Registry: reg, Templates: tpls.api, Images: tpls.images,
 		MaxImageBytes: o.maxImageBytes, Secrets: secrets}, mgr, st)
 	tpls.startCollector(ctx, apiSrv)
-	handler := proxy.New(proxy.Config{Domain: o.domain, Logger: log}, mgr, st, apiSrv)
+	handler := proxy.New(proxy.Config{Domain: o.domain, Logger: log, Limits: o.conns.proxyLimits(budget), Registry: reg}, mgr, st, apiSrv)
 
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 30 * time.Second}
+	o.conns.listeners(budget, reg, &ln, &lnTLS)
+	srv := o.conns.server(handler)
 	// HTTP/1.1 for the JS SDK, cleartext HTTP/2 for clients that prefer it.
 	srv.Protocols = new(http.Protocols)
 	srv.Protocols.SetHTTP1(true)
@@ -411,6 +418,9 @@ func serve(ctx context.Context, o serveOptions) error {
 		srv.TLSConfig = tlsConfig
 		srv.Protocols.SetHTTP2(true)
 	}
+	log.Info("connection limits", "nofile", budget.nofile, "max_conns", budget.maxConns, "max_conns_per_client", o.conns.maxConnsPerClient,
+		"proxy_max_conns", budget.proxyMaxConns, "proxy_per_sandbox", o.conns.proxyPerSandbox, "proxy_per_client", o.conns.proxyPerClient,
+		"proxy_response_start", o.conns.responseStart)
 	log.Info("cubicle serving", "listen", ln.Addr().String(), "runtime", o.runtime, "userns", userns, "data", o.dataDir, "images", o.imagesDir,
 		"volume_drivers", ctrlPlugins.Names(), "volume_base_dir", vc.node.BaseDir)
 	errc := make(chan error, 2)

@@ -126,7 +126,7 @@ func TestUnreachableSandboxWithStreamingBody(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := setup(t, echoPath())
 			p := New(Config{Domain: "cubicle.test"}, nil, f.st, http.NotFoundHandler())
-			tr := p.rp.Transport.(*http.Transport)
+			tr := p.rp.Transport.(portTransport).user.(*http.Transport) // a user port
 			dial := tr.DialContext
 			tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
 				ctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond) // not the real 3 s

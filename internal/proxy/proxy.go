@@ -22,6 +22,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/control"
 	"github.com/cubicle-dev/cubicle/internal/node"
@@ -46,6 +48,11 @@ type Config struct {
 	// Domain, when set, is the suffix of <port>-<id>.<domain> hosts.
 	Domain string
 	Logger *slog.Logger
+	// Limits bound the requests in flight and how long a sandbox may take
+	// to answer; the zero value bounds nothing.
+	Limits Limits
+	// Registry, when set, gets the proxy's metrics.
+	Registry prometheus.Registerer
 }
 
 // Proxy routes sandbox traffic and hands everything else to the API.
@@ -55,6 +62,7 @@ type Proxy struct {
 	st  store.Store
 	api http.Handler
 	rp  *httputil.ReverseProxy
+	lim *limiter
 	log *slog.Logger
 }
 
@@ -74,21 +82,30 @@ func New(cfg Config, mgr *control.Manager, st store.Store, api http.Handler) *Pr
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	p := &Proxy{cfg: cfg, mgr: mgr, st: st, api: api, log: cfg.Logger}
-	tr := &http.Transport{
-		DialContext:           node.DialSandbox(&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}),
-		MaxIdleConns:          1024,
-		MaxIdleConnsPerHost:   64,
-		IdleConnTimeout:       60 * time.Second,
-		ResponseHeaderTimeout: 0, // streams (process output) may wait arbitrarily long
-		DisableCompression:    true,
-		// Only httpsPorts are dialled with TLS. Their certificates are not
-		// verified (e2b's contract: self-signed ones work): the hop is the
-		// node's own bridge to a sandbox it just resolved by ID, so there
-		// is no third party to authenticate against.
-		TLSClientConfig:     &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // see above
-		TLSHandshakeTimeout: 10 * time.Second,
+	p := &Proxy{cfg: cfg, mgr: mgr, st: st, api: api, log: cfg.Logger, lim: newLimiter(cfg.Limits, cfg.Registry)}
+	idle := cfg.Limits.IdleConns
+	if idle <= 0 {
+		idle = 1024
 	}
+	newTransport := func(responseStart time.Duration, idle int) *http.Transport {
+		return &http.Transport{
+			DialContext:         node.DialSandbox(&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}),
+			MaxIdleConns:        max(idle, 1),
+			MaxIdleConnsPerHost: min(64, max(idle, 1)),
+			IdleConnTimeout:     60 * time.Second,
+			// Once the request is written: 0 for envd's streams, which
+			// may wait arbitrarily long for a command's output.
+			ResponseHeaderTimeout: responseStart,
+			DisableCompression:    true,
+			// Only httpsPorts are dialled with TLS. Their certificates are not
+			// verified (e2b's contract: self-signed ones work): the hop is the
+			// node's own bridge to a sandbox it just resolved by ID, so there
+			// is no third party to authenticate against.
+			TLSClientConfig:     &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // see above
+			TLSHandshakeTimeout: 10 * time.Second,
+		}
+	}
+	tr := portTransport{agent: newTransport(0, idle/2), user: newTransport(cfg.Limits.ResponseStart, idle-idle/2)}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			t := pr.In.Context().Value(targetKey{}).(target)
@@ -119,6 +136,12 @@ func New(cfg Config, mgr *control.Manager, st store.Store, api http.Handler) *Pr
 				// The sandbox answered, so this is not the timeout the SDKs
 				// read a bare 502 as.
 				portClosed(w, t.sb, int(t.addr.Port()))
+				return
+			}
+			if port := int(t.addr.Port()); p.cfg.Limits.ResponseStart > 0 && !exemptPort(port) && responseStartTimeout(err) {
+				p.lim.timeouts.Inc()
+				writeSandboxError(w, sandboxError{Code: http.StatusGatewayTimeout, SandboxID: t.sb.ID, Port: port,
+					Message: "the sandbox's port " + strconv.Itoa(port) + " did not start its response in time (at most " + p.cfg.Limits.ResponseStart.String() + " once the request is sent)"})
 				return
 			}
 			p.log.Warn("proxy upstream error", "host", r.Host, "path", r.URL.Path, "err", err)
@@ -328,6 +351,12 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, sb *store.Sandbo
 		writeError(w, http.StatusBadGateway, "sandbox "+sb.ID+" has no address")
 		return
 	}
+	release := p.acquire(w, r, sb.ID, port)
+	if release == nil {
+		return
+	}
+	// Held until the response (or an upgraded connection) is done.
+	defer release()
 	// The upstream may answer (and we flush) before the transport has read
 	// the request body to EOF; without full duplex the HTTP/1 server then
 	// closes the body under the transport, which kills the upstream
