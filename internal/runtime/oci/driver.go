@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cubicle-dev/cubicle/internal/idlock"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 )
@@ -183,7 +185,13 @@ func (d *Driver) globalArgs() []string {
 // command builds a runtime invocation. Runtimes run in their own process
 // group so signals aimed at cubicle's group never reach sandboxes.
 func (d *Driver) command(ctx context.Context, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, d.bin, append(d.globalArgs(), args...)...)
+	return d.commandVia(ctx, nil, args...)
+}
+
+// commandVia is command run through via (a program that execs the rest).
+func (d *Driver) commandVia(ctx context.Context, via []string, args ...string) *exec.Cmd {
+	argv := append(append(append([]string(nil), via...), d.bin), append(d.globalArgs(), args...)...)
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.WaitDelay = 2 * time.Second
 	return cmd
@@ -206,6 +214,10 @@ func (d *Driver) run(ctx context.Context, args ...string) ([]byte, error) {
 // runWithConsole runs a command whose children become the sandbox (create,
 // restore): they inherit the console log as stdio, so no pipe outlives us.
 func (d *Driver) runWithConsole(ctx context.Context, id string, args ...string) error {
+	return d.runWithConsoleVia(ctx, id, nil, args...)
+}
+
+func (d *Driver) runWithConsoleVia(ctx context.Context, id string, via []string, args ...string) error {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.CommandTimeout)
 	defer cancel()
 	logPath := filepath.Join(d.dir(id), "console.log")
@@ -220,7 +232,7 @@ func (d *Driver) runWithConsole(ctx context.Context, id string, args ...string) 
 	}
 	defer devnull.Close()
 	st, _ := f.Stat()
-	cmd := d.command(ctx, args...)
+	cmd := d.commandVia(ctx, via, args...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, f, f
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("%w: %s %s: %v: %s", ErrCommand, d.cfg.Runtime,
@@ -460,8 +472,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Info,
 		}
 		return d.inspectLocked(ctx, spec.ID)
 	}
-	if err := d.runWithConsole(ctx, spec.ID, "create", "--bundle", bundle,
-		"--pid-file", filepath.Join(bundle, "pid"), spec.ID); err != nil {
+	if err := d.createContainer(ctx, spec.ID); err != nil {
 		return runtime.Info{}, err
 	}
 	if _, err := d.run(ctx, "start", spec.ID); err != nil {
@@ -469,6 +480,38 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Info,
 	}
 	return d.inspectLocked(ctx, spec.ID)
 }
+
+// createContainer runs the runtime's create for id's bundle. A
+// user-namespaced sandbox joins a namespace owned by its own uid
+// (bindOwnedUserns), bound at usernsPath only while runc joins it: the
+// container's processes keep it alive from then on.
+func (d *Driver) createContainer(ctx context.Context, id string) error {
+	bundle := filepath.Join(d.dir(id), "bundle")
+	var via []string // rlimits (specRlimits)
+	if d.userns() {
+		d.mu.Lock()
+		slot, ok := d.slots[id]
+		d.mu.Unlock()
+		if !ok {
+			return fmt.Errorf("oci: %s has no user namespace slot", id)
+		}
+		prlimit, err := exec.LookPath("prlimit")
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrHostUnsupported, err)
+		}
+		rl := nofileRlimit(true)
+		via = []string{prlimit, fmt.Sprintf("--nofile=%d:%d", rl.Soft, rl.Hard), "--"}
+		p := d.usernsPath(id)
+		if err := bindOwnedUserns(slotBase(slot), usernsSize, p); err != nil {
+			return err
+		}
+		defer unix.Unmount(p, unix.MNT_DETACH)
+	}
+	return d.runWithConsoleVia(ctx, id, via, "create", "--bundle", bundle, "--pid-file", filepath.Join(bundle, "pid"), id)
+}
+
+// usernsPath is where createContainer binds the sandbox's user namespace.
+func (d *Driver) usernsPath(id string) string { return filepath.Join(d.dir(id), "userns") }
 
 // Delete implements runtime.Driver.
 func (d *Driver) Delete(ctx context.Context, id string) error {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -103,4 +104,88 @@ func checkIdmap(dir string) error {
 		return err
 	}
 	return unix.Unmount(dst, unix.MNT_DETACH)
+}
+
+// bindOwnedUserns makes the user namespace a sandbox's container joins and
+// bind-mounts it at path: uids and gids 0..size-1 map to base.., and its
+// owner is host uid base, not root. The kernel charges what a user
+// namespace's processes hold against per-user budgets (inotify instances
+// and watches, queued signals, POSIX message-queue bytes, processes) at
+// every level up, the top one keyed by the namespace's owner: a namespace
+// runc makes as root would have every sandbox draw on host root's budgets.
+// Owned by the slot's own uid, each sandbox draws on a budget of its own.
+//
+// The helper runs unshare(1) as base (the owner is the creator's euid, and
+// Go's clone would create the namespace as root); host root writes the
+// maps, which only a privileged parent may do for a 65536-id range.
+func bindOwnedUserns(base, size uint32, path string) (err error) {
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		return fmt.Errorf("%w: user namespace helper: %v", ErrHostUnsupported, err)
+	}
+	cat, err := exec.LookPath("cat")
+	if err != nil {
+		return fmt.Errorf("%w: user namespace helper: %v", ErrHostUnsupported, err)
+	}
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		return err
+	}
+	cmd := exec.Command(unshare, "--user", "--", cat)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Credential: &syscall.Credential{Uid: base, Gid: base, Groups: []uint32{}},
+		Pdeathsig:  unix.SIGKILL,
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("oci: user namespace helper: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			cmd.Process.Kill()
+		}
+		in.Close() // cat sees EOF and exits
+		if werr := cmd.Wait(); werr != nil && err == nil {
+			err = fmt.Errorf("oci: user namespace helper: %w", werr)
+		}
+	}()
+	proc := "/proc/" + strconv.Itoa(cmd.Process.Pid)
+	// Until unshare(2) has run, the helper is still in our namespace.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		owner, err := nsOwner(proc + "/ns/user")
+		if err != nil {
+			return fmt.Errorf("oci: user namespace helper: %w", err)
+		}
+		if owner == base {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("oci: user namespace helper did not unshare within 10s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	m := fmt.Sprintf("0 %d %d\n", base, size)
+	for _, f := range []string{"uid_map", "gid_map"} {
+		if err := os.WriteFile(proc+"/"+f, []byte(m), 0); err != nil {
+			return fmt.Errorf("oci: user namespace %s: %w", f, err)
+		}
+	}
+	if err := unix.Mount(proc+"/ns/user", path, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("oci: bind user namespace: %w", err)
+	}
+	return nil
+}
+
+// nsOwner is the host uid owning the user namespace at path.
+func nsOwner(path string) (uint32, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	return unix.IoctlGetUint32(int(f.Fd()), unix.NS_GET_OWNER_UID)
 }

@@ -95,7 +95,8 @@ func (d *Driver) buildSpec(s runtime.Spec, rootfs string, nsBase uint32) (*specs
 	}
 	var uidMap []specs.LinuxIDMapping
 	if nsBase != 0 {
-		nsList = append(nsList, specs.LinuxNamespace{Type: specs.UserNamespace})
+		// Joined, not made by runc: see bindOwnedUserns.
+		nsList = append(nsList, specs.LinuxNamespace{Type: specs.UserNamespace, Path: d.usernsPath(s.ID)})
 		uidMap = []specs.LinuxIDMapping{{ContainerID: 0, HostID: nsBase, Size: usernsSize}}
 		// sysfs can only be mounted by the user namespace that owns the
 		// network namespace, and the sandbox's netns is made by the host
@@ -185,7 +186,7 @@ func (d *Driver) buildSpec(s runtime.Spec, rootfs string, nsBase uint32) (*specs
 			Capabilities: &specs.LinuxCapabilities{
 				Bounding: caps, Effective: caps, Permitted: caps,
 			},
-			Rlimits: []specs.POSIXRlimit{nofileRlimit(nsBase != 0)},
+			Rlimits: specRlimits(nsBase != 0),
 			// setuid binaries (sudo, su) need this off; runsc also needs
 			// --allow-suid (globalArgs).
 			NoNewPrivileges: false,
@@ -262,6 +263,18 @@ func hasEnv(env []string, key string) bool {
 		}
 	}
 	return false
+}
+
+// specRlimits are the process rlimits runc applies. A user-namespaced
+// sandbox gets none: runc sets them with prlimit(2) on its init once it is
+// in the namespace, which needs CAP_SYS_RESOURCE over a namespace root no
+// longer owns (bindOwnedUserns), so createContainer starts runc with them
+// instead and the container inherits them.
+func specRlimits(userns bool) []specs.POSIXRlimit {
+	if userns {
+		return nil
+	}
+	return []specs.POSIXRlimit{nofileRlimit(false)}
 }
 
 // nofileRlimit is 65536/1048576, capped at our own hard limit: without
