@@ -142,6 +142,12 @@ func New(cfg Config) (*Driver, error) {
 		if err := checkTraversable(cfg.SandboxDir); err != nil {
 			return nil, err
 		}
+		// util-linux: createContainer needs both (bindOwnedUserns, specRlimits).
+		for _, tool := range []string{"unshare", "prlimit"} {
+			if _, err := exec.LookPath(tool); err != nil {
+				return nil, fmt.Errorf("%w: user-namespaced sandboxes need util-linux's %s: %v", ErrHostUnsupported, tool, err)
+			}
+		}
 		if err := checkIdmap(cfg.SandboxDir); err != nil {
 			return nil, fmt.Errorf("%w: user namespaces need idmapped mounts of the image filesystem: %v", ErrHostUnsupported, err)
 		}
