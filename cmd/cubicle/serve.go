@@ -57,6 +57,7 @@ type serveOptions struct {
 	registryListen, buildkitd                             string
 	lxcfsBin                                              string
 	lxcfs                                                 bool
+	lxcfsCPUs                                             float64
 	readyTimeout                                          time.Duration
 	warmPools                                             []string
 	accel                                                 accelOptions
@@ -111,6 +112,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&o.registryListen, "registry-listen", "127.0.0.1:0", "loopback address of the local OCI registry BuildKit pulls from and pushes to")
 	f.BoolVar(&o.lxcfs, "lxcfs", true, "give runc sandboxes lxcfs's /proc/meminfo, cpuinfo, stat, uptime... so free and friends show their limits; false: they see the host's (logged)")
 	f.StringVar(&o.lxcfsBin, "lxcfs-bin", "lxcfs", "lxcfs binary (Debian package lxcfs; scripts/install installs it)")
+	f.Float64Var(&o.lxcfsCPUs, "lxcfs-cpus", 1, "CPU quota of lxcfs, which serves every runc sandbox's /proc reads outside their own CPU limits, in its own cgroup <cgroup-parent>-lxcfs (0: unbounded)")
 	f.StringVar(&o.buildkitd, "buildkitd", "", "buildkitd binary for template builds (default: next to this binary; off disables builds with steps)")
 	f.DurationVar(&o.readyTimeout, "ready-timeout", 120*time.Second, "how long a template's ready command may take at sandbox create")
 	f.DurationVar(&o.contentIdle, "volume-content-idle", 30*time.Second, "how long the volume-content API keeps a volume attached after its last request")
