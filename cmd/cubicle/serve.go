@@ -58,6 +58,7 @@ type serveOptions struct {
 	lxcfsBin                                              string
 	lxcfs                                                 bool
 	lxcfsCPUs                                             float64
+	sandboxMaxFlows, sandboxNewFlows                      int
 	readyTimeout                                          time.Duration
 	warmPools                                             []string
 	accel                                                 accelOptions
@@ -99,6 +100,8 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&o.hostFirewall, "host-firewall", "auto", "auto: when the host's iptables FORWARD chain drops (Docker, ufw, firewalld), add accept rules for the bridge (in DOCKER-USER if it exists) and remove them on exit; off: never touch iptables")
 	f.StringVar(&o.nftTable, "nft-table", "", "nftables table (inet family) owned by this server (default cubicle, or cubicle_<bridge>)")
 	f.StringVar(&o.cgroupParent, "cgroup-parent", "cubicle", "cgroup parent of sandbox cgroups")
+	f.IntVar(&o.sandboxMaxFlows, "sandbox-max-flows", 2048, "connections (conntrack entries, TCP TIME_WAIT excluded) one sandbox may hold at once; new flows past it are dropped (0: no cap)")
+	f.IntVar(&o.sandboxNewFlows, "sandbox-new-flows", 100, "new connections one sandbox may start per second, in bursts of twice that; past it they are dropped (0: no cap). The host's conntrack table is shared by all")
 	f.IntVar(&o.cpuCount, "cpu-count", 2, "CPUs per sandbox")
 	f.IntVar(&o.memoryMB, "memory-mb", 512, "memory per sandbox in MiB")
 	f.IntVar(&o.diskSizeMB, "disk-size-mb", 1024, "disk size reported per sandbox in MiB")
@@ -297,7 +300,8 @@ func serve(ctx context.Context, o serveOptions) error {
 		return err
 	}
 	netm, err := network.NewLinux(network.Config{Bridge: o.bridge, Pool: pool, NetnsDir: o.netnsDir, Table: o.nftTable, Resolvers: resolvers,
-		HostFirewall: o.hostFirewall, EgressPort: egressPort, UpstreamAllow: upstreamAllow})
+		HostFirewall: o.hostFirewall, EgressPort: egressPort, UpstreamAllow: upstreamAllow,
+		MaxFlows: o.sandboxMaxFlows, NewFlowRate: o.sandboxNewFlows})
 	if err != nil {
 		return fmt.Errorf("network: %w", err)
 	}
