@@ -85,7 +85,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&o.secretsKey, "secrets-key", "", "key file sealing secret values (default <data-dir>/secrets.key; created 0600 on first start; keep it outside database backups; losing it makes every secret unreadable, see docs/secrets.md)")
 	f.StringVar(&o.listen, "listen", "127.0.0.1:3000", "address for the API and the sandbox proxy")
 	f.StringVar(&o.runtime, "runtime", "runc", "OCI runtime: runc or runsc (gVisor)")
-	f.StringVar(&o.userns, "userns", "auto", "user namespace per sandbox (root inside is an unprivileged host uid): on, off, or auto (on for runc/crun; runsc has its own sandboxing)")
+	f.StringVar(&o.userns, "userns", "auto", "user namespace per sandbox, from its own unprivileged 65536-uid host range (runc/crun: root inside; runsc: gVisor's sentry and gofer): on, off, or auto (= on)")
 	f.StringVar(&o.agentBin, "agent-bin", "", "path of the static cubicle-agent binary (default: next to this binary)")
 	f.StringVar(&o.domain, "domain", "", "sandbox domain returned to SDKs; hosts <port>-<id>.<domain> are proxied")
 	f.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate for *.<domain> (with --tls-key): the listener speaks TLS, API at api.<domain> and sandboxes at <port>-<id>.<domain> on the same port")
@@ -569,16 +569,12 @@ func loadVolumeConfig(o serveOptions) (volumeConfig, error) {
 	return vc, nil
 }
 
-// usernsMode resolves --userns: runsc runs its sandboxes in gVisor, whose
-// own user namespace the flag cannot change, so "on" is refused there.
+// usernsMode resolves --userns: on by default for every runtime. Under
+// runsc the namespace holds gVisor's sentry and gofer, which otherwise run
+// as host root.
 func usernsMode(v, runtime string) (bool, error) {
 	switch v {
-	case "auto":
-		return runtime != "runsc", nil
-	case "on":
-		if runtime == "runsc" {
-			return false, fmt.Errorf("--userns on: runsc sandboxes already run in gVisor's own user namespace; the flag applies to runc and crun")
-		}
+	case "auto", "on":
 		return true, nil
 	case "off":
 		return false, nil

@@ -94,7 +94,12 @@ func (d *Driver) buildSpec(s runtime.Spec, rootfs string, nsBase uint32) (*specs
 		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 	}
 	var uidMap []specs.LinuxIDMapping
-	if nsBase != 0 {
+	if nsBase != 0 && d.cfg.Runtime == "runsc" {
+		// runsc makes it from the mappings, for the sentry and the gofer;
+		// /sys stays gVisor's own.
+		nsList = append(nsList, specs.LinuxNamespace{Type: specs.UserNamespace})
+		uidMap = []specs.LinuxIDMapping{{ContainerID: 0, HostID: nsBase, Size: usernsSize}}
+	} else if nsBase != 0 {
 		// Joined, not made by runc: see bindOwnedUserns.
 		nsList = append(nsList, specs.LinuxNamespace{Type: specs.UserNamespace, Path: d.usernsPath(s.ID)})
 		uidMap = []specs.LinuxIDMapping{{ContainerID: 0, HostID: nsBase, Size: usernsSize}}
@@ -186,7 +191,7 @@ func (d *Driver) buildSpec(s runtime.Spec, rootfs string, nsBase uint32) (*specs
 			Capabilities: &specs.LinuxCapabilities{
 				Bounding: caps, Effective: caps, Permitted: caps,
 			},
-			Rlimits: specRlimits(nsBase != 0),
+			Rlimits: specRlimits(nsBase != 0 && d.cfg.Runtime != "runsc"), // the sentry applies its own
 			// setuid binaries (sudo, su) need this off; runsc also needs
 			// --allow-suid (globalArgs).
 			NoNewPrivileges: false,
