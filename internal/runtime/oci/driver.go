@@ -142,8 +142,8 @@ func New(cfg Config) (*Driver, error) {
 		if err := checkTraversable(cfg.SandboxDir); err != nil {
 			return nil, err
 		}
-		// util-linux: createContainer needs both (bindOwnedUserns, specRlimits).
-		for _, tool := range []string{"unshare", "prlimit"} {
+		// util-linux: createContainer needs them (bindOwnedUserns, specRlimits, annotationNetns).
+		for _, tool := range []string{"unshare", "prlimit", "nsenter"} {
 			if !d.ownedUserns() {
 				break
 			}
@@ -521,6 +521,17 @@ func (d *Driver) createContainer(ctx context.Context, id string) error {
 		}
 		rl := nofileRlimit(true)
 		via = []string{prlimit, fmt.Sprintf("--nofile=%d:%d", rl.Soft, rl.Hard), "--"}
+		netns, err := specNetns(bundle)
+		if err != nil {
+			return err
+		}
+		if netns != "" {
+			nsenter, err := exec.LookPath("nsenter")
+			if err != nil {
+				return fmt.Errorf("%w: %v", ErrHostUnsupported, err)
+			}
+			via = append([]string{nsenter, "--net=" + netns, "--"}, via...)
+		}
 		p := d.usernsPath(id)
 		if err := bindOwnedUserns(slotBase(slot), usernsSize, p); err != nil {
 			return err
@@ -528,6 +539,22 @@ func (d *Driver) createContainer(ctx context.Context, id string) error {
 		defer unix.Unmount(p, unix.MNT_DETACH)
 	}
 	return d.runWithConsoleVia(ctx, id, via, "create", "--bundle", bundle, "--pid-file", filepath.Join(bundle, "pid"), id)
+}
+
+// specNetns is the network namespace runc must be started in, from the
+// bundle's config (annotationNetns), or "".
+func specNetns(bundle string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		return "", err
+	}
+	var sp struct {
+		Annotations map[string]string `json:"annotations"`
+	}
+	if err := json.Unmarshal(b, &sp); err != nil {
+		return "", fmt.Errorf("oci: %s: %w", bundle, err)
+	}
+	return sp.Annotations[annotationNetns], nil
 }
 
 // usernsPath is where createContainer binds the sandbox's user namespace.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -36,6 +37,10 @@ var (
 		"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
 	}
 )
+
+// annotationNetns records the network namespace runc is started in when
+// the spec cannot name it (see buildSpec).
+const annotationNetns = "dev.cubicle.netns"
 
 // ociVersion is the oldest spec version that has every field we use
 // (errnoRet arrived in 1.0.2); crun 1.8 rejects versions newer than it knows.
@@ -94,6 +99,7 @@ func (d *Driver) buildSpec(s runtime.Spec, rootfs string, nsBase uint32) (*specs
 		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 	}
 	var uidMap []specs.LinuxIDMapping
+	var annotations map[string]string
 	if nsBase != 0 && d.cfg.Runtime == "runsc" {
 		// runsc makes it from the mappings, for the sentry and the gofer;
 		// /sys stays gVisor's own.
@@ -103,6 +109,14 @@ func (d *Driver) buildSpec(s runtime.Spec, rootfs string, nsBase uint32) (*specs
 		// Joined, not made by runc: see bindOwnedUserns.
 		nsList = append(nsList, specs.LinuxNamespace{Type: specs.UserNamespace, Path: d.usernsPath(s.ID)})
 		uidMap = []specs.LinuxIDMapping{{ContainerID: 0, HostID: nsBase, Size: usernsSize}}
+		if s.NetNSPath != "" {
+			// runc joins the user namespace first, and from inside one
+			// root does not own, the host's network namespace cannot be
+			// joined (EPERM). So runc is started in it (createContainer)
+			// and the container inherits it.
+			nsList = slices.DeleteFunc(nsList, func(n specs.LinuxNamespace) bool { return n.Type == specs.NetworkNamespace })
+			annotations = map[string]string{annotationNetns: s.NetNSPath}
+		}
 		// sysfs can only be mounted by the user namespace that owns the
 		// network namespace, and the sandbox's netns is made by the host
 		// beforehand: bind the host's read-only instead (as rootless
@@ -196,8 +210,9 @@ func (d *Driver) buildSpec(s runtime.Spec, rootfs string, nsBase uint32) (*specs
 			// --allow-suid (globalArgs).
 			NoNewPrivileges: false,
 		},
-		Hostname: hostname,
-		Mounts:   mounts,
+		Hostname:    hostname,
+		Mounts:      mounts,
+		Annotations: annotations,
 		Linux: &specs.Linux{
 			UIDMappings:   uidMap,
 			GIDMappings:   uidMap,
