@@ -130,3 +130,36 @@ func TestUsernsOwner(t *testing.T) {
 		}
 	}
 }
+
+// The bind target sits in a directory the sandbox's host uid owns: a link
+// put there is replaced, never followed.
+func TestBindOwnedUsernsNoFollow(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	dir := t.TempDir()
+	victim := filepath.Join(dir, "victim")
+	if err := os.WriteFile(victim, []byte("keep"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, "userns")
+	if err := os.Symlink(victim, p); err != nil {
+		t.Fatal(err)
+	}
+	if err := bindOwnedUserns(usernsBase, usernsSize, p); err != nil {
+		t.Fatal(err)
+	}
+	defer unbindUserns(p)
+	if b, err := os.ReadFile(victim); err != nil || string(b) != "keep" {
+		t.Fatalf("link target touched: %q, %v", b, err)
+	}
+	if owner, err := nsOwner(p); err != nil || owner != usernsBase {
+		t.Fatalf("bound namespace owner %d, %v; want %d", owner, err, usernsBase)
+	}
+	if mps, _ := MountsUnder(dir); len(mps) != 1 || mps[0] != p {
+		t.Fatalf("mounts under %s: %v, want just %s", dir, mps, p)
+	}
+	if err := unbindUserns(p); err != nil {
+		t.Fatal(err)
+	}
+}

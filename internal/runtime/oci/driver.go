@@ -19,8 +19,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/cubicle-dev/cubicle/internal/idlock"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 )
@@ -153,6 +151,11 @@ func New(cfg Config) (*Driver, error) {
 		}
 		if err := checkIdmap(cfg.SandboxDir); err != nil {
 			return nil, fmt.Errorf("%w: user namespaces need idmapped mounts of the image filesystem: %v", ErrHostUnsupported, err)
+		}
+		if d.ownedUserns() {
+			if err := checkOwnedUserns(cfg.SandboxDir); err != nil {
+				return nil, fmt.Errorf("%w: an unprivileged uid cannot create a user namespace here (user.max_user_namespaces, kernel.unprivileged_userns_clone): %v", ErrHostUnsupported, err)
+			}
 		}
 		if err := d.loadSlots(); err != nil {
 			return nil, err
@@ -536,7 +539,7 @@ func (d *Driver) createContainer(ctx context.Context, id string) error {
 		if err := bindOwnedUserns(slotBase(slot), usernsSize, p); err != nil {
 			return err
 		}
-		defer unix.Unmount(p, unix.MNT_DETACH)
+		defer unbindUserns(p)
 	}
 	return d.runWithConsoleVia(ctx, id, via, "create", "--bundle", bundle, "--pid-file", filepath.Join(bundle, "pid"), id)
 }

@@ -127,9 +127,20 @@ func bindOwnedUserns(base, size uint32, path string) (err error) {
 	if err != nil {
 		return fmt.Errorf("%w: user namespace helper: %v", ErrHostUnsupported, err)
 	}
-	if err := os.WriteFile(path, nil, 0o600); err != nil {
+	// path is in the sandbox's dir, which its host uid owns: whatever is
+	// there is removed, never followed, and the namespace is mounted onto
+	// the file made here by descriptor.
+	if err := unix.Unmount(path, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("oci: unmount stale %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
+	target, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer target.Close()
 	cmd := exec.Command(unshare, "--user", "--", cat)
 	in, err := cmd.StdinPipe()
 	if err != nil {
@@ -174,10 +185,36 @@ func bindOwnedUserns(base, size uint32, path string) (err error) {
 			return fmt.Errorf("oci: user namespace %s: %w", f, err)
 		}
 	}
-	if err := unix.Mount(proc+"/ns/user", path, "", unix.MS_BIND, ""); err != nil {
+	tree, err := unix.OpenTree(unix.AT_FDCWD, proc+"/ns/user", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("oci: bind user namespace: %w", err)
+	}
+	defer unix.Close(tree)
+	if err := unix.MoveMount(tree, "", int(target.Fd()), "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
 		return fmt.Errorf("oci: bind user namespace: %w", err)
 	}
 	return nil
+}
+
+// unbindUserns undoes bindOwnedUserns's mount (not following a link).
+func unbindUserns(path string) error {
+	return unix.Unmount(path, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
+}
+
+// checkOwnedUserns probes, at start, that an unprivileged uid may make a
+// user namespace here (user.max_user_namespaces above 0; on older Debian
+// kernels kernel.unprivileged_userns_clone=1), so a host that forbids it
+// fails at start rather than at the first create.
+func checkOwnedUserns(dir string) error {
+	p := filepath.Join(dir, fmt.Sprintf(".userns-probe-%d", os.Getpid()))
+	if err := bindOwnedUserns(usernsBase, usernsSize, p); err != nil {
+		os.Remove(p)
+		return err
+	}
+	if err := unbindUserns(p); err != nil {
+		return err
+	}
+	return os.Remove(p)
 }
 
 // nsOwner is the host uid owning the user namespace at path.
