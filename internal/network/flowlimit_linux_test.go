@@ -2,6 +2,7 @@ package network
 
 import (
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,16 +13,30 @@ import (
 // open until drop is called or the test ends. Returns "ip:port".
 func holdServer(t *testing.T, nsPath, ip string) (addr string, drop func()) {
 	t.Helper()
+	t.Helper()
+	return holdServerAt(t, nsPath, net.JoinHostPort(ip, "0"))
+}
+
+// holdServerAt is holdServer on a given address ("" nsPath: the host's).
+func holdServerAt(t *testing.T, nsPath, addr string) (string, func()) {
+	t.Helper()
 	var ln net.Listener
-	if err := RunInNetns(nsPath, func() (err error) {
-		ln, err = net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	listen := func() (err error) {
+		ln, err = net.Listen("tcp", addr)
 		return err
-	}); err != nil {
+	}
+	var err error
+	if nsPath == "" {
+		err = listen()
+	} else {
+		err = RunInNetns(nsPath, listen)
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
 	var conns []net.Conn
-	drop = func() {
+	drop := func() {
 		mu.Lock()
 		defer mu.Unlock()
 		closeAll(conns)
@@ -119,6 +134,36 @@ func TestSandboxFlowCap(t *testing.T) {
 			t.Fatalf("after closing its connections the sandbox still gets only %d of 5", len(again))
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// The cap counts flows to the host's egress proxy too (redirected at
+// prerouting, accepted at input, never forwarded): the churn went
+// there.
+func TestSandboxFlowCapEgressProxy(t *testing.T) {
+	cfg := testConfig(t, 24)
+	cfg.MaxFlows, cfg.NewFlowRate = 20, 0
+	probe, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.EgressPort = uint16(probe.Addr().(*net.TCPAddr).Port)
+	probe.Close()
+	l := newTestManager(t, cfg)
+	a := setup(t, l, "sbxa"+randHex(4), Policy{AllowInternet: true, AllowOut: []string{"example.com"}})
+	b := setup(t, l, "sbxb"+randHex(4), Policy{AllowInternet: true, AllowOut: []string{"example.com"}})
+	holdServerAt(t, "", net.JoinHostPort(a.Gateway.String(), strconv.Itoa(int(cfg.EgressPort))))
+	// Any address on port 80 is redirected to the proxy's port.
+	target := "198.51.100.7:80"
+	got := dialMany(t, a.NetNSPath, target, 30, 800*time.Millisecond)
+	closeAll(got)
+	if len(got) != cfg.MaxFlows {
+		t.Fatalf("the churning sandbox reached the egress proxy %d of 30 times at once, want exactly MaxFlows=%d", len(got), cfg.MaxFlows)
+	}
+	nb := dialMany(t, b.NetNSPath, target, 20, 2*time.Second)
+	closeAll(nb)
+	if len(nb) != 20 {
+		t.Errorf("its neighbour reached the proxy %d of 20 times, want all", len(nb))
 	}
 }
 
