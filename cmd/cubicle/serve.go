@@ -59,6 +59,8 @@ type serveOptions struct {
 	registryListen, buildkitd                             string
 	lxcfsBin                                              string
 	lxcfs                                                 bool
+	lxcfsCPUs                                             float64
+	sandboxMaxFlows, sandboxNewFlows                      int
 	readyTimeout                                          time.Duration
 	warmPools                                             []string
 	accel                                                 accelOptions
@@ -88,7 +90,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&o.secretsKey, "secrets-key", "", "key file sealing secret values (default <data-dir>/secrets.key; created 0600 on first start; keep it outside database backups; losing it makes every secret unreadable, see docs/secrets.md)")
 	f.StringVar(&o.listen, "listen", "127.0.0.1:3000", "address for the API and the sandbox proxy")
 	f.StringVar(&o.runtime, "runtime", "runc", "OCI runtime: runc or runsc (gVisor)")
-	f.StringVar(&o.userns, "userns", "auto", "user namespace per sandbox (root inside is an unprivileged host uid): on, off, or auto (on for runc/crun; runsc has its own sandboxing)")
+	f.StringVar(&o.userns, "userns", "auto", "user namespace per sandbox, from its own unprivileged 65536-uid host range (runc/crun: root inside; runsc: gVisor's sentry and gofer): on, off, or auto (= on)")
 	f.StringVar(&o.agentBin, "agent-bin", "", "path of the static cubicle-agent binary (default: next to this binary)")
 	f.StringVar(&o.domain, "domain", "", "sandbox domain returned to SDKs; hosts <port>-<id>.<domain> are proxied")
 	f.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate for *.<domain> (with --tls-key): the listener speaks TLS, API at api.<domain> and sandboxes at <port>-<id>.<domain> on the same port")
@@ -103,6 +105,8 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&o.hostFirewall, "host-firewall", "auto", "auto: when the host's iptables FORWARD chain drops (Docker, ufw, firewalld), add accept rules for the bridge (in DOCKER-USER if it exists) and remove them on exit; off: never touch iptables")
 	f.StringVar(&o.nftTable, "nft-table", "", "nftables table (inet family) owned by this server (default cubicle, or cubicle_<bridge>)")
 	f.StringVar(&o.cgroupParent, "cgroup-parent", "cubicle", "cgroup parent of sandbox cgroups")
+	f.IntVar(&o.sandboxMaxFlows, "sandbox-max-flows", 2048, "connections (conntrack entries, TCP TIME_WAIT excluded) one sandbox may hold at once; new flows past it are dropped (0: no cap)")
+	f.IntVar(&o.sandboxNewFlows, "sandbox-new-flows", 100, "new connections one sandbox may start per second, in bursts of twice that; past it they are dropped (0: no cap). The host's conntrack table is shared by all")
 	f.IntVar(&o.cpuCount, "cpu-count", 2, "CPUs per sandbox")
 	f.IntVar(&o.memoryMB, "memory-mb", 512, "memory per sandbox in MiB")
 	f.IntVar(&o.diskSizeMB, "disk-size-mb", 1024, "disk size reported per sandbox in MiB")
@@ -116,6 +120,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&o.registryListen, "registry-listen", "127.0.0.1:0", "loopback address of the local OCI registry BuildKit pulls from and pushes to")
 	f.BoolVar(&o.lxcfs, "lxcfs", true, "give runc sandboxes lxcfs's /proc/meminfo, cpuinfo, stat, uptime... so free and friends show their limits; false: they see the host's (logged)")
 	f.StringVar(&o.lxcfsBin, "lxcfs-bin", "lxcfs", "lxcfs binary (Debian package lxcfs; scripts/install installs it)")
+	f.Float64Var(&o.lxcfsCPUs, "lxcfs-cpus", 1, "CPU quota of lxcfs, which serves every runc sandbox's /proc reads outside their own CPU limits, in its own cgroup <cgroup-parent>-lxcfs (0: unbounded)")
 	f.StringVar(&o.buildkitd, "buildkitd", "", "buildkitd binary for template builds (default: next to this binary; off disables builds with steps)")
 	f.DurationVar(&o.readyTimeout, "ready-timeout", 120*time.Second, "how long a template's ready command may take at sandbox create")
 	f.DurationVar(&o.contentIdle, "volume-content-idle", 30*time.Second, "how long the volume-content API keeps a volume attached after its last request")
@@ -315,7 +320,8 @@ func serve(ctx context.Context, o serveOptions) error {
 		return err
 	}
 	netm, err := network.NewLinux(network.Config{Bridge: o.bridge, Pool: pool, NetnsDir: o.netnsDir, Table: o.nftTable, Resolvers: resolvers,
-		HostFirewall: o.hostFirewall, EgressPort: egressPort, UpstreamAllow: upstreamAllow})
+		HostFirewall: o.hostFirewall, EgressPort: egressPort, UpstreamAllow: upstreamAllow,
+		MaxFlows: o.sandboxMaxFlows, NewFlowRate: o.sandboxNewFlows})
 	if err != nil {
 		return fmt.Errorf("network: %w", err)
 	}
@@ -626,16 +632,12 @@ func loadVolumeConfig(o serveOptions) (volumeConfig, error) {
 	return vc, nil
 }
 
-// usernsMode resolves --userns: runsc runs its sandboxes in gVisor, whose
-// own user namespace the flag cannot change, so "on" is refused there.
+// usernsMode resolves --userns: on by default for every runtime. Under
+// runsc the namespace holds gVisor's sentry and gofer, which otherwise run
+// as host root.
 func usernsMode(v, runtime string) (bool, error) {
 	switch v {
-	case "auto":
-		return runtime != "runsc", nil
-	case "on":
-		if runtime == "runsc" {
-			return false, fmt.Errorf("--userns on: runsc sandboxes already run in gVisor's own user namespace; the flag applies to runc and crun")
-		}
+	case "auto", "on":
 		return true, nil
 	case "off":
 		return false, nil

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/lxcfs"
@@ -24,7 +25,10 @@ func startLxcfs(ctx context.Context, o serveOptions, log *slog.Logger) (*lxcfs.D
 		log.Warn("--lxcfs=false: sandboxes see the host's /proc/meminfo, cpuinfo, stat and uptime, so free, top, nproc-like tools and runtimes that size themselves from them see the host, not the sandbox's limits")
 		return nil, nil
 	}
-	lx, err := lxcfs.Start(ctx, lxcfs.Config{Binary: o.lxcfsBin, Dir: filepath.Join(o.dataDir, "lxcfs"), Logger: log})
+	lx, err := lxcfs.Start(ctx, lxcfs.Config{
+		Binary: o.lxcfsBin, Dir: filepath.Join(o.dataDir, "lxcfs"), Logger: log,
+		CPUs: o.lxcfsCPUs, Cgroup: strings.Trim(o.cgroupParent, "/") + "-lxcfs",
+	})
 	if err != nil {
 		return nil, fmt.Errorf("%w (sandboxes' /proc/meminfo would show the host's memory; --lxcfs=false runs without it)", err)
 	}

@@ -78,6 +78,13 @@ type Config struct {
 	// OnRestart is called after lxcfs was restarted because it died
 	// (sandboxes created before hold stale views).
 	OnRestart func()
+	// CPUs caps the CPU time lxcfs may use (a CFS quota on its own
+	// cgroup, cgroup_linux.go); 0 leaves it unbounded.
+	CPUs float64
+	// Cgroup names that cgroup (a top-level one in the cpu hierarchy);
+	// default "cubicle-lxcfs". One per lxcfs: two servers on one host
+	// need two names.
+	Cgroup string
 }
 
 // Daemon is the supervised lxcfs.
@@ -88,6 +95,7 @@ type Daemon struct {
 	args    []string
 	log     *slog.Logger
 	files   []string
+	cg      *cpuCgroup // nil: no CPU bound
 
 	mu       sync.Mutex
 	pid      int
@@ -107,6 +115,17 @@ var ErrNotFound = errors.New("lxcfs: binary not found (install the lxcfs package
 func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	if cfg.Dir == "" {
 		return nil, errors.New("lxcfs: Config.Dir is required")
+	}
+	if cfg.CPUs < 0 {
+		return nil, fmt.Errorf("%w: CPUs %g is negative", ErrCgroup, cfg.CPUs)
+	}
+	if cfg.CPUs > 0 {
+		if cfg.Cgroup == "" {
+			cfg.Cgroup = "cubicle-lxcfs"
+		}
+		if err := checkCPUBound(cfg.Cgroup, cfg.CPUs); err != nil {
+			return nil, err
+		}
 	}
 	dir, err := filepath.Abs(cfg.Dir)
 	if err != nil {
@@ -135,13 +154,25 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		log: cfg.Logger.With("component", "lxcfs"), stopCh: make(chan struct{}), done: make(chan struct{}),
 	}
 	d.args = []string{"--foreground", "--enable-loadavg", "--enable-cfs", "--pidfile", d.pidFile, d.mnt}
+	if cfg.CPUs > 0 {
+		if d.cg, err = newCPUCgroup(cfg.Cgroup, cfg.CPUs); err != nil {
+			return nil, err
+		}
+	}
 	if err := os.MkdirAll(d.mnt, 0o755); err != nil {
 		return nil, fmt.Errorf("lxcfs: %w", err)
 	}
 	if pid := d.adoptable(); pid > 0 {
+		// One started by a serve without the bound, or a different one.
+		if d.cg != nil {
+			if err := d.cg.add(pid); err != nil {
+				return nil, errors.Join(err, d.removeCgroup())
+			}
+		}
 		d.pid = pid
 		d.log.Info("lxcfs adopted", "pid", pid, "mount", d.mnt)
 	} else if err := d.spawn(ctx); err != nil {
+		d.removeCgroup()
 		return nil, err
 	}
 	d.files = available(d.mnt)
@@ -316,6 +347,16 @@ func (d *Daemon) spawn(ctx context.Context) error {
 	exited := make(chan struct{})
 	var waitErr error
 	go func() { waitErr = cmd.Wait(); close(exited) }()
+	// Moved before it serves a single read; threads it starts later are
+	// born in the cgroup.
+	if d.cg != nil {
+		if err := d.cg.add(cmd.Process.Pid); err != nil {
+			cmd.Process.Kill()
+			<-exited
+			d.unmountStale()
+			return err
+		}
+	}
 	deadline := time.Now().Add(d.cfg.ReadyTimeout)
 	for {
 		if mounted(d.mnt) && readable(filepath.Join(d.mnt, "proc/meminfo"), time.Second) == nil {
@@ -471,7 +512,23 @@ func (d *Daemon) stop() error {
 		}
 	}
 	os.Remove(d.pidFile)
-	return err
+	return errors.Join(err, d.removeCgroup())
+}
+
+// removeCgroup removes lxcfs's cgroup (nothing runs in it any more).
+func (d *Daemon) removeCgroup() error {
+	if d.cg == nil {
+		return nil
+	}
+	return d.cg.remove()
+}
+
+// CgroupDir is the cgroup that bounds lxcfs's CPU ("" when unbounded).
+func (d *Daemon) CgroupDir() string {
+	if d == nil || d.cg == nil {
+		return ""
+	}
+	return d.cg.dir
 }
 
 // waitGone waits for a child (exited) or an adopted process (polled; a

@@ -132,3 +132,109 @@ func TestDaemon(t *testing.T) {
 		t.Fatalf("after Close: pid %d alive %v, mounted %v", second, d.isOurs(second), mounted(d.mnt))
 	}
 }
+
+// lxcfs runs in a cgroup of its own with a CPU quota (cpu.max, or
+// cpu.cfs_quota_us on cgroup v1), so /proc reads in a loop cannot take more
+// host CPU than that; a restarted lxcfs lands there too, and Close removes
+// the cgroup.
+func TestDaemonCPUBound(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("needs root (FUSE mount, cgroups); CI=true")
+		}
+		t.Skip("needs root (FUSE mount, cgroups)")
+	}
+	if _, err := exec.LookPath("lxcfs"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("lxcfs not installed; CI=true")
+		}
+		t.Skip("lxcfs not installed")
+	}
+	dir, err := os.MkdirTemp("/var/tmp", "lxcfs-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	cfg := Config{Dir: dir, CheckInterval: 50 * time.Millisecond, CPUs: 0.5, Cgroup: "cubicle-lxcfs-test-" + strconv.Itoa(os.Getpid())}
+	d, err := Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cg := d.CgroupDir()
+	var seen []int
+	defer func() {
+		d.Close()
+		for _, p := range seen {
+			if d.isOurs(p) {
+				t.Errorf("lxcfs %d left running", p)
+				syscall.Kill(p, syscall.SIGKILL)
+			}
+		}
+		if _, err := os.Stat(cg); err == nil {
+			t.Errorf("cgroup %s left after Close", cg)
+			syscall.Rmdir(cg)
+		}
+	}()
+	if filepath.Base(cg) != cfg.Cgroup {
+		t.Fatalf("CgroupDir %q, want one named %s", cg, cfg.Cgroup)
+	}
+	quota := func() string {
+		if b, err := os.ReadFile(filepath.Join(cg, "cpu.max")); err == nil {
+			return strings.TrimSpace(string(b))
+		}
+		q, err1 := os.ReadFile(filepath.Join(cg, "cpu.cfs_quota_us"))
+		p, err2 := os.ReadFile(filepath.Join(cg, "cpu.cfs_period_us"))
+		if err1 != nil || err2 != nil {
+			t.Fatalf("no cpu.max nor cfs quota in %s: %v %v", cg, err1, err2)
+		}
+		return strings.TrimSpace(string(q)) + " " + strings.TrimSpace(string(p))
+	}
+	if got := quota(); got != "50000 100000" {
+		t.Errorf("quota %q, want 50000 100000 (0.5 CPU)", got)
+	}
+	in := func(pid int) bool {
+		b, err := os.ReadFile(filepath.Join(cg, "cgroup.procs"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if f == strconv.Itoa(pid) {
+				return true
+			}
+		}
+		return false
+	}
+	first := d.PID()
+	seen = append(seen, first)
+	if !in(first) {
+		t.Fatalf("lxcfs %d is not in %s", first, cg)
+	}
+	if err := readable(filepath.Join(d.Mountpoint(), "proc/meminfo"), 2*time.Second); err != nil {
+		t.Fatalf("bounded lxcfs does not serve: %v", err)
+	}
+	syscall.Kill(first, syscall.SIGKILL)
+	deadline := time.Now().Add(10 * time.Second)
+	for d.Restarts() == 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	second := d.PID()
+	seen = append(seen, second)
+	if second == 0 || second == first || !in(second) {
+		t.Fatalf("restarted lxcfs %d (was %d) not in %s", second, first, cg)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(cg); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("cgroup %s after Close: %v", cg, err)
+	}
+}
+
+func TestBadCPUBound(t *testing.T) {
+	for _, c := range []Config{{CPUs: -1}, {CPUs: 0.001, Cgroup: "x"}, {CPUs: 1, Cgroup: "../x"}} {
+		c.Dir = t.TempDir()
+		if _, err := Start(context.Background(), c); !errors.Is(err, ErrCgroup) {
+			t.Errorf("Start(%+v) = %v, want ErrCgroup", c, err)
+		}
+	}
+}

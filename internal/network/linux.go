@@ -52,6 +52,14 @@ type Config struct {
 	// proxy may be (network.egressProxy); by default only public
 	// addresses are.
 	UpstreamAllow []netip.Prefix
+	// MaxFlows caps the connections (conntrack entries; TCP in TIME_WAIT
+	// excluded) one sandbox may have open at once, NewFlowRate the new
+	// ones it may start per second (bursts of twice that), whatever their
+	// destination, the egress proxy included: the host's conntrack table
+	// is shared, and when it is full the host drops new flows for
+	// everyone. Past either, new flows are dropped. 0: no cap.
+	MaxFlows    int
+	NewFlowRate int
 }
 
 func (c *Config) applyDefaults() error {
@@ -83,6 +91,10 @@ func (c *Config) applyDefaults() error {
 		return fmt.Errorf("%w: veth prefix too long", ErrInvalidConfig)
 	case c.HostFirewall != HostFirewallAuto && c.HostFirewall != HostFirewallOff:
 		return fmt.Errorf("%w: host firewall mode %q (want auto or off)", ErrInvalidConfig, c.HostFirewall)
+	case c.MaxFlows < 0 || c.NewFlowRate < 0:
+		return fmt.Errorf("%w: per-sandbox flow limits must not be negative (max flows %d, new flows/s %d)", ErrInvalidConfig, c.MaxFlows, c.NewFlowRate)
+	case c.NewFlowRate > 1<<30:
+		return fmt.Errorf("%w: new flows/s %d is too large", ErrInvalidConfig, c.NewFlowRate)
 	}
 	return nil
 }

@@ -53,6 +53,8 @@ func testConfig(t *testing.T, poolBits int) Config {
 		NetnsDir:   filepath.Join(t.TempDir(), "netns"),
 		Table:      fmt.Sprintf("cubicle_test_%d_%d", os.Getpid(), n),
 		VethPrefix: "x" + randHex(2), // per config, so concurrent test runs never share veth names
+		// serve's defaults, so every test runs with the flow limits in place.
+		MaxFlows: 2048, NewFlowRate: 100,
 	}
 }
 

@@ -37,6 +37,10 @@ import (
 //	    ip daddr <pool> drop; with domain rules: resolvers:53 accept;
 //	    allow... accept; deny... drop; then
 //	    no internet: drop; else resolvers:53 accept, internal ranges drop, accept
+//	  set flows, set rate { ipv4_addr }       dynamic, per sandbox address
+//	  chain limits (filter/prerouting, -150, after conntrack)
+//	    iif br, ct state new, update @rate { ip saddr limit rate over R/s burst 2R } drop
+//	    iif br, ct state new, add @flows { ip saddr ct count over N } drop
 //	table bridge <Table>
 //	  map ports { ifname : verdict }          host veth -> jump p_<hash>
 //	  chain prerouting (filter/prerouting, accept): iifname vmap @ports
@@ -47,6 +51,8 @@ const (
 	setPorts     = "ports"
 	setRedirect  = "redir"
 	setTunnel    = "tunnel"
+	setFlows     = "flows"
+	setRate      = "rate"
 )
 
 type nftTables struct {
@@ -225,7 +231,59 @@ func (l *Linux) addBase(c *nftables.Conn, t nftTables) error {
 		meta(expr.MetaKeyIIFNAME),
 		&expr.Lookup{SourceRegister: 1, DestRegister: 0, IsDestRegSet: true, SetName: t.ports.Name, SetID: t.ports.ID},
 	}})
+	return l.addFlowLimits(c, t)
+}
+
+// addFlowLimits queues the per-sandbox conntrack budget (Config.MaxFlows,
+// Config.NewFlowRate). It sits at prerouting, so every new flow from a
+// sandbox counts, forwarded, redirected to the egress proxy or dropped
+// later. Dynamic sets keyed by the (anti-spoofed) source address keep one
+// counter and one token bucket per sandbox; a flow dropped here is never
+// confirmed, so it takes no conntrack entry.
+func (l *Linux) addFlowLimits(c *nftables.Conn, t nftTables) error {
+	if l.cfg.MaxFlows == 0 && l.cfg.NewFlowRate == 0 {
+		return nil
+	}
+	accept := nftables.ChainPolicyAccept
+	ch := c.AddChain(&nftables.Chain{Name: "limits", Table: t.inet, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityMangle, Policy: &accept})
+	newFromSandbox := concat(iif(l.cfg.Bridge, true), ipv4Only(), ctNew(), []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+	})
+	size := uint32(1) << (32 - l.cfg.Pool.Bits())
+	if r := l.cfg.NewFlowRate; r > 0 {
+		set := &nftables.Set{Table: t.inet, Name: setRate, KeyType: nftables.TypeIPAddr, Dynamic: true, Size: size}
+		if err := c.AddSet(set, nil); err != nil {
+			return err
+		}
+		c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: concat(newFromSandbox, []expr.Any{
+			&expr.Dynset{SrcRegKey: 1, SetName: set.Name, SetID: set.ID, Operation: uint32(unix.NFT_DYNSET_OP_UPDATE),
+				Exprs: []expr.Any{&expr.Limit{Type: expr.LimitTypePkts, Rate: uint64(r), Unit: expr.LimitTimeSecond, Burst: uint32(2 * r), Over: true}}},
+			verdict(expr.VerdictDrop),
+		})})
+	}
+	if n := l.cfg.MaxFlows; n > 0 {
+		set := &nftables.Set{Table: t.inet, Name: setFlows, KeyType: nftables.TypeIPAddr, Dynamic: true, Size: size}
+		if err := c.AddSet(set, nil); err != nil {
+			return err
+		}
+		c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: concat(newFromSandbox, []expr.Any{
+			&expr.Dynset{SrcRegKey: 1, SetName: set.Name, SetID: set.ID, Operation: uint32(unix.NFT_DYNSET_OP_ADD),
+				Exprs: []expr.Any{&expr.Connlimit{Count: uint32(n), Flags: expr.NFT_CONNLIMIT_F_INV}}},
+			verdict(expr.VerdictDrop),
+		})})
+	}
 	return nil
+}
+
+func ctNew() []expr.Any {
+	return []expr.Any{
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitNEW),
+			Xor:  binaryutil.NativeEndian.PutUint32(0)},
+		cmpNeq(binaryutil.NativeEndian.PutUint32(0)),
+	}
 }
 
 // inSet matches IPv4 packets from a sandbox in set (redir or tunnel).

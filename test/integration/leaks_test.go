@@ -168,6 +168,7 @@ func (s *server) forceClean() {
 			}
 		}
 		syscall.Rmdir(filepath.Join(h, s.Cgroup))
+		syscall.Rmdir(filepath.Join(h, s.Cgroup+"-lxcfs")) // empty once lxcfs is gone
 	}
 }
 
@@ -188,6 +189,9 @@ func (s *server) infraLeftovers() []string {
 	for _, h := range cgroupHierarchies() {
 		if _, err := os.Stat(filepath.Join(h, s.Cgroup)); err == nil {
 			left = append(left, "cgroup parent "+filepath.Join(h, s.Cgroup))
+		}
+		if _, err := os.Stat(filepath.Join(h, s.Cgroup+"-lxcfs")); err == nil {
+			left = append(left, "lxcfs cgroup "+filepath.Join(h, s.Cgroup+"-lxcfs"))
 		}
 	}
 	for _, d := range []string{filepath.Join("/run/cubicle", s.Bridge), s.DataDir} {

@@ -56,8 +56,8 @@ type Config struct {
 	RunscPauseMode string
 	// CommandTimeout bounds every runtime invocation. Default 60s.
 	CommandTimeout time.Duration
-	// UserNS runs runc/crun sandboxes in user namespaces of their own
-	// (userns.go). Ignored by runsc, which has its own.
+	// UserNS runs sandboxes in user namespaces of their own (userns.go):
+	// under runc/crun the container, under runsc the sentry and gofer.
 	UserNS bool
 }
 
@@ -141,8 +141,22 @@ func New(cfg Config) (*Driver, error) {
 		if err := checkTraversable(cfg.SandboxDir); err != nil {
 			return nil, err
 		}
+		// util-linux: createContainer needs them (bindOwnedUserns, specRlimits, annotationNetns).
+		for _, tool := range []string{"unshare", "prlimit", "nsenter"} {
+			if !d.ownedUserns() {
+				break
+			}
+			if _, err := exec.LookPath(tool); err != nil {
+				return nil, fmt.Errorf("%w: user-namespaced sandboxes need util-linux's %s: %v", ErrHostUnsupported, tool, err)
+			}
+		}
 		if err := checkIdmap(cfg.SandboxDir); err != nil {
 			return nil, fmt.Errorf("%w: user namespaces need idmapped mounts of the image filesystem: %v", ErrHostUnsupported, err)
+		}
+		if d.ownedUserns() {
+			if err := checkOwnedUserns(cfg.SandboxDir); err != nil {
+				return nil, fmt.Errorf("%w: an unprivileged uid cannot create a user namespace here (user.max_user_namespaces, kernel.unprivileged_userns_clone): %v", ErrHostUnsupported, err)
+			}
 		}
 		if err := d.loadSlots(); err != nil {
 			return nil, err
@@ -184,7 +198,13 @@ func (d *Driver) globalArgs() []string {
 // command builds a runtime invocation. Runtimes run in their own process
 // group so signals aimed at cubicle's group never reach sandboxes.
 func (d *Driver) command(ctx context.Context, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, d.bin, append(d.globalArgs(), args...)...)
+	return d.commandVia(ctx, nil, args...)
+}
+
+// commandVia is command run through via (a program that execs the rest).
+func (d *Driver) commandVia(ctx context.Context, via []string, args ...string) *exec.Cmd {
+	argv := append(append(append([]string(nil), via...), d.bin), append(d.globalArgs(), args...)...)
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.WaitDelay = 2 * time.Second
 	return cmd
@@ -207,6 +227,10 @@ func (d *Driver) run(ctx context.Context, args ...string) ([]byte, error) {
 // runWithConsole runs a command whose children become the sandbox (create,
 // restore): they inherit the console log as stdio, so no pipe outlives us.
 func (d *Driver) runWithConsole(ctx context.Context, id string, args ...string) error {
+	return d.runWithConsoleVia(ctx, id, nil, args...)
+}
+
+func (d *Driver) runWithConsoleVia(ctx context.Context, id string, via []string, args ...string) error {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.CommandTimeout)
 	defer cancel()
 	logPath := filepath.Join(d.dir(id), "console.log")
@@ -221,7 +245,7 @@ func (d *Driver) runWithConsole(ctx context.Context, id string, args ...string) 
 	}
 	defer devnull.Close()
 	st, _ := f.Stat()
-	cmd := d.command(ctx, args...)
+	cmd := d.commandVia(ctx, via, args...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, f, f
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("%w: %s %s: %v: %s", ErrCommand, d.cfg.Runtime,
@@ -455,14 +479,24 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Info,
 	if spec.Restore != "" {
 		// The sandbox continues from a memory snapshot; its rootfs holds
 		// the files the image was taken with.
-		if err := d.runWithConsole(ctx, spec.ID, "restore", "--image-path", spec.Restore, "--bundle", bundle,
-			"--pid-file", filepath.Join(bundle, "pid"), "--detach", spec.ID); err != nil {
+		var args []string
+		if nsBase != 0 {
+			// The image was taken in another sandbox, whose uid range
+			// differs, and runsc refuses a spec whose mappings differ from
+			// the checkpoint's. Each sandbox's files are idmapped to its
+			// own range, so the sentry sees the same owners either way.
+			// runsc's other checks (mounts, seccomp, capabilities) held
+			// under enforce before; a difference there is now logged.
+			args = append(args, "--restore-spec-validation=warning")
+		}
+		args = append(args, "restore", "--image-path", spec.Restore, "--bundle", bundle,
+			"--pid-file", filepath.Join(bundle, "pid"), "--detach", spec.ID)
+		if err := d.runWithConsole(ctx, spec.ID, args...); err != nil {
 			return runtime.Info{}, err
 		}
 		return d.inspectLocked(ctx, spec.ID)
 	}
-	if err := d.runWithConsole(ctx, spec.ID, "create", "--bundle", bundle,
-		"--pid-file", filepath.Join(bundle, "pid"), spec.ID); err != nil {
+	if err := d.createContainer(ctx, spec.ID); err != nil {
 		return runtime.Info{}, err
 	}
 	if _, err := d.run(ctx, "start", spec.ID); err != nil {
@@ -470,6 +504,65 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Info,
 	}
 	return d.inspectLocked(ctx, spec.ID)
 }
+
+// createContainer runs the runtime's create for id's bundle. A
+// user-namespaced sandbox joins a namespace owned by its own uid
+// (bindOwnedUserns), bound at usernsPath only while runc joins it: the
+// container's processes keep it alive from then on.
+func (d *Driver) createContainer(ctx context.Context, id string) error {
+	bundle := filepath.Join(d.dir(id), "bundle")
+	var via []string // rlimits (specRlimits)
+	if d.ownedUserns() {
+		d.mu.Lock()
+		slot, ok := d.slots[id]
+		d.mu.Unlock()
+		if !ok {
+			return fmt.Errorf("oci: %s has no user namespace slot", id)
+		}
+		prlimit, err := exec.LookPath("prlimit")
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrHostUnsupported, err)
+		}
+		rl := nofileRlimit(true)
+		via = []string{prlimit, fmt.Sprintf("--nofile=%d:%d", rl.Soft, rl.Hard), "--"}
+		netns, err := specNetns(bundle)
+		if err != nil {
+			return err
+		}
+		if netns != "" {
+			nsenter, err := exec.LookPath("nsenter")
+			if err != nil {
+				return fmt.Errorf("%w: %v", ErrHostUnsupported, err)
+			}
+			via = append([]string{nsenter, "--net=" + netns, "--"}, via...)
+		}
+		p := d.usernsPath(id)
+		if err := bindOwnedUserns(slotBase(slot), usernsSize, p); err != nil {
+			return err
+		}
+		defer unbindUserns(p)
+	}
+	return d.runWithConsoleVia(ctx, id, via, "create", "--bundle", bundle, "--pid-file", filepath.Join(bundle, "pid"), id)
+}
+
+// specNetns is the network namespace runc must be started in, from the
+// bundle's config (annotationNetns), or "".
+func specNetns(bundle string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		return "", err
+	}
+	var sp struct {
+		Annotations map[string]string `json:"annotations"`
+	}
+	if err := json.Unmarshal(b, &sp); err != nil {
+		return "", fmt.Errorf("oci: %s: %w", bundle, err)
+	}
+	return sp.Annotations[annotationNetns], nil
+}
+
+// usernsPath is where createContainer binds the sandbox's user namespace.
+func (d *Driver) usernsPath(id string) string { return filepath.Join(d.dir(id), "userns") }
 
 // Delete implements runtime.Driver.
 func (d *Driver) Delete(ctx context.Context, id string) error {

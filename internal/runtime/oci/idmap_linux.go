@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -103,4 +104,125 @@ func checkIdmap(dir string) error {
 		return err
 	}
 	return unix.Unmount(dst, unix.MNT_DETACH)
+}
+
+// bindOwnedUserns makes the user namespace a sandbox's container joins and
+// bind-mounts it at path: uids and gids 0..size-1 map to base.., and its
+// owner is host uid base, not root. The kernel charges what a user
+// namespace's processes hold against per-user budgets (inotify instances
+// and watches, queued signals, POSIX message-queue bytes, processes) at
+// every level up, the top one keyed by the namespace's owner: a namespace
+// runc makes as root would have every sandbox draw on host root's budgets.
+// Owned by the slot's own uid, each sandbox draws on a budget of its own.
+//
+// The helper runs unshare(1) as base (the owner is the creator's euid, and
+// Go's clone would create the namespace as root); host root writes the
+// maps, which only a privileged parent may do for a 65536-id range.
+func bindOwnedUserns(base, size uint32, path string) (err error) {
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		return fmt.Errorf("%w: user namespace helper: %v", ErrHostUnsupported, err)
+	}
+	cat, err := exec.LookPath("cat")
+	if err != nil {
+		return fmt.Errorf("%w: user namespace helper: %v", ErrHostUnsupported, err)
+	}
+	// path is in the sandbox's dir, which its host uid owns: whatever is
+	// there is removed, never followed, and the namespace is mounted onto
+	// the file made here by descriptor.
+	if err := unix.Unmount(path, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("oci: unmount stale %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	target, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer target.Close()
+	cmd := exec.Command(unshare, "--user", "--", cat)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Credential: &syscall.Credential{Uid: base, Gid: base, Groups: []uint32{}},
+		Pdeathsig:  unix.SIGKILL,
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("oci: user namespace helper: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			cmd.Process.Kill()
+		}
+		in.Close() // cat sees EOF and exits
+		if werr := cmd.Wait(); werr != nil && err == nil {
+			err = fmt.Errorf("oci: user namespace helper: %w", werr)
+		}
+	}()
+	proc := "/proc/" + strconv.Itoa(cmd.Process.Pid)
+	// Until unshare(2) has run, the helper is still in our namespace.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		owner, err := nsOwner(proc + "/ns/user")
+		if err != nil {
+			return fmt.Errorf("oci: user namespace helper: %w", err)
+		}
+		if owner == base {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("oci: user namespace helper did not unshare within 10s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	m := fmt.Sprintf("0 %d %d\n", base, size)
+	for _, f := range []string{"uid_map", "gid_map"} {
+		if err := os.WriteFile(proc+"/"+f, []byte(m), 0); err != nil {
+			return fmt.Errorf("oci: user namespace %s: %w", f, err)
+		}
+	}
+	tree, err := unix.OpenTree(unix.AT_FDCWD, proc+"/ns/user", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("oci: bind user namespace: %w", err)
+	}
+	defer unix.Close(tree)
+	if err := unix.MoveMount(tree, "", int(target.Fd()), "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
+		return fmt.Errorf("oci: bind user namespace: %w", err)
+	}
+	return nil
+}
+
+// unbindUserns undoes bindOwnedUserns's mount (not following a link).
+func unbindUserns(path string) error {
+	return unix.Unmount(path, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
+}
+
+// checkOwnedUserns probes, at start, that an unprivileged uid may make a
+// user namespace here (user.max_user_namespaces above 0; on older Debian
+// kernels kernel.unprivileged_userns_clone=1), so a host that forbids it
+// fails at start rather than at the first create.
+func checkOwnedUserns(dir string) error {
+	p := filepath.Join(dir, fmt.Sprintf(".userns-probe-%d", os.Getpid()))
+	if err := bindOwnedUserns(usernsBase, usernsSize, p); err != nil {
+		os.Remove(p)
+		return err
+	}
+	if err := unbindUserns(p); err != nil {
+		return err
+	}
+	return os.Remove(p)
+}
+
+// nsOwner is the host uid owning the user namespace at path.
+func nsOwner(path string) (uint32, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	return unix.IoctlGetUint32(int(f.Fd()), unix.NS_GET_OWNER_UID)
 }

@@ -21,12 +21,18 @@ func TestNetNS(t *testing.T) {
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Skip("iproute2 not installed")
 	}
-	for i, rt := range []string{"runc", "runsc"} {
-		t.Run(rt, func(t *testing.T) {
-			env := newTestEnv(t, rt)
+	// With user namespaces runc cannot join a netns root owns from inside
+	// the sandbox's namespace, so it is started in it instead.
+	for i, c := range []struct {
+		name, rt, tag string
+		userns        bool
+	}{{"runc", "runc", "r", false}, {"runsc", "runsc", "g", false}, {"runc-userns", "runc", "u", true}, {"runsc-userns", "runsc", "v", true}} {
+		rt := c.rt
+		t.Run(c.name, func(t *testing.T) {
+			env := newTestEnvWith(t, rt, c.userns)
 			n := os.Getpid()%200 + 20
-			ns := fmt.Sprintf("cubicle-test-%d-%s", os.Getpid(), rt)
-			hostIf := fmt.Sprintf("cbt%d%s", os.Getpid()%100000, map[string]string{"runc": "r", "runsc": "g"}[rt])
+			ns := fmt.Sprintf("cubicle-test-%d-%s", os.Getpid(), c.name)
+			hostIf := fmt.Sprintf("cbt%d%s", os.Getpid()%100000, c.tag)
 			hostIP := fmt.Sprintf("10.253.%d.%d", n, i*4+1)
 			sbIP := fmt.Sprintf("10.253.%d.%d", n, i*4+2)
 			ipCmd := func(args ...string) {

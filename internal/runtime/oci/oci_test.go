@@ -122,6 +122,17 @@ func TestRunscSuite(t *testing.T) {
 	})
 }
 
+// The same with the sentry and gofer in a user namespace mapped to the
+// sandbox's unprivileged range (serve's default). gVisor shows the
+// application its own identity map, so the suite's uid_map check is the
+// no-userns one; TestRunscUsernsSentry checks the host side.
+func TestRunscUsernsSuite(t *testing.T) {
+	env := newTestEnvWith(t, "runsc", true)
+	runtimetest.RunDriverSuiteWith(t, env.d, env.layers, runtimetest.Options{
+		Timeout: 60 * time.Second, ScratchDir: env.base, HostPIDsOverhead: RunscPIDsOverhead,
+	})
+}
+
 func TestNew(t *testing.T) {
 	if _, err := New(Config{Runtime: "docker", StateDir: "/x", SandboxDir: "/y"}); err == nil {
 		t.Fatal("New accepted unknown runtime")

@@ -176,7 +176,7 @@ exec sleep 3600
 	for _, c := range []struct {
 		name, rt string
 		userns   bool
-	}{{"runc", "runc", false}, {"runc-userns", "runc", true}, {"runsc", "runsc", false}} {
+	}{{"runc", "runc", false}, {"runc-userns", "runc", true}, {"runsc", "runsc", false}, {"runsc-userns", "runsc", true}} {
 		t.Run(c.name, func(t *testing.T) {
 			env := newTestEnvWith(t, c.rt, c.userns)
 			out, vol := filepath.Join(env.base, "out"), filepath.Join(env.base, "vol")

@@ -158,7 +158,6 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 
 // start boots a stopped sandbox's container again from its bundle.
 func (d *Driver) startStopped(ctx context.Context, id string) error {
-	bundle := filepath.Join(d.dir(id), "bundle")
 	if d.cfg.Runtime == "runsc" {
 		if err := d.restoreNetnsFor(id); err != nil {
 			return err
@@ -169,8 +168,7 @@ func (d *Driver) startStopped(ctx context.Context, id string) error {
 			return err
 		}
 	}
-	if err := d.runWithConsole(ctx, id, "create", "--bundle", bundle,
-		"--pid-file", filepath.Join(bundle, "pid"), id); err != nil {
+	if err := d.createContainer(ctx, id); err != nil {
 		return err
 	}
 	if _, err := d.run(ctx, "start", id); err != nil {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -36,6 +37,10 @@ var (
 		"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
 	}
 )
+
+// annotationNetns records the network namespace runc is started in when
+// the spec cannot name it (see buildSpec).
+const annotationNetns = "dev.cubicle.netns"
 
 // ociVersion is the oldest spec version that has every field we use
 // (errnoRet arrived in 1.0.2); crun 1.8 rejects versions newer than it knows.
@@ -94,9 +99,24 @@ func (d *Driver) buildSpec(s runtime.Spec, rootfs string, nsBase uint32) (*specs
 		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 	}
 	var uidMap []specs.LinuxIDMapping
-	if nsBase != 0 {
+	var annotations map[string]string
+	if nsBase != 0 && d.cfg.Runtime == "runsc" {
+		// runsc makes it from the mappings, for the sentry and the gofer;
+		// /sys stays gVisor's own.
 		nsList = append(nsList, specs.LinuxNamespace{Type: specs.UserNamespace})
 		uidMap = []specs.LinuxIDMapping{{ContainerID: 0, HostID: nsBase, Size: usernsSize}}
+	} else if nsBase != 0 {
+		// Joined, not made by runc: see bindOwnedUserns.
+		nsList = append(nsList, specs.LinuxNamespace{Type: specs.UserNamespace, Path: d.usernsPath(s.ID)})
+		uidMap = []specs.LinuxIDMapping{{ContainerID: 0, HostID: nsBase, Size: usernsSize}}
+		if s.NetNSPath != "" {
+			// runc joins the user namespace first, and from inside one
+			// root does not own, the host's network namespace cannot be
+			// joined (EPERM). So runc is started in it (createContainer)
+			// and the container inherits it.
+			nsList = slices.DeleteFunc(nsList, func(n specs.LinuxNamespace) bool { return n.Type == specs.NetworkNamespace })
+			annotations = map[string]string{annotationNetns: s.NetNSPath}
+		}
 		// sysfs can only be mounted by the user namespace that owns the
 		// network namespace, and the sandbox's netns is made by the host
 		// beforehand: bind the host's read-only instead (as rootless
@@ -185,13 +205,14 @@ func (d *Driver) buildSpec(s runtime.Spec, rootfs string, nsBase uint32) (*specs
 			Capabilities: &specs.LinuxCapabilities{
 				Bounding: caps, Effective: caps, Permitted: caps,
 			},
-			Rlimits: []specs.POSIXRlimit{nofileRlimit(nsBase != 0)},
+			Rlimits: specRlimits(nsBase != 0 && d.cfg.Runtime != "runsc"), // the sentry applies its own
 			// setuid binaries (sudo, su) need this off; runsc also needs
 			// --allow-suid (globalArgs).
 			NoNewPrivileges: false,
 		},
-		Hostname: hostname,
-		Mounts:   mounts,
+		Hostname:    hostname,
+		Mounts:      mounts,
+		Annotations: annotations,
 		Linux: &specs.Linux{
 			UIDMappings:   uidMap,
 			GIDMappings:   uidMap,
@@ -262,6 +283,18 @@ func hasEnv(env []string, key string) bool {
 		}
 	}
 	return false
+}
+
+// specRlimits are the process rlimits runc applies. A user-namespaced
+// sandbox gets none: runc sets them with prlimit(2) on its init once it is
+// in the namespace, which needs CAP_SYS_RESOURCE over a namespace root no
+// longer owns (bindOwnedUserns), so createContainer starts runc with them
+// instead and the container inherits them.
+func specRlimits(userns bool) []specs.POSIXRlimit {
+	if userns {
+		return nil
+	}
+	return []specs.POSIXRlimit{nofileRlimit(false)}
 }
 
 // nofileRlimit is 65536/1048576, capped at our own hard limit: without

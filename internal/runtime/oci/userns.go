@@ -82,7 +82,17 @@ func (d *Driver) freeSlot(id string) {
 }
 
 // userns reports whether sandboxes of this driver get a user namespace.
-func (d *Driver) userns() bool { return d.cfg.UserNS && d.cfg.Runtime != "runsc" }
+// Under runsc it holds the sentry and the gofer: gVisor starts both in the
+// spec's user namespace, so a sentry escape lands as the sandbox's
+// unprivileged host uid, not as host root.
+func (d *Driver) userns() bool { return d.cfg.UserNS }
+
+// ownedUserns: the driver makes the namespace itself and runc joins it
+// (bindOwnedUserns). runsc makes its own from the spec's mappings: it
+// cannot join one by path (setns into a user namespace needs a
+// single-threaded caller), and the sentry answers inotify, mqueue and
+// signals itself, so no per-user kernel budget is at stake.
+func (d *Driver) ownedUserns() bool { return d.userns() && d.cfg.Runtime != "runsc" }
 
 // idmappedRootfs builds the rootfs for a user-namespaced sandbox: each
 // layer idmapped to the sandbox's range under <dir>/l/<i>, the upper dir

@@ -4,6 +4,10 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cubicle-dev/cubicle/internal/runtime"
 )
 
 // No two live sandboxes share a uid range; a freed range is reused; a
@@ -53,5 +57,60 @@ func TestUsernsSlots(t *testing.T) {
 	mk("e")
 	if b, err := d2.allocSlot("e"); err != nil || b == base["a"] || b == base["c"] || b == base["b"] {
 		t.Fatalf("after reload a live range was handed out again: %d, %v", b, err)
+	}
+}
+
+// The spec for a user-namespaced sandbox: runc joins the namespace the
+// driver made (by path) and is started in the sandbox's netns, which the
+// spec then leaves out; runsc makes the namespace from the mappings for
+// the sentry and gofer and keeps its own /sys and the netns path.
+func TestSpecUserns(t *testing.T) {
+	spec := runtime.Spec{ID: "abc", Args: []string{"/a"}, NetNSPath: "/run/cubicle/netns/abc"}
+	ns := func(s *specs.Spec, typ specs.LinuxNamespaceType) (specs.LinuxNamespace, bool) {
+		for _, n := range s.Linux.Namespaces {
+			if n.Type == typ {
+				return n, true
+			}
+		}
+		return specs.LinuxNamespace{}, false
+	}
+	base := slotBase(3)
+	for _, rt := range []string{"runc", "runsc"} {
+		d := &Driver{cfg: Config{Runtime: rt, CgroupParent: "cubicle", SandboxDir: "/d", UserNS: true}}
+		s, err := d.buildSpec(spec, "/r", base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(s.Linux.UIDMappings) != 1 || s.Linux.UIDMappings[0].HostID != base || s.Linux.UIDMappings[0].Size != usernsSize {
+			t.Errorf("%s: uid mappings %+v", rt, s.Linux.UIDMappings)
+		}
+		user, ok := ns(s, specs.UserNamespace)
+		netns, hasNet := ns(s, specs.NetworkNamespace)
+		var sysBind bool
+		for _, m := range s.Mounts {
+			sysBind = sysBind || (m.Destination == "/sys" && m.Type == "bind")
+		}
+		switch rt {
+		case "runc":
+			if !ok || user.Path != "/d/abc/userns" {
+				t.Errorf("runc: user namespace %+v, want joined at /d/abc/userns", user)
+			}
+			if hasNet || s.Annotations[annotationNetns] != spec.NetNSPath {
+				t.Errorf("runc: netns entry %v, annotation %q; want none and the path", hasNet, s.Annotations[annotationNetns])
+			}
+			if len(s.Process.Rlimits) != 0 {
+				t.Errorf("runc: rlimits %+v in the spec; runc cannot set them in this namespace", s.Process.Rlimits)
+			}
+		case "runsc":
+			if !ok || user.Path != "" {
+				t.Errorf("runsc: user namespace %+v, want one made from the mappings", user)
+			}
+			if !hasNet || netns.Path != spec.NetNSPath {
+				t.Errorf("runsc: netns %+v", netns)
+			}
+			if sysBind {
+				t.Error("runsc: the host's /sys is bound in")
+			}
+		}
 	}
 }

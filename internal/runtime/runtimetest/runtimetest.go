@@ -133,7 +133,8 @@ func busyboxPath() string {
 	return "/bin/busybox"
 }
 
-func waitFile(t testing.TB, path string, timeout time.Duration) []byte {
+// WaitFile polls path until it is non-empty and returns it; past timeout it fails t.
+func WaitFile(t testing.TB, path string, timeout time.Duration) []byte {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -263,7 +264,7 @@ func RunDriverSuiteWith(t *testing.T, d runtime.Driver, layers []string, o Optio
 		if err != nil {
 			t.Fatalf("Create: %v", err)
 		}
-		waitFile(t, filepath.Join(out, "ready"), o.Timeout)
+		WaitFile(t, filepath.Join(out, "ready"), o.Timeout)
 		t.Logf("%s: create -> PID 1 ready in %v", d.Name(), time.Since(start))
 		if info.ID != id || info.State != runtime.StateRunning || info.Pid <= 0 {
 			t.Fatalf("Create info = %+v", info)
@@ -273,16 +274,16 @@ func RunDriverSuiteWith(t *testing.T, d runtime.Driver, layers []string, o Optio
 		if err != nil || info.State != runtime.StateRunning || info.Pid <= 0 {
 			t.Fatalf("Inspect = %+v, %v; want running with pid", info, err)
 		}
-		if got := strings.TrimSpace(string(waitFile(t, filepath.Join(out, "hostname"), o.Timeout))); got != "probe-host" {
+		if got := strings.TrimSpace(string(WaitFile(t, filepath.Join(out, "hostname"), o.Timeout))); got != "probe-host" {
 			t.Errorf("hostname = %q", got)
 		}
 
-		if got := strings.TrimSpace(string(waitFile(t, filepath.Join(out, "agent"), o.Timeout))); got != "agent-ok" {
+		if got := strings.TrimSpace(string(WaitFile(t, filepath.Join(out, "agent"), o.Timeout))); got != "agent-ok" {
 			t.Errorf("file bind mount: %q", got)
 		}
 
 		// Capabilities: nothing beyond Docker's default set.
-		status := string(waitFile(t, filepath.Join(out, "status"), o.Timeout))
+		status := string(WaitFile(t, filepath.Join(out, "status"), o.Timeout))
 		var capEff uint64
 		for _, line := range strings.Split(status, "\n") {
 			if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
@@ -296,7 +297,7 @@ func RunDriverSuiteWith(t *testing.T, d runtime.Driver, layers []string, o Optio
 			t.Errorf("CapEff = %#x, want exactly %#x", capEff, uint64(SandboxCapEff))
 		}
 		// Root inside is host root only without a user namespace.
-		uidmap := strings.Fields(string(waitFile(t, filepath.Join(out, "uidmap"), o.Timeout)))
+		uidmap := strings.Fields(string(WaitFile(t, filepath.Join(out, "uidmap"), o.Timeout)))
 		if len(uidmap) != 3 || uidmap[0] != "0" {
 			t.Errorf("uid_map %q", uidmap)
 		} else if o.UserNS && (uidmap[1] == "0" || uidmap[2] != "65536") {
@@ -319,7 +320,7 @@ func RunDriverSuiteWith(t *testing.T, d runtime.Driver, layers []string, o Optio
 		if _, err := os.Stat(filepath.Join(ro, "written")); err == nil {
 			t.Errorf("file appeared in read-only host dir")
 		}
-		if got := strings.TrimSpace(string(waitFile(t, filepath.Join(out, "ro.content"), o.Timeout))); got != "from-host" {
+		if got := strings.TrimSpace(string(WaitFile(t, filepath.Join(out, "ro.content"), o.Timeout))); got != "from-host" {
 			t.Errorf("ro content = %q", got)
 		}
 
@@ -442,7 +443,7 @@ func RunDriverSuiteWith(t *testing.T, d runtime.Driver, layers []string, o Optio
 	// asking for seccomp events get clone3 through (docs/security.md).
 	t.Run("SyscallFilter", func(t *testing.T) {
 		out := scratch(t)
-		probe := buildProbe(t, scratch(t))
+		probe := BuildProbe(t, scratch(t))
 		id := NewID(t)
 		_, err := d.Create(ctx, runtime.Spec{
 			ID: id, Layers: layers,
@@ -454,7 +455,7 @@ func RunDriverSuiteWith(t *testing.T, d runtime.Driver, layers []string, o Optio
 			t.Fatalf("Create: %v", err)
 		}
 		got := map[string]string{}
-		for _, line := range strings.Split(strings.TrimSpace(string(waitFile(t, filepath.Join(out, "syscalls"), o.Timeout))), "\n") {
+		for _, line := range strings.Split(strings.TrimSpace(string(WaitFile(t, filepath.Join(out, "syscalls"), o.Timeout))), "\n") {
 			if k, v, ok := strings.Cut(line, "="); ok {
 				got[k] = v
 			}
@@ -605,7 +606,7 @@ exec sleep 3600
 		if err != nil {
 			t.Fatalf("Create with devices: %v", err)
 		}
-		waitFile(t, filepath.Join(out, "ready"), o.Timeout)
+		WaitFile(t, filepath.Join(out, "ready"), o.Timeout)
 		read := func(name string) string {
 			b, _ := os.ReadFile(filepath.Join(out, name))
 			return strings.TrimSpace(string(b))
@@ -688,8 +689,8 @@ func checkCgroup(t *testing.T, cf CgroupFiler, id, ctrl string, files []string, 
 	t.Errorf("cgroup %s: none of %v readable: %s", ctrl, files, fmt.Sprint(errs))
 }
 
-// buildProbe builds ./probe (static) into dir and returns its path.
-func buildProbe(t *testing.T, dir string) string {
+// BuildProbe builds ./probe (static) into dir and returns its path.
+func BuildProbe(t testing.TB, dir string) string {
 	t.Helper()
 	goBin, err := exec.LookPath("go")
 	if err != nil {
@@ -765,7 +766,7 @@ func runSnapshot(t *testing.T, d runtime.Driver, sn runtime.Snapshotter, layers 
 		t.Fatalf("source after snapshot = %+v, %v; want running", in, err)
 	}
 	os.WriteFile(filepath.Join(outA, "go"), nil, 0o644)
-	waitFile(t, filepath.Join(outA, "gone"), o.Timeout)
+	WaitFile(t, filepath.Join(outA, "gone"), o.Timeout)
 	stateFile := filepath.Join(info.Layer, "tmp", "state")
 	if b, err := os.ReadFile(stateFile); err != nil || strings.TrimSpace(string(b)) != "one" {
 		t.Fatalf("snapshot layer /tmp/state = %q, %v; want one", b, err)
@@ -799,7 +800,7 @@ func runSnapshot(t *testing.T, d runtime.Driver, sn runtime.Snapshotter, layers 
 			t.Errorf("restored sandbox re-ran its boot lines")
 		}
 	} else {
-		if got := strings.TrimSpace(string(waitFile(t, filepath.Join(outB, "seen"), o.Timeout))); got != "one" {
+		if got := strings.TrimSpace(string(WaitFile(t, filepath.Join(outB, "seen"), o.Timeout))); got != "one" {
 			t.Errorf("sandbox from snapshot saw /tmp/state %q at boot, want one", got)
 		}
 	}
@@ -826,10 +827,10 @@ func runSnapshot(t *testing.T, d runtime.Driver, sn runtime.Snapshotter, layers 
 	if err := d.Resume(ctx, b); err != nil {
 		t.Fatalf("Resume after Stop: %v", err)
 	}
-	if got := strings.TrimSpace(string(waitFile(t, filepath.Join(outB, "extra"), o.Timeout))); got != "v2" {
+	if got := strings.TrimSpace(string(WaitFile(t, filepath.Join(outB, "extra"), o.Timeout))); got != "v2" {
 		t.Errorf("rebooted sandbox's file mount = %q, want the replaced source's v2", got)
 	}
-	if got := strings.TrimSpace(string(waitFile(t, filepath.Join(outB, "seen"), o.Timeout))); got != "one" && got != "two" {
+	if got := strings.TrimSpace(string(WaitFile(t, filepath.Join(outB, "seen"), o.Timeout))); got != "one" && got != "two" {
 		t.Errorf("rebooted sandbox saw /tmp/state %q, want its own file kept", got)
 	}
 	if in, err := d.Inspect(ctx, b); err != nil || in.State != runtime.StateRunning {

@@ -11,6 +11,9 @@
 //	threads=4                 distinct threads started (clone(2) with thread flags)
 //	tracer-setoptions=...     PTRACE_SETOPTIONS(PTRACE_O_TRACESECCOMP) on a child: ok or an errno
 //	traced-clone3=ENOSYS      clone3(CLONE_NEWUSER) by that child; "created" if a process was made
+//
+//	probe budgets exhaust DIR OUT    take every per-user kernel budget, report, then hold it
+//	probe budgets one DIR            try one of each (budgets.go)
 package main
 
 import (
@@ -33,8 +36,12 @@ func init() {
 }
 
 func main() {
+	if len(os.Args) >= 4 && os.Args[1] == "budgets" {
+		budgets(os.Args[2], os.Args[3], os.Args[4:])
+		return
+	}
 	if len(os.Args) != 2 {
-		fmt.Fprintln(os.Stderr, "usage: probe syscalls")
+		fmt.Fprintln(os.Stderr, "usage: probe syscalls | probe budgets exhaust DIR OUT | probe budgets one DIR")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
