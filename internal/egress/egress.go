@@ -44,13 +44,10 @@ import (
 // connection (network.Linux implements it).
 type Policies interface {
 	SandboxPolicy(addr netip.Addr) (id string, p network.Policy, ok bool)
-	AllowsIP(p network.Policy, ip netip.Addr) bool
-	AllowOutCovers(p network.Policy, ip netip.Addr) bool
-	Internal(ip netip.Addr) bool
+	// Judge is the one egress judgement (the nft chain's too): every dial
+	// the proxy makes for a sandbox is judged by it first.
+	Judge(p network.Policy, ip netip.Addr, r network.Route) network.Verdict
 	Resolvers() []netip.Addr
-	// AllowsDNS reports whether p's chain opens TCP port 53 of ip (one of
-	// the sandboxes' resolvers), which a tunnelled sandbox reaches direct.
-	AllowsDNS(p network.Policy, ip netip.Addr) bool
 	// ResolveUpstream returns where an egress proxy address may be dialled.
 	ResolveUpstream(ctx context.Context, address string) ([]netip.AddrPort, error)
 }
@@ -347,17 +344,6 @@ func (p *Proxy) dialFor(log *slog.Logger, pol network.Policy, name string, dst n
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), dialTimeout)
 	defer cancel()
-	if pol.Upstream != nil && dst.Port() == 53 && p.pol.AllowsDNS(pol, dst.Addr()) {
-		// DNS stays with the sandbox's resolvers, as its UDP does, where
-		// its chain opens them.
-		up, err := p.dialer.DialContext(ctx, "tcp", dst.String())
-		if err != nil {
-			p.count(verdictError)
-			return nil
-		}
-		p.count(verdictAllowIP)
-		return up
-	}
 	switch {
 	case name != "" && matchAny(allow, name) && pol.Upstream != nil:
 		// The upstream resolves the name in its own network (SOCKS5
@@ -378,8 +364,8 @@ func (p *Proxy) dialFor(log *slog.Logger, pol network.Policy, name string, dst n
 			return nil
 		}
 		for _, ip := range ips {
-			if p.pol.Internal(ip) && !p.pol.AllowOutCovers(pol, ip) {
-				log.Info("egress: allowed name resolves into an internal range; refused", "name", name, "ip", ip)
+			if v := p.pol.Judge(pol, ip, network.ByName); v != network.Allowed {
+				log.Info("egress: allowed name resolves to an address the policy does not open; refused", "name", name, "ip", ip, "verdict", v)
 				continue
 			}
 			up, err := p.dialer.DialContext(ctx, "tcp", netip.AddrPortFrom(ip.Unmap(), dst.Port()).String())
@@ -395,7 +381,7 @@ func (p *Proxy) dialFor(log *slog.Logger, pol network.Policy, name string, dst n
 		log.Debug("egress: name denied", "name", name)
 		p.count(verdictBlocked)
 		return nil
-	case p.pol.AllowsIP(pol, dst.Addr()):
+	case p.pol.Judge(pol, dst.Addr(), route(dst)) == network.Allowed:
 		var up net.Conn
 		var err error
 		if pol.Upstream != nil {
@@ -415,6 +401,14 @@ func (p *Proxy) dialFor(log *slog.Logger, pol network.Policy, name string, dst n
 		p.count(verdictBlocked)
 		return nil
 	}
+}
+
+// route is how the chain would judge a connection to dst.
+func route(dst netip.AddrPort) network.Route {
+	if dst.Port() == 53 {
+		return network.ToDNS
+	}
+	return network.ByAddress
 }
 
 func matchAny(patterns []string, host string) bool {

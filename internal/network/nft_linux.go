@@ -243,50 +243,12 @@ func tcpDport(port uint16) []expr.Any {
 }
 
 // addPolicyRules queues the rules of sandbox chain ch for policy p (the
-// policy itself is recorded in a file, see recordPolicy).
+// policy itself is recorded in a file, see recordPolicy): the steps that
+// Judge walks too.
 func (l *Linux) addPolicyRules(c *nftables.Conn, t nftTables, ch *nftables.Chain, p Policy, allow, deny []netip.Prefix) {
-	// Sandbox to any other pool address (other sandboxes, via routing).
-	c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch,
-		Exprs: concat(ipMatch(16, l.cfg.Pool), []expr.Any{verdict(expr.VerdictDrop)})})
-	switch {
-	case p.HasDomains() && p.DNSServers != nil:
-		// The caller's own list: all traffic to each, as e2b opens them.
-		for _, a := range p.dnsServers() {
-			c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: concat(ipMatch(16, netip.PrefixFrom(a, 32)), []expr.Any{verdict(expr.VerdictAccept)})})
-		}
-	case p.NeedsProxy():
-		// Names must resolve even under deny-all (e2b keeps its resolver open).
-		l.addResolverRules(c, t, ch)
-	}
-	for _, a := range allow {
-		c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: concat(ipMatch(16, a), []expr.Any{verdict(expr.VerdictAccept)})})
-	}
-	for _, d := range deny {
-		c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: concat(ipMatch(16, d), []expr.Any{verdict(expr.VerdictDrop)})})
-	}
-	if !p.AllowInternet {
-		c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: []expr.Any{verdict(expr.VerdictDrop)}})
-		return
-	}
-	l.addResolverRules(c, t, ch)
-	for _, in := range l.internal {
-		c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: concat(ipMatch(16, in), []expr.Any{verdict(expr.VerdictDrop)})})
-	}
-	c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: []expr.Any{verdict(expr.VerdictAccept)}})
-}
-
-// addResolverRules accepts DNS to the sandboxes' resolvers.
-func (l *Linux) addResolverRules(c *nftables.Conn, t nftTables, ch *nftables.Chain) {
-	for _, r := range l.cfg.Resolvers {
-		if !r.Is4() {
-			continue
-		}
-		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
-			c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: concat(
-				ipMatch(16, netip.PrefixFrom(r, 32)),
-				[]expr.Any{meta(expr.MetaKeyL4PROTO), cmpEq([]byte{proto}),
-					&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-					cmpEq([]byte{0, 53}), verdict(expr.VerdictAccept)})})
+	for _, s := range l.steps(p, allow, deny) {
+		for _, e := range stepRules(s) {
+			c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: e})
 		}
 	}
 }
