@@ -36,6 +36,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/cubicle-dev/cubicle/internal/network"
 )
@@ -84,12 +85,13 @@ type Proxy struct {
 	resolver *net.Resolver
 	dialer   net.Dialer
 	sem      chan struct{}
+	bytes    *semaphore.Weighted // proxyBudget
 	conns    *prometheus.CounterVec
 	icpt     *interception // nil: rules are not applied (and are refused upstream)
 
 	mu     sync.Mutex
 	active map[net.Conn]struct{}
-	per    map[string]int // open connections by sandbox ID
+	per    map[string]*budget // by sandbox ID
 	closed bool
 	wg     sync.WaitGroup
 }
@@ -100,7 +102,8 @@ func New(ln net.Listener, pol Policies, log *slog.Logger, reg prometheus.Registe
 	if log == nil {
 		log = slog.Default()
 	}
-	p := &Proxy{ln: ln, pol: pol, log: log, sem: make(chan struct{}, maxConns), active: map[net.Conn]struct{}{}, per: map[string]int{},
+	p := &Proxy{ln: ln, pol: pol, log: log, sem: make(chan struct{}, maxConns), active: map[net.Conn]struct{}{}, per: map[string]*budget{},
+		bytes:  semaphore.NewWeighted(proxyBudget),
 		dialer: net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second},
 		conns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cubicle_egress_connections_total",
 			Help: "Sandbox connections the egress proxy judged, by verdict."}, []string{"verdict"})}
@@ -191,17 +194,31 @@ func (p *Proxy) Close() error {
 	return err
 }
 
-// hold counts a sandbox's open connections; false when it is at its limit.
-func (p *Proxy) hold(id string, d int) bool {
+// hold counts a connection of sandbox id and returns its budget; nil when
+// the sandbox is at its connection limit.
+func (p *Proxy) hold(id string) *budget {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if d > 0 && p.per[id] >= maxPerSandbox {
-		return false
+	b := p.per[id]
+	if b == nil {
+		b = &budget{bytes: semaphore.NewWeighted(sandboxBudget)}
+		p.per[id] = b
 	}
-	if p.per[id] += d; p.per[id] <= 0 {
-		delete(p.per, id)
+	if b.conns >= maxPerSandbox {
+		return nil
 	}
-	return true
+	b.conns++
+	return b
+}
+
+func (p *Proxy) unhold(id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if b := p.per[id]; b != nil {
+		if b.conns--; b.conns <= 0 {
+			delete(p.per, id)
+		}
+	}
 }
 
 func (p *Proxy) count(v string) { p.conns.WithLabelValues(v).Inc() }
@@ -216,11 +233,12 @@ func (p *Proxy) handle(c net.Conn) {
 		p.count(verdictBlocked)
 		return
 	}
-	if !p.hold(id, 1) {
+	b := p.hold(id)
+	if b == nil {
 		p.count(verdictBlocked)
 		return
 	}
-	defer p.hold(id, -1)
+	defer p.unhold(id)
 	dst, err := originalDst(c)
 	if err != nil || dst.String() == c.LocalAddr().String() {
 		// Not redirected: a sandbox connecting to the proxy itself.
@@ -228,7 +246,7 @@ func (p *Proxy) handle(c net.Conn) {
 		return
 	}
 	log := p.log.With("sandbox", id, "dst", dst.String())
-	br := bufio.NewReaderSize(c, 4096)
+	br := bufio.NewReaderSize(c, readBuf)
 	if dst.Port() != 80 && dst.Port() != 443 {
 		// Tunnelled TCP on other ports: judged by address, no peeking (the
 		// server may be the one to speak first).
@@ -245,26 +263,41 @@ func (p *Proxy) handle(c net.Conn) {
 	if err != nil {
 		return
 	}
-	if first[0] == 0x16 { // a TLS handshake record
-		var seen bytes.Buffer
-		name := serverName(io.TeeReader(br, &seen))
-		_ = c.SetReadDeadline(time.Time{})
-		if rules, ok := network.RulesFor(pol.Rules, name); ok && p.icpt != nil && !isIP(name) {
-			p.intercept(log, c, io.MultiReader(&seen, br), id, src.Addr(), pol, name, rules, dst)
-			return
-		}
-		up := p.dialFor(log, pol, name, dst)
-		if up == nil {
-			return
-		}
-		defer up.Close()
-		if _, err := up.Write(seen.Bytes()); err != nil {
-			return
-		}
-		splice(c, br, up)
+	cost := int64(headCost)
+	if first[0] == 0x16 {
+		cost = maxHelloSize
+	}
+	release := p.reserve(b, cost)
+	if release == nil {
+		log.Info("egress: the memory budget for reading requests is spent; connection closed")
+		p.count(verdictBlocked)
 		return
 	}
-	p.serveHTTP(log, c, br, pol, dst)
+	if first[0] != 0x16 {
+		p.serveHTTP(log, c, br, b, release, pol, dst)
+		return
+	}
+	// A TLS handshake record.
+	var seen bytes.Buffer
+	name := serverName(io.TeeReader(&limited{r: br, n: maxHelloSize}, &seen))
+	_ = c.SetReadDeadline(time.Time{})
+	if rules, ok := network.RulesFor(pol.Rules, name); ok && p.icpt != nil && !isIP(name) {
+		p.intercept(log, c, io.MultiReader(&seen, br), release, id, src.Addr(), pol, name, rules, dst)
+		return
+	}
+	defer func() { release() }()
+	up := p.dialFor(log, pol, name, dst)
+	if up == nil {
+		return
+	}
+	defer up.Close()
+	if _, err := up.Write(seen.Bytes()); err != nil {
+		return
+	}
+	seen = bytes.Buffer{}
+	release()
+	release = func() {}
+	splice(c, br, up)
 }
 
 func isIP(s string) bool {
@@ -276,13 +309,16 @@ func isIP(s string) bool {
 // request on a kept-alive connection must name the same host, or the
 // connection is closed) and relays it; an upgrade or CONNECT switches to a
 // byte splice after the request. Bytes that are not HTTP are judged by the
-// destination address.
-func (p *Proxy) serveHTTP(log *slog.Logger, c net.Conn, br *bufio.Reader, pol network.Policy, dst netip.AddrPort) {
+// destination address. Every head is read within maxHeaderSize and the
+// budget (release returns the first one's reservation); bodies are
+// streamed, never buffered.
+func (p *Proxy) serveHTTP(log *slog.Logger, c net.Conn, br *bufio.Reader, b *budget, release func(), pol network.Policy, dst netip.AddrPort) {
 	var seen bytes.Buffer
-	req, err := http.ReadRequest(bufio.NewReader(io.TeeReader(io.LimitReader(br, maxHeaderSize), &seen)))
-	_ = c.SetReadDeadline(time.Time{})
+	req, err := http.ReadRequest(bufio.NewReaderSize(io.TeeReader(&limited{r: br, n: maxHeaderSize}, &seen), readBuf))
+	deadline(c, false)
 	if err != nil {
 		// Not HTTP (or headers over the limit): the address rules decide.
+		defer func() { release() }()
 		up := p.dialFor(log, pol, "", dst)
 		if up == nil {
 			return
@@ -291,15 +327,16 @@ func (p *Proxy) serveHTTP(log *slog.Logger, c net.Conn, br *bufio.Reader, pol ne
 		if _, err := up.Write(seen.Bytes()); err != nil {
 			return
 		}
+		seen = bytes.Buffer{}
+		release()
+		release = func() {}
 		splice(c, br, up)
 		return
 	}
-	// The request was parsed from a copy: re-read it from what was seen
-	// plus the rest of the stream, so nothing is lost to read-ahead.
-	cr := bufio.NewReader(io.MultiReader(&seen, br))
 	host := hostOf(req.Host)
 	up := p.dialFor(log, pol, host, dst)
 	if up == nil {
+		release()
 		return
 	}
 	defer up.Close()
@@ -309,9 +346,32 @@ func (p *Proxy) serveHTTP(log *slog.Logger, c net.Conn, br *bufio.Reader, pol ne
 		closeWrite(c)
 		close(done)
 	}()
-	for {
+	// The first request was parsed from a copy: it is read again from what
+	// was seen plus the rest of the stream, so nothing is lost to read-ahead.
+	lim := &limited{r: io.MultiReader(&seen, br), n: maxHeaderSize}
+	cr := bufio.NewReaderSize(lim, readBuf)
+	for first := true; ; first = false {
+		if !first {
+			// Wait for the next head holding no reservation, then read it
+			// whole within the limit, the budget and peekTimeout.
+			if _, err := cr.Peek(1); err != nil {
+				break
+			}
+			if release = p.reserve(b, headCost); release == nil {
+				log.Info("egress: the memory budget for reading requests is spent; connection closed")
+				break
+			}
+			deadline(c, true)
+			lim.n = maxHeaderSize
+		}
 		req, err := http.ReadRequest(cr)
+		lim.n = -1
+		deadline(c, false)
+		release()
 		if err != nil {
+			if errors.Is(err, errHeadTooLarge) {
+				log.Debug("egress: request head over the limit; connection closed", "limit", maxHeaderSize)
+			}
 			break
 		}
 		if hostOf(req.Host) != host {

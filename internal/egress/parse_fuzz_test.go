@@ -1,0 +1,67 @@
+package egress
+
+import (
+	"bufio"
+	"bytes"
+	"net/http"
+	"testing"
+)
+
+// countingReader counts what the parsers pull from the sandbox's stream.
+type countingReader struct {
+	r *bytes.Reader
+	n int
+}
+
+func (c *countingReader) Read(b []byte) (int, error) {
+	n, err := c.r.Read(b)
+	c.n += n
+	return n, err
+}
+
+// FuzzRequestHeads drives the plain-HTTP relay's reading of a kept-alive
+// stream: each head is read within maxHeaderSize (plus the read-ahead
+// buffer), the bodies are drained as the relay streams them.
+func FuzzRequestHeads(f *testing.F) {
+	f.Add([]byte("GET / HTTP/1.1\r\nHost: a.test\r\n\r\nGET /2 HTTP/1.1\r\nHost: a.test\r\nX: " + string(bytes.Repeat([]byte("a"), 70<<10))))
+	f.Add([]byte("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabcGET / HTTP/1.1\r\nHost: a\r\n\r\n"))
+	f.Add([]byte("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		src := &countingReader{r: bytes.NewReader(data)}
+		lim := &limited{r: src, n: maxHeaderSize}
+		cr := bufio.NewReaderSize(lim, readBuf)
+		for i := 0; i < 64; i++ {
+			before := src.n - cr.Buffered()
+			lim.n = maxHeaderSize
+			req, err := http.ReadRequest(cr)
+			lim.n = -1
+			if used := src.n - before; used > maxHeaderSize+readBuf {
+				t.Fatalf("a head took %d bytes of the stream, over %d", used, maxHeaderSize+readBuf)
+			}
+			if err != nil {
+				return
+			}
+			if err := req.Write(discard{}); err != nil {
+				return
+			}
+		}
+	})
+}
+
+type discard struct{}
+
+func (discard) Write(b []byte) (int, error) { return len(b), nil }
+
+// FuzzServerName: the SNI peek reads at most maxHelloSize of the stream
+// and never panics.
+func FuzzServerName(f *testing.F) {
+	f.Add([]byte{0x16, 0x03, 0x01, 0x00, 0x05, 0x01, 0x00, 0x00, 0x01, 0x00})
+	f.Add(append([]byte{0x16, 0x03, 0x01, 0xff, 0xff}, bytes.Repeat([]byte{1}, 80<<10)...))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		src := &countingReader{r: bytes.NewReader(data)}
+		_ = serverName(&limited{r: src, n: maxHelloSize})
+		if src.n > maxHelloSize {
+			t.Fatalf("the ClientHello peek read %d bytes", src.n)
+		}
+	})
+}
