@@ -88,6 +88,8 @@ type Proxy struct {
 	bytes    *semaphore.Weighted // proxyBudget
 	conns    *prometheus.CounterVec
 	icpt     *interception // nil: rules are not applied (and are refused upstream)
+	dnsConn  net.PacketConn // nil: no DNS for tunnelled sandboxes (WithDNS)
+	fake     fakeDNS
 
 	mu     sync.Mutex
 	active map[net.Conn]struct{}
@@ -133,6 +135,10 @@ func New(ln net.Listener, pol Policies, log *slog.Logger, reg prometheus.Registe
 
 // Serve accepts until Close. Connections are served concurrently.
 func (p *Proxy) Serve() error {
+	if p.dnsConn != nil {
+		p.wg.Add(1)
+		go func() { defer p.wg.Done(); p.serveDNS(p.dnsConn) }()
+	}
 	for {
 		c, err := p.ln.Accept()
 		if err != nil {
@@ -190,6 +196,9 @@ func (p *Proxy) Close() error {
 	}
 	p.mu.Unlock()
 	err := p.ln.Close()
+	if p.dnsConn != nil {
+		_ = p.dnsConn.Close()
+	}
 	p.wg.Wait()
 	return err
 }
@@ -247,10 +256,21 @@ func (p *Proxy) handle(c net.Conn) {
 	}
 	log := p.log.With("sandbox", id, "dst", dst.String())
 	br := bufio.NewReaderSize(c, readBuf)
+	var mapped string // the name a tunnelled sandbox resolved to dst (dns.go)
+	if pol.Tunnels() {
+		if dst.Port() == 53 {
+			// Its DNS is answered here, never forwarded.
+			p.serveDNSTCP(c, br, src.Addr(), b)
+			return
+		}
+		if fakeNet.Contains(dst.Addr()) {
+			mapped = p.fakeName(id, dst.Addr())
+		}
+	}
 	if dst.Port() != 80 && dst.Port() != 443 {
 		// Tunnelled TCP on other ports: judged by address, no peeking (the
 		// server may be the one to speak first).
-		up := p.dialFor(log, pol, "", dst)
+		up := p.dialFor(log, pol, "", mapped, dst)
 		if up == nil {
 			return
 		}
@@ -274,7 +294,7 @@ func (p *Proxy) handle(c net.Conn) {
 		return
 	}
 	if first[0] != 0x16 {
-		p.serveHTTP(log, c, br, b, release, pol, dst)
+		p.serveHTTP(log, c, br, b, release, pol, mapped, dst)
 		return
 	}
 	// A TLS handshake record.
@@ -286,7 +306,7 @@ func (p *Proxy) handle(c net.Conn) {
 		return
 	}
 	defer func() { release() }()
-	up := p.dialFor(log, pol, name, dst)
+	up := p.dialFor(log, pol, name, mapped, dst)
 	if up == nil {
 		return
 	}
@@ -312,14 +332,14 @@ func isIP(s string) bool {
 // destination address. Every head is read within maxHeaderSize and the
 // budget (release returns the first one's reservation); bodies are
 // streamed, never buffered.
-func (p *Proxy) serveHTTP(log *slog.Logger, c net.Conn, br *bufio.Reader, b *budget, release func(), pol network.Policy, dst netip.AddrPort) {
+func (p *Proxy) serveHTTP(log *slog.Logger, c net.Conn, br *bufio.Reader, b *budget, release func(), pol network.Policy, mapped string, dst netip.AddrPort) {
 	var seen bytes.Buffer
 	req, err := http.ReadRequest(bufio.NewReaderSize(io.TeeReader(&limited{r: br, n: maxHeaderSize}, &seen), readBuf))
 	deadline(c, false)
 	if err != nil {
 		// Not HTTP (or headers over the limit): the address rules decide.
 		defer func() { release() }()
-		up := p.dialFor(log, pol, "", dst)
+		up := p.dialFor(log, pol, "", mapped, dst)
 		if up == nil {
 			return
 		}
@@ -334,7 +354,7 @@ func (p *Proxy) serveHTTP(log *slog.Logger, c net.Conn, br *bufio.Reader, b *bud
 		return
 	}
 	host := hostOf(req.Host)
-	up := p.dialFor(log, pol, host, dst)
+	up := p.dialFor(log, pol, host, mapped, dst)
 	if up == nil {
 		release()
 		return
@@ -394,13 +414,20 @@ func (p *Proxy) serveHTTP(log *slog.Logger, c net.Conn, br *bufio.Reader, b *bud
 }
 
 // dialFor applies the policy to one connection and dials its upstream, or
-// returns nil when it is blocked.
-func (p *Proxy) dialFor(log *slog.Logger, pol network.Policy, name string, dst netip.AddrPort) net.Conn {
+// returns nil when it is blocked. name is the one the connection carries
+// (Host, SNI); mapped the one a tunnelled sandbox resolved dst from.
+func (p *Proxy) dialFor(log *slog.Logger, pol network.Policy, name, mapped string, dst netip.AddrPort) net.Conn {
 	allow, deny := pol.Domains()
 	if name != "" {
 		if _, err := netip.ParseAddr(name); err == nil {
 			name = "" // an IP literal: the address rules decide
 		}
+	}
+	// A stand-in address means nothing outside: the name it stands for is
+	// dialled, through the upstream.
+	fake := pol.Tunnels() && fakeNet.Contains(dst.Addr())
+	if name == "" && fake {
+		name = mapped
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), dialTimeout)
 	defer cancel()
@@ -441,6 +468,22 @@ func (p *Proxy) dialFor(log *slog.Logger, pol network.Policy, name string, dst n
 		log.Debug("egress: name denied", "name", name)
 		p.count(verdictBlocked)
 		return nil
+	case fake:
+		// Resolved by the upstream in its own network: only what the policy
+		// says of every address applies (network.Remote).
+		if name == "" || p.pol.Judge(pol, netip.Addr{}, network.Remote) != network.Allowed {
+			log.Debug("egress: blocked", "name", name)
+			p.count(verdictBlocked)
+			return nil
+		}
+		up, err := p.dialUpstream(ctx, pol.Upstream, net.JoinHostPort(name, strconv.Itoa(int(dst.Port()))))
+		if err != nil {
+			log.Info("egress: via the egress proxy", "name", name, "err", err)
+			p.count(verdictError)
+			return nil
+		}
+		p.count(verdictAllowName)
+		return up
 	case p.pol.Judge(pol, dst.Addr(), route(dst)) == network.Allowed:
 		var up net.Conn
 		var err error

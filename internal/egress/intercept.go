@@ -101,7 +101,7 @@ func (ic *interception) leaf(name string) (*tls.Certificate, error) {
 // without rules: a closed connection.
 func (p *Proxy) intercept(log *slog.Logger, c net.Conn, hello io.Reader, release func(), id string, src netip.Addr, pol network.Policy, name string, rules []network.Rule, dst netip.AddrPort) {
 	defer func() { release() }()
-	first := &handoff{c: p.dialFor(log, pol, name, dst)}
+	first := &handoff{c: p.dialFor(log, pol, name, "", dst)}
 	if first.c == nil {
 		return
 	}
@@ -115,7 +115,7 @@ func (p *Proxy) intercept(log *slog.Logger, c net.Conn, hello io.Reader, release
 			if !ok || liveID != id {
 				return nil, errors.New("sandbox gone")
 			}
-			if raw = p.dialFor(log, live, name, dst); raw == nil {
+			if raw = p.dialFor(log, live, name, "", dst); raw == nil {
 				return nil, fmt.Errorf("%s is not allowed by the egress policy now", name)
 			}
 		}

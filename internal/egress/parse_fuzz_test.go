@@ -4,7 +4,12 @@ import (
 	"bufio"
 	"bytes"
 	"net/http"
+	"net/netip"
 	"testing"
+
+	"github.com/miekg/dns"
+
+	"github.com/cubicle-dev/cubicle/internal/network"
 )
 
 // countingReader counts what the parsers pull from the sandbox's stream.
@@ -62,6 +67,49 @@ func FuzzServerName(f *testing.F) {
 		_ = serverName(&limited{r: src, n: maxHelloSize})
 		if src.n > maxHelloSize {
 			t.Fatalf("the ClientHello peek read %d bytes", src.n)
+		}
+	})
+}
+
+// tunnelled is the Policies of one sandbox with an upstream proxy, for the
+// DNS fuzz target: answerDNS asks nothing else.
+type tunnelled struct{ Policies }
+
+func (tunnelled) SandboxPolicy(netip.Addr) (string, network.Policy, bool) {
+	return "fuzz", network.Policy{AllowInternet: true, Upstream: &network.Upstream{Address: "198.51.100.1:1080"}}, true
+}
+
+// FuzzDNSQuery: whatever a tunnelled sandbox sends as a DNS query, the
+// answer is made locally, packs, and holds at most one stand-in address.
+func FuzzDNSQuery(f *testing.F) {
+	m := new(dns.Msg)
+	m.SetQuestion("a.test.", dns.TypeA)
+	q, _ := m.Pack()
+	f.Add(q)
+	m.SetQuestion("a.test.", dns.TypeAAAA)
+	q, _ = m.Pack()
+	f.Add(q)
+	p := &Proxy{pol: tunnelled{}}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		q := new(dns.Msg)
+		if q.Unpack(data) != nil {
+			return
+		}
+		r := p.answerDNS(netip.MustParseAddr("10.0.0.2"), q)
+		if _, err := r.Pack(); err != nil {
+			t.Fatalf("answer does not pack: %v", err)
+		}
+		if len(r.Answer) > 1 {
+			t.Fatalf("%d answers", len(r.Answer))
+		}
+		for _, rr := range r.Answer {
+			a, ok := rr.(*dns.A)
+			if !ok {
+				t.Fatalf("answer %v is not an A record", rr)
+			}
+			if ip, _ := netip.AddrFromSlice(a.A.To4()); !fakeNet.Contains(ip) {
+				t.Fatalf("answer %v is not a stand-in address", rr)
+			}
 		}
 	})
 }

@@ -28,15 +28,18 @@ import (
 //	    iif br, ip saddr @redir, tcp dport <egress> accept (the egress proxy)
 //	  set redir { ipv4_addr }                 sandboxes with domains, rules or an upstream
 //	  set tunnel { ipv4_addr }                sandboxes with an upstream (a subset of redir)
+//	    iif br, ip saddr @tunnel, udp dport <egress> accept (its DNS answers)
 //	  chain prerouting (nat/prerouting)
 //	    iif br, ip saddr @redir, tcp dport 80|443 redirect to :<egress>
 //	    iif br, ip saddr @tunnel, tcp redirect to :<egress>
+//	    iif br, ip saddr @tunnel, udp dport 53 redirect to :<egress>
 //	  chain postrouting (nat/postrouting)
 //	    ipv4, ip saddr <pool>, oif != br (or oif == EgressIface) masquerade
-//	  chain s_<hash>  per sandbox, replaced atomically by UpdatePolicy
-//	    ip daddr <pool> drop; with domain rules: resolvers:53 accept;
-//	    allow... accept; deny... drop; then
-//	    no internet: drop; else resolvers:53 accept, internal ranges drop, accept
+//	  chain s_<hash>  per sandbox, replaced atomically by UpdatePolicy: the
+//	    steps of judge_linux.go (pool, ForbiddenRanges, host addresses drop;
+//	    with an upstream everything but TCP drop; with domain rules:
+//	    resolvers:53 accept; allow... accept; deny... drop; then no
+//	    internet: drop; else resolvers:53 accept, internal ranges drop, accept)
 //	table bridge <Table>
 //	  map ports { ifname : verdict }          host veth -> jump p_<hash>
 //	  chain prerouting (filter/prerouting, accept): iifname vmap @ports
@@ -197,6 +200,7 @@ func (l *Linux) addBase(c *nftables.Conn, t nftTables) error {
 	c.AddRule(&nftables.Rule{Table: t.inet, Chain: in, Exprs: concat(iif(br, true), ctEstablished(), []expr.Any{verdict(expr.VerdictAccept)})})
 	if port := l.cfg.EgressPort; port != 0 {
 		c.AddRule(&nftables.Rule{Table: t.inet, Chain: in, Exprs: concat(iif(br, true), inSet(t.redir), tcpDport(port), []expr.Any{verdict(expr.VerdictAccept)})})
+		c.AddRule(&nftables.Rule{Table: t.inet, Chain: in, Exprs: concat(iif(br, true), inSet(t.tunnel), udpDport(port), []expr.Any{verdict(expr.VerdictAccept)})})
 		nat := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t.inet, Type: nftables.ChainTypeNAT,
 			Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest, Policy: &accept})
 		redirect := []expr.Any{
@@ -208,6 +212,9 @@ func (l *Linux) addBase(c *nftables.Conn, t nftTables) error {
 		}
 		c.AddRule(&nftables.Rule{Table: t.inet, Chain: nat, Exprs: concat(iif(br, true), inSet(t.tunnel),
 			[]expr.Any{meta(expr.MetaKeyL4PROTO), cmpEq([]byte{unix.IPPROTO_TCP})}, redirect)})
+		// A tunnelled sandbox's DNS is answered by the egress proxy (its
+		// TCP, port 53 included, is redirected just above).
+		c.AddRule(&nftables.Rule{Table: t.inet, Chain: nat, Exprs: concat(iif(br, true), inSet(t.tunnel), udpDport(53), redirect)})
 	}
 	c.AddRule(&nftables.Rule{Table: t.inet, Chain: in, Exprs: concat(iif(br, true), []expr.Any{verdict(expr.VerdictDrop)})})
 
@@ -234,6 +241,12 @@ func inSet(set *nftables.Set) []expr.Any {
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
 		&expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID},
 	})
+}
+
+func udpDport(port uint16) []expr.Any {
+	return []expr.Any{meta(expr.MetaKeyL4PROTO), cmpEq([]byte{unix.IPPROTO_UDP}),
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		cmpEq(binaryutil.BigEndian.PutUint16(port))}
 }
 
 func tcpDport(port uint16) []expr.Any {
