@@ -297,6 +297,13 @@ func serve(ctx context.Context, o serveOptions) error {
 	}
 	defer egressLn.Close()
 	egressPort := uint16(egressLn.Addr().(*net.TCPAddr).Port)
+	// The same port over UDP answers the DNS of sandboxes with an
+	// egressProxy, which is never forwarded.
+	egressDNS, err := egress.ListenPacketFreebind(netip.AddrPortFrom(network.GatewayOf(pool), egressPort))
+	if err != nil {
+		return fmt.Errorf("egress proxy DNS: %w", err)
+	}
+	defer egressDNS.Close()
 	var upstreamAllow []netip.Prefix
 	for _, c := range o.egressProxyAllow {
 		p, err := network.ParsePrefix(c)
@@ -336,7 +343,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	volMetrics := control.NewVolumeMetrics(reg)
-	egressProxy := egress.New(egressLn, netm, log, reg, egress.WithInterception(egressCA, upstreamRoots,
+	egressProxy := egress.New(egressLn, netm, log, reg, egress.WithDNS(egressDNS), egress.WithInterception(egressCA, upstreamRoots,
 		func(ctx context.Context, sandboxID, name string) (string, error) {
 			sb, err := st.GetSandbox(ctx, sandboxID)
 			if err != nil {

@@ -36,6 +36,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/cubicle-dev/cubicle/internal/network"
 )
@@ -44,13 +45,10 @@ import (
 // connection (network.Linux implements it).
 type Policies interface {
 	SandboxPolicy(addr netip.Addr) (id string, p network.Policy, ok bool)
-	AllowsIP(p network.Policy, ip netip.Addr) bool
-	AllowOutCovers(p network.Policy, ip netip.Addr) bool
-	Internal(ip netip.Addr) bool
+	// Judge is the one egress judgement (the nft chain's too): every dial
+	// the proxy makes for a sandbox is judged by it first.
+	Judge(p network.Policy, ip netip.Addr, r network.Route) network.Verdict
 	Resolvers() []netip.Addr
-	// AllowsDNS reports whether p's chain opens TCP port 53 of ip (one of
-	// the sandboxes' resolvers), which a tunnelled sandbox reaches direct.
-	AllowsDNS(p network.Policy, ip netip.Addr) bool
 	// ResolveUpstream returns where an egress proxy address may be dialled.
 	ResolveUpstream(ctx context.Context, address string) ([]netip.AddrPort, error)
 }
@@ -87,12 +85,15 @@ type Proxy struct {
 	resolver *net.Resolver
 	dialer   net.Dialer
 	sem      chan struct{}
+	bytes    *semaphore.Weighted // proxyBudget
 	conns    *prometheus.CounterVec
 	icpt     *interception // nil: rules are not applied (and are refused upstream)
+	dnsConn  net.PacketConn // nil: no DNS for tunnelled sandboxes (WithDNS)
+	fake     fakeDNS
 
 	mu     sync.Mutex
 	active map[net.Conn]struct{}
-	per    map[string]int // open connections by sandbox ID
+	per    map[string]*budget // by sandbox ID
 	closed bool
 	wg     sync.WaitGroup
 }
@@ -103,7 +104,8 @@ func New(ln net.Listener, pol Policies, log *slog.Logger, reg prometheus.Registe
 	if log == nil {
 		log = slog.Default()
 	}
-	p := &Proxy{ln: ln, pol: pol, log: log, sem: make(chan struct{}, maxConns), active: map[net.Conn]struct{}{}, per: map[string]int{},
+	p := &Proxy{ln: ln, pol: pol, log: log, sem: make(chan struct{}, maxConns), active: map[net.Conn]struct{}{}, per: map[string]*budget{},
+		bytes:  semaphore.NewWeighted(proxyBudget),
 		dialer: net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second},
 		conns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cubicle_egress_connections_total",
 			Help: "Sandbox connections the egress proxy judged, by verdict."}, []string{"verdict"})}
@@ -133,6 +135,10 @@ func New(ln net.Listener, pol Policies, log *slog.Logger, reg prometheus.Registe
 
 // Serve accepts until Close. Connections are served concurrently.
 func (p *Proxy) Serve() error {
+	if p.dnsConn != nil {
+		p.wg.Add(1)
+		go func() { defer p.wg.Done(); p.serveDNS(p.dnsConn) }()
+	}
 	for {
 		c, err := p.ln.Accept()
 		if err != nil {
@@ -190,21 +196,38 @@ func (p *Proxy) Close() error {
 	}
 	p.mu.Unlock()
 	err := p.ln.Close()
+	if p.dnsConn != nil {
+		_ = p.dnsConn.Close()
+	}
 	p.wg.Wait()
 	return err
 }
 
-// hold counts a sandbox's open connections; false when it is at its limit.
-func (p *Proxy) hold(id string, d int) bool {
+// hold counts a connection of sandbox id and returns its budget; nil when
+// the sandbox is at its connection limit.
+func (p *Proxy) hold(id string) *budget {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if d > 0 && p.per[id] >= maxPerSandbox {
-		return false
+	b := p.per[id]
+	if b == nil {
+		b = &budget{bytes: semaphore.NewWeighted(sandboxBudget)}
+		p.per[id] = b
 	}
-	if p.per[id] += d; p.per[id] <= 0 {
-		delete(p.per, id)
+	if b.conns >= maxPerSandbox {
+		return nil
 	}
-	return true
+	b.conns++
+	return b
+}
+
+func (p *Proxy) unhold(id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if b := p.per[id]; b != nil {
+		if b.conns--; b.conns <= 0 {
+			delete(p.per, id)
+		}
+	}
 }
 
 func (p *Proxy) count(v string) { p.conns.WithLabelValues(v).Inc() }
@@ -219,11 +242,12 @@ func (p *Proxy) handle(c net.Conn) {
 		p.count(verdictBlocked)
 		return
 	}
-	if !p.hold(id, 1) {
+	b := p.hold(id)
+	if b == nil {
 		p.count(verdictBlocked)
 		return
 	}
-	defer p.hold(id, -1)
+	defer p.unhold(id)
 	dst, err := originalDst(c)
 	if err != nil || dst.String() == c.LocalAddr().String() {
 		// Not redirected: a sandbox connecting to the proxy itself.
@@ -231,11 +255,22 @@ func (p *Proxy) handle(c net.Conn) {
 		return
 	}
 	log := p.log.With("sandbox", id, "dst", dst.String())
-	br := bufio.NewReaderSize(c, 4096)
+	br := bufio.NewReaderSize(c, readBuf)
+	var mapped string // the name a tunnelled sandbox resolved to dst (dns.go)
+	if pol.Tunnels() {
+		if dst.Port() == 53 {
+			// Its DNS is answered here, never forwarded.
+			p.serveDNSTCP(c, br, src.Addr(), b)
+			return
+		}
+		if fakeNet.Contains(dst.Addr()) {
+			mapped = p.fakeName(id, dst.Addr())
+		}
+	}
 	if dst.Port() != 80 && dst.Port() != 443 {
 		// Tunnelled TCP on other ports: judged by address, no peeking (the
 		// server may be the one to speak first).
-		up := p.dialFor(log, pol, "", dst)
+		up := p.dialFor(log, pol, "", mapped, dst)
 		if up == nil {
 			return
 		}
@@ -248,26 +283,41 @@ func (p *Proxy) handle(c net.Conn) {
 	if err != nil {
 		return
 	}
-	if first[0] == 0x16 { // a TLS handshake record
-		var seen bytes.Buffer
-		name := serverName(io.TeeReader(br, &seen))
-		_ = c.SetReadDeadline(time.Time{})
-		if rules, ok := network.RulesFor(pol.Rules, name); ok && p.icpt != nil && !isIP(name) {
-			p.intercept(log, c, io.MultiReader(&seen, br), id, src.Addr(), pol, name, rules, dst)
-			return
-		}
-		up := p.dialFor(log, pol, name, dst)
-		if up == nil {
-			return
-		}
-		defer up.Close()
-		if _, err := up.Write(seen.Bytes()); err != nil {
-			return
-		}
-		splice(c, br, up)
+	cost := int64(headCost)
+	if first[0] == 0x16 {
+		cost = maxHelloSize
+	}
+	release := p.reserve(b, cost)
+	if release == nil {
+		log.Info("egress: the memory budget for reading requests is spent; connection closed")
+		p.count(verdictBlocked)
 		return
 	}
-	p.serveHTTP(log, c, br, pol, dst)
+	if first[0] != 0x16 {
+		p.serveHTTP(log, c, br, b, release, pol, mapped, dst)
+		return
+	}
+	// A TLS handshake record.
+	var seen bytes.Buffer
+	name := serverName(io.TeeReader(&limited{r: br, n: maxHelloSize}, &seen))
+	_ = c.SetReadDeadline(time.Time{})
+	if rules, ok := network.RulesFor(pol.Rules, name); ok && p.icpt != nil && !isIP(name) {
+		p.intercept(log, c, io.MultiReader(&seen, br), release, id, src.Addr(), pol, name, rules, dst)
+		return
+	}
+	defer func() { release() }()
+	up := p.dialFor(log, pol, name, mapped, dst)
+	if up == nil {
+		return
+	}
+	defer up.Close()
+	if _, err := up.Write(seen.Bytes()); err != nil {
+		return
+	}
+	seen = bytes.Buffer{}
+	release()
+	release = func() {}
+	splice(c, br, up)
 }
 
 func isIP(s string) bool {
@@ -279,14 +329,17 @@ func isIP(s string) bool {
 // request on a kept-alive connection must name the same host, or the
 // connection is closed) and relays it; an upgrade or CONNECT switches to a
 // byte splice after the request. Bytes that are not HTTP are judged by the
-// destination address.
-func (p *Proxy) serveHTTP(log *slog.Logger, c net.Conn, br *bufio.Reader, pol network.Policy, dst netip.AddrPort) {
+// destination address. Every head is read within maxHeaderSize and the
+// budget (release returns the first one's reservation); bodies are
+// streamed, never buffered.
+func (p *Proxy) serveHTTP(log *slog.Logger, c net.Conn, br *bufio.Reader, b *budget, release func(), pol network.Policy, mapped string, dst netip.AddrPort) {
 	var seen bytes.Buffer
-	req, err := http.ReadRequest(bufio.NewReader(io.TeeReader(io.LimitReader(br, maxHeaderSize), &seen)))
-	_ = c.SetReadDeadline(time.Time{})
+	req, err := http.ReadRequest(bufio.NewReaderSize(io.TeeReader(&limited{r: br, n: maxHeaderSize}, &seen), readBuf))
+	deadline(c, false)
 	if err != nil {
 		// Not HTTP (or headers over the limit): the address rules decide.
-		up := p.dialFor(log, pol, "", dst)
+		defer func() { release() }()
+		up := p.dialFor(log, pol, "", mapped, dst)
 		if up == nil {
 			return
 		}
@@ -294,15 +347,16 @@ func (p *Proxy) serveHTTP(log *slog.Logger, c net.Conn, br *bufio.Reader, pol ne
 		if _, err := up.Write(seen.Bytes()); err != nil {
 			return
 		}
+		seen = bytes.Buffer{}
+		release()
+		release = func() {}
 		splice(c, br, up)
 		return
 	}
-	// The request was parsed from a copy: re-read it from what was seen
-	// plus the rest of the stream, so nothing is lost to read-ahead.
-	cr := bufio.NewReader(io.MultiReader(&seen, br))
 	host := hostOf(req.Host)
-	up := p.dialFor(log, pol, host, dst)
+	up := p.dialFor(log, pol, host, mapped, dst)
 	if up == nil {
+		release()
 		return
 	}
 	defer up.Close()
@@ -312,9 +366,32 @@ func (p *Proxy) serveHTTP(log *slog.Logger, c net.Conn, br *bufio.Reader, pol ne
 		closeWrite(c)
 		close(done)
 	}()
-	for {
+	// The first request was parsed from a copy: it is read again from what
+	// was seen plus the rest of the stream, so nothing is lost to read-ahead.
+	lim := &limited{r: io.MultiReader(&seen, br), n: maxHeaderSize}
+	cr := bufio.NewReaderSize(lim, readBuf)
+	for first := true; ; first = false {
+		if !first {
+			// Wait for the next head holding no reservation, then read it
+			// whole within the limit, the budget and peekTimeout.
+			if _, err := cr.Peek(1); err != nil {
+				break
+			}
+			if release = p.reserve(b, headCost); release == nil {
+				log.Info("egress: the memory budget for reading requests is spent; connection closed")
+				break
+			}
+			deadline(c, true)
+			lim.n = maxHeaderSize
+		}
 		req, err := http.ReadRequest(cr)
+		lim.n = -1
+		deadline(c, false)
+		release()
 		if err != nil {
+			if errors.Is(err, errHeadTooLarge) {
+				log.Debug("egress: request head over the limit; connection closed", "limit", maxHeaderSize)
+			}
 			break
 		}
 		if hostOf(req.Host) != host {
@@ -337,27 +414,23 @@ func (p *Proxy) serveHTTP(log *slog.Logger, c net.Conn, br *bufio.Reader, pol ne
 }
 
 // dialFor applies the policy to one connection and dials its upstream, or
-// returns nil when it is blocked.
-func (p *Proxy) dialFor(log *slog.Logger, pol network.Policy, name string, dst netip.AddrPort) net.Conn {
+// returns nil when it is blocked. name is the one the connection carries
+// (Host, SNI); mapped the one a tunnelled sandbox resolved dst from.
+func (p *Proxy) dialFor(log *slog.Logger, pol network.Policy, name, mapped string, dst netip.AddrPort) net.Conn {
 	allow, deny := pol.Domains()
 	if name != "" {
 		if _, err := netip.ParseAddr(name); err == nil {
 			name = "" // an IP literal: the address rules decide
 		}
 	}
+	// A stand-in address means nothing outside: the name it stands for is
+	// dialled, through the upstream.
+	fake := pol.Tunnels() && fakeNet.Contains(dst.Addr())
+	if name == "" && fake {
+		name = mapped
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), dialTimeout)
 	defer cancel()
-	if pol.Upstream != nil && dst.Port() == 53 && p.pol.AllowsDNS(pol, dst.Addr()) {
-		// DNS stays with the sandbox's resolvers, as its UDP does, where
-		// its chain opens them.
-		up, err := p.dialer.DialContext(ctx, "tcp", dst.String())
-		if err != nil {
-			p.count(verdictError)
-			return nil
-		}
-		p.count(verdictAllowIP)
-		return up
-	}
 	switch {
 	case name != "" && matchAny(allow, name) && pol.Upstream != nil:
 		// The upstream resolves the name in its own network (SOCKS5
@@ -378,8 +451,8 @@ func (p *Proxy) dialFor(log *slog.Logger, pol network.Policy, name string, dst n
 			return nil
 		}
 		for _, ip := range ips {
-			if p.pol.Internal(ip) && !p.pol.AllowOutCovers(pol, ip) {
-				log.Info("egress: allowed name resolves into an internal range; refused", "name", name, "ip", ip)
+			if v := p.pol.Judge(pol, ip, network.ByName); v != network.Allowed {
+				log.Info("egress: allowed name resolves to an address the policy does not open; refused", "name", name, "ip", ip, "verdict", v)
 				continue
 			}
 			up, err := p.dialer.DialContext(ctx, "tcp", netip.AddrPortFrom(ip.Unmap(), dst.Port()).String())
@@ -395,7 +468,23 @@ func (p *Proxy) dialFor(log *slog.Logger, pol network.Policy, name string, dst n
 		log.Debug("egress: name denied", "name", name)
 		p.count(verdictBlocked)
 		return nil
-	case p.pol.AllowsIP(pol, dst.Addr()):
+	case fake:
+		// Resolved by the upstream in its own network: only what the policy
+		// says of every address applies (network.Remote).
+		if name == "" || p.pol.Judge(pol, netip.Addr{}, network.Remote) != network.Allowed {
+			log.Debug("egress: blocked", "name", name)
+			p.count(verdictBlocked)
+			return nil
+		}
+		up, err := p.dialUpstream(ctx, pol.Upstream, net.JoinHostPort(name, strconv.Itoa(int(dst.Port()))))
+		if err != nil {
+			log.Info("egress: via the egress proxy", "name", name, "err", err)
+			p.count(verdictError)
+			return nil
+		}
+		p.count(verdictAllowName)
+		return up
+	case p.pol.Judge(pol, dst.Addr(), route(dst)) == network.Allowed:
 		var up net.Conn
 		var err error
 		if pol.Upstream != nil {
@@ -415,6 +504,14 @@ func (p *Proxy) dialFor(log *slog.Logger, pol network.Policy, name string, dst n
 		p.count(verdictBlocked)
 		return nil
 	}
+}
+
+// route is how the chain would judge a connection to dst.
+func route(dst netip.AddrPort) network.Route {
+	if dst.Port() == 53 {
+		return network.ToDNS
+	}
+	return network.ByAddress
 }
 
 func matchAny(patterns []string, host string) bool {

@@ -127,9 +127,16 @@ func startManager(t testing.TB, cfg network.Config, opts ...egress.Option) (*net
 		t.Fatal(err)
 	}
 	cfg.EgressPort = uint16(ln.Addr().(*net.TCPAddr).Port)
+	pc, err := egress.ListenPacketFreebind(netip.AddrPortFrom(network.GatewayOf(cfg.Pool), cfg.EgressPort))
+	if err != nil {
+		ln.Close()
+		t.Fatal(err)
+	}
+	opts = append(opts, egress.WithDNS(pc))
 	l, err := network.NewLinux(cfg)
 	if err != nil {
 		ln.Close()
+		pc.Close()
 		t.Fatalf("NewLinux: %v", err)
 	}
 	p := egress.New(ln, l, nil, nil, opts...)

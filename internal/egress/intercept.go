@@ -99,8 +99,9 @@ func (ic *interception) leaf(name string) (*tls.Certificate, error) {
 // connection is judged, and the first upstream dialled, before the
 // sandbox's handshake completes, so a blocked name sees what it would
 // without rules: a closed connection.
-func (p *Proxy) intercept(log *slog.Logger, c net.Conn, hello io.Reader, id string, src netip.Addr, pol network.Policy, name string, rules []network.Rule, dst netip.AddrPort) {
-	first := &handoff{c: p.dialFor(log, pol, name, dst)}
+func (p *Proxy) intercept(log *slog.Logger, c net.Conn, hello io.Reader, release func(), id string, src netip.Addr, pol network.Policy, name string, rules []network.Rule, dst netip.AddrPort) {
+	defer func() { release() }()
+	first := &handoff{c: p.dialFor(log, pol, name, "", dst)}
 	if first.c == nil {
 		return
 	}
@@ -114,7 +115,7 @@ func (p *Proxy) intercept(log *slog.Logger, c net.Conn, hello io.Reader, id stri
 			if !ok || liveID != id {
 				return nil, errors.New("sandbox gone")
 			}
-			if raw = p.dialFor(log, live, name, dst); raw == nil {
+			if raw = p.dialFor(log, live, name, "", dst); raw == nil {
 				return nil, fmt.Errorf("%s is not allowed by the egress policy now", name)
 			}
 		}
@@ -206,11 +207,13 @@ func (p *Proxy) intercept(log *slog.Logger, c net.Conn, hello io.Reader, id stri
 		return
 	}
 	_ = sc.SetDeadline(time.Time{})
+	release() // the ClientHello has been consumed
+	release = func() {}
 	ln := newOneConnListener(sc)
 	// A hijacked connection (a WebSocket upgrade) lives on in its handler
 	// after Serve returns; the caller closes c when this returns.
 	var inflight sync.WaitGroup
-	srv := &http.Server{ReadHeaderTimeout: readHeaderTTL, IdleTimeout: keepAliveIdle,
+	srv := &http.Server{ReadHeaderTimeout: readHeaderTTL, IdleTimeout: keepAliveIdle, MaxHeaderBytes: maxHeaderSize,
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			inflight.Add(1)
 			defer inflight.Done()

@@ -303,8 +303,9 @@ func TestUpstreamSOCKS5(t *testing.T) {
 		t.Errorf("CONNECT targets: %v", targets)
 	}
 
-	// TCP DNS to the node's resolver goes direct only where the chain
-	// opens it: not with dnsServers [].
+	// TCP DNS to the node's resolver is answered by the node (never
+	// forwarded, TestUpstreamFailsClosedForUDPAndDNS), and refused with
+	// dnsServers [].
 	tcpDNS := func() bool { return resolvesIn(ns, "tcp", tn.DNS) }
 	if !tcpDNS() {
 		t.Error("TCP DNS to the resolver through a tunnelled sandbox")

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"slices"
 	"strconv"
 )
 
@@ -34,95 +33,6 @@ func (l *Linux) SandboxPolicy(addr netip.Addr) (string, Policy, bool) {
 	}
 	p, ok := l.policies[id]
 	return id, p, ok
-}
-
-// AllowsIP is the verdict of p's chain for a TCP connection to ip (a port
-// other than DNS): other sandboxes and the host never; then allowOut (wins),
-// denyOut, the internet switch, and the internal ranges.
-func (l *Linux) AllowsIP(p Policy, ip netip.Addr) bool { return l.verdict(p, ip.Unmap(), false) }
-
-// AllowsDNS reports whether p's chain accepts TCP to port 53 of ip, one of
-// the sandboxes' resolvers.
-func (l *Linux) AllowsDNS(p Policy, ip netip.Addr) bool {
-	ip = ip.Unmap()
-	return slices.Contains(l.cfg.Resolvers, ip) && l.verdict(p, ip, true)
-}
-
-// verdict walks p's chain (addPolicyRules) for TCP to ip, to port 53 when
-// dns: the pool and the host never; with the egress proxy in use, the
-// resolvers (or dnsServers with domains) early; allowOut; denyOut; the
-// internet switch; the resolvers; the internal ranges.
-func (l *Linux) verdict(p Policy, ip netip.Addr, dns bool) bool {
-	if !ip.Is4() || l.cfg.Pool.Contains(ip) || hostLocal(ip) {
-		return false
-	}
-	allow, deny, err := parsePolicy(p)
-	if err != nil {
-		return false
-	}
-	resolver := dns && slices.Contains(l.cfg.Resolvers, ip)
-	custom := p.HasDomains() && p.DNSServers != nil
-	switch {
-	case custom && slices.Contains(p.dnsServers(), ip):
-		return true
-	case !custom && p.NeedsProxy() && resolver:
-		return true
-	}
-	for _, a := range allow {
-		if a.Contains(ip) {
-			return true
-		}
-	}
-	for _, d := range deny {
-		if d.Contains(ip) {
-			return false
-		}
-	}
-	if !p.AllowInternet {
-		return false
-	}
-	if resolver {
-		return true
-	}
-	for _, in := range l.internal {
-		if in.Contains(ip) {
-			return false
-		}
-	}
-	return true
-}
-
-// AllowOutCovers reports whether an allowOut CIDR of p contains ip: a name
-// allowed by a domain entry may only resolve into the internal ranges when
-// the caller opened them explicitly (DNS rebinding to 169.254.169.254).
-func (l *Linux) AllowOutCovers(p Policy, ip netip.Addr) bool {
-	allow, _, err := parsePolicy(p)
-	if err != nil {
-		return false
-	}
-	for _, a := range allow {
-		if a.Contains(ip.Unmap()) {
-			return true
-		}
-	}
-	return false
-}
-
-// Internal reports whether ip is in the ranges denied by default, in the
-// sandbox pool, or one of the host's own addresses: the proxy dials from the
-// host, where those would reach host services the sandbox chain never lets
-// a sandbox see.
-func (l *Linux) Internal(ip netip.Addr) bool {
-	ip = ip.Unmap()
-	if l.cfg.Pool.Contains(ip) || hostLocal(ip) {
-		return true
-	}
-	for _, in := range l.internal {
-		if in.Contains(ip) {
-			return true
-		}
-	}
-	return !ip.Is4()
 }
 
 // Resolvers are the sandboxes' DNS servers; the egress proxy resolves
@@ -194,7 +104,7 @@ func (l *Linux) ResolveUpstream(ctx context.Context, address string) ([]netip.Ad
 
 func (l *Linux) upstreamAllowed(ip netip.Addr) bool {
 	if !ip.IsValid() || ip.IsLoopback() || ip.IsUnspecified() || ip.IsMulticast() || ip.IsLinkLocalUnicast() ||
-		ip.IsLinkLocalMulticast() || ip.IsInterfaceLocalMulticast() || l.cfg.Pool.Contains(ip) || hostLocal(ip) {
+		ip.IsLinkLocalMulticast() || ip.IsInterfaceLocalMulticast() || (ip.Is4() && l.forbidden(ip)) {
 		return false
 	}
 	for _, a := range l.cfg.UpstreamAllow {

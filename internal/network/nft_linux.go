@@ -28,15 +28,18 @@ import (
 //	    iif br, ip saddr @redir, tcp dport <egress> accept (the egress proxy)
 //	  set redir { ipv4_addr }                 sandboxes with domains, rules or an upstream
 //	  set tunnel { ipv4_addr }                sandboxes with an upstream (a subset of redir)
+//	    iif br, ip saddr @tunnel, udp dport <egress> accept (its DNS answers)
 //	  chain prerouting (nat/prerouting)
 //	    iif br, ip saddr @redir, tcp dport 80|443 redirect to :<egress>
 //	    iif br, ip saddr @tunnel, tcp redirect to :<egress>
+//	    iif br, ip saddr @tunnel, udp dport 53 redirect to :<egress>
 //	  chain postrouting (nat/postrouting)
 //	    ipv4, ip saddr <pool>, oif != br (or oif == EgressIface) masquerade
-//	  chain s_<hash>  per sandbox, replaced atomically by UpdatePolicy
-//	    ip daddr <pool> drop; with domain rules: resolvers:53 accept;
-//	    allow... accept; deny... drop; then
-//	    no internet: drop; else resolvers:53 accept, internal ranges drop, accept
+//	  chain s_<hash>  per sandbox, replaced atomically by UpdatePolicy: the
+//	    steps of judge_linux.go (pool, ForbiddenRanges, host addresses drop;
+//	    with an upstream everything but TCP drop; with domain rules:
+//	    resolvers:53 accept; allow... accept; deny... drop; then no
+//	    internet: drop; else resolvers:53 accept, internal ranges drop, accept)
 //	  set flows, set rate { ipv4_addr }       dynamic, per sandbox address
 //	  chain limits (filter/prerouting, -150, after conntrack)
 //	    iif br, ct state new, update @rate { ip saddr limit rate over R/s burst 2R } drop
@@ -203,6 +206,7 @@ func (l *Linux) addBase(c *nftables.Conn, t nftTables) error {
 	c.AddRule(&nftables.Rule{Table: t.inet, Chain: in, Exprs: concat(iif(br, true), ctEstablished(), []expr.Any{verdict(expr.VerdictAccept)})})
 	if port := l.cfg.EgressPort; port != 0 {
 		c.AddRule(&nftables.Rule{Table: t.inet, Chain: in, Exprs: concat(iif(br, true), inSet(t.redir), tcpDport(port), []expr.Any{verdict(expr.VerdictAccept)})})
+		c.AddRule(&nftables.Rule{Table: t.inet, Chain: in, Exprs: concat(iif(br, true), inSet(t.tunnel), udpDport(port), []expr.Any{verdict(expr.VerdictAccept)})})
 		nat := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t.inet, Type: nftables.ChainTypeNAT,
 			Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest, Policy: &accept})
 		redirect := []expr.Any{
@@ -214,6 +218,9 @@ func (l *Linux) addBase(c *nftables.Conn, t nftTables) error {
 		}
 		c.AddRule(&nftables.Rule{Table: t.inet, Chain: nat, Exprs: concat(iif(br, true), inSet(t.tunnel),
 			[]expr.Any{meta(expr.MetaKeyL4PROTO), cmpEq([]byte{unix.IPPROTO_TCP})}, redirect)})
+		// A tunnelled sandbox's DNS is answered by the egress proxy (its
+		// TCP, port 53 included, is redirected just above).
+		c.AddRule(&nftables.Rule{Table: t.inet, Chain: nat, Exprs: concat(iif(br, true), inSet(t.tunnel), udpDport(53), redirect)})
 	}
 	c.AddRule(&nftables.Rule{Table: t.inet, Chain: in, Exprs: concat(iif(br, true), []expr.Any{verdict(expr.VerdictDrop)})})
 
@@ -294,6 +301,12 @@ func inSet(set *nftables.Set) []expr.Any {
 	})
 }
 
+func udpDport(port uint16) []expr.Any {
+	return []expr.Any{meta(expr.MetaKeyL4PROTO), cmpEq([]byte{unix.IPPROTO_UDP}),
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		cmpEq(binaryutil.BigEndian.PutUint16(port))}
+}
+
 func tcpDport(port uint16) []expr.Any {
 	return []expr.Any{meta(expr.MetaKeyL4PROTO), cmpEq([]byte{unix.IPPROTO_TCP}),
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
@@ -301,50 +314,12 @@ func tcpDport(port uint16) []expr.Any {
 }
 
 // addPolicyRules queues the rules of sandbox chain ch for policy p (the
-// policy itself is recorded in a file, see recordPolicy).
+// policy itself is recorded in a file, see recordPolicy): the steps that
+// Judge walks too.
 func (l *Linux) addPolicyRules(c *nftables.Conn, t nftTables, ch *nftables.Chain, p Policy, allow, deny []netip.Prefix) {
-	// Sandbox to any other pool address (other sandboxes, via routing).
-	c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch,
-		Exprs: concat(ipMatch(16, l.cfg.Pool), []expr.Any{verdict(expr.VerdictDrop)})})
-	switch {
-	case p.HasDomains() && p.DNSServers != nil:
-		// The caller's own list: all traffic to each, as e2b opens them.
-		for _, a := range p.dnsServers() {
-			c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: concat(ipMatch(16, netip.PrefixFrom(a, 32)), []expr.Any{verdict(expr.VerdictAccept)})})
-		}
-	case p.NeedsProxy():
-		// Names must resolve even under deny-all (e2b keeps its resolver open).
-		l.addResolverRules(c, t, ch)
-	}
-	for _, a := range allow {
-		c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: concat(ipMatch(16, a), []expr.Any{verdict(expr.VerdictAccept)})})
-	}
-	for _, d := range deny {
-		c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: concat(ipMatch(16, d), []expr.Any{verdict(expr.VerdictDrop)})})
-	}
-	if !p.AllowInternet {
-		c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: []expr.Any{verdict(expr.VerdictDrop)}})
-		return
-	}
-	l.addResolverRules(c, t, ch)
-	for _, in := range l.internal {
-		c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: concat(ipMatch(16, in), []expr.Any{verdict(expr.VerdictDrop)})})
-	}
-	c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: []expr.Any{verdict(expr.VerdictAccept)}})
-}
-
-// addResolverRules accepts DNS to the sandboxes' resolvers.
-func (l *Linux) addResolverRules(c *nftables.Conn, t nftTables, ch *nftables.Chain) {
-	for _, r := range l.cfg.Resolvers {
-		if !r.Is4() {
-			continue
-		}
-		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
-			c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: concat(
-				ipMatch(16, netip.PrefixFrom(r, 32)),
-				[]expr.Any{meta(expr.MetaKeyL4PROTO), cmpEq([]byte{proto}),
-					&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-					cmpEq([]byte{0, 53}), verdict(expr.VerdictAccept)})})
+	for _, s := range l.steps(p, allow, deny) {
+		for _, e := range stepRules(s) {
+			c.AddRule(&nftables.Rule{Table: t.inet, Chain: ch, Exprs: e})
 		}
 	}
 }

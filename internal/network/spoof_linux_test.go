@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"fmt"
 	"net"
 	"net/netip"
 	"testing"
@@ -328,15 +329,17 @@ func TestNoDHCPOrRouterAdvertisements(t *testing.T) {
 }
 
 // Link-local (instance metadata), private networks and the host's uplink
-// network are closed by default; allowOut re-opens them; the configured
-// resolvers stay reachable on port 53 only.
+// network are closed by default; allowOut re-opens the private ones but
+// never link-local (ForbiddenRanges), not even as 0.0.0.0/0; the
+// configured resolvers stay reachable on port 53 only, a link-local one
+// included.
 func TestInternalRangesDeniedByDefault(t *testing.T) {
 	n := byte(testSeq.Add(1))
 	meta := newExtHostAt(t, netip.AddrFrom4([4]byte{169, 254, n, 1}), netip.AddrFrom4([4]byte{169, 254, n, 2}))
 	priv := newExtHostAt(t, netip.AddrFrom4([4]byte{172, 31, n, 1}), netip.AddrFrom4([4]byte{172, 31, n, 2}))
 	pub := newExtHost(t)
 	cfg := testConfig(t, 24)
-	cfg.Resolvers = []netip.Addr{priv.ip}
+	cfg.Resolvers = []netip.Addr{priv.ip, meta.ip}
 	l := newTestManager(t, cfg)
 	metaSrv := listen(t, meta.path, meta.ip)
 	privSrv := listen(t, priv.path, priv.ip)
@@ -347,18 +350,39 @@ func TestInternalRangesDeniedByDefault(t *testing.T) {
 	mustFail(t, "link-local (instance metadata)", s.NetNSPath, metaSrv)
 	mustFail(t, "private network (non-DNS port on the resolver)", s.NetNSPath, privSrv)
 
-	// DNS to the resolver: a UDP and a TCP listener on :53 in its netns.
+	// DNS to the resolvers: a UDP and a TCP listener on :53 in their netns.
 	dnsTCP := listenAt(t, priv.path, netip.AddrPortFrom(priv.ip, 53))
 	mustConnect(t, "resolver tcp/53", s.NetNSPath, dnsTCP)
 	if !udpRoundTrip(t, s.NetNSPath, priv.path, netip.AddrPortFrom(priv.ip, 53)) {
 		t.Fatal("resolver udp/53 unreachable")
 	}
+	metaDNS := listenAt(t, meta.path, netip.AddrPortFrom(meta.ip, 53))
+	mustConnect(t, "link-local resolver tcp/53", s.NetNSPath, metaDNS)
 
-	if err := l.UpdatePolicy(context.Background(), s.ID, Policy{AllowInternet: true, AllowOut: []string{"169.254.0.0/16", priv.ip.String()}}); err != nil {
-		t.Fatal(err)
+	for _, allow := range [][]string{{"169.254.0.0/16", priv.ip.String()}, {"0.0.0.0/0"}} {
+		if err := l.UpdatePolicy(context.Background(), s.ID, Policy{AllowInternet: true, AllowOut: allow}); err != nil {
+			t.Fatal(err)
+		}
+		mustFail(t, fmt.Sprintf("link-local with allowOut %v", allow), s.NetNSPath, metaSrv)
+		mustConnect(t, fmt.Sprintf("private address re-opened by allowOut %v", allow), s.NetNSPath, privSrv)
+		mustConnect(t, fmt.Sprintf("link-local resolver tcp/53 with allowOut %v", allow), s.NetNSPath, metaDNS)
+		mustConnect(t, fmt.Sprintf("public address with allowOut %v", allow), s.NetNSPath, pubSrv)
 	}
-	mustConnect(t, "link-local re-opened by allowOut", s.NetNSPath, metaSrv)
-	mustConnect(t, "private address re-opened by allowOut", s.NetNSPath, privSrv)
+	// The judgement the egress proxy asks for is the chain's.
+	p := Policy{AllowInternet: true, AllowOut: []string{"0.0.0.0/0"}}
+	for ip, want := range map[netip.Addr]Verdict{meta.ip: Forbidden, netip.MustParseAddr("169.254.169.254"): Forbidden,
+		netip.MustParseAddr("127.0.0.1"): Forbidden, cfg.Pool.Addr().Next().Next(): Forbidden, netip.MustParseAddr("224.0.0.1"): Forbidden,
+		netip.MustParseAddr("0.0.0.0"): Forbidden, priv.ip: Allowed, pub.ip: Allowed} {
+		if got := l.Judge(p, ip, ByAddress); got != want {
+			t.Errorf("Judge(allowOut 0.0.0.0/0, %s) = %s, want %s", ip, got, want)
+		}
+		if got := l.Judge(p, ip, ByName); got != want {
+			t.Errorf("Judge(allowOut 0.0.0.0/0, %s, by name) = %s, want %s", ip, got, want)
+		}
+	}
+	if got := l.Judge(p, meta.ip, ToDNS); got != Allowed {
+		t.Errorf("Judge(link-local resolver, DNS) = %s", got)
+	}
 }
 
 func TestMergePrefixes(t *testing.T) {

@@ -34,6 +34,12 @@ const (
 	caValidity   = 10 * 365 * 24 * time.Hour
 	leafValidity = 397 * 24 * time.Hour // the longest browsers accept
 	renewBefore  = 30 * 24 * time.Hour
+	// caRenewBefore: a local CA is replaced this long before it expires.
+	// The one it replaces stays in PEM (what sandboxes created from then on
+	// trust) and keeps signing while it can, so whoever trusts only it (a
+	// sandbox created before, running or paused) keeps verifying until it
+	// expires.
+	caRenewBefore = 365 * 24 * time.Hour
 )
 
 // Hosts are the names a certificate for domain must cover: the API host
@@ -131,6 +137,9 @@ type CA struct {
 	Cert     *x509.Certificate
 	CertPath string
 	key      *ecdsa.PrivateKey
+	// prev is the CA this one renewed, kept (ca-prev.pem) until it expires.
+	prev    *x509.Certificate
+	prevKey *ecdsa.PrivateKey
 }
 
 // LoadOrCreateCA loads the CA in dir (ca.pem, ca-key.pem), making the
@@ -143,17 +152,49 @@ func LoadOrCreateCA(dir, commonName string) (*CA, error) {
 	if err := os.Chmod(dir, 0o700); err != nil {
 		return nil, err
 	}
-	certPath := filepath.Join(dir, "ca.pem")
-	cert, key, err := loadOrCreateCA(certPath, filepath.Join(dir, "ca-key.pem"), commonName)
+	certPath, keyPath := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "ca-key.pem")
+	prevPath, prevKeyPath := filepath.Join(dir, "ca-prev.pem"), filepath.Join(dir, "ca-prev-key.pem")
+	now := time.Now()
+	if c, k := loadCAPair(certPath, keyPath); c != nil && now.Before(c.NotAfter) && !now.Before(c.NotAfter.Add(-caRenewBefore)) {
+		// About to be renewed below: kept as the previous CA.
+		if err := writePair(prevPath, prevKeyPath, c.Raw, k); err != nil {
+			return nil, err
+		}
+	}
+	cert, key, err := loadOrCreateCA(certPath, keyPath, commonName)
 	if err != nil {
 		return nil, err
 	}
-	return &CA{Cert: cert, CertPath: certPath, key: key}, nil
+	ca := &CA{Cert: cert, CertPath: certPath, key: key}
+	if c, k := loadCAPair(prevPath, prevKeyPath); c != nil && now.Before(c.NotAfter) && !c.Equal(cert) {
+		ca.prev, ca.prevKey = c, k
+	}
+	return ca, nil
 }
 
-// PEM is the CA certificate, for trust stores.
+// loadCAPair reads a CA's certificate and key; nil when they are missing or
+// are not an ECDSA CA.
+func loadCAPair(certPath, keyPath string) (*x509.Certificate, *ecdsa.PrivateKey) {
+	c, err := tls.LoadX509KeyPair(certPath, keyPath)
+	if err != nil {
+		return nil, nil
+	}
+	cert, err := x509.ParseCertificate(c.Certificate[0])
+	key, ok := c.PrivateKey.(*ecdsa.PrivateKey)
+	if err != nil || !ok || !cert.IsCA {
+		return nil, nil
+	}
+	return cert, key
+}
+
+// PEM is the CA certificate, for trust stores, and the one it renewed
+// while that one is valid.
 func (ca *CA) PEM() []byte {
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw})
+	b := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw})
+	if ca.prev != nil && time.Now().Before(ca.prev.NotAfter) {
+		b = append(b, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.prev.Raw})...)
+	}
+	return b
 }
 
 // Issue makes a server certificate for names (DNS names or IP literals),
@@ -181,7 +222,13 @@ func (ca *CA) Issue(names []string, validity time.Duration) (*tls.Certificate, e
 			tmpl.DNSNames = append(tmpl.DNSNames, n)
 		}
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.key)
+	// The previous CA signs while it outlives the leaf: everyone who
+	// trusts either CA trusts it (PEM holds both since the renewal).
+	issuer, issuerKey := ca.Cert, ca.key
+	if ca.prev != nil && tmpl.NotAfter.Before(ca.prev.NotAfter) {
+		issuer, issuerKey = ca.prev, ca.prevKey
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, issuer, &key.PublicKey, issuerKey)
 	if err != nil {
 		return nil, err
 	}
@@ -189,14 +236,14 @@ func (ca *CA) Issue(names []string, validity time.Duration) (*tls.Certificate, e
 	if err != nil {
 		return nil, err
 	}
-	return &tls.Certificate{Certificate: [][]byte{der, ca.Cert.Raw}, PrivateKey: key, Leaf: leaf}, nil
+	return &tls.Certificate{Certificate: [][]byte{der, issuer.Raw}, PrivateKey: key, Leaf: leaf}, nil
 }
 
 func loadOrCreateCA(certPath, keyPath, commonName string) (*x509.Certificate, *ecdsa.PrivateKey, error) {
 	if c, err := tls.LoadX509KeyPair(certPath, keyPath); err == nil {
 		cert, err := x509.ParseCertificate(c.Certificate[0])
 		key, ok := c.PrivateKey.(*ecdsa.PrivateKey)
-		if err == nil && ok && cert.IsCA && time.Now().Before(cert.NotAfter.Add(-renewBefore)) {
+		if err == nil && ok && cert.IsCA && time.Now().Before(cert.NotAfter.Add(-caRenewBefore)) {
 			return cert, key, nil
 		}
 	} else if !errors.Is(err, os.ErrNotExist) {

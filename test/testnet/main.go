@@ -6,6 +6,9 @@
 // they received as JSON. Suites start `cubicle serve --dns <dns>
 // --ca-certificates <bundle>` against it, so sandboxes resolve and trust it.
 //
+// UDP on <addr>:443 and :8080 is echoed ("echo " and the datagram), as a
+// stand-in for QUIC.
+//
 // It also runs a SOCKS5 server on <addr>:1080 (CONNECT to IPv4 or domain
 // targets; with --socks-user/--socks-pass it requires exactly those RFC 1929
 // credentials, else no auth). It resolves names with the DNS records above and
@@ -20,7 +23,8 @@
 // "socksLog" the log's URL). Then stdin is a line protocol, one answer line
 // on stdout per line read: "socks stop" closes the SOCKS listener and cuts its
 // tunnels, "socks start" reopens it; each answers "ok" (also when already
-// in that state) or "error: ...", anything else "error: unknown command". It
+// in that state) or "error: ...", "dns queries" answers how many DNS
+// queries its server has received, anything else "error: unknown command". It
 // runs until stdin closes or it gets SIGTERM/SIGINT, then removes the
 // namespace, the veth and its files.
 //
@@ -55,6 +59,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -195,7 +200,7 @@ func run(dir string, recs records, socksUser, socksPass string, side hostSide) (
 
 	// Sockets opened in the namespace stay there; they are served from here.
 	nsPath := "/run/netns/" + name
-	var udp net.PacketConn
+	var udp, udp443, udp8080 net.PacketConn
 	var tcp53, l80, l443, l8080 net.Listener
 	if err := network.RunInNetns(nsPath, func() error {
 		var err error
@@ -203,6 +208,12 @@ func run(dir string, recs records, socksUser, socksPass string, side hostSide) (
 			return err
 		}
 		listen := func(port int) (net.Listener, error) { return net.Listen("tcp", fmt.Sprintf("%s:%d", addr, port)) }
+		if udp443, err = net.ListenPacket("udp", addr.String()+":443"); err != nil {
+			return err
+		}
+		if udp8080, err = net.ListenPacket("udp", addr.String()+":8080"); err != nil {
+			return err
+		}
 		if tcp53, err = listen(53); err != nil {
 			return err
 		}
@@ -226,7 +237,9 @@ func run(dir string, recs records, socksUser, socksPass string, side hostSide) (
 		}
 		return ip, ok
 	}
+	var dnsQueries atomic.Int64
 	dnsH := dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
+		dnsQueries.Add(1)
 		m := new(dns.Msg)
 		m.SetReply(q)
 		for _, qq := range q.Question {
@@ -245,6 +258,10 @@ func run(dir string, recs records, socksUser, socksPass string, side hostSide) (
 	for _, s := range servers {
 		go func() { _ = s.ActivateAndServe() }()
 		cleanup = append(cleanup, func() { _ = s.Shutdown() })
+	}
+	for _, pc := range []net.PacketConn{udp443, udp8080} {
+		go serveUDPEcho(pc)
+		cleanup = append(cleanup, func() { pc.Close() })
 	}
 	leaves := &leafCache{ca: ca, key: caKey, m: map[string]*tls.Certificate{}}
 	echo := http.HandlerFunc(serveEcho)
@@ -283,6 +300,10 @@ func run(dir string, recs records, socksUser, socksPass string, side hostSide) (
 	go func() {
 		sc := bufio.NewScanner(os.Stdin)
 		for sc.Scan() {
+			if strings.Join(strings.Fields(sc.Text()), " ") == "dns queries" {
+				fmt.Println(dnsQueries.Load())
+				continue
+			}
 			fmt.Println(socks.control(sc.Text()))
 		}
 		done <- struct{}{}
@@ -292,6 +313,19 @@ func run(dir string, recs records, socksUser, socksPass string, side hostSide) (
 	go func() { <-sig; done <- struct{}{} }()
 	<-done
 	return nil
+}
+
+// serveUDPEcho answers each datagram with "echo " and its payload (QUIC
+// stands in: a test sees whether UDP leaves a sandbox).
+func serveUDPEcho(pc net.PacketConn) {
+	buf := make([]byte, 2048)
+	for {
+		n, from, err := pc.ReadFrom(buf)
+		if err != nil {
+			return
+		}
+		_, _ = pc.WriteTo(append([]byte("echo "), buf[:n]...), from)
+	}
 }
 
 // serveEcho answers with what it received, so tests see the Host, SNI and

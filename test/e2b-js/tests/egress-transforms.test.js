@@ -130,6 +130,13 @@ test('egressProxy: all TCP goes through the SOCKS5 upstream, and fails closed wh
       const e = JSON.parse(await curl(sbx, url))
       assert.ok(e.remote.startsWith(net.addr + ':'), `${url} came from ${e.remote}, not through the proxy`)
     }
+    // Its DNS is answered by the node with a stand-in address, which the
+    // proxy dials by name through the upstream; the resolver sees nothing.
+    const queries = await control('dns queries')
+    const hosts = (await sbx.commands.run('getent ahostsv4 a.test || true')).stdout.trim()
+    assert.match(hosts, /^198\.18\.[0-9]+\.[0-9]+ /, hosts)
+    assert.ok(!hosts.startsWith(net.addr + ' '), `a.test resolved to the real address: ${hosts}`)
+    assert.equal(await control('dns queries'), queries, 'the sandbox\'s DNS query reached the resolver')
     const info = await Sandbox.getInfo(sbx.sandboxId)
     assert.deepEqual(info.network.egressProxy, { address: net.socks, username: 'alice' }, 'the password is never returned')
     const raw = await srv.api('GET', `/sandboxes/${sbx.sandboxId}`)
