@@ -3,27 +3,51 @@ package api
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"reflect"
 	"strings"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/accel"
 	"github.com/cubicle-dev/cubicle/internal/control"
 	"github.com/cubicle-dev/cubicle/internal/store"
 )
 
-// decodeJSON is decode after the body is read: it returns the message of the
-// 400 that refuses body, or "". Unknown fields are ignored, as e2b's API
-// ignores them, so a client field this server does not know changes nothing.
+// decodeJSON is decodeBody for callers that do not count unknown fields.
 func decodeJSON(body []byte, v any, optional bool) string {
+	_, msg := decodeBody(body, v, optional)
+	return msg
+}
+
+// decodeBody is decode after the body is read: it returns the message of
+// the 400 that refuses body, or "", and the unknown top-level keys it let
+// through (fields.go has the rules).
+func decodeBody(body []byte, v any, optional bool) ([]string, string) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		if optional {
-			return ""
+			return nil, ""
 		}
-		return "request body is required"
+		return nil, "request body is required"
+	}
+	t := reflect.TypeOf(v)
+	var unknown []string
+	var err error
+	if sb, ok := v.(strictBody); ok {
+		err = checkStrict(sb.strictName(), body, t)
+	} else {
+		unknown, err = checkTop(body, t)
+	}
+	if err != nil {
+		return nil, err.Error()
 	}
 	if err := json.Unmarshal(body, v); err != nil {
-		return "malformed JSON body: " + err.Error()
+		var fe *fieldError
+		if errors.As(err, &fe) {
+			return nil, fe.Error()
+		}
+		return nil, "malformed JSON body: " + err.Error()
 	}
-	return ""
+	return unknown, ""
 }
 
 // decodeStrict decodes a template create body, refusing fields it does not
@@ -121,7 +145,9 @@ func (req *newSandbox) options(v2 bool) (control.CreateOptions, string) {
 	for _, vm := range req.VolumeMounts {
 		opts.VolumeMounts = append(opts.VolumeMounts, control.VolumeMount{Name: vm.Name, Path: vm.Path, ReadOnly: vm.ReadOnly})
 	}
-	opts.Accelerators = req.Accelerators
+	for _, a := range req.Accelerators {
+		opts.Accelerators = append(opts.Accelerators, accel.Request(a))
+	}
 	return opts, ""
 }
 
@@ -138,6 +164,10 @@ type networkUpdate struct {
 	HTTPSPorts         json.RawMessage `json:"httpsPorts"`
 	AllowPublicTraffic json.RawMessage `json:"allowPublicTraffic"`
 }
+
+// strictName makes the whole body a boundary object: every key is refused
+// unless implemented (fields.go).
+func (*networkUpdate) strictName() string { return "network" }
 
 // network is the policy the body asks for (or the message of the 400 that
 // refuses it); the manager validates the rest. Omitted fields are cleared,
