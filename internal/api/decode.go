@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"time"
@@ -128,13 +129,19 @@ func (req *newSandbox) options(v2 bool) (control.CreateOptions, string) {
 	}
 	opts := control.CreateOptions{
 		TemplateID: *req.TemplateID, Timeout: timeoutD,
-		Metadata: req.Metadata, EnvVars: req.EnvVars, Network: netw, AutoPause: req.AutoPause,
+		Metadata: req.Metadata, EnvVars: req.EnvVars, Network: netw,
+	}
+	if req.AutoPause != nil {
+		opts.AutoPause = *req.AutoPause
 	}
 	if req.AutoResume != nil {
 		opts.AutoResume = req.AutoResume.Enabled
 	}
+	if msg := req.lifecycle(&opts); msg != "" {
+		return control.CreateOptions{}, msg
+	}
 	if req.AutoPauseMemory != nil && !*req.AutoPauseMemory {
-		if !req.AutoPause {
+		if !opts.AutoPause {
 			return control.CreateOptions{}, "autoPauseMemory is only allowed with autoPause"
 		}
 		if opts.AutoResume {
@@ -151,14 +158,47 @@ func (req *newSandbox) options(v2 bool) (control.CreateOptions, string) {
 	return opts, ""
 }
 
+// lifecycle applies the lifecycle object over autoPause/autoResume; the two
+// spellings may repeat each other but not disagree.
+func (req *newSandbox) lifecycle(opts *control.CreateOptions) string {
+	l := req.Lifecycle
+	if l == nil {
+		return ""
+	}
+	if l.OnTimeout != nil {
+		var pause bool
+		switch *l.OnTimeout {
+		case "kill":
+		case "pause":
+			pause = true
+		default:
+			return fmt.Sprintf("lifecycle.onTimeout: %q is not kill or pause", *l.OnTimeout)
+		}
+		if req.AutoPause != nil && *req.AutoPause != pause {
+			return "lifecycle.onTimeout and autoPause disagree: send one of them"
+		}
+		opts.AutoPause = pause
+	}
+	if l.AutoResume != nil {
+		if req.AutoResume != nil && req.AutoResume.Enabled != *l.AutoResume {
+			return "lifecycle.autoResume and autoResume.enabled disagree: send one of them"
+		}
+		opts.AutoResume = *l.AutoResume
+	}
+	return ""
+}
+
 // networkUpdate is the PUT /sandboxes/{id}/network body.
 type networkUpdate struct {
-	AllowOut            []string        `json:"allowOut"`
-	DenyOut             []string        `json:"denyOut"`
-	AllowInternetAccess *bool           `json:"allow_internet_access"`
-	EgressProxy         json.RawMessage `json:"egressProxy"`
-	Rules               json.RawMessage `json:"rules"`
-	DNSServers          *[]string       `json:"dnsServers"`
+	AllowOut            []string `json:"allowOut"`
+	DenyOut             []string `json:"denyOut"`
+	AllowInternetAccess *bool    `json:"allow_internet_access"`
+	// CubeSandbox's update_network spells it so; both may be sent if
+	// they agree.
+	AllowInternetAccessCamel *bool           `json:"allowInternetAccess"`
+	EgressProxy              json.RawMessage `json:"egressProxy"`
+	Rules                    json.RawMessage `json:"rules"`
+	DNSServers               *[]string       `json:"dnsServers"`
 	// Create-only: refused here by name rather than dropped.
 	MaskRequestHost    json.RawMessage `json:"maskRequestHost"`
 	HTTPSPorts         json.RawMessage `json:"httpsPorts"`
@@ -177,8 +217,13 @@ func (req *networkUpdate) network() (store.Network, string) {
 		return store.Network{}, msg
 	}
 	n := store.Network{AllowInternet: true, AllowOut: req.AllowOut, DenyOut: req.DenyOut}
+	if a, b := req.AllowInternetAccess, req.AllowInternetAccessCamel; a != nil && b != nil && *a != *b {
+		return store.Network{}, "network: allow_internet_access and allowInternetAccess disagree: send one of them"
+	}
 	if req.AllowInternetAccess != nil {
 		n.AllowInternet = *req.AllowInternetAccess
+	} else if req.AllowInternetAccessCamel != nil {
+		n.AllowInternet = *req.AllowInternetAccessCamel
 	}
 	ep, rules, msg := parseEgress(req.EgressProxy, req.Rules)
 	if msg != "" {

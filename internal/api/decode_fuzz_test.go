@@ -159,8 +159,12 @@ func FuzzNetworkUpdateBody(f *testing.F) {
 		if msg != "" {
 			return
 		}
-		if n.AllowInternet != (req.AllowInternetAccess == nil || *req.AllowInternetAccess) {
-			t.Fatalf("allowInternet %v for %v", n.AllowInternet, req.AllowInternetAccess)
+		asked := req.AllowInternetAccess
+		if asked == nil {
+			asked = req.AllowInternetAccessCamel
+		}
+		if n.AllowInternet != (asked == nil || *asked) {
+			t.Fatalf("allowInternet %v for %v", n.AllowInternet, asked)
 		}
 		checkPolicy(t, n.AllowOut, n.DenyOut)
 		// The whole body is a network object: an unknown key is refused

@@ -27,10 +27,12 @@ func TestMisspeltBoundaryOptionsAreRefusedByName(t *testing.T) {
 			`network: unknown field "deny_out": the field is "denyOut"`},
 		{"POST", "/sandboxes", `{"templateID":"base","timeout":60,"allowInternetAccess":false}`,
 			`unknown field "allowInternetAccess": the field is "allow_internet_access"`},
-		{"PUT", "/sandboxes/abc/network", `{"allowInternetAccess":false}`,
-			`network: unknown field "allowInternetAccess": the field is "allow_internet_access"`},
+		{"PUT", "/sandboxes/abc/network", `{"allow_internet_Access":false}`,
+			`network: unknown field "allow_internet_Access": the field is "`},
+		{"PUT", "/sandboxes/abc/network", `{"allowInternetAccess":false,"allow_internet_access":true}`,
+			`network: allow_internet_access and allowInternetAccess disagree`},
 		{"PUT", "/sandboxes/abc/network", `{"allowOut":["1.1.1.1"],"ports":[80]}`,
-			`network: unknown field "ports": not supported by this server (known: allowOut, allowPublicTraffic, allow_internet_access, denyOut`},
+			`network: unknown field "ports": not supported by this server (known: allowInternetAccess, allowOut, allowPublicTraffic, allow_internet_access, denyOut`},
 		{"POST", "/v2/sandboxes", `{"templateID":"base","network":{"allowOut":["1.1.1.1"],"blockAll":true}}`,
 			`network: unknown field "blockAll": not supported`},
 		{"POST", "/v2/sandboxes", `{"templateID":"base","volumeMounts":[{"name":"v","path":"/mnt","read_only":true}]}`,
@@ -39,6 +41,16 @@ func TestMisspeltBoundaryOptionsAreRefusedByName(t *testing.T) {
 			`volumeMounts entry: unknown field "mode"`},
 		{"POST", "/v2/sandboxes", `{"templateID":"base","autoResume":{"enabled":true,"policy":"any"}}`,
 			`autoResume: unknown field "policy"`},
+		{"POST", "/sandboxes", `{"templateID":"base","lifecycle":{"onTimeout":"pause","keepMemory":false}}`,
+			`lifecycle: unknown field "keepMemory"`},
+		{"POST", "/sandboxes", `{"templateID":"base","lifecycle":{"on_timeout":"pause"}}`,
+			`lifecycle: unknown field "on_timeout": the field is "onTimeout"`},
+		{"POST", "/sandboxes", `{"templateID":"base","lifecycle":{"onTimeout":"paused"}}`,
+			`lifecycle.onTimeout: "paused" is not kill or pause`},
+		{"POST", "/sandboxes", `{"templateID":"base","autoPause":false,"lifecycle":{"onTimeout":"pause"}}`,
+			`lifecycle.onTimeout and autoPause disagree`},
+		{"POST", "/sandboxes", `{"templateID":"base","autoResume":{"enabled":false},"lifecycle":{"autoResume":true}}`,
+			`lifecycle.autoResume and autoResume.enabled disagree`},
 		{"POST", "/v2/sandboxes", `{"templateID":"base","accelerators":[{"class":"gpu","count":1,"memoryMB":1}]}`,
 			`accelerators entry: unknown field "memoryMB": not supported by this server (known: backend, class, count, labels, minMemoryMB, vendor)`},
 		// encoding/json would apply these case-insensitively; a second
@@ -71,7 +83,12 @@ func TestSDKBodiesDecode(t *testing.T) {
 		`{"templateID":"mcp-gateway","mcp":{"x":{}},"iam":null}`,
 		// e2b Python / JS <= 2.50 (v1): secure and allow_internet_access always.
 		`{"templateID":"base","timeout":300,"secure":true,"allow_internet_access":true,"metadata":{},"envVars":{}}`,
-		// CubeSandbox: readOnly volume mounts; Cubicle: accelerators.
+		// CubeSandbox 0.7.3: lifecycle, readOnly mounts, allow_internet_access
+		// only when false, distributionScope (counted as unknown below).
+		`{"templateID":"base","timeout":300,"envVars":{"A":"1"},"metadata":{"a":"b"},"allow_internet_access":false,` +
+			`"network":{"allowOut":["1.1.1.1"],"denyOut":["0.0.0.0/0"],"allowPublicTraffic":false,"maskRequestHost":"h"},` +
+			`"lifecycle":{"onTimeout":"pause","autoResume":true},"volumeMounts":[{"name":"v","path":"/mnt","readOnly":true}],"mcp":null}`,
+		// Cubicle: accelerators.
 		`{"templateID":"base","timeout":300,"volumeMounts":[{"name":"v","path":"/mnt","readOnly":true}],"accelerators":[{"class":"gpu","count":1,"labels":{"a":"b"},"minMemoryMB":1024,"vendor":"nvidia"}]}`,
 	} {
 		var req newSandbox
@@ -84,9 +101,28 @@ func TestSDKBodiesDecode(t *testing.T) {
 			t.Errorf("%s: options: %s", b, msg)
 		}
 	}
-	var up networkUpdate
-	if msg := decodeJSON([]byte(`{"allowOut":["1.1.1.1"],"allow_internet_access":true,"denyOut":[],"egressProxy":null,"rules":null}`), &up, false); msg != "" {
-		t.Errorf("the SDK's updateNetwork body: %s", msg)
+	for b, allow := range map[string]bool{
+		// e2b JS and Python.
+		`{"allowOut":["1.1.1.1"],"allow_internet_access":true,"denyOut":[],"egressProxy":null,"rules":null,"dnsServers":null}`: true,
+		// CubeSandbox's update_network(allow_internet_access=False).
+		`{"allowOut":["1.1.1.1"],"allowInternetAccess":false}`: false,
+	} {
+		var up networkUpdate
+		if msg := decodeJSON([]byte(b), &up, false); msg != "" {
+			t.Errorf("%s: %s", b, msg)
+			continue
+		}
+		if n, msg := up.network(); msg != "" || n.AllowInternet != allow {
+			t.Errorf("%s: %q allowInternet %v, want %v", b, msg, n.AllowInternet, allow)
+		}
+	}
+	// The lifecycle object sets what autoPause/autoResume do.
+	var req newSandbox
+	if msg := decodeJSON([]byte(`{"templateID":"base","lifecycle":{"onTimeout":"pause","autoResume":true}}`), &req, false); msg != "" {
+		t.Fatal(msg)
+	}
+	if o, msg := req.options(false); msg != "" || !o.AutoPause || !o.AutoResume {
+		t.Errorf("lifecycle: %q autoPause %v autoResume %v", msg, o.AutoPause, o.AutoResume)
 	}
 }
 
@@ -97,8 +133,8 @@ func TestUnknownTopLevelFieldsAreCountedAndLoggedOnce(t *testing.T) {
 	u := &unknownFields{seen: map[string]bool{}, counter: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "x"}, []string{"route", "field"})}
 	logf := func(name string) { logs.WriteString(name + "\n") }
 	var req newSandbox
-	unknown, msg := decodeBody([]byte(`{"templateID":"base","futureOption":{"a":1},"zzz":1}`), &req, false)
-	if msg != "" || strings.Join(unknown, ",") != "futureOption,zzz" || *req.TemplateID != "base" {
+	unknown, msg := decodeBody([]byte(`{"templateID":"base","futureOption":{"a":1},"distributionScope":["n1"]}`), &req, false)
+	if msg != "" || strings.Join(unknown, ",") != "distributionScope,futureOption" || *req.TemplateID != "base" {
 		t.Fatalf("got %q %v", msg, unknown)
 	}
 	for range 3 {
@@ -107,7 +143,7 @@ func TestUnknownTopLevelFieldsAreCountedAndLoggedOnce(t *testing.T) {
 	if got := testutil.ToFloat64(u.counter.WithLabelValues("POST /v2/sandboxes", "futureOption")); got != 3 {
 		t.Errorf("futureOption counted %v times, want 3", got)
 	}
-	if logs.String() != "futureOption\nzzz\n" {
+	if logs.String() != "distributionScope\nfutureOption\n" {
 		t.Errorf("logged %q, want each name once", logs.String())
 	}
 	for i := range 200 {

@@ -50,6 +50,17 @@ func (a *autoResumeJSON) UnmarshalJSON(b []byte) error {
 	return decodeStrictObject("autoResume", b, (*plain)(a))
 }
 
+// lifecycleJSON is {"onTimeout": "kill"|"pause", "autoResume": bool}.
+type lifecycleJSON struct {
+	OnTimeout  *string `json:"onTimeout"`
+	AutoResume *bool   `json:"autoResume"`
+}
+
+func (l *lifecycleJSON) UnmarshalJSON(b []byte) error {
+	type plain lifecycleJSON
+	return decodeStrictObject("lifecycle", b, (*plain)(l))
+}
+
 // volumeMountIn is one volumeMounts entry of a create body.
 type volumeMountIn struct {
 	Name string `json:"name"`
@@ -71,11 +82,15 @@ func (a *accelRequestIn) UnmarshalJSON(b []byte) error {
 }
 
 type newSandbox struct {
-	TemplateID          *string           `json:"templateID"`
-	Timeout             *int64            `json:"timeout"`
-	AutoPause           bool              `json:"autoPause"`
-	AutoPauseMemory     *bool             `json:"autoPauseMemory"`
-	AutoResume          *autoResumeJSON   `json:"autoResume"`
+	TemplateID      *string         `json:"templateID"`
+	Timeout         *int64          `json:"timeout"`
+	AutoPause       *bool           `json:"autoPause"`
+	AutoPauseMemory *bool           `json:"autoPauseMemory"`
+	AutoResume      *autoResumeJSON `json:"autoResume"`
+	// Lifecycle is e2b's lifecycle object as CubeSandbox's SDK sends it
+	// (and GET /sandboxes/{id} shows it): the same switches as autoPause
+	// and autoResume.
+	Lifecycle           *lifecycleJSON    `json:"lifecycle"`
 	Secure              *bool             `json:"secure"`
 	AllowInternetAccess *bool             `json:"allow_internet_access"`
 	Network             *networkConfig    `json:"network"`

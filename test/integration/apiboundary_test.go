@@ -26,16 +26,35 @@ func TestMisspeltOptionsRefusedAndMetricsOnOwnListener(t *testing.T) {
 	refused("POST", "/sandboxes", map[string]any{"templateID": "base", "timeout": 60, "allowInternetAccess": false}, `"allowInternetAccess": the field is "allow_internet_access"`)
 
 	c := s.create(map[string]any{"templateID": "base", "futureOption": map[string]any{"x": 1}})
-	refused("PUT", "/sandboxes/"+c.SandboxID+"/network", map[string]any{"allowInternetAccess": false}, `"allowInternetAccess": the field is "allow_internet_access"`)
+	refused("PUT", "/sandboxes/"+c.SandboxID+"/network", map[string]any{"allow_internet_Access": false}, `network: unknown field "allow_internet_Access"`)
+	refused("PUT", "/sandboxes/"+c.SandboxID+"/network", map[string]any{"allowOut": []string{"1.1.1.1"}, "deny_out": []string{"0.0.0.0/0"}}, `network: unknown field "deny_out"`)
 	var detail map[string]any
 	if s.do("GET", "/sandboxes/"+c.SandboxID, nil, &detail); detail["allowInternetAccess"] != true {
 		t.Fatalf("a refused update changed the policy: allowInternetAccess %v", detail["allowInternetAccess"])
 	}
-	if st := s.do("PUT", "/sandboxes/"+c.SandboxID+"/network", map[string]any{"allow_internet_access": false}, nil); st != http.StatusNoContent {
-		t.Fatalf("the SDK's spelling: %d", st)
+	// e2b's spelling and CubeSandbox's (its update_network sends the
+	// camelCase one) both apply.
+	for _, field := range []string{"allowInternetAccess", "allow_internet_access"} {
+		for _, want := range []bool{false, true} {
+			if st := s.do("PUT", "/sandboxes/"+c.SandboxID+"/network", map[string]any{field: want}, nil); st != http.StatusNoContent {
+				t.Fatalf("%s: %v: %d", field, want, st)
+			}
+			if s.do("GET", "/sandboxes/"+c.SandboxID, nil, &detail); detail["allowInternetAccess"] != want {
+				t.Fatalf("%s: %v not applied: %v", field, want, detail["allowInternetAccess"])
+			}
+		}
 	}
-	if s.do("GET", "/sandboxes/"+c.SandboxID, nil, &detail); detail["allowInternetAccess"] != false {
-		t.Fatalf("allow_internet_access: false not applied: %v", detail["allowInternetAccess"])
+
+	// CubeSandbox's lifecycle object is applied, not dropped.
+	lc := s.create(map[string]any{"templateID": "base", "lifecycle": map[string]any{"onTimeout": "pause", "autoResume": true}})
+	var got struct {
+		Lifecycle struct {
+			AutoResume bool   `json:"autoResume"`
+			OnTimeout  string `json:"onTimeout"`
+		} `json:"lifecycle"`
+	}
+	if s.do("GET", "/sandboxes/"+lc.SandboxID, nil, &got); got.Lifecycle.OnTimeout != "pause" || !got.Lifecycle.AutoResume {
+		t.Fatalf("lifecycle not applied: %+v", got.Lifecycle)
 	}
 
 	// The public listener: no /metrics, with or without a key.
@@ -54,7 +73,7 @@ func TestMisspeltOptionsRefusedAndMetricsOnOwnListener(t *testing.T) {
 			t.Fatalf("public /metrics (key %q): %d %.200s", key, resp.StatusCode, b)
 		}
 	}
-	s.requireMetrics(t, "cubicle_sandboxes_live 1",
+	s.requireMetrics(t, "cubicle_sandboxes_live 2",
 		`cubicle_api_unknown_fields_total{field="futureOption",route="POST /v2/sandboxes"} 1`)
 	if !strings.Contains(s.logs.String(), "field=futureOption") {
 		t.Fatalf("the unknown field was not logged:\n%s", s.logs)
