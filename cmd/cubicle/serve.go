@@ -81,7 +81,7 @@ func serveCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&o.dataDir, "data-dir", defaultDataDir, "state directory (database, sandboxes, runtime state)")
 	f.StringVar(&o.imagesDir, "images-dir", "", "image directory holding <name>/rootfs (default <data-dir>/images)")
-	f.StringVar(&o.secretsKey, "secrets-key", "", "key file sealing secret values (default <data-dir>/secrets.key; created 0600 on first start; keep it outside database backups; losing it makes every secret unreadable, see docs/secrets.md)")
+	f.StringVar(&o.secretsKey, "secrets-key", "", "key file sealing secret values (default <data-dir>/secrets.key, created 0600 on first start; a backup of the data dir then holds the key with the database: set this outside the data dir if backups copy it; losing it makes every secret unreadable; see docs/secrets.md)")
 	f.StringVar(&o.listen, "listen", "127.0.0.1:3000", "address for the API and the sandbox proxy")
 	f.StringVar(&o.metricsListen, "metrics-listen", defaultMetricsListen, "address of the Prometheus /metrics listener, kept off --listen because it names every team's pooled templates and live counts and has no authentication: keep it on loopback or a private interface; off disables it")
 	f.StringVar(&o.runtime, "runtime", "runc", "OCI runtime: runc or runsc (gVisor)")
@@ -406,7 +406,7 @@ func serve(ctx context.Context, o serveOptions) error {
 		metricsSrv = &http.Server{Handler: metricsHandler(reg), ReadHeaderTimeout: 10 * time.Second}
 		go func() { errc <- metricsSrv.Serve(metricsLn) }()
 	}
-	log.Info("cubicle serving", "listen", ln.Addr().String(), "metrics", metricsAddr, "runtime", o.runtime, "userns", userns, "data", o.dataDir, "images", o.imagesDir,
+	log.Info("cubicle serving", "listen", ln.Addr().String(), "metrics", metricsAddr, "secrets_key", o.secretsKey, "runtime", o.runtime, "userns", userns, "data", o.dataDir, "images", o.imagesDir,
 		"volume_drivers", ctrlPlugins.Names(), "volume_base_dir", vc.node.BaseDir)
 	go func() {
 		if tlsConfig != nil && lnTLS == nil {
