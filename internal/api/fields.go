@@ -63,15 +63,32 @@ func fieldsOf(t reflect.Type) *fieldSet {
 		return fs.(*fieldSet)
 	}
 	fs := &fieldSet{exact: map[string]bool{}, folded: map[string]string{}}
+	fs.add(t)
+	sort.Strings(fs.sorted)
+	fieldSets.Store(t, fs)
+	return fs
+}
+
+// add records t's keys, and those of untagged embedded structs, whose
+// fields encoding/json promotes.
+func (fs *fieldSet) add(t reflect.Type) {
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
-		if !f.IsExported() {
+		tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if f.Anonymous && tag == "" {
+			ft := f.Type
+			if ft.Kind() == reflect.Pointer {
+				ft = ft.Elem()
+			}
+			if ft.Kind() == reflect.Struct {
+				fs.add(ft)
+				continue
+			}
+		}
+		if !f.IsExported() || tag == "-" {
 			continue
 		}
-		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-		if name == "-" {
-			continue
-		}
+		name := tag
 		if name == "" {
 			name = f.Name
 		}
@@ -79,9 +96,6 @@ func fieldsOf(t reflect.Type) *fieldSet {
 		fs.folded[fold(name)] = name
 		fs.sorted = append(fs.sorted, name)
 	}
-	sort.Strings(fs.sorted)
-	fieldSets.Store(t, fs)
-	return fs
 }
 
 func fold(k string) string {
