@@ -35,7 +35,7 @@ port=$((20000 + RANDOM % 20000))
 url=http://127.0.0.1:$port
 key=$(bin/cubicle apikey create --data-dir "$data")
 step "serve on $url (data $data)"
-bin/cubicle serve --data-dir "$data" --images-dir "$images" --listen "127.0.0.1:$port" \
+bin/cubicle serve --data-dir "$data" --images-dir "$images" --listen "127.0.0.1:$port" --metrics-listen off \
 	--bridge cbgpu0 --pool 10.213.0.0/24 --cgroup-parent cubicle-gpu-check --accel-backend passthrough >"$data/serve.log" 2>&1 &
 serve=$!
 cleanup() {

@@ -116,7 +116,7 @@ async function waitPool(srv, want, deadline) {
   throw new Error(`warm pool did not reach ${want} standbys in time`)
 }
 async function claimCounts(srv) {
-  const r = await fetch(srv.url + '/metrics', { signal: AbortSignal.timeout(30000) })
+  const r = await fetch(srv.metricsUrl + '/metrics', { signal: AbortSignal.timeout(30000) })
   const text = await r.text()
   const get = (res) => Number((new RegExp(`^cubicle_pool_claims_total\\{result="${res}"\\} (\\S+)$`, 'm').exec(text) || [])[1] || 0)
   return { hit: get('hit'), miss: get('miss') }

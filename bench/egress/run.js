@@ -159,7 +159,7 @@ function startTestnet() {
 
 // ---- egress counter --------------------------------------------------------------------
 async function egressCounts(srv) {
-  const r = await fetch(srv.url + '/metrics', { signal: AbortSignal.timeout(30000) })
+  const r = await fetch(srv.metricsUrl + '/metrics', { signal: AbortSignal.timeout(30000) })
   const text = await r.text()
   const out = {}
   for (const m of text.matchAll(/^cubicle_egress_connections_total\{verdict="([^"]+)"\} (\S+)$/gm)) out[m[1]] = Number(m[2])

@@ -148,7 +148,7 @@ async function snapshotInfo(srv, id) {
 
 // ---- server-side operation metrics ----------------------------------------------------
 async function opMetrics(srv) {
-  const r = await fetch(srv.url + '/metrics', { signal: AbortSignal.timeout(30000) })
+  const r = await fetch(srv.metricsUrl + '/metrics', { signal: AbortSignal.timeout(30000) })
   const text = await r.text()
   const get = (op, what) =>
     Number((new RegExp(`^cubicle_sandbox_operation_duration_seconds_${what}\\{op="${op}"\\} (\\S+)$`, 'm').exec(text) || [])[1] || 0)

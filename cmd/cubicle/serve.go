@@ -48,6 +48,7 @@ type serveOptions struct {
 	tlsSelfSigned                                         bool
 	secretsKey                                            string
 	listenTLS                                             string
+	metricsListen                                         string
 	dns                                                   []string
 	egressProxyAllow                                      []string
 	cpuCount, memoryMB, diskSizeMB, maxSandboxes          int
@@ -87,8 +88,9 @@ func serveCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&o.dataDir, "data-dir", defaultDataDir, "state directory (database, sandboxes, runtime state)")
 	f.StringVar(&o.imagesDir, "images-dir", "", "image directory holding <name>/rootfs (default <data-dir>/images)")
-	f.StringVar(&o.secretsKey, "secrets-key", "", "key file sealing secret values (default <data-dir>/secrets.key; created 0600 on first start; keep it outside database backups; losing it makes every secret unreadable, see docs/secrets.md)")
+	f.StringVar(&o.secretsKey, "secrets-key", "", "key file sealing secret values (default <data-dir>/secrets.key, created 0600 on first start; a backup of the data dir then holds the key with the database: set this outside the data dir if backups copy it; losing it makes every secret unreadable; see docs/secrets.md)")
 	f.StringVar(&o.listen, "listen", "127.0.0.1:3000", "address for the API and the sandbox proxy")
+	f.StringVar(&o.metricsListen, "metrics-listen", defaultMetricsListen, "address of the Prometheus /metrics listener, kept off --listen because it names every team's pooled templates and live counts and has no authentication: keep it on loopback or a private interface; off disables it")
 	f.StringVar(&o.runtime, "runtime", "runc", "OCI runtime: runc or runsc (gVisor)")
 	f.StringVar(&o.userns, "userns", "auto", "user namespace per sandbox, from its own unprivileged 65536-uid host range (runc/crun: root inside; runsc: gVisor's sentry and gofer): on, off, or auto (= on)")
 	f.StringVar(&o.agentBin, "agent-bin", "", "path of the static cubicle-agent binary (default: next to this binary)")
@@ -207,6 +209,13 @@ func serve(ctx context.Context, o serveOptions) error {
 			return err
 		}
 		defer lnTLS.Close()
+	}
+	metricsLn, err := listenMetrics(o.metricsListen, log)
+	if err != nil {
+		return err
+	}
+	if metricsLn != nil {
+		defer metricsLn.Close()
 	}
 	pool, err := netip.ParsePrefix(o.pool)
 	if err != nil {
@@ -434,9 +443,16 @@ func serve(ctx context.Context, o serveOptions) error {
 	log.Info("connection limits", "nofile", budget.nofile, "max_conns", budget.maxConns, "max_conns_per_client", o.conns.maxConnsPerClient,
 		"proxy_max_conns", budget.proxyMaxConns, "proxy_per_sandbox", o.conns.proxyPerSandbox, "proxy_per_client", o.conns.proxyPerClient,
 		"proxy_response_start", o.conns.responseStart)
-	log.Info("cubicle serving", "listen", ln.Addr().String(), "runtime", o.runtime, "userns", userns, "data", o.dataDir, "images", o.imagesDir,
+	metricsAddr := "off"
+	errc := make(chan error, 3)
+	var metricsSrv *http.Server
+	if metricsLn != nil {
+		metricsAddr = metricsLn.Addr().String()
+		metricsSrv = &http.Server{Handler: metricsHandler(reg), ReadHeaderTimeout: 10 * time.Second}
+		go func() { errc <- metricsSrv.Serve(metricsLn) }()
+	}
+	log.Info("cubicle serving", "listen", ln.Addr().String(), "metrics", metricsAddr, "secrets_key", o.secretsKey, "runtime", o.runtime, "userns", userns, "data", o.dataDir, "images", o.imagesDir,
 		"volume_drivers", ctrlPlugins.Names(), "volume_base_dir", vc.node.BaseDir)
-	errc := make(chan error, 2)
 	go func() {
 		if tlsConfig != nil && lnTLS == nil {
 			errc <- srv.ServeTLS(ln, "", "")
@@ -455,6 +471,9 @@ func serve(ctx context.Context, o serveOptions) error {
 	// Sandboxes keep running across a restart; the next serve re-adopts them.
 	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer scancel()
+	if metricsSrv != nil {
+		metricsSrv.Close()
+	}
 	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}

@@ -3,29 +3,53 @@ package api
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"strings"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/accel"
 	"github.com/cubicle-dev/cubicle/internal/control"
 	"github.com/cubicle-dev/cubicle/internal/store"
 )
 
-// decodeJSON is decode after the body is read: it returns the message of the
-// 400 that refuses body, or "". Unknown fields are ignored, as e2b's API
-// ignores them, so a client field this server does not know changes nothing.
+// decodeJSON is decodeBody for callers that do not count unknown fields.
 func decodeJSON(body []byte, v any, optional bool) string {
+	_, msg := decodeBody(body, v, optional)
+	return msg
+}
+
+// decodeBody is decode after the body is read: it returns the message of
+// the 400 that refuses body, or "", and the unknown top-level keys it let
+// through (fields.go has the rules).
+func decodeBody(body []byte, v any, optional bool) ([]string, string) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		if optional {
-			return ""
+			return nil, ""
 		}
-		return "request body is required"
+		return nil, "request body is required"
+	}
+	t := reflect.TypeOf(v)
+	var unknown []string
+	var err error
+	if sb, ok := v.(strictBody); ok {
+		err = checkStrict(sb.strictName(), body, t)
+	} else {
+		unknown, err = checkTop(body, t)
+	}
+	if err != nil {
+		return nil, err.Error()
 	}
 	if err := json.Unmarshal(body, v); err != nil {
-		return "malformed JSON body: " + err.Error()
+		var fe *fieldError
+		if errors.As(err, &fe) {
+			return nil, fe.Error()
+		}
+		return nil, "malformed JSON body: " + err.Error()
 	}
-	return ""
+	return unknown, ""
 }
 
 // decodeStrict decodes a template create body, refusing fields it does not
@@ -106,13 +130,19 @@ func (req *newSandbox) options(v2 bool) (control.CreateOptions, string) {
 	}
 	opts := control.CreateOptions{
 		TemplateID: *req.TemplateID, Timeout: timeoutD,
-		Metadata: req.Metadata, EnvVars: req.EnvVars, Network: netw, AutoPause: req.AutoPause,
+		Metadata: req.Metadata, EnvVars: req.EnvVars, Network: netw,
+	}
+	if req.AutoPause != nil {
+		opts.AutoPause = *req.AutoPause
 	}
 	if req.AutoResume != nil {
 		opts.AutoResume = req.AutoResume.Enabled
 	}
+	if msg := req.lifecycle(&opts); msg != "" {
+		return control.CreateOptions{}, msg
+	}
 	if req.AutoPauseMemory != nil && !*req.AutoPauseMemory {
-		if !req.AutoPause {
+		if !opts.AutoPause {
 			return control.CreateOptions{}, "autoPauseMemory is only allowed with autoPause"
 		}
 		if opts.AutoResume {
@@ -123,23 +153,62 @@ func (req *newSandbox) options(v2 bool) (control.CreateOptions, string) {
 	for _, vm := range req.VolumeMounts {
 		opts.VolumeMounts = append(opts.VolumeMounts, control.VolumeMount{Name: vm.Name, Path: vm.Path, ReadOnly: vm.ReadOnly})
 	}
-	opts.Accelerators = req.Accelerators
+	for _, a := range req.Accelerators {
+		opts.Accelerators = append(opts.Accelerators, accel.Request(a))
+	}
 	return opts, ""
+}
+
+// lifecycle applies the lifecycle object over autoPause/autoResume; the two
+// spellings may repeat each other but not disagree.
+func (req *newSandbox) lifecycle(opts *control.CreateOptions) string {
+	l := req.Lifecycle
+	if l == nil {
+		return ""
+	}
+	if l.OnTimeout != nil {
+		var pause bool
+		switch *l.OnTimeout {
+		case "kill":
+		case "pause":
+			pause = true
+		default:
+			return fmt.Sprintf("lifecycle.onTimeout: %q is not kill or pause", *l.OnTimeout)
+		}
+		if req.AutoPause != nil && *req.AutoPause != pause {
+			return "lifecycle.onTimeout and autoPause disagree: send one of them"
+		}
+		opts.AutoPause = pause
+	}
+	if l.AutoResume != nil {
+		if req.AutoResume != nil && req.AutoResume.Enabled != *l.AutoResume {
+			return "lifecycle.autoResume and autoResume.enabled disagree: send one of them"
+		}
+		opts.AutoResume = *l.AutoResume
+	}
+	return ""
 }
 
 // networkUpdate is the PUT /sandboxes/{id}/network body.
 type networkUpdate struct {
-	AllowOut            []string        `json:"allowOut"`
-	DenyOut             []string        `json:"denyOut"`
-	AllowInternetAccess *bool           `json:"allow_internet_access"`
-	EgressProxy         json.RawMessage `json:"egressProxy"`
-	Rules               json.RawMessage `json:"rules"`
-	DNSServers          *[]string       `json:"dnsServers"`
+	AllowOut            []string `json:"allowOut"`
+	DenyOut             []string `json:"denyOut"`
+	AllowInternetAccess *bool    `json:"allow_internet_access"`
+	// CubeSandbox's update_network spells it so; both may be sent if
+	// they agree.
+	AllowInternetAccessCamel *bool           `json:"allowInternetAccess"`
+	EgressProxy              json.RawMessage `json:"egressProxy"`
+	Rules                    json.RawMessage `json:"rules"`
+	DNSServers               *[]string       `json:"dnsServers"`
 	// Create-only: refused here by name rather than dropped.
 	MaskRequestHost    json.RawMessage `json:"maskRequestHost"`
 	HTTPSPorts         json.RawMessage `json:"httpsPorts"`
 	AllowPublicTraffic json.RawMessage `json:"allowPublicTraffic"`
 }
+
+// strictName makes the whole body a boundary object: every key is refused
+// unless implemented (fields.go).
+func (*networkUpdate) strictName() string { return "network" }
 
 // network is the policy the body asks for (or the message of the 400 that
 // refuses it); the manager validates the rest. Omitted fields are cleared,
@@ -149,8 +218,13 @@ func (req *networkUpdate) network() (store.Network, string) {
 		return store.Network{}, msg
 	}
 	n := store.Network{AllowInternet: true, AllowOut: req.AllowOut, DenyOut: req.DenyOut}
+	if a, b := req.AllowInternetAccess, req.AllowInternetAccessCamel; a != nil && b != nil && *a != *b {
+		return store.Network{}, "network: allow_internet_access and allowInternetAccess disagree: send one of them"
+	}
 	if req.AllowInternetAccess != nil {
 		n.AllowInternet = *req.AllowInternetAccess
+	} else if req.AllowInternetAccessCamel != nil {
+		n.AllowInternet = *req.AllowInternetAccessCamel
 	}
 	ep, rules, msg := parseEgress(req.EgressProxy, req.Rules)
 	if msg != "" {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -50,6 +51,32 @@ func checkPolicy(t *testing.T, allow, deny []string) {
 	}
 }
 
+// checkKnownKeys: an accepted create body has no top-level key that folds
+// onto a known one without being it, and only exact known keys in network.
+func checkKnownKeys(t *testing.T, body string) {
+	t.Helper()
+	var top map[string]json.RawMessage
+	if json.Unmarshal([]byte(body), &top) != nil {
+		return
+	}
+	fs := fieldsOf(reflect.TypeOf(newSandbox{}))
+	for k := range top {
+		if known, ok := fs.folded[fold(k)]; ok && known != k {
+			t.Fatalf("near miss %q of %q accepted", k, known)
+		}
+	}
+	var netw map[string]json.RawMessage
+	if json.Unmarshal(top["network"], &netw) != nil {
+		return
+	}
+	nfs := fieldsOf(reflect.TypeOf(networkConfig{}))
+	for k := range netw {
+		if !nfs.exact[k] {
+			t.Fatalf("unknown network key %q accepted", k)
+		}
+	}
+}
+
 // FuzzCreateSandboxBody: the create body either gets a 400 message or
 // options whose timeout is exactly the seconds asked (no wrap), whose
 // network defaults hold, that an unknown field does not change, and whose
@@ -65,6 +92,8 @@ func FuzzCreateSandboxBody(f *testing.F) {
 		`{"templateID":""}`,
 		`{"timeout":10}`,
 		`{"templateID":"base","TIMEOUT":5,"templateid":"other"}`,
+		`{"templateID":"base","allowInternetAccess":false,"network":{"deny_out":["0.0.0.0/0"]}}`,
+		`{"templateID":"base","futureOption":{"x":1},"autoResume":{"enabled":true,"x":1}}`,
 		`{"templateID":"base","network":{"denyOut":["::ffff:169.254.169.254","fe80::1%eth0"]}}`,
 		`[]`, `null`, ``,
 	} {
@@ -91,6 +120,7 @@ func FuzzCreateSandboxBody(f *testing.F) {
 				t.Fatalf("metadata error %v is not ErrInvalid", err)
 			}
 			checkPolicy(t, opts.Network.AllowOut, opts.Network.DenyOut)
+			checkKnownKeys(t, body)
 			if plain, extra, ok := withUnknownField(body); ok {
 				var a, b newSandbox
 				if decodeJSON(plain, &a, false) != "" || decodeJSON(extra, &b, false) != "" {
@@ -107,7 +137,8 @@ func FuzzCreateSandboxBody(f *testing.F) {
 }
 
 // FuzzNetworkUpdateBody: PUT /sandboxes/{id}/network decodes to a policy
-// the network layer accepts or refuses with ErrInvalidPolicy.
+// the network layer accepts or refuses with ErrInvalidPolicy, and refuses
+// keys it does not know.
 func FuzzNetworkUpdateBody(f *testing.F) {
 	for _, s := range []string{
 		`{"allowOut":["8.8.8.8"],"denyOut":["0.0.0.0/0"],"allow_internet_access":false}`,
@@ -128,18 +159,20 @@ func FuzzNetworkUpdateBody(f *testing.F) {
 		if msg != "" {
 			return
 		}
-		if n.AllowInternet != (req.AllowInternetAccess == nil || *req.AllowInternetAccess) {
-			t.Fatalf("allowInternet %v for %v", n.AllowInternet, req.AllowInternetAccess)
+		asked := req.AllowInternetAccess
+		if asked == nil {
+			asked = req.AllowInternetAccessCamel
+		}
+		if n.AllowInternet != (asked == nil || *asked) {
+			t.Fatalf("allowInternet %v for %v", n.AllowInternet, asked)
 		}
 		checkPolicy(t, n.AllowOut, n.DenyOut)
-		if plain, extra, ok := withUnknownField(body); ok {
-			var a, b networkUpdate
-			decodeJSON(plain, &a, false)
-			decodeJSON(extra, &b, false)
-			na, _ := a.network()
-			nb, _ := b.network()
-			if !reflect.DeepEqual(na, nb) {
-				t.Fatalf("an unknown field changed the policy")
+		// The whole body is a network object: an unknown key is refused
+		// by name, never dropped.
+		if _, extra, ok := withUnknownField(body); ok {
+			var b networkUpdate
+			if msg := decodeJSON(extra, &b, false); !strings.Contains(msg, `"zzCubicleUnknownField"`) {
+				t.Fatalf("an unknown field was not refused: %q", msg)
 			}
 		}
 	})

@@ -4,6 +4,8 @@ import (
 	"context"
 	"net/http"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -15,6 +17,44 @@ import (
 type metrics struct {
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
+	unknown  *unknownFields
+}
+
+// maxUnknownNames bounds the distinct field names that get a label (and a
+// log line) of their own: the names come from clients, and every label
+// value is memory the registry keeps.
+const maxUnknownNames = 64
+
+// unknownFields counts the top-level request keys no route knows (newer
+// SDKs' fields, accepted for forward compatibility); each name is logged
+// once, so an operator learns what clients send that this server ignores.
+type unknownFields struct {
+	counter *prometheus.CounterVec
+	mu      sync.Mutex
+	seen    map[string]bool
+}
+
+// note counts the unknown keys of one request to route; logf is called
+// once per name (and once when the name budget runs out).
+func (u *unknownFields) note(route string, names []string, logf func(name string)) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for _, n := range names {
+		label := n
+		if len(label) > 64 {
+			label = strings.ToValidUTF8(label[:64], "") + "..."
+		}
+		if !u.seen[label] {
+			if len(u.seen) >= maxUnknownNames {
+				label = "_other"
+			}
+			if !u.seen[label] {
+				u.seen[label] = true
+				logf(label)
+			}
+		}
+		u.counter.WithLabelValues(route, label).Inc()
+	}
 }
 
 func newMetrics(reg *prometheus.Registry, st store.Store) *metrics {
@@ -35,7 +75,11 @@ func newMetrics(reg *prometheus.Registry, st store.Store) *metrics {
 		n, _ := st.CountSandboxes(ctx, []store.SandboxState{store.StateCreating, store.StateRunning, store.StatePausing, store.StatePaused, store.StateResuming})
 		return float64(n)
 	})
-	reg.MustRegister(m.requests, m.latency, sandboxes)
+	m.unknown = &unknownFields{seen: map[string]bool{}, counter: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "cubicle_api_unknown_fields_total",
+		Help: "Top-level request body fields this server does not know and ignored, by route and name (names past the first 64 count as _other).",
+	}, []string{"route", "field"})}
+	reg.MustRegister(m.requests, m.latency, sandboxes, m.unknown.counter)
 	return m
 }
 

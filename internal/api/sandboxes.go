@@ -33,25 +33,72 @@ type networkConfig struct {
 	Rules       json.RawMessage `json:"rules,omitempty"`
 }
 
+// UnmarshalJSON refuses network keys this server does not implement: a
+// dropped one (deny_out for denyOut) would leave the sandbox open.
+func (n *networkConfig) UnmarshalJSON(b []byte) error {
+	type plain networkConfig
+	return decodeStrictObject("network", b, (*plain)(n))
+}
+
+// autoResumeJSON is e2b's {"enabled": bool}.
+type autoResumeJSON struct {
+	Enabled bool `json:"enabled"`
+}
+
+func (a *autoResumeJSON) UnmarshalJSON(b []byte) error {
+	type plain autoResumeJSON
+	return decodeStrictObject("autoResume", b, (*plain)(a))
+}
+
+// lifecycleJSON is {"onTimeout": "kill"|"pause", "autoResume": bool}.
+type lifecycleJSON struct {
+	OnTimeout  *string `json:"onTimeout"`
+	AutoResume *bool   `json:"autoResume"`
+}
+
+func (l *lifecycleJSON) UnmarshalJSON(b []byte) error {
+	type plain lifecycleJSON
+	return decodeStrictObject("lifecycle", b, (*plain)(l))
+}
+
+// volumeMountIn is one volumeMounts entry of a create body.
+type volumeMountIn struct {
+	Name string `json:"name"`
+	Path string `json:"path"`
+	// ReadOnly is the Cubicle/CubeSandbox extension; e2b requests omit it.
+	ReadOnly bool `json:"readOnly"`
+}
+
+func (v *volumeMountIn) UnmarshalJSON(b []byte) error {
+	type plain volumeMountIn
+	return decodeStrictObject("volumeMounts entry", b, (*plain)(v))
+}
+
+// accelRequestIn is one accelerators entry of a create body.
+type accelRequestIn accel.Request
+
+func (a *accelRequestIn) UnmarshalJSON(b []byte) error {
+	return decodeStrictObject("accelerators entry", b, (*accel.Request)(a))
+}
+
 type newSandbox struct {
-	TemplateID          *string                 `json:"templateID"`
-	Timeout             *int64                  `json:"timeout"`
-	AutoPause           bool                    `json:"autoPause"`
-	AutoPauseMemory     *bool                   `json:"autoPauseMemory"`
-	AutoResume          *struct{ Enabled bool } `json:"autoResume"`
-	Secure              *bool                   `json:"secure"`
-	AllowInternetAccess *bool                   `json:"allow_internet_access"`
-	Network             *networkConfig          `json:"network"`
-	Metadata            map[string]string       `json:"metadata"`
-	EnvVars             map[string]string       `json:"envVars"`
-	VolumeMounts        []struct {
-		Name string `json:"name"`
-		Path string `json:"path"`
-		// ReadOnly is the Cubicle/CubeSandbox extension; e2b requests omit it.
-		ReadOnly bool `json:"readOnly"`
-	} `json:"volumeMounts"`
+	TemplateID      *string         `json:"templateID"`
+	Timeout         *int64          `json:"timeout"`
+	AutoPause       *bool           `json:"autoPause"`
+	AutoPauseMemory *bool           `json:"autoPauseMemory"`
+	AutoResume      *autoResumeJSON `json:"autoResume"`
+	// Lifecycle is e2b's lifecycle object as CubeSandbox's SDK sends it
+	// (and GET /sandboxes/{id} shows it): the same switches as autoPause
+	// and autoResume.
+	Lifecycle           *lifecycleJSON    `json:"lifecycle"`
+	Secure              *bool             `json:"secure"`
+	AllowInternetAccess *bool             `json:"allow_internet_access"`
+	Network             *networkConfig    `json:"network"`
+	Metadata            map[string]string `json:"metadata"`
+	EnvVars             map[string]string `json:"envVars"`
+	VolumeMounts        []volumeMountIn   `json:"volumeMounts"`
 	// Accelerators is Cubicle's extension: [{"class":"gpu","count":1,...}].
-	Accelerators []accel.Request `json:"accelerators"`
+	Accelerators []accelRequestIn `json:"accelerators"`
 	// IAM is e2b's workload identity: refused when it names tokens.
 	IAM json.RawMessage `json:"iam"`
 	// MCP is the SDK's own business: it picks the mcp-gateway template
@@ -118,9 +165,19 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any, optional 
 		writeError(w, http.StatusBadRequest, "reading body: "+err.Error())
 		return false
 	}
-	if msg := decodeJSON(body, v, optional); msg != "" {
+	unknown, msg := decodeBody(body, v, optional)
+	if msg != "" {
 		writeError(w, http.StatusBadRequest, msg)
 		return false
+	}
+	if len(unknown) > 0 {
+		route := r.Method + " unmatched"
+		if rc := chi.RouteContext(r.Context()); rc != nil {
+			route = r.Method + " " + rc.RoutePattern()
+		}
+		s.metrics.unknown.note(route, unknown, func(name string) {
+			s.log.Info("request body field not known to this server: ignored (counted in cubicle_api_unknown_fields_total)", "route", route, "field", name)
+		})
 	}
 	return true
 }

@@ -13,7 +13,6 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/cubicle-dev/cubicle/internal/control"
 	"github.com/cubicle-dev/cubicle/internal/secret"
@@ -86,7 +85,8 @@ func New(cfg Config, mgr *control.Manager, st store.Store) *Server {
 	r.Get("/health", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
-	r.Handle("/metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{}))
+	// No /metrics here: it names every team's pooled templates, so serve
+	// exposes it on its own loopback listener (--metrics-listen).
 	r.Group(func(r chi.Router) {
 		r.Use(s.auth)
 		r.Get("/teams", s.listTeams)

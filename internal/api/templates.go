@@ -373,7 +373,12 @@ func (s *Server) removeTags(w http.ResponseWriter, r *http.Request) {
 }
 
 // uploads hands out one-time upload URLs: the SDK PUTs without an API key,
-// so the URL itself carries the authorisation.
+// so the URL itself carries the authorisation. A token is spent by the
+// first PUT that presents it, whatever that PUT's outcome (a failed upload
+// asks GET /templates/{id}/files/{hash} for a new URL, as the SDK's retry
+// of the build does), so a URL seen in a log or a proxy is worth nothing
+// once used. Grants live in memory only: a restart voids every URL, which
+// fails closed.
 type uploads struct {
 	mu     sync.Mutex
 	tokens map[string]uploadGrant
@@ -415,14 +420,16 @@ func (s *Server) PruneUploads() {
 	s.uploads.pruneLocked(time.Now())
 }
 
-// check returns the team the upload URL was issued to.
-func (u *uploads) check(tok, hash string) (string, bool) {
+// take spends the upload token and returns the team it was issued to. A
+// token presented for another hash is not spent: it stays the owner's.
+func (u *uploads) take(tok, hash string) (string, bool) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	g, ok := u.tokens[tok]
 	if !ok || g.hash != hash || !time.Now().Before(g.expires) {
 		return "", false
 	}
+	delete(u.tokens, tok)
 	return g.team, true
 }
 
@@ -477,9 +484,9 @@ func (s *Server) uploadContext(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	hash := chi.URLParam(r, "hash")
-	team, ok := s.uploads.check(r.URL.Query().Get("token"), hash)
+	team, ok := s.uploads.take(r.URL.Query().Get("token"), hash)
 	if !ok {
-		writeError(w, http.StatusUnauthorized, "invalid or expired upload URL; ask GET /templates/{id}/files/{hash} for a new one")
+		writeError(w, http.StatusUnauthorized, "invalid, expired or already used upload URL (each is good for one upload); ask GET /templates/{id}/files/{hash} for a new one")
 		return
 	}
 	te := s.cfg.Templates.Errors

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 
 	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/control"
@@ -53,6 +54,11 @@ type Config struct {
 	Limits Limits
 	// Registry, when set, gets the proxy's metrics.
 	Registry prometheus.Registerer
+	// SignedLookupRate and SignedLookupBurst bound, per client address,
+	// the signed /files requests that name no sandbox (each is matched
+	// against every running sandbox's token); 0 means 10/s, bursts of 20.
+	SignedLookupRate  float64
+	SignedLookupBurst int
 }
 
 // Proxy routes sandbox traffic and hands everything else to the API.
@@ -64,6 +70,8 @@ type Proxy struct {
 	rp  *httputil.ReverseProxy
 	lim *limiter
 	log *slog.Logger
+	// lookups limits bySignature per client address.
+	lookups *clientLimiter
 }
 
 type targetKey struct{}
@@ -82,7 +90,14 @@ func New(cfg Config, mgr *control.Manager, st store.Store, api http.Handler) *Pr
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	p := &Proxy{cfg: cfg, mgr: mgr, st: st, api: api, log: cfg.Logger, lim: newLimiter(cfg.Limits, cfg.Registry)}
+	if cfg.SignedLookupRate <= 0 {
+		cfg.SignedLookupRate = defaultLookupRate
+	}
+	if cfg.SignedLookupBurst <= 0 {
+		cfg.SignedLookupBurst = defaultLookupBurst
+	}
+	p := &Proxy{cfg: cfg, mgr: mgr, st: st, api: api, log: cfg.Logger, lim: newLimiter(cfg.Limits, cfg.Registry),
+		lookups: newClientLimiter(rate.Limit(cfg.SignedLookupRate), cfg.SignedLookupBurst, maxLimitedClients)}
 	idle := cfg.Limits.IdleConns
 	if idle <= 0 {
 		idle = 1024
@@ -262,9 +277,18 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !ok {
-		// Signed upload/download URLs reach the shared URL without headers;
-		// find the sandbox whose token produced the signature.
+		// Signed upload/download URLs reach the shared URL (E2B_SANDBOX_URL)
+		// without headers; find the sandbox whose token produced the
+		// signature. The SDKs' <port>-<id>.<domain> URLs name the sandbox
+		// and never get here. Each lookup hashes once per running sandbox
+		// and needs no credential, so they are limited per client address.
 		if r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
+			if ok, retry := p.lookups.allow(remoteAddr(r), time.Now()); !ok {
+				w.Header().Set("Retry-After", strconv.Itoa(int(retry/time.Second)+1))
+				writeError(w, http.StatusTooManyRequests, "too many signed /files requests without a sandbox from this address; "+
+					"use the URL's <port>-<sandboxID>.<domain> host, or send "+headerSandboxID+", to skip the lookup")
+				return
+			}
 			if sb := p.bySignature(r); sb != nil {
 				p.forward(w, r, sb, node.AgentPort)
 				return

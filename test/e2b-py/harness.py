@@ -236,11 +236,16 @@ class Server:
             raise RuntimeError(f"{self.images_dir}/base/rootfs not found: run `scripts/install` (or scripts/build-rootfs)")
         self.data_dir = tempfile.mkdtemp(prefix="cubicle-e2e-py-")
         self.port = free_port()
+        # /metrics has a listener of its own (serve --metrics-listen), never the API's.
+        self.metrics_port = free_port()
+        while self.metrics_port == self.port:
+            self.metrics_port = free_port()
         rand = secrets.token_hex(3)
         self.bridge = f"cbp{rand}"
         self.cgroup_parent = f"cubicle-e2e-py-{rand}"
         self.pool = f"10.213.{random.randrange(256)}.0/24"
         self.url = f"http://{self.listen_addr}:{self.port}"
+        self.metrics_url = f"http://{self.listen_addr}:{self.metrics_port}"
 
         self.api_key = subprocess.run(
             [CUBICLE, "apikey", "create", "--data-dir", self.data_dir, "--name", "e2e-py"],
@@ -269,6 +274,8 @@ class Server:
             self.data_dir,
             "--listen",
             f"{self.listen_addr}:{self.port}",
+            "--metrics-listen",
+            f"{self.listen_addr}:{self.metrics_port}",
             "--images-dir",
             self.images_dir,
             "--runtime",

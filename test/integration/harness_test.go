@@ -81,18 +81,20 @@ func imagesDir(t *testing.T) string {
 // server is one `cubicle serve` process with its own data dir, bridge,
 // address pool, nft table and cgroup parent.
 type server struct {
-	t        *testing.T
-	DataDir  string
-	URL      string
-	Key      string
-	Bridge   string
-	Cgroup   string
-	args     []string
-	env      []string // extra environment (binary volume plugins inherit it)
-	cmd      *exec.Cmd
-	logs     *bytes.Buffer
-	client   *http.Client
-	listenOn string
+	t       *testing.T
+	DataDir string
+	URL     string
+	// MetricsURL is the --metrics-listen listener's base URL.
+	MetricsURL string
+	Key        string
+	Bridge     string
+	Cgroup     string
+	args       []string
+	env        []string // extra environment (binary volume plugins inherit it)
+	cmd        *exec.Cmd
+	logs       *bytes.Buffer
+	client     *http.Client
+	listenOn   string
 	// lastHeader is the header of the latest response from do.
 	lastHeader http.Header
 	// seen holds every sandbox ID the harness created or listed, for the
@@ -148,7 +150,12 @@ func newServer(t *testing.T, env []string, extra ...string) *server {
 	s.Key = strings.TrimSpace(string(out))
 	s.listenOn = freeListenAddr(t)
 	s.URL = "http://" + s.listenOn
-	s.args = []string{"serve", "--data-dir", data, "--listen", s.listenOn, "--images-dir", imagesDir(t),
+	metricsOn := freeListenAddr(t)
+	for metricsOn == s.listenOn {
+		metricsOn = freeListenAddr(t)
+	}
+	s.MetricsURL = "http://" + metricsOn
+	s.args = []string{"serve", "--data-dir", data, "--listen", s.listenOn, "--metrics-listen", metricsOn, "--images-dir", imagesDir(t),
 		"--bridge", s.Bridge, "--pool", freePool(),
 		"--cgroup-parent", s.Cgroup, "--agent-bin", filepath.Join(binDir, "cubicle-agent"), "--memory-mb", "256"}
 	s.args = append(s.args, extra...)
@@ -462,10 +469,11 @@ func unmountUnder(dir string) {
 	}
 }
 
-// requireMetrics fails unless every want appears in the server's /metrics.
+// requireMetrics fails unless every want appears in the server's /metrics
+// (on its own listener, --metrics-listen).
 func (s *server) requireMetrics(t *testing.T, wants ...string) {
 	t.Helper()
-	resp, err := http.Get(s.URL + "/metrics")
+	resp, err := http.Get(s.MetricsURL + "/metrics")
 	if err != nil {
 		t.Fatalf("GET /metrics: %v", err)
 	}

@@ -202,7 +202,7 @@ func TestMeminfoLxcfsMissing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(data)
-	cmd := exec.Command(filepath.Join(binDir, "cubicle"), "serve", "--data-dir", data, "--listen", "127.0.0.1:0",
+	cmd := exec.Command(filepath.Join(binDir, "cubicle"), "serve", "--data-dir", data, "--listen", "127.0.0.1:0", "--metrics-listen", "off",
 		"--images-dir", imagesDir(t), "--bridge", "cbinolx", "--pool", freePool(), "--cgroup-parent", "cubicle-it-nolx",
 		"--agent-bin", filepath.Join(binDir, "cubicle-agent"), "--lxcfs-bin", "/nonexistent/lxcfs")
 	out, err := cmd.CombinedOutput()

@@ -600,7 +600,7 @@ func TestVolumeConfigRejectedAtStart(t *testing.T) {
 		"no binary": {"volume_plugins:\n  - {name: x, type: binary, binary_path: /nonexistent}\n", okNode, "binary_path"},
 	} {
 		bridge := "cbx" + strings.ReplaceAll(name, " ", "")[:3]
-		cmd := exec.Command(filepath.Join(binDir, "cubicle"), "serve", "--data-dir", filepath.Join(dir, "data-"+bridge), "--listen", "127.0.0.1:0",
+		cmd := exec.Command(filepath.Join(binDir, "cubicle"), "serve", "--data-dir", filepath.Join(dir, "data-"+bridge), "--listen", "127.0.0.1:0", "--metrics-listen", "off",
 			"--images-dir", imagesDir(t), "--bridge", bridge, "--agent-bin", filepath.Join(binDir, "cubicle-agent"),
 			"--volume-config", write(bridge+".yaml", tc.yaml), "--node-config", tc.toml)
 		out, err := cmd.CombinedOutput()

@@ -189,11 +189,15 @@ class Server {
     }
     this.dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'cubicle-e2e-'))
     this.port = await freePort()
+    // /metrics has a listener of its own (serve --metrics-listen), never the API's.
+    this.metricsPort = await freePort()
+    while (this.metricsPort === this.port) this.metricsPort = await freePort()
     const rand = crypto.randomBytes(3).toString('hex')
     this.bridge = `cbe${rand}`
     this.cgroupParent = `cubicle-e2e-${rand}`
     this.pool = `10.212.${crypto.randomInt(0, 256)}.0/24`
     this.url = `http://${this.listenAddr}:${this.port}`
+    this.metricsUrl = `http://${this.listenAddr}:${this.metricsPort}`
 
     this.apiKey = execFileSync(CUBICLE, ['apikey', 'create', '--data-dir', this.dataDir, '--name', 'e2e'], {
       encoding: 'utf8',
@@ -218,6 +222,7 @@ class Server {
       'serve',
       '--data-dir', this.dataDir,
       '--listen', `${this.listenAddr}:${this.port}`,
+      '--metrics-listen', `${this.listenAddr}:${this.metricsPort}`,
       '--images-dir', this.imagesDir,
       '--runtime', this.runtime,
       '--domain', DOMAIN,
