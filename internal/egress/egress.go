@@ -87,7 +87,7 @@ type Proxy struct {
 	sem      chan struct{}
 	bytes    *semaphore.Weighted // proxyBudget
 	conns    *prometheus.CounterVec
-	icpt     *interception // nil: rules are not applied (and are refused upstream)
+	icpt     *interception  // nil: rules are not applied (and are refused upstream)
 	dnsConn  net.PacketConn // nil: no DNS for tunnelled sandboxes (WithDNS)
 	fake     fakeDNS
 
