@@ -13,14 +13,13 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/runtime/runtimetest"
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 // TestNetNS joins a pre-made netns (as internal/network will provide) and
 // reaches a TCP listener inside the sandbox from the host over a veth.
 func TestNetNS(t *testing.T) {
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("iproute2 not installed")
-	}
+	testenv.LookPath(t, "ip")
 	for i, rt := range []string{"runc", "runsc"} {
 		t.Run(rt, func(t *testing.T) {
 			env := newTestEnv(t, rt)

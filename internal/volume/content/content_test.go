@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 const (
@@ -203,9 +205,7 @@ func paths(es []EntryStat) []string {
 
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for chown")
-	}
+	testenv.RequireRoot(t, "chown")
 }
 
 func TestAuthAndVolumeErrors(t *testing.T) {

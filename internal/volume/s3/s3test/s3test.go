@@ -21,6 +21,8 @@ import (
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
+
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 // Server is a running versitygw.
@@ -62,7 +64,7 @@ func RequireS3FS(t testing.TB) string {
 	t.Helper()
 	p, err := exec.LookPath("s3fs")
 	if err != nil {
-		t.Skip("s3fs not installed (apt-get install s3fs fuse3; scripts/install does it)")
+		testenv.Skip(t, "s3fs not installed (apt-get install s3fs fuse3; scripts/install does it)")
 	}
 	return p
 }
@@ -80,7 +82,7 @@ func Start(t testing.TB) *Server {
 	t.Helper()
 	bin, err := VersityGW()
 	if err != nil {
-		t.Skip(err.Error())
+		testenv.Skip(t, err.Error())
 	}
 	root := t.TempDir()
 	s := &Server{
