@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -100,15 +99,6 @@ func TestRuncSuite(t *testing.T) {
 func TestRuncUsernsSuite(t *testing.T) {
 	env := newTestEnvWith(t, "runc", true)
 	runtimetest.RunDriverSuiteWith(t, env.d, env.layers, runtimetest.Options{UserNS: true})
-}
-
-// crun is optional everywhere (not required in CI).
-func TestCrunSuite(t *testing.T) {
-	if _, err := exec.LookPath("crun"); err != nil {
-		t.Skip("crun not installed")
-	}
-	env := newTestEnv(t, "crun")
-	runtimetest.RunDriverSuite(t, env.d, env.layers)
 }
 
 func TestRunscSuite(t *testing.T) {

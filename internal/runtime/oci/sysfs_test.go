@@ -73,7 +73,11 @@ func hostSysSubmount(t *testing.T) string {
 // keep its host flags: mountinfo says ro for each, and creating a file in
 // one fails with EROFS.
 func TestUsernsSysSubmountsReadOnly(t *testing.T) {
-	testenv.RequireRoot(t, "mounts under /sys, runc")
+	testUsernsSysSubmountsReadOnly(t, "runc")
+}
+
+func testUsernsSysSubmountsReadOnly(t *testing.T, rt string) {
+	testenv.RequireRoot(t, "mounts under /sys, "+rt)
 	own := hostSysSubmount(t)
 	var probes []string
 	for mp := range mountPoints(t, "/proc/self/mountinfo") {
@@ -86,7 +90,7 @@ func TestUsernsSysSubmountsReadOnly(t *testing.T) {
 	}
 	slices.Sort(probes)
 
-	env := newTestEnvWith(t, "runc", true)
+	env := newTestEnvWith(t, rt, true)
 	out := filepath.Join(env.base, "out")
 	if err := os.Mkdir(out, 0o777); err != nil {
 		t.Fatal(err)
