@@ -58,8 +58,8 @@ func VersityGW() (string, error) {
 	return "", errors.New("versitygw not found (scripts/install installs it: go install github.com/versity/versitygw/cmd/versitygw@" + Version + ")")
 }
 
-// RequireS3FS skips the test when s3fs is not installed and returns its
-// path.
+// RequireS3FS skips the test (fails it under CI=true) when s3fs is not
+// installed, and returns its path.
 func RequireS3FS(t testing.TB) string {
 	t.Helper()
 	p, err := exec.LookPath("s3fs")
@@ -77,7 +77,7 @@ func randHex(n int) string {
 
 // Start runs versitygw on a free 127.0.0.1 port with random credentials
 // and one bucket, and stops it (the process it started) at cleanup. The
-// test is skipped when versitygw is not installed.
+// test is skipped (failed under CI=true) when versitygw is not installed.
 func Start(t testing.TB) *Server {
 	t.Helper()
 	bin, err := VersityGW()
