@@ -76,13 +76,16 @@ func run(listen string, port, interpPort int, token string) error {
 			reapAll = true
 		}
 	}
+	// Before anything can fill the sandbox's pids limit: a thread the Go
+	// runtime cannot create later would kill the agent.
+	threads := agent.ReserveThreads()
 	a := agent.New(agent.Config{ReapAll: reapAll, Logger: log, AccessToken: token})
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
 	srv := a.Server(addr)
-	log.Info("cubicle-agent listening", "addr", ln.Addr().String(), "version", agent.Version, "envd", agent.EnvdVersion, "pid", os.Getpid())
+	log.Info("cubicle-agent listening", "addr", ln.Addr().String(), "version", agent.Version, "envd", agent.EnvdVersion, "pid", os.Getpid(), "threads", threads)
 
 	sigc := make(chan os.Signal, 1)
 	signal.Notify(sigc, syscall.SIGTERM, syscall.SIGINT)

@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 	cubicle "github.com/cubicle-dev/cubicle/sdk/go"
 )
 
@@ -124,13 +125,10 @@ func goHashes(t *testing.T, dir string) []string {
 // TestFilesHashMatchesSDK runs the e2b JS SDK's own hash (Template.toJSON
 // with computeHashes) over the same tree.
 func TestFilesHashMatchesSDK(t *testing.T) {
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Skip("node not installed")
-	}
+	node := testenv.LookPath(t, "node")
 	mod, _ := filepath.Abs("../../test/e2b-js/node_modules/e2b")
 	if _, err := os.Stat(filepath.Join(mod, "package.json")); err != nil {
-		t.Skip("test/e2b-js/node_modules/e2b missing (npm ci in test/e2b-js)")
+		testenv.Skip(t, "test/e2b-js/node_modules/e2b missing (npm ci in test/e2b-js)")
 	}
 	dir := tree(t)
 	copies, _ := json.Marshal(tplCopies)

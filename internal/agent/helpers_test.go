@@ -13,6 +13,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 	"github.com/cubicle-dev/cubicle/sdk/go/envd/filesystem/filesystemconnect"
 	pb "github.com/cubicle-dev/cubicle/sdk/go/envd/process"
 	"github.com/cubicle-dev/cubicle/sdk/go/envd/process/processconnect"
@@ -36,9 +37,7 @@ type testEnv struct {
 // database: root (0) and user (1000) whose home lives in a temp dir.
 func newTestEnv(t *testing.T, token string) *testEnv {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("agent tests need root (setuid, chown)")
-	}
+	testenv.RequireRoot(t, "agent tests: setuid, chown")
 	base := t.TempDir()
 	// t.TempDir and its parent are 0700; uid 1000 must traverse them.
 	for _, d := range []string{base, filepath.Dir(base)} {

@@ -308,6 +308,21 @@ func lookPath(cmd string, env []string) (string, error) {
 	return "", fmt.Errorf("executable file %q not found in $PATH", cmd)
 }
 
+// startError is the Connect error for a failed fork/exec of cmd. Fork
+// failing for want of a pid (EAGAIN: the sandbox's pids limit) or of memory
+// is the sandbox's resources running out, not a bad request: the caller gets
+// resource_exhausted with the reason at once, and can retry once processes
+// have ended.
+func startError(cmd string, err error) error {
+	switch {
+	case errors.Is(err, syscall.EAGAIN):
+		return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("start %s: the sandbox's process limit is reached (fork: %w)", cmd, err))
+	case errors.Is(err, syscall.ENOMEM):
+		return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("start %s: the sandbox is out of memory (fork: %w)", cmd, err))
+	}
+	return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("start %s: %w", cmd, err))
+}
+
 // openPTY opens a pty pair without creack/pty's Open, which calls Fd() on the
 // master and thereby switches it to blocking mode; a blocking master cannot be
 // unblocked by Close, which we need when a grandchild keeps the slave open.
@@ -493,7 +508,7 @@ func (a *Agent) startProcess(u *sysUser, req *pb.StartRequest, timeout time.Dura
 	childFiles = nil
 	if err != nil {
 		closeAll()
-		return nil, nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("start %s: %w", cfg.GetCmd(), err))
+		return nil, nil, startError(cfg.GetCmd(), err)
 	}
 	p.pid = pid
 	if subscribe {

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 	pb "github.com/cubicle-dev/cubicle/sdk/go/envd/process"
 )
 
@@ -42,9 +43,7 @@ func TestMain(m *testing.M) {
 // TestReapAllMode runs the PID-1 style reaper in a child copy of the test
 // binary (a wait4(-1) loop must not run inside the shared test process).
 func TestReapAllMode(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	testenv.RequireRoot(t, "setuid children")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")

@@ -18,6 +18,7 @@ import (
 	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
 
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 	pb "github.com/cubicle-dev/cubicle/sdk/go/envd/process"
 )
 
@@ -368,9 +369,7 @@ func TestPID1StartTime(t *testing.T) {
 // test binary: the start command's status comes through the shared wait4 loop
 // and a child it leaves behind is reaped, not left a zombie.
 func TestStartCmdReapsDaemon(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	testenv.RequireRoot(t, "setuid children")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")

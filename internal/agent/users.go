@@ -178,20 +178,41 @@ func resolvePath(p string, u *sysUser) (string, error) {
 
 // asUser runs fn with the file-system identity of u. The agent runs as root;
 // file operations must be checked by the kernel as the selected user, so fn
-// runs on a dedicated OS thread whose fsuid/fsgid and supplementary groups are
+// runs on a locked OS thread whose fsuid/fsgid and supplementary groups are
 // the user's (setfsuid drops CAP_DAC_OVERRIDE and friends for that thread, and
-// files it creates are owned by the user). The thread is never unlocked, so the
-// Go runtime destroys it when the goroutine exits instead of reusing it with
-// the changed identity. Descriptors opened inside fn may be used anywhere.
-// When the agent is not root, or u is root, fn runs directly.
+// files it creates are owned by the user). Afterwards the thread gets root's
+// identity back and returns to the runtime: a new thread per call would need
+// a free pid, and at the sandbox's pids limit the runtime's failure to make
+// one kills the agent (threads.go). Only if restoring fails is the thread
+// left locked, so that the runtime destroys it rather than reuse it with the
+// changed identity. At most asUserSlots calls run at once, each holding its
+// thread. Descriptors opened inside fn may be used anywhere. When the agent
+// is not root, or u is root, fn runs directly.
 func asUser(u *sysUser, fn func() error) error {
 	if u.UID == 0 || os.Geteuid() != 0 {
 		return fn()
 	}
+	asUserSem <- struct{}{}
+	defer func() { <-asUserSem }()
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		// No UnlockOSThread: see above.
+		restored := false
+		defer func() {
+			if restored {
+				runtime.UnlockOSThread()
+			}
+		}()
+		rootGroups, err := unix.Getgroups()
+		if err != nil {
+			errc <- fmt.Errorf("getgroups: %w", err)
+			return
+		}
+		rootCaps, err := threadCaps()
+		if err != nil {
+			errc <- err
+			return
+		}
 		gids := make([]int, len(u.Groups))
 		for i, g := range u.Groups {
 			gids[i] = int(g)
@@ -206,17 +227,66 @@ func asUser(u *sysUser, fn func() error) error {
 			errc <- err
 			return
 		}
-		errc <- fn()
+		err = fn()
+		restored = restoreThreadIDs(rootGroups, rootCaps) == nil
+		errc <- err
 	}()
 	return <-errc
+}
+
+// restoreThreadIDs gives the calling thread back the agent's identity
+// (root, its supplementary groups, its effective capabilities caps) after
+// setThreadFSIDs, and checks it. Order matters: fsuid going back to 0
+// re-raises the file capabilities that setfsuid dropped, but only through
+// setfsuid (setresuid moves fsuid along with euid without them).
+func restoreThreadIDs(groups []int, caps [2]unix.CapUserData) error {
+	unix.SetfsuidRetUid(0)
+	unix.SetfsgidRetGid(0)
+	keep := ^uintptr(0)
+	if unix.Geteuid() != 0 {
+		if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, keep, 0, keep); e != 0 {
+			return fmt.Errorf("setresuid 0: %w", e)
+		}
+	}
+	if unix.Getegid() != 0 {
+		if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, keep, 0, keep); e != 0 {
+			return fmt.Errorf("setresgid 0: %w", e)
+		}
+	}
+	if err := unix.Setgroups(groups); err != nil {
+		return fmt.Errorf("setgroups: %w", err)
+	}
+	uid, _ := unix.SetfsuidRetUid(-1)
+	gid, _ := unix.SetfsgidRetGid(-1)
+	if uid != 0 || gid != 0 || unix.Geteuid() != 0 || unix.Getegid() != 0 {
+		return fmt.Errorf("identity not restored: fsuid %d fsgid %d", uid, gid)
+	}
+	now, err := threadCaps()
+	if err != nil {
+		return err
+	}
+	if now != caps {
+		return fmt.Errorf("capabilities not restored: %+v, want %+v", now, caps)
+	}
+	return nil
+}
+
+// threadCaps returns the calling thread's capability sets.
+func threadCaps() ([2]unix.CapUserData, error) {
+	var data [2]unix.CapUserData
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return data, fmt.Errorf("capget: %w", err)
+	}
+	return data, nil
 }
 
 // setThreadFSIDs switches the calling thread's file-system identity. It uses
 // setfsgid/setfsuid and verifies the result (those calls report failure only
 // by returning the old id); where they are unavailable (some sandboxed
 // kernels) it falls back to per-thread raw setresgid/setresuid on the
-// effective ids, which the file-system ids follow. The caller discards the
-// thread afterwards, so neither needs undoing.
+// effective ids, which the file-system ids follow. restoreThreadIDs undoes
+// either.
 func setThreadFSIDs(uid, gid uint32) error {
 	_, errG := unix.SetfsgidRetGid(int(gid))
 	_, errU := unix.SetfsuidRetUid(int(uid))

@@ -23,6 +23,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/egress"
 	"github.com/cubicle-dev/cubicle/internal/network"
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 // The stand-in internet is test/testnet (a netns in 198.18.128.0/17 with a
@@ -170,9 +171,7 @@ func curl(t *testing.T, ns, url, host, ip string, extra ...string) string {
 }
 
 func TestDomainPolicy(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (netns, veth, nftables)")
-	}
+	testenv.RequireRoot(t, "netns, veth, nftables")
 	// rebind.test answers with a host loopback address where this test
 	// listens: a name allowed by a domain entry must not reach the host.
 	loop, err := net.Listen("tcp4", "127.0.0.77:80")
@@ -261,9 +260,7 @@ func TestDomainPolicy(t *testing.T) {
 // a sandbox's domain policy is still enforced: the rebuilt table redirects
 // it to the new proxy.
 func TestDomainPolicySurvivesRestart(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (netns, veth, nftables)")
-	}
+	testenv.RequireRoot(t, "netns, veth, nftables")
 	tn := startTestnet(t)
 	cfg := testConfig(t, netip.MustParseAddr(tn.DNS))
 	l1, p1 := startManager(t, cfg)

@@ -24,6 +24,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/egress"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/servecert"
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 // echoed is what the testnet echo servers answer.
@@ -86,9 +87,7 @@ func resolvesIn(ns, proto, addr string) bool {
 }
 
 func TestTransformRules(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (netns, veth, nftables)")
-	}
+	testenv.RequireRoot(t, "netns, veth, nftables")
 	tn := startTestnet(t)
 	ca, caFile := interceptionCA(t)
 	testnetCA, err := os.ReadFile(tn.CACert)
@@ -208,9 +207,7 @@ func TestTransformRules(t *testing.T) {
 // The proxy verifies the real server before sending it anything: an
 // untrusted certificate is a 502 and the secret never leaves.
 func TestTransformRulesVerifyUpstream(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (netns, veth, nftables)")
-	}
+	testenv.RequireRoot(t, "netns, veth, nftables")
 	tn := startTestnet(t)
 	ca, caFile := interceptionCA(t)
 	lookup := func(context.Context, string, string) (string, error) { return "v", nil }
@@ -229,9 +226,7 @@ func TestTransformRulesVerifyUpstream(t *testing.T) {
 }
 
 func TestUpstreamSOCKS5(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (netns, veth, nftables)")
-	}
+	testenv.RequireRoot(t, "netns, veth, nftables")
 	tn := startTestnetArgs(t, "--socks-user", "alice", "--socks-pass", "pw")
 	l, _ := startManager(t, testConfig(t, netip.MustParseAddr(tn.DNS)))
 	const id = "sockstest1"
@@ -327,9 +322,7 @@ func TestUpstreamSOCKS5(t *testing.T) {
 }
 
 func TestResolveUpstreamRefusesHostAndInternal(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (netns, veth, nftables)")
-	}
+	testenv.RequireRoot(t, "netns, veth, nftables")
 	cfg := testConfig(t, netip.MustParseAddr("127.0.0.53"))
 	cfg.UpstreamAllow = []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24")}
 	l, _ := startManager(t, cfg)
@@ -351,9 +344,7 @@ func TestResolveUpstreamRefusesHostAndInternal(t *testing.T) {
 // resolvers on port 53, an empty list opens none, and a list opens all
 // traffic to each of its addresses.
 func TestDNSServers(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (netns, veth, nftables)")
-	}
+	testenv.RequireRoot(t, "netns, veth, nftables")
 	tn := startTestnet(t)
 	l, _ := newManager(t, netip.MustParseAddr(tn.DNS))
 	const id = "dnsservers1"

@@ -13,6 +13,8 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"golang.org/x/sys/unix"
+
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 // treeOf lists a tree: path, type, mode, owner, content or link target.
@@ -51,9 +53,7 @@ func treeOf(t *testing.T, root string) []string {
 // The overlay layer of a build, stacked on its base's tree, shows exactly
 // what unpacking the whole image shows.
 func TestUnpackOverlayMatchesFlat(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: overlay mounts, whiteout devices, trusted xattrs")
-	}
+	testenv.RequireRoot(t, "overlay mounts, whiteout devices, trusted xattrs")
 	base := layerFromEntries(t, []tarEntry{
 		{name: "usr/", typ: tar.TypeDir},
 		{name: "usr/lib/", typ: tar.TypeDir},

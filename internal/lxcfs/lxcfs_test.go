@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strconv"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 func TestBindMounts(t *testing.T) {
@@ -63,12 +63,8 @@ func TestStalePidFileNotAdopted(t *testing.T) {
 // The real lxcfs: started, restarted when killed, adopted by a second
 // supervisor after Release, and gone (unmounted) after Close.
 func TestDaemon(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (FUSE mount)")
-	}
-	if _, err := exec.LookPath("lxcfs"); err != nil {
-		t.Skip("lxcfs not installed")
-	}
+	testenv.RequireRoot(t, "FUSE mount")
+	testenv.LookPath(t, "lxcfs")
 	dir, err := os.MkdirTemp("/var/tmp", "lxcfs-test-")
 	if err != nil {
 		t.Fatal(err)

@@ -21,6 +21,8 @@ import (
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 // All test traffic stays on this machine: sandbox netns, a fake "external"
@@ -36,9 +38,7 @@ func randHex(n int) string {
 
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (netns, veth, nftables)")
-	}
+	testenv.RequireRoot(t, "netns, veth, nftables")
 }
 
 // testConfig returns a config that cannot collide with a running

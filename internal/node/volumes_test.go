@@ -9,15 +9,14 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 	"github.com/cubicle-dev/cubicle/internal/volume"
 	"github.com/cubicle-dev/cubicle/internal/volume/local"
 )
 
 func newTestVolumes(t *testing.T) (*volumes, *local.Plugin, string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("the local plugin bind-mounts: needs root")
-	}
+	testenv.RequireRoot(t, "the local plugin bind-mounts")
 	dir := t.TempDir()
 	base := filepath.Join(dir, "base")
 	os.MkdirAll(base, 0o755)

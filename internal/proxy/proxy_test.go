@@ -21,6 +21,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 type fixture struct {
@@ -341,7 +342,7 @@ func TestRefusedPort(t *testing.T) {
 	}
 	if c, err := net.DialTimeout("tcp", "127.0.0.87:49999", time.Second); err == nil {
 		c.Close()
-		t.Skip("something listens on 127.0.0.87:49999")
+		testenv.Skip(t, "something listens on 127.0.0.87:49999")
 	}
 	req, _ := http.NewRequest(http.MethodPost, f.front.URL+"/execute", strings.NewReader(`{"code":"1"}`))
 	req.Host = "49999-" + f.sb.ID + ".cubicle.test"

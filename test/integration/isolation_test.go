@@ -94,7 +94,9 @@ func (u userTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // Root in a sandbox has exactly the documented capabilities (no
 // CAP_NET_RAW: no packet or raw sockets, so no forged frames), unprivileged
 // ICMP still works, io_uring is refused by the seccomp allow-list, and
-// link-local instance metadata is not reachable.
+// link-local instance metadata is not reachable: a listener on
+// 169.254.169.254 that the host reaches sees no connection from the
+// sandbox, while the sandbox reaches an ordinary address beside it.
 func TestSandboxPrivileges(t *testing.T) {
 	bin := probe(t)
 	for _, rt := range []string{"runc", "runsc"} {
@@ -123,8 +125,18 @@ func TestSandboxPrivileges(t *testing.T) {
 					t.Errorf("%s as %s: %q, want %q", cse.arg, cse.user, out, cse.want)
 				}
 			}
+			// Instance metadata: a listener on 169.254.169.254 in a namespace
+			// the test makes, which the host reaches (newMetadataHost checks),
+			// as does the sandbox at an ordinary address on the same veth.
+			md := newMetadataHost(t, s.poolOf(t))
+			if out, _ := s.runAs(t, c, "root", "/home/user/probe dial "+md.control.String()+":80"); out != "connected" || len(md.clients(md.control)) != 2 {
+				t.Fatalf("control address beside the metadata service: %q, listener saw %v; want connected (the route to the namespace works)", out, md.clients(md.control))
+			}
 			if out, _ := s.runAs(t, c, "root", "/home/user/probe dial 169.254.169.254:80"); !strings.HasPrefix(out, "blocked") {
 				t.Errorf("instance metadata address: %q, want blocked", out)
+			}
+			if got := md.clients(md.meta); len(got) != 1 || got[0] != md.hostAddr {
+				t.Errorf("metadata listener saw %v, want only the host's control from %s", got, md.hostAddr)
 			}
 		})
 	}

@@ -4,24 +4,20 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 // The same lifecycle under gVisor: pause is a checkpoint to disk and resume a
 // restore, so a process's memory (a shell variable) must survive it.
 func TestRunscSandbox(t *testing.T) {
-	if _, err := exec.LookPath("runsc"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("runsc missing in CI: scripts/install must install it")
-		}
-		t.Skip("runsc not installed")
-	}
+	testenv.LookPath(t, "runsc")
 	s := startServer(t, "--runtime", "runsc")
 	c := s.create(map[string]any{"templateID": "base"})
 	if out := s.mustRun(c, "id -u; dmesg 2>/dev/null | head -1 | grep -qi gvisor && echo gvisor || uname -r"); out == "" {
@@ -116,12 +112,7 @@ func atoi(s string) int {
 
 func requireRunsc(t *testing.T) {
 	t.Helper()
-	if _, err := exec.LookPath("runsc"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("runsc missing in CI: scripts/install must install it")
-		}
-		t.Skip("runsc not installed")
-	}
+	testenv.LookPath(t, "runsc")
 }
 
 // The first command in a fresh sandbox must work, on every sandbox, on both

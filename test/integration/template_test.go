@@ -15,15 +15,14 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 func requireBuildkit(t *testing.T) {
 	t.Helper()
 	if _, err := os.Stat(filepath.Join(binDir, "buildkitd")); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("buildkitd missing in CI: make build must produce bin/buildkitd")
-		}
-		t.Skip("buildkitd not built (make build)")
+		testenv.Skip(t, "buildkitd not built (make build)")
 	}
 }
 

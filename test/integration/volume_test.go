@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 type volumeOut struct {
@@ -480,12 +482,7 @@ func TestVolumeRestartReconcile(t *testing.T) {
 }
 
 func TestVolumeRunsc(t *testing.T) {
-	if _, err := exec.LookPath("runsc"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("runsc missing in CI: scripts/install must install it")
-		}
-		t.Skip("runsc not installed")
-	}
+	testenv.LookPath(t, "runsc")
 	s := startServer(t, "--runtime", "runsc")
 	s.createVolume(t, map[string]any{"name": "gv"})
 	w := s.create(map[string]any{"templateID": "base", "volumeMounts": []any{map[string]any{"name": "gv", "path": "/w"}}})

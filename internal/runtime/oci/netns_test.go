@@ -13,14 +13,13 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/runtime/runtimetest"
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 // TestNetNS joins a pre-made netns (as internal/network will provide) and
 // reaches a TCP listener inside the sandbox from the host over a veth.
 func TestNetNS(t *testing.T) {
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("iproute2 not installed")
-	}
+	testenv.LookPath(t, "ip")
 	// With user namespaces runc cannot join a netns root owns from inside
 	// the sandbox's namespace, so it is started in it instead.
 	for i, c := range []struct {

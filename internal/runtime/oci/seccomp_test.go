@@ -14,6 +14,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/runtime/runtimetest"
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 // runsc gets Docker's profile with only what gVisor cannot enforce as
@@ -158,7 +159,7 @@ func TestBaseImageThreadsAndSetuid(t *testing.T) {
 	}
 	base := filepath.Join(images, "base", "rootfs")
 	if _, err := os.Stat(filepath.Join(base, "usr", "bin", "python3")); err != nil {
-		t.Skipf("base image not installed under %s", images)
+		testenv.Skipf(t, "base image not installed under %s (scripts/install builds it)", images)
 	}
 	const script = `
 py='import threading; t=threading.Thread(target=print, args=("ok",)); t.start(); t.join()'

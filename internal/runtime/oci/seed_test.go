@@ -7,12 +7,11 @@ import (
 	"testing"
 
 	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 func TestSeedFiles(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to chown")
-	}
+	testenv.RequireRoot(t, "chown")
 	upper := t.TempDir()
 	const owner = 1 << 30 // a user-namespace slot's root
 	files := []runtime.File{

@@ -42,6 +42,13 @@ var (
 // the spec cannot name it (see buildSpec).
 const annotationNetns = "dev.cubicle.netns"
 
+// sysBindOptions bind the host's /sys into a user-namespaced sandbox.
+// "ro" alone remounts only the top of the rbind, and every host submount
+// (securityfs, bpffs, debugfs, cgroupfs...) would keep its host flags; the
+// r* options (mount_setattr with AT_RECURSIVE, runc >= 1.1) make each of
+// them read-only, nosuid, noexec and nodev too.
+var sysBindOptions = []string{"rbind", "nosuid", "noexec", "nodev", "ro", "rro", "rnosuid", "rnoexec", "rnodev"}
+
 // ociVersion is the oldest spec version that has every field we use
 // (errnoRet arrived in 1.0.2); crun 1.8 rejects versions newer than it knows.
 const ociVersion = "1.0.2"
@@ -124,7 +131,7 @@ func (d *Driver) buildSpec(s runtime.Spec, rootfs string, nsBase uint32) (*specs
 		// sandboxes, covered.
 		for i := range mounts {
 			if mounts[i].Destination == "/sys" {
-				mounts[i] = specs.Mount{Destination: "/sys", Type: "bind", Source: "/sys", Options: []string{"rbind", "nosuid", "noexec", "nodev", "ro"}}
+				mounts[i] = specs.Mount{Destination: "/sys", Type: "bind", Source: "/sys", Options: sysBindOptions}
 			}
 		}
 		mounts = append(mounts, specs.Mount{Destination: "/sys/fs/cgroup", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "noexec", "nodev", "ro", "size=4k", "mode=755"}})

@@ -8,14 +8,13 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 // No two live sandboxes share a uid range; a freed range is reused; a
 // restarted driver rebuilds the allocation from the sandbox dirs' owners.
 func TestUsernsSlots(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (chown)")
-	}
+	testenv.RequireRoot(t, "chown")
 	dir := t.TempDir()
 	d := &Driver{cfg: Config{Runtime: "runc", SandboxDir: dir, UserNS: true}, slots: map[string]int{}}
 	mk := func(id string) {

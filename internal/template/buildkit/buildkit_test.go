@@ -16,10 +16,13 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/image"
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 // buildkitdBinary finds bin/buildkitd (make build) or builds it once into the
-// user cache; the test skips only if that fails.
+// user cache. A buildkitd that fails to build fails the test: it is a
+// dependency in go.mod, so failing to build it is a defect, not a missing
+// host feature.
 func buildkitdBinary(t *testing.T) string {
 	t.Helper()
 	if p := os.Getenv("CUBICLE_BUILDKITD"); p != "" {
@@ -32,7 +35,7 @@ func buildkitdBinary(t *testing.T) string {
 	}
 	cache, err := os.UserCacheDir()
 	if err != nil {
-		t.Skipf("no buildkitd and no cache dir: %v", err)
+		t.Fatalf("no buildkitd and no cache dir to build it into: %v", err)
 	}
 	p := filepath.Join(cache, "cubicle-test", "buildkitd")
 	if _, err := os.Stat(p); err == nil {
@@ -42,7 +45,7 @@ func buildkitdBinary(t *testing.T) string {
 	cmd := exec.Command("go", "build", "-o", p, "github.com/moby/buildkit/cmd/buildkitd")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Skipf("cannot build buildkitd: %v\n%s", err, out)
+		t.Fatalf("cannot build buildkitd: %v\n%s", err, out)
 	}
 	return p
 }
@@ -50,10 +53,7 @@ func buildkitdBinary(t *testing.T) string {
 // smallRootfs is a busybox-only tree: enough for /bin/sh, echo, cat, false.
 func smallRootfs(t *testing.T) string {
 	t.Helper()
-	bb, err := exec.LookPath("busybox")
-	if err != nil {
-		t.Skip("busybox not installed")
-	}
+	bb := testenv.LookPath(t, "busybox")
 	dir := t.TempDir()
 	for _, d := range []string{"bin", "etc", "tmp", "proc", "sys", "dev"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
@@ -85,9 +85,7 @@ type env struct {
 
 func setup(t *testing.T) *env {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (runc, overlay mounts)")
-	}
+	testenv.RequireRoot(t, "runc, overlay mounts")
 	bin := buildkitdBinary(t)
 	st, err := image.Open(t.TempDir())
 	if err != nil {

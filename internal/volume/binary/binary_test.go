@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 	"github.com/cubicle-dev/cubicle/internal/volume"
 	"github.com/cubicle-dev/cubicle/internal/volume/binary"
 	"github.com/cubicle-dev/cubicle/internal/volume/internal/mountinfo"
@@ -49,9 +50,7 @@ func attachReq(base string) volume.AttachRequest {
 }
 
 func TestGoPluginConformance(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("the local plugin bind-mounts: needs root")
-	}
+	testenv.RequireRoot(t, "the local plugin bind-mounts")
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/diskimage"
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 const (
@@ -205,9 +206,7 @@ func paths(es []EntryStat) []string {
 
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for chown")
-	}
+	testenv.RequireRoot(t, "chown")
 }
 
 func TestAuthAndVolumeErrors(t *testing.T) {

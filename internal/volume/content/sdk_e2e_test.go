@@ -7,26 +7,25 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 // TestSDKEndToEnd drives the handler with the real e2b JS SDK
-// (testdata/sdk_e2e.mjs); skipped when node or test/e2b-js/node_modules is
-// missing.
+// (testdata/sdk_e2e.mjs); skipped (failed under CI=true) when node or
+// test/e2b-js/node_modules is missing.
 func TestSDKEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("short mode")
 	}
 	requireRoot(t) // the script sets uid/gid
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Skip("node not installed")
-	}
+	node := testenv.LookPath(t, "node")
 	module, err := filepath.Abs("../../../test/e2b-js/node_modules/e2b/dist/index.mjs")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(module); err != nil {
-		t.Skip("e2b SDK not installed under test/e2b-js/node_modules")
+		testenv.Skip(t, "e2b SDK not installed under test/e2b-js/node_modules (npm ci in test/e2b-js)")
 	}
 	e := newEnv(t)
 

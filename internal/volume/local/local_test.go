@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cubicle-dev/cubicle/internal/diskimage"
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 	"github.com/cubicle-dev/cubicle/internal/volume"
 	"github.com/cubicle-dev/cubicle/internal/volume/internal/mountinfo"
 	"github.com/cubicle-dev/cubicle/internal/volume/local"
@@ -20,9 +21,7 @@ import (
 // the base dir before t.TempDir's removal runs (cleanups run last-first).
 func dirs(t *testing.T) (root, base string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("bind mounts need root")
-	}
+	testenv.RequireRoot(t, "bind mounts")
 	root, base = t.TempDir(), t.TempDir()
 	t.Cleanup(func() {
 		mps, err := mountinfo.Under(base)

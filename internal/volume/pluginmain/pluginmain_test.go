@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 	"github.com/cubicle-dev/cubicle/internal/volume/internal/mountinfo"
 	"github.com/cubicle-dev/cubicle/internal/volume/local"
 	"github.com/cubicle-dev/cubicle/internal/volume/pluginmain"
@@ -64,9 +65,7 @@ func TestCreateDestroy(t *testing.T) {
 }
 
 func TestAttachDetach(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("the local plugin bind-mounts: needs root")
-	}
+	testenv.RequireRoot(t, "the local plugin bind-mounts")
 	root, base := t.TempDir(), t.TempDir()
 	t.Cleanup(func() {
 		mps, _ := mountinfo.Under(base)

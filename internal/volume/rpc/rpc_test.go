@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 	"github.com/cubicle-dev/cubicle/internal/volume"
 	"github.com/cubicle-dev/cubicle/internal/volume/internal/mountinfo"
 	"github.com/cubicle-dev/cubicle/internal/volume/local"
@@ -57,9 +58,7 @@ func dial(t *testing.T, addr string, timeout time.Duration) *rpc.Client {
 }
 
 func TestLocalOverRPC(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("the local plugin bind-mounts: needs root")
-	}
+	testenv.RequireRoot(t, "the local plugin bind-mounts")
 	root, base := t.TempDir(), t.TempDir()
 	t.Cleanup(func() {
 		mps, _ := mountinfo.Under(base)

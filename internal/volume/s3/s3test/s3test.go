@@ -21,6 +21,8 @@ import (
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
+
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 // Server is a running versitygw.
@@ -56,13 +58,13 @@ func VersityGW() (string, error) {
 	return "", errors.New("versitygw not found (scripts/install installs it: go install github.com/versity/versitygw/cmd/versitygw@" + Version + ")")
 }
 
-// RequireS3FS skips the test when s3fs is not installed and returns its
-// path.
+// RequireS3FS skips the test (fails it under CI=true) when s3fs is not
+// installed, and returns its path.
 func RequireS3FS(t testing.TB) string {
 	t.Helper()
 	p, err := exec.LookPath("s3fs")
 	if err != nil {
-		t.Skip("s3fs not installed (apt-get install s3fs fuse3; scripts/install does it)")
+		testenv.Skip(t, "s3fs not installed (apt-get install s3fs fuse3; scripts/install does it)")
 	}
 	return p
 }
@@ -75,12 +77,12 @@ func randHex(n int) string {
 
 // Start runs versitygw on a free 127.0.0.1 port with random credentials
 // and one bucket, and stops it (the process it started) at cleanup. The
-// test is skipped when versitygw is not installed.
+// test is skipped (failed under CI=true) when versitygw is not installed.
 func Start(t testing.TB) *Server {
 	t.Helper()
 	bin, err := VersityGW()
 	if err != nil {
-		t.Skip(err.Error())
+		testenv.Skip(t, err.Error())
 	}
 	root := t.TempDir()
 	s := &Server{

@@ -16,7 +16,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: probe iouring|packet|ping|dial ADDR|forkstorm N|membomb")
+		fmt.Fprintln(os.Stderr, "usage: probe iouring|packet|ping|dial ADDR|forkstorm N|hold N|membomb")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
@@ -56,6 +56,23 @@ func main() {
 			started++
 		}
 		fmt.Println(started, failure)
+	case "hold":
+		// Fill the pids limit with sleepers, say how many and why it
+		// stopped, then hold them until the process group is killed.
+		n, _ := strconv.Atoi(os.Args[2])
+		started, failure := 0, "none"
+		for i := 0; i < n; i++ {
+			_, err := syscall.ForkExec("/bin/sleep", []string{"sleep", "600"}, &syscall.ProcAttr{})
+			if err != nil {
+				failure = errName(err.(syscall.Errno))
+				break
+			}
+			started++
+		}
+		fmt.Println(started, failure)
+		for {
+			unix.Pause()
+		}
 	case "membomb":
 		// Touch memory until the OOM killer ends this process.
 		var keep [][]byte
