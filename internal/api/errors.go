@@ -13,6 +13,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/control"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/secret"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/template/catalog"
@@ -76,6 +77,9 @@ func statusOf(err error) int {
 		return http.StatusConflict
 	case errors.Is(err, control.ErrCapacity), errors.Is(err, accel.ErrNoCapacity):
 		return http.StatusTooManyRequests
+	case errors.Is(err, runtime.ErrSnapshotTooLarge):
+		// The sandbox's files do not fit the storage it is allowed.
+		return http.StatusInsufficientStorage
 	case errors.Is(err, control.ErrBusy), errors.Is(err, network.ErrPoolExhausted):
 		return http.StatusServiceUnavailable
 	default:
@@ -135,6 +139,8 @@ func errorCode(err error) string {
 		return "team_quota_exceeded"
 	case errors.Is(err, control.ErrAccelUnsupported):
 		return "accelerator_unsupported"
+	case errors.Is(err, runtime.ErrSnapshotTooLarge):
+		return "snapshot_too_large"
 	}
 	return ""
 }

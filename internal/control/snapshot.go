@@ -102,6 +102,10 @@ func (m *Manager) snapshotLocked(ctx context.Context, sb *store.Sandbox, name st
 	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
 	defer cancel()
 	ns, err := m.node.Snapshot(nctx, sb.ID, sid)
+	if errors.Is(err, runtime.ErrSnapshotTooLarge) {
+		return nil, fmt.Errorf("%w: sandbox '%s' holds more than its disk size (%d MiB) of files; nothing was kept",
+			runtime.ErrSnapshotTooLarge, sb.ID, sb.DiskSizeMB)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}

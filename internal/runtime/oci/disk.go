@@ -61,6 +61,16 @@ func (d *Driver) setupDisk(ctx context.Context, id string, sizeMB int) error {
 	return nil
 }
 
+// diskBytes is the size of the sandbox's disk image, which bounds what a
+// snapshot of it may take; 0 when it has none (no limit).
+func (d *Driver) diskBytes(id string) int64 {
+	fi, err := os.Stat(filepath.Join(d.dir(id), diskImage))
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
 // loopsUnder lists loop devices whose backing file is under dir.
 func loopsUnder(dir string) []string {
 	devs, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")

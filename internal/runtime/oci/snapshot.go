@@ -110,7 +110,7 @@ func (d *Driver) Snapshot(ctx context.Context, id, dst string, memory bool) (_ r
 			shift = slotBase(slot)
 		}
 	}
-	n, err := copyLayer(d.UpperDir(id), out.Layer, shift)
+	n, err := copyLayer(d.UpperDir(id), out.Layer, shift, d.diskBytes(id))
 	if err != nil {
 		return runtime.SnapshotInfo{}, fmt.Errorf("oci: snapshot %s: copy writable layer: %w", id, err)
 	}
