@@ -10,7 +10,8 @@ import (
 )
 
 // Each sandbox's writable layer lives on a filesystem of its own: a sparse
-// ext4 image of Resources.DiskMB, loop-mounted at <dir>/disk, holding the
+// ext4 image of Resources.DiskMB (kept in the root-only privateDir),
+// loop-mounted at <dir>/disk, holding the
 // overlay's upper and work dirs. Writes past the size fail with ENOSPC
 // inside the sandbox and never reach the host's disk beyond it; `df` in
 // the sandbox reports the image (overlayfs reports its upper filesystem).
@@ -36,7 +37,7 @@ func (d *Driver) setupDisk(ctx context.Context, id string, sizeMB int) error {
 	if sizeMB <= 0 {
 		return nil
 	}
-	img := filepath.Join(d.dir(id), diskImage)
+	img := filepath.Join(d.priv(id), diskImage)
 	f, err := os.OpenFile(img, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
 		return err
@@ -64,7 +65,7 @@ func (d *Driver) setupDisk(ctx context.Context, id string, sizeMB int) error {
 // diskBytes is the size of the sandbox's disk image, which bounds what a
 // snapshot of it may take; 0 when it has none (no limit).
 func (d *Driver) diskBytes(id string) int64 {
-	fi, err := os.Stat(filepath.Join(d.dir(id), diskImage))
+	fi, err := os.Stat(filepath.Join(d.priv(id), diskImage))
 	if err != nil {
 		return 0
 	}

@@ -15,7 +15,7 @@ var _ runtime.Snapshotter = (*Driver)(nil)
 
 // stoppedMarker marks a sandbox stopped by Stop (a filesystem pause): no
 // runtime container, files and mounts kept.
-func (d *Driver) stoppedMarker(id string) string { return filepath.Join(d.dir(id), "stopped") }
+func (d *Driver) stoppedMarker(id string) string { return filepath.Join(d.priv(id), "stopped") }
 
 // MemorySnapshots implements runtime.Snapshotter: gVisor checkpoints
 // itself; runc and crun would need CRIU, which cannot run on every host
@@ -57,7 +57,7 @@ func (d *Driver) Snapshot(ctx context.Context, id, dst string, memory bool) (_ r
 		// Checkpointed by Pause: the image is already on disk.
 		if memory {
 			out.Checkpoint = filepath.Join(dst, "checkpoint")
-			if err := linkTree(filepath.Join(d.dir(id), "checkpoint"), out.Checkpoint); err != nil {
+			if err := linkTree(d.checkpointDir(id), out.Checkpoint); err != nil {
 				return runtime.SnapshotInfo{}, err
 			}
 		}
@@ -147,7 +147,7 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 	}
 	d.abortHostConns(id)
 	// A memory pause's image is of no use once the sandbox will reboot.
-	if err := os.RemoveAll(filepath.Join(d.dir(id), "checkpoint")); err != nil {
+	if err := os.RemoveAll(d.checkpointDir(id)); err != nil {
 		return err
 	}
 	if err := removeCgroups(d.cfg.CgroupParent, id); err != nil {
@@ -158,7 +158,7 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 
 // start boots a stopped sandbox's container again from its bundle.
 func (d *Driver) startStopped(ctx context.Context, id string) error {
-	bundle := filepath.Join(d.dir(id), "bundle")
+	bundle := d.bundle(id)
 	if d.cfg.Runtime == "runsc" {
 		if err := d.restoreNetnsFor(id); err != nil {
 			return err
