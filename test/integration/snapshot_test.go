@@ -158,3 +158,64 @@ func TestSnapshotLimitsAndGuards(t *testing.T) {
 		t.Fatalf("delete template once its snapshots are gone: %d", code)
 	}
 }
+
+// What a hostile sandbox leaves for its snapshot: a 3 GiB file with no
+// blocks (`truncate`, a few bytes written in the middle) in a 1 GiB disk,
+// and a directory chain whose full path is past PATH_MAX. The snapshot
+// takes a few blocks of the host's disk, not 3 GB; the deep chain does
+// not fail it; a sandbox from it sees the file at its apparent size with
+// its data, and the deep file. On runc and runsc.
+func TestSnapshotSparseAndDeep(t *testing.T) {
+	for _, rt := range []string{"runc", "runsc"} {
+		t.Run(rt, func(t *testing.T) {
+			if rt == "runsc" {
+				requireRunsc(t)
+			}
+			s := startServer(t, "--runtime", rt)
+			c := s.create(map[string]any{"templateID": "base"})
+			// Two chains of 12 names of 200 bytes, one moved to the bottom
+			// of the other: /home/user/x/<12>/y/<12>/f is 4,850 bytes long,
+			// and no step names a path past PATH_MAX (nor needs a long
+			// getcwd, which bash asserts on under gVisor).
+			const chain = `n=$(printf 'd%.0s' $(seq 200)); p=$n; for i in $(seq 11); do p=$p/$n; done; `
+			s.mustRun(c, chain+`mkdir -p /home/user/x/$p /home/user/y/$p && echo deep > /home/user/y/$p/f && mv /home/user/y /home/user/x/$p/y`)
+			s.mustRun(c, "truncate -s 3G /home/user/sparse && printf mid | dd of=/home/user/sparse bs=1 seek=1073741824 conv=notrunc status=none")
+			if out := s.mustRun(c, "df -k --output=size /home/user | tail -1"); atoi(out) > 1<<20 {
+				t.Fatalf("the sandbox's disk is %s KiB, want at most 1 GiB", out)
+			}
+
+			start := time.Now()
+			sn := s.snapshotOf(t, c, "")
+			t.Logf("%s snapshot: %d bytes in %v", sn.Kind, sn.SizeBytes, time.Since(start))
+			// runsc's also holds the memory image of a 256 MiB sandbox.
+			limit := int64(64 << 20)
+			if rt == "runsc" {
+				limit += 256 << 20
+			}
+			if sn.SizeBytes <= 0 || sn.SizeBytes > limit {
+				t.Errorf("snapshot size %d bytes, want at most %d", sn.SizeBytes, limit)
+			}
+			var st syscall.Stat_t
+			if err := syscall.Stat(filepath.Join(s.DataDir, "snapshots", sn.SnapshotID, "rootfs", "home", "user", "sparse"), &st); err != nil {
+				t.Fatal(err)
+			}
+			if st.Size != 3<<30 || st.Blocks*512 > 1<<20 {
+				t.Fatalf("the snapshot's copy of the sparse file: size %d, %d bytes on the host; want 3 GiB and a few blocks", st.Size, st.Blocks*512)
+			}
+
+			child := s.create(map[string]any{"templateID": sn.SnapshotID})
+			if out := s.mustRun(child, "stat -c %s /home/user/sparse; dd if=/home/user/sparse bs=1 skip=1073741824 count=3 status=none"); out != "3221225472\nmid" {
+				t.Errorf("sparse file from the snapshot: %q", out)
+			}
+			// find walks by descriptor and -execdir reads it as ./f: no path
+			// past PATH_MAX is named (a rename out of the snapshot's layer
+			// would be EXDEV, and mv's copy then walks full paths).
+			if out := s.mustRun(child, `find /home/user/x -name f -printf '%d ' -execdir cat {} \;`); out != "26 deep\n" {
+				t.Errorf("deep file from the snapshot: %q", out)
+			}
+			for _, sb := range []created{c, child} {
+				s.do("DELETE", "/sandboxes/"+sb.SandboxID, nil, nil)
+			}
+		})
+	}
+}
