@@ -51,12 +51,12 @@ func TestFailSnapshotTooLarge(t *testing.T) {
 	s := &Server{cfg: Config{RetryAfterSeconds: 1}, log: slog.New(slog.DiscardHandler)}
 	rec := httptest.NewRecorder()
 	req := httptest.NewRequest(http.MethodPost, "/sandboxes/x/snapshots", nil)
-	s.fail(rec, req, fmt.Errorf("%w: sandbox 'x' holds more than its disk size (1024 MiB) of files; nothing was kept", runtime.ErrSnapshotTooLarge))
+	s.fail(rec, req, fmt.Errorf("sandbox 'x': %w: its files take more than 1073741824 bytes, the sandbox's disk size; nothing was kept", runtime.ErrSnapshotTooLarge))
 	var eb errorBody
 	if err := json.Unmarshal(rec.Body.Bytes(), &eb); err != nil {
 		t.Fatal(err)
 	}
-	if rec.Code != http.StatusInsufficientStorage || eb.Code != 507 || !strings.Contains(eb.Message, "more than its disk size") || eb.ErrorCode != "snapshot_too_large" {
+	if rec.Code != http.StatusInsufficientStorage || eb.Code != 507 || !strings.Contains(eb.Message, "the sandbox's disk size") || eb.ErrorCode != "snapshot_too_large" {
 		t.Fatalf("status %d body %+v", rec.Code, eb)
 	}
 }

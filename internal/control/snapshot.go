@@ -103,8 +103,7 @@ func (m *Manager) snapshotLocked(ctx context.Context, sb *store.Sandbox, name st
 	defer cancel()
 	ns, err := m.node.Snapshot(nctx, sb.ID, sid)
 	if errors.Is(err, runtime.ErrSnapshotTooLarge) {
-		return nil, fmt.Errorf("%w: sandbox '%s' holds more than its disk size (%d MiB) of files; nothing was kept",
-			runtime.ErrSnapshotTooLarge, sb.ID, sb.DiskSizeMB)
+		return nil, fmt.Errorf("sandbox '%s': %w; nothing was kept", sb.ID, err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)

@@ -16,8 +16,9 @@ var (
 	ErrNotPaused     = errors.New("runtime: sandbox not paused")
 	ErrUnsupported   = errors.New("runtime: operation not supported by this driver")
 	// ErrSnapshotTooLarge: a snapshot would take more than the sandbox's
-	// disk size; nothing of it is kept.
-	ErrSnapshotTooLarge = errors.New("runtime: snapshot larger than the sandbox's disk")
+	// disk size, or more than the snapshot store has free; nothing of it
+	// is kept. The error's text says which.
+	ErrSnapshotTooLarge = errors.New("snapshot too large")
 )
 
 // State is the runtime-level state of a sandbox.
@@ -105,8 +106,8 @@ type Snapshotter interface {
 	// kind is filesystem). The sandbox is held still while its files are
 	// read and is left in the state it was found in. The layer keeps
 	// sparse files sparse, and a layer that would take more than the
-	// sandbox's disk size fails with ErrSnapshotTooLarge. On error nothing
-	// is left under dst.
+	// sandbox's disk size, or than dst's filesystem has free, fails with
+	// ErrSnapshotTooLarge. On error nothing is left under dst.
 	Snapshot(ctx context.Context, id, dst string, memory bool) (SnapshotInfo, error)
 	// Stop ends every process of a running or paused sandbox but keeps its
 	// files and mounts (a filesystem pause). It then reads as paused, and

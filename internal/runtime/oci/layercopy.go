@@ -28,8 +28,8 @@ import (
 // Files keep their holes (SEEK_DATA/SEEK_HOLE): a sparse file costs the
 // host what the sandbox wrote into it, not its apparent size. The copy
 // charges what it allocates (data extents, directory and symlink blocks)
-// and, when limit > 0, stops with runtime.ErrSnapshotTooLarge before it
-// would pass limit. It returns the bytes charged; on error dst is left for
+// and, when limit.bytes > 0, stops with runtime.ErrSnapshotTooLarge before
+// it would pass it. It returns the bytes charged; on error dst is left for
 // the caller to remove.
 //
 // The walk is relative to open directories (openat and friends, one name
@@ -45,7 +45,7 @@ import (
 // sandbox still (frozen, paused or stopped) for the copy; even so, an
 // entry swapped between its stat and its open is an error, not a host
 // file.
-func copyLayer(src, dst string, shift uint32, limit int64) (int64, error) {
+func copyLayer(src, dst string, shift uint32, limit budget) (int64, error) {
 	sfd, err := unix.Open(src, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return 0, &os.PathError{Op: "open", Path: src, Err: err}
@@ -86,16 +86,23 @@ type layerCopy struct {
 	droot int      // O_PATH fd of dst, where hard links are resolved from
 	path  []string // names from src to the directory being copied
 	shift uint32
-	limit int64
+	limit budget
 	links map[[2]uint64][]string // (dev, ino) of multiply-linked files → first copy's names
 	bytes int64
+}
+
+// budget bounds what a copy may allocate: bytes (0: no bound) and what
+// they are, for the error.
+type budget struct {
+	bytes int64
+	what  string
 }
 
 // charge counts n allocated bytes against the limit.
 func (c *layerCopy) charge(n int64) error {
 	c.bytes += n
-	if c.limit > 0 && c.bytes > c.limit {
-		return fmt.Errorf("%w: the sandbox's files take more than %d bytes", runtime.ErrSnapshotTooLarge, c.limit)
+	if c.limit.bytes > 0 && c.bytes > c.limit.bytes {
+		return fmt.Errorf("%w: its files take more than %d bytes, %s", runtime.ErrSnapshotTooLarge, c.limit.bytes, c.limit.what)
 	}
 	return nil
 }

@@ -47,7 +47,7 @@ func TestCopyLayer(t *testing.T) {
 	must(os.Lchown(filepath.Join(src, "suid"), shift, shift))
 	must(unix.Chmod(filepath.Join(src, "suid"), 0o4755))
 
-	n, err := copyLayer(src, dst, shift, 0)
+	n, err := copyLayer(src, dst, shift, budget{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +94,7 @@ func TestCopyLayer(t *testing.T) {
 	if r := st("."); r.Uid != 1000 {
 		t.Errorf("root owner %d", r.Uid)
 	}
-	if _, err := copyLayer(src, dst, shift, 0); !os.IsExist(err) {
+	if _, err := copyLayer(src, dst, shift, budget{}); !os.IsExist(err) {
 		t.Errorf("copy onto an existing layer = %v, want exist error", err)
 	}
 }
@@ -149,7 +149,7 @@ func TestCopyLayerSparse(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Limited to 1 MiB: a hole costs nothing against it.
-	n, err := copyLayer(src, dst, 0, 1<<20)
+	n, err := copyLayer(src, dst, 0, budget{1 << 20, "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +193,7 @@ func TestCopyLayerLimit(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(src, "real"), data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	n, err := copyLayer(src, dst, 0, 1<<20)
+	n, err := copyLayer(src, dst, 0, budget{1 << 20, "test"})
 	if !errors.Is(err, runtime.ErrSnapshotTooLarge) {
 		t.Fatalf("copy of 2 MiB with a 1 MiB limit = %d, %v; want ErrSnapshotTooLarge", n, err)
 	}
@@ -254,7 +254,7 @@ func TestCopyLayerDeep(t *testing.T) {
 	}
 
 	before := openFDs(t)
-	if _, err := copyLayer(src, dst, 0, 0); err != nil {
+	if _, err := copyLayer(src, dst, 0, budget{}); err != nil {
 		t.Fatal(err)
 	}
 	if after := openFDs(t); after != before {

@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 )
 
@@ -110,7 +112,10 @@ func (d *Driver) Snapshot(ctx context.Context, id, dst string, memory bool) (_ r
 			shift = slotBase(slot)
 		}
 	}
-	n, err := copyLayer(d.UpperDir(id), out.Layer, shift, d.diskBytes(id))
+	n, err := copyLayer(d.UpperDir(id), out.Layer, shift, d.snapshotBudget(id, dst))
+	if errors.Is(err, runtime.ErrSnapshotTooLarge) {
+		return runtime.SnapshotInfo{}, err
+	}
 	if err != nil {
 		return runtime.SnapshotInfo{}, fmt.Errorf("oci: snapshot %s: copy writable layer: %w", id, err)
 	}
@@ -122,6 +127,20 @@ func (d *Driver) Snapshot(ctx context.Context, id, dst string, memory bool) (_ r
 	}
 	out.SizeBytes = n
 	return out, nil
+}
+
+// snapshotBudget is what the copy of id's layer into dst may take: the
+// sandbox's disk size, or what dst's filesystem has free when that is less
+// (sparse disk images overcommit the host: a copy must not fill it).
+func (d *Driver) snapshotBudget(id, dst string) budget {
+	b := budget{bytes: d.diskBytes(id), what: "the sandbox's disk size"}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dst, &fs); err == nil {
+		if free := int64(fs.Bavail) * fs.Bsize; b.bytes == 0 || free < b.bytes {
+			b = budget{bytes: max(free, 1), what: "what the snapshot store has free"}
+		}
+	}
+	return b
 }
 
 // Stop implements runtime.Snapshotter.
