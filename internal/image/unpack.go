@@ -261,20 +261,6 @@ func sanitize(r io.Reader, w io.Writer) error {
 	return tw.Close()
 }
 
-// writtenUnder reports whether this layer wrote p or anything below it.
-func writtenUnder(written map[string]bool, p string) bool {
-	if written[p] {
-		return true
-	}
-	prefix := p + "/"
-	for w := range written {
-		if strings.HasPrefix(w, prefix) {
-			return true
-		}
-	}
-	return false
-}
-
 // cleanEntry returns the entry's path relative to the root, or ErrUnsafePath
 // if it climbs out. Leading "/" and "./" are tolerated, as tar allows them.
 func cleanEntry(name string) (string, error) {
