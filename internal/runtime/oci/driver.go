@@ -151,7 +151,51 @@ func New(cfg Config) (*Driver, error) {
 			return nil, err
 		}
 	}
+	if err := d.migrateState(); err != nil {
+		return nil, err
+	}
 	return d, nil
+}
+
+// privateNames are what moved from a sandbox's own dir to privateDir.
+var privateNames = []string{"bundle", "mounts.json", "netns.json", "console.log", "checkpoint", diskImage, "stopped"}
+
+// migrateState moves the state of sandboxes made before privateDir
+// existed out of their own dirs, so they stop, resume and report logs as
+// before. A symlink in their place (something the sandbox's uid planted)
+// is left where it is, never followed.
+func (d *Driver) migrateState() error {
+	ents, err := os.ReadDir(d.cfg.SandboxDir)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if !e.IsDir() || !idRE.MatchString(e.Name()) {
+			continue
+		}
+		id := e.Name()
+		if _, err := os.Lstat(d.priv(id)); err == nil {
+			continue
+		}
+		var legacy []string
+		for _, n := range privateNames {
+			if fi, err := os.Lstat(filepath.Join(d.dir(id), n)); err == nil && fi.Mode()&os.ModeSymlink == 0 {
+				legacy = append(legacy, n)
+			}
+		}
+		if len(legacy) == 0 {
+			continue
+		}
+		if err := os.Mkdir(d.priv(id), 0o700); err != nil {
+			return err
+		}
+		for _, n := range legacy {
+			if err := os.Rename(filepath.Join(d.dir(id), n), filepath.Join(d.priv(id), n)); err != nil {
+				return fmt.Errorf("oci: move %s's %s to %s: %w", id, n, d.priv(id), err)
+			}
+		}
+	}
+	return nil
 }
 
 // Name implements runtime.Driver.

@@ -151,3 +151,41 @@ func TestPrivateStateRootOnly(t *testing.T) {
 		t.Fatalf("after a restage root bound in %v; want the original mount (orig), not what the sandbox's uid named", ents)
 	}
 }
+
+// A sandbox dir of the layout before privateDir (state beside the rootfs)
+// has its state moved to its private dir when the driver starts; a
+// symlink in its place is left alone, not followed.
+func TestMigrateState(t *testing.T) {
+	base := t.TempDir()
+	sb := filepath.Join(base, "sandboxes")
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.MkdirAll(filepath.Join(sb, privateDir), 0o700))
+	d := &Driver{cfg: Config{Runtime: "runc", SandboxDir: sb}}
+	id := "abc123"
+	must(os.MkdirAll(filepath.Join(d.dir(id), "bundle"), 0o755))
+	must(os.WriteFile(filepath.Join(d.dir(id), "bundle", "config.json"), []byte("{}"), 0o600))
+	must(os.WriteFile(filepath.Join(d.dir(id), "mounts.json"), []byte("[]"), 0o600))
+	must(os.WriteFile(filepath.Join(d.dir(id), "stopped"), nil, 0o600))
+	must(os.Symlink("/etc/passwd", filepath.Join(d.dir(id), "console.log")))
+	must(d.migrateState())
+	for _, n := range []string{"bundle/config.json", "mounts.json", "stopped"} {
+		if _, err := os.Stat(filepath.Join(d.priv(id), n)); err != nil {
+			t.Errorf("%s not moved: %v", n, err)
+		}
+		if _, err := os.Lstat(filepath.Join(d.dir(id), n)); !os.IsNotExist(err) {
+			t.Errorf("%s still in the sandbox dir: %v", n, err)
+		}
+	}
+	if _, err := os.Lstat(filepath.Join(d.priv(id), "console.log")); !os.IsNotExist(err) {
+		t.Errorf("a planted symlink was moved into the private dir: %v", err)
+	}
+	if !d.pausedOnDisk(id) {
+		t.Error("the stopped marker is not seen after the move")
+	}
+	must(d.migrateState()) // nothing left to do
+}
