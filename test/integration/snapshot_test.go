@@ -1,9 +1,11 @@
 package integration
 
 import (
+	"encoding/json"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -217,5 +219,69 @@ func TestSnapshotSparseAndDeep(t *testing.T) {
 				s.do("DELETE", "/sandboxes/"+sb.SandboxID, nil, nil)
 			}
 		})
+	}
+}
+
+// A snapshot (or fork) that does not fit is refused with 507 in e2b's
+// shape, naming why, and leaves nothing: no snapshot dir, no row, the
+// sandbox running as before. Here the snapshot store is a 16 MiB tmpfs and
+// the sandbox holds 24 MiB of real data in its 1 GiB disk (its disk size
+// is the other bound; see TestSnapshotRefusedLeavesNothing and
+// TestCopyLayerLimit). On runc and runsc (whose memory image, written
+// first, fits; the layer's copy is what is refused).
+func TestSnapshotTooLargeRefused(t *testing.T) {
+	for _, rt := range []string{"runc", "runsc"} {
+		t.Run(rt, func(t *testing.T) {
+			if rt == "runsc" {
+				requireRunsc(t)
+			}
+			snapshotTooLarge(t, rt)
+		})
+	}
+}
+
+func snapshotTooLarge(t *testing.T, rt string) {
+	s := newServer(t, nil, "--runtime", rt)
+	store := filepath.Join(s.DataDir, "snapshots")
+	if err := os.Mkdir(store, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", store, "tmpfs", 0, "size=16m,mode=0700"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Unmount(store, syscall.MNT_DETACH) }) // before the server's leak check
+	s.start()
+	c := s.create(map[string]any{"templateID": "base"})
+	s.mustRun(c, "head -c 24M /dev/urandom > /home/user/blob && sync")
+
+	for _, req := range []struct {
+		path string
+		body map[string]any
+	}{{"/sandboxes/" + c.SandboxID + "/snapshots", map[string]any{"name": "big"}}, {"/sandboxes/" + c.SandboxID + "/fork", map[string]any{"count": 2}}} {
+		st, _, body := s.raw("POST", req.path, req.body)
+		var e struct {
+			Code      int    `json:"code"`
+			Message   string `json:"message"`
+			ErrorCode string `json:"error_code"`
+		}
+		if err := json.Unmarshal(body, &e); err != nil || st != http.StatusInsufficientStorage || e.Code != st ||
+			!strings.Contains(e.Message, "free") || e.ErrorCode != "snapshot_too_large" || strings.Contains(e.Message, s.DataDir) {
+			t.Fatalf("POST %s: %d %s; want 507 snapshot_too_large naming the free space, no host path", req.path, st, body)
+		}
+		t.Logf("POST %s: %s", req.path, e.Message)
+	}
+	if d := snapshotDirs(t, s); len(d) != 0 {
+		t.Errorf("left in the store: %v", d)
+	}
+	var list []snapshotInfo
+	if st := s.do("GET", "/snapshots", nil, &list); st != http.StatusOK || len(list) != 0 {
+		t.Errorf("snapshots after the refusals: %d %+v", st, list)
+	}
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs(store, &fs); err != nil || fs.Blocks-fs.Bfree > 16 {
+		t.Errorf("the store holds %d blocks after the refusals (%v)", fs.Blocks-fs.Bfree, err)
+	}
+	if out := s.mustRun(c, "wc -c < /home/user/blob"); strings.TrimSpace(out) != "25165824" {
+		t.Errorf("the sandbox after the refusals: %q", out)
 	}
 }

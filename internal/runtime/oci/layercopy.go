@@ -292,6 +292,9 @@ func (c *layerCopy) entry(sfd, dfd int, name string, st *unix.Stat_t) (done bool
 		// reaches a layer other sandboxes mount.
 		return true, nil
 	}
+	if errors.Is(err, runtime.ErrSnapshotTooLarge) {
+		return false, err // said to the API's client: no host paths
+	}
 	if err != nil {
 		return false, fmt.Errorf("copy %s: %w", c.where(name), err)
 	}
