@@ -14,6 +14,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/diskbudget"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/secret"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/template/catalog"
@@ -77,6 +78,9 @@ func statusOf(err error) int {
 		return http.StatusConflict
 	case errors.Is(err, control.ErrCapacity), errors.Is(err, accel.ErrNoCapacity):
 		return http.StatusTooManyRequests
+	case errors.Is(err, runtime.ErrSnapshotTooLarge):
+		// The sandbox's files do not fit the storage it is allowed.
+		return http.StatusInsufficientStorage
 	case errors.Is(err, control.ErrBusy), errors.Is(err, network.ErrPoolExhausted):
 		return http.StatusServiceUnavailable
 	case errors.Is(err, diskbudget.ErrInsufficientStorage):
@@ -140,6 +144,8 @@ func errorCode(err error) string {
 		return "accelerator_unsupported"
 	case errors.Is(err, diskbudget.ErrInsufficientStorage):
 		return "insufficient_storage"
+	case errors.Is(err, runtime.ErrSnapshotTooLarge):
+		return "snapshot_too_large"
 	}
 	return ""
 }

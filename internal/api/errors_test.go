@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/runtime"
 )
 
 // A 500's body must not carry the internal error's text; the log must, with
@@ -40,6 +42,22 @@ func TestFail500HidesInternalText(t *testing.T) {
 	}
 	if !strings.Contains(logBuf.String(), "secret.db") || !strings.Contains(logBuf.String(), id) {
 		t.Fatalf("log lacks the error or its id: %s", logBuf.String())
+	}
+}
+
+// A snapshot refused for its size is a 507 whose body says why, in e2b's
+// shape, never a 500 with an error ID.
+func TestFailSnapshotTooLarge(t *testing.T) {
+	s := &Server{cfg: Config{RetryAfterSeconds: 1}, log: slog.New(slog.DiscardHandler)}
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodPost, "/sandboxes/x/snapshots", nil)
+	s.fail(rec, req, fmt.Errorf("sandbox 'x': %w: its files take more than 1073741824 bytes, the sandbox's disk size; nothing was kept", runtime.ErrSnapshotTooLarge))
+	var eb errorBody
+	if err := json.Unmarshal(rec.Body.Bytes(), &eb); err != nil {
+		t.Fatal(err)
+	}
+	if rec.Code != http.StatusInsufficientStorage || eb.Code != 507 || !strings.Contains(eb.Message, "the sandbox's disk size") || eb.ErrorCode != "snapshot_too_large" {
+		t.Fatalf("status %d body %+v", rec.Code, eb)
 	}
 }
 

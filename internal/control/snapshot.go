@@ -102,6 +102,9 @@ func (m *Manager) snapshotLocked(ctx context.Context, sb *store.Sandbox, name st
 	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
 	defer cancel()
 	ns, err := m.node.Snapshot(nctx, sb.ID, sid)
+	if errors.Is(err, runtime.ErrSnapshotTooLarge) {
+		return nil, fmt.Errorf("sandbox '%s': %w; nothing was kept", sb.ID, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}

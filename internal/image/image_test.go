@@ -316,8 +316,11 @@ func TestUnpackRefusesEscapes(t *testing.T) {
 		t.Error("file written outside dest")
 	}
 
-	// An absolute symlink followed by a file below it stays inside dest.
+	// An absolute symlink followed by a file below it: resolved as if
+	// dest were "/", so the file goes under dest (when the link's target
+	// exists there) or nowhere.
 	img, err := mutate.AppendLayers(mustEmpty(t), layerFromEntries(t, []tarEntry{
+		{name: strings.TrimPrefix(outside, "/") + "/", typ: tar.TypeDir},
 		{name: "link", typ: tar.TypeSymlink, link: outside},
 		{name: "link/planted", body: "x"},
 	}))
@@ -330,6 +333,60 @@ func TestUnpackRefusesEscapes(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dest, strings.TrimPrefix(outside, "/"), "planted")); err != nil {
 		t.Errorf("file not placed under dest: %v", err)
+	}
+}
+
+// A layer that makes a directory, replaces it with a symlink to a host
+// directory and then writes a file, a directory and (at the end of the
+// layer, when directory times are set) a time through it changes nothing
+// outside the root: not the host directory's entries, not its mtime.
+// Whether such a layer applies or fails, the host is as it was.
+func TestUnpackSymlinkPlantedInSameTar(t *testing.T) {
+	s, err := Open(t.TempDir())
+	must(t, err)
+	outside := t.TempDir()
+	must(t, os.WriteFile(filepath.Join(outside, "keep"), []byte("host"), 0o644))
+	old := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
+	must(t, os.Chtimes(outside, old, old))
+	for i, ents := range [][]tarEntry{
+		{
+			{name: "d/", typ: tar.TypeDir},
+			{name: "d", typ: tar.TypeSymlink, link: outside},
+		},
+		{
+			{name: "d/", typ: tar.TypeDir},
+			{name: "d", typ: tar.TypeSymlink, link: outside},
+			{name: "d/planted", body: "x"},
+			{name: "d/sub/", typ: tar.TypeDir},
+		},
+		{
+			{name: "e", typ: tar.TypeSymlink, link: outside},
+			{name: "e/sub/", typ: tar.TypeDir},
+			{name: "e/keep", body: "layer"},
+		},
+		{
+			{name: "up", typ: tar.TypeSymlink, link: "../../../../../../../../" + strings.TrimPrefix(outside, "/")},
+			{name: "up/planted", body: "x"},
+			{name: "up/", typ: tar.TypeDir},
+		},
+	} {
+		img, err := mutate.AppendLayers(mustEmpty(t), layerFromEntries(t, ents))
+		must(t, err)
+		ref := "t/plant:" + string(rune('a'+i))
+		must(t, s.Put(ref, img))
+		dest := filepath.Join(t.TempDir(), "rootfs")
+		err = s.Unpack(ref, dest)
+		t.Logf("case %d: %v", i, err)
+		ents, rerr := os.ReadDir(outside)
+		if rerr != nil || len(ents) != 1 || ents[0].Name() != "keep" {
+			t.Errorf("case %d: the host directory holds %v, %v; want only keep", i, ents, rerr)
+		}
+		if b, _ := os.ReadFile(filepath.Join(outside, "keep")); string(b) != "host" {
+			t.Errorf("case %d: host file rewritten: %q", i, b)
+		}
+		if fi, err := os.Stat(outside); err != nil || !fi.ModTime().Equal(old) {
+			t.Errorf("case %d: the host directory's mtime changed to %v (%v)", i, fi.ModTime(), err)
+		}
 	}
 }
 

@@ -186,29 +186,56 @@ func (u *upper) apply(r io.Reader) error {
 	if err != nil {
 		return err
 	}
+	// Paths recorded above were resolved when their entry came; a later
+	// entry of the same tar may have replaced a directory on them with a
+	// symlink (to the host's /, say). What follows goes through os.Root,
+	// which never resolves outside the upper.
+	root, err := os.OpenRoot(u.root)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	rel := func(p string) string {
+		r, err := filepath.Rel(u.root, p)
+		if err != nil {
+			return p // not below the upper: os.Root refuses it
+		}
+		return r
+	}
 	for _, p := range opaque {
 		// This layer's own entries stay; earlier ones of this unpack go,
 		// and the lowers are hidden by the marker.
-		ents, err := os.ReadDir(p)
-		if err != nil {
-			return err
-		}
-		for _, e := range ents {
-			child := filepath.Join(p, e.Name())
-			if !writtenBelow(written, child) {
-				if err := os.RemoveAll(child); err != nil {
-					return err
-				}
-			}
-		}
-		if err := unix.Lsetxattr(p, opaqueXattr, []byte("y"), 0); err != nil {
+		if err := u.opaque(root, rel(p), p, written); err != nil {
 			return err
 		}
 	}
 	for i := len(dirs) - 1; i >= 0; i-- {
-		os.Chtimes(dirs[i].path, dirs[i].mtime, dirs[i].mtime)
+		_ = root.Chtimes(rel(dirs[i].path), dirs[i].mtime, dirs[i].mtime) // a dir replaced since has no times to keep
 	}
 	return nil
+}
+
+// opaque empties the upper's directory rel (host path p, as recorded) of
+// what earlier layers of this unpack wrote and marks it opaque, all
+// through root.
+func (u *upper) opaque(root *os.Root, rel, p string, written map[string]bool) error {
+	d, err := root.Open(rel)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	ents, err := d.ReadDir(-1)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if !writtenBelow(written, filepath.Join(p, e.Name())) {
+			if err := root.RemoveAll(filepath.Join(rel, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	return unix.Fsetxattr(int(d.Fd()), opaqueXattr, []byte("y"), 0)
 }
 
 func writtenBelow(written map[string]bool, p string) bool {

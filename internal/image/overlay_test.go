@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"golang.org/x/sys/unix"
@@ -116,5 +117,34 @@ func TestUnpackOverlayMatchesFlat(t *testing.T) {
 	// Only what the steps changed is in the layer.
 	if _, err := os.Lstat(filepath.Join(up, "usr/lib/a")); err == nil {
 		t.Fatal("the base's files were copied into the layer")
+	}
+}
+
+// The overlay unpacker has the same end-of-layer passes (opaque markers,
+// directory times) over paths resolved earlier: a layer that marks d
+// opaque and then replaces d with a symlink to a host directory must
+// neither empty that directory nor change its mtime.
+func TestUnpackOverlaySymlinkPlantedInSameTar(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root: whiteout devices, trusted xattrs")
+	}
+	outside := t.TempDir()
+	must(t, os.WriteFile(filepath.Join(outside, "keep"), []byte("host"), 0o644))
+	old := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
+	must(t, os.Chtimes(outside, old, old))
+	layer := layerFromEntries(t, []tarEntry{
+		{name: "d/", typ: tar.TypeDir},
+		{name: "d/.wh..wh..opq"},
+		{name: "d", typ: tar.TypeSymlink, link: outside},
+	})
+	img, err := mutate.AppendLayers(mustEmpty(t), layer)
+	must(t, err)
+	err = UnpackOverlay(img, 0, filepath.Join(t.TempDir(), "upper"), nil)
+	t.Logf("unpack: %v", err)
+	if b, err := os.ReadFile(filepath.Join(outside, "keep")); err != nil || string(b) != "host" {
+		t.Errorf("the host file is gone or changed: %q, %v", b, err)
+	}
+	if fi, err := os.Stat(outside); err != nil || !fi.ModTime().Equal(old) {
+		t.Errorf("the host directory's mtime changed: %v, %v", fi.ModTime(), err)
 	}
 }

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/moby/go-archive"
+	"github.com/moby/go-archive/chrootarchive"
 	"golang.org/x/sys/unix"
 )
 
@@ -157,85 +159,106 @@ func eachEntry(r io.Reader, fn func(tr *tar.Reader, hdr *tar.Header, rel string)
 	}
 }
 
+// applyLayer applies one uncompressed layer tar onto root with moby's
+// go-archive, run in a chroot of root (chrootarchive: a private mount
+// namespace and pivot_root on a locked OS thread). Every path the layer
+// names, a symlink it planted earlier in the same tar included, resolves
+// as if root were "/": a file, directory, hard link or directory time
+// written through such a link lands inside root. go-archive keeps OCI
+// whiteouts (.wh.<name> removes <name>; .wh..wh..opq hides what lower
+// layers put in a directory, not what this layer wrote) and stores owners
+// as the tar says (no ID shift: the runtime maps them per sandbox).
+//
+// The stream passes sanitize first, which refuses names that climb out
+// with ErrUnsafePath and drops what a rootfs must not hold (device
+// nodes). Needs root (CAP_SYS_ADMIN for the mount namespace), as the
+// server that unpacks images has.
 func applyLayer(root string, r io.Reader) error {
-	// Paths written by this layer: an opaque marker hides only lower layers,
-	// and tar order does not promise the marker comes before its siblings.
-	written := map[string]bool{}
-	var opaque []string
-	var dirs []dirTimes
+	pr, pw := io.Pipe()
+	checked := make(chan error, 1)
+	go func() {
+		// Once the unpack stops (done, or failed on an earlier entry),
+		// the rest of the stream is still checked, so a name that climbs
+		// out is reported as such whatever came before it.
+		err := sanitize(r, &untilClosed{w: pw})
+		pw.CloseWithError(err)
+		checked <- err
+	}()
+	_, err := chrootarchive.ApplyUncompressedLayer(root, pr, &archive.TarOptions{BestEffortXattrs: true})
+	pr.CloseWithError(errUnpackDone)
+	if cerr := <-checked; cerr != nil {
+		return cerr
+	}
+	return err
+}
+
+var errUnpackDone = errors.New("image: unpack finished")
+
+// untilClosed writes to w until a write fails (the reader is gone), then
+// discards.
+type untilClosed struct {
+	w      io.Writer
+	closed bool
+}
+
+func (u *untilClosed) Write(p []byte) (int, error) {
+	if !u.closed {
+		if _, err := u.w.Write(p); err == nil {
+			return len(p), nil
+		}
+		u.closed = true
+	}
+	return len(p), nil
+}
+
+// sanitize copies the layer tar r to w, entry by entry: names are made
+// relative and clean (one that climbs out, or a hard link to outside, is
+// ErrUnsafePath, as is a whiteout that names no sibling); the root entry
+// is skipped; regular files, directories, symlinks, hard links and fifos
+// pass; device nodes are never made (the sandbox runtime mounts its own
+// /dev, and a device node in a rootfs on the host, say the host disk with
+// mode 0666, would hand it to any host user who can reach the tree);
+// sockets and other types are not filesystem content and are dropped.
+func sanitize(r io.Reader, w io.Writer) error {
+	tw := tar.NewWriter(w)
 	err := eachEntry(r, func(tr *tar.Reader, hdr *tar.Header, rel string) error {
-		dir, base := path.Split(rel)
-		parent, err := resolveParent(root, dir)
-		if err != nil {
+		if _, _, err := whiteoutOf(hdr, path.Base(rel)); err != nil {
 			return err
 		}
-		if base == whiteoutOpaque {
-			opaque = append(opaque, strings.TrimSuffix(dir, "/"))
+		switch hdr.Typeflag {
+		case tar.TypeReg, tar.TypeDir, tar.TypeSymlink, tar.TypeFifo:
+		case tar.TypeGNUSparse:
+			hdr.Typeflag = tar.TypeReg // tar.Reader expands its holes
+		case tar.TypeLink:
+			ln, err := cleanEntry(hdr.Linkname)
+			if err != nil || ln == "" {
+				return fmt.Errorf("%w: hardlink to %q", ErrUnsafePath, hdr.Linkname)
+			}
+			hdr.Linkname = ln
+		default:
 			return nil
 		}
-		if gone, ok, err := whiteoutOf(hdr, base); ok || err != nil {
-			if err != nil {
-				return err
-			}
-			return os.RemoveAll(filepath.Join(parent, gone))
+		hdr.Name = rel
+		hdr.Format = tar.FormatUnknown
+		//lint:ignore SA1019 mirrored in PAXRecords, which is what is written
+		hdr.Xattrs = nil
+		if hdr.Typeflag != tar.TypeReg {
+			hdr.Size = 0
 		}
-		target := filepath.Join(parent, base)
-		written[rel] = true
-		if err := writeEntry(root, target, hdr, tr); err != nil {
+		if err := tw.WriteHeader(hdr); err != nil {
 			return fmt.Errorf("%s: %w", rel, err)
 		}
-		if hdr.Typeflag == tar.TypeDir {
-			dirs = append(dirs, dirTimes{target, hdr.ModTime})
+		if hdr.Typeflag == tar.TypeReg {
+			if _, err := io.Copy(tw, tr); err != nil {
+				return err
+			}
 		}
 		return nil
 	})
 	if err != nil {
 		return err
 	}
-	for _, d := range opaque {
-		p, err := resolveParent(root, d)
-		if err != nil {
-			return err
-		}
-		ents, err := os.ReadDir(p)
-		if err != nil {
-			if errors.Is(err, os.ErrNotExist) {
-				continue
-			}
-			return err
-		}
-		for _, e := range ents {
-			child := e.Name()
-			if d != "" {
-				child = d + "/" + child
-			}
-			if !writtenUnder(written, child) {
-				if err := os.RemoveAll(filepath.Join(p, e.Name())); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	// Directory mtimes last: creating children changes them.
-	for i := len(dirs) - 1; i >= 0; i-- {
-		d := dirs[i]
-		os.Chtimes(d.path, d.mtime, d.mtime)
-	}
-	return nil
-}
-
-// writtenUnder reports whether this layer wrote p or anything below it.
-func writtenUnder(written map[string]bool, p string) bool {
-	if written[p] {
-		return true
-	}
-	prefix := p + "/"
-	for w := range written {
-		if strings.HasPrefix(w, prefix) {
-			return true
-		}
-	}
-	return false
+	return tw.Close()
 }
 
 // cleanEntry returns the entry's path relative to the root, or ErrUnsafePath

@@ -595,7 +595,11 @@ func (l *Local) UpdatePolicy(ctx context.Context, id string, p network.Policy) e
 
 // Logs returns the last 1 MiB of the sandbox console.
 func (l *Local) Logs(ctx context.Context, id string) ([]byte, error) {
-	f, err := os.Open(filepath.Join(l.cfg.SandboxDir, id, "console.log"))
+	path := filepath.Join(l.cfg.SandboxDir, id, "console.log")
+	if c, ok := l.cfg.Runtime.(interface{ ConsoleLog(id string) string }); ok {
+		path = c.ConsoleLog(id) // the oci driver keeps it in a root-only dir
+	}
+	f, err := os.Open(path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, ErrNotFound

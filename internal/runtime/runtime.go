@@ -15,6 +15,10 @@ var (
 	ErrNotRunning    = errors.New("runtime: sandbox not running")
 	ErrNotPaused     = errors.New("runtime: sandbox not paused")
 	ErrUnsupported   = errors.New("runtime: operation not supported by this driver")
+	// ErrSnapshotTooLarge: a snapshot would take more than the sandbox's
+	// disk size, or more than the snapshot store has free; nothing of it
+	// is kept. The error's text says which.
+	ErrSnapshotTooLarge = errors.New("snapshot too large")
 )
 
 // State is the runtime-level state of a sandbox.
@@ -100,7 +104,10 @@ type Snapshotter interface {
 	// directory it creates: dst/rootfs is the layer, dst/checkpoint the
 	// memory image when memory is true and the driver can (otherwise the
 	// kind is filesystem). The sandbox is held still while its files are
-	// read and is left in the state it was found in.
+	// read and is left in the state it was found in. The layer keeps
+	// sparse files sparse, and a layer that would take more than the
+	// sandbox's disk size, or than dst's filesystem has free, fails with
+	// ErrSnapshotTooLarge. On error nothing is left under dst.
 	Snapshot(ctx context.Context, id, dst string, memory bool) (SnapshotInfo, error)
 	// Stop ends every process of a running or paused sandbox but keeps its
 	// files and mounts (a filesystem pause). It then reads as paused, and

@@ -409,11 +409,14 @@ class Server:
         for h in cgroup_hierarchies():
             for d in subdirs(os.path.join(h, self.cgroup_parent)):
                 left.append(f"cgroup {d}")
-        try:
-            for f in os.listdir(os.path.join(self.data_dir, "sandboxes")):
-                left.append(f"sandbox dir {f}")
-        except OSError:
-            pass
+        # Each sandbox's own dir and its root-only state dir (sandboxes/.private/<id>).
+        for d in (os.path.join(self.data_dir, "sandboxes"), os.path.join(self.data_dir, "sandboxes", ".private")):
+            try:
+                for f in os.listdir(d):
+                    if f != ".private":
+                        left.append(f"sandbox dir {os.path.basename(d)}/{f}")
+            except OSError:
+                pass
         # runsc keeps one null-netns bind mount per state root; it is the runtime's.
         run_root = os.path.join(self.data_dir, "run")
         for mp in mounts_under(os.path.join("/run/cubicle", self.bridge)) + mounts_under(self.data_dir):

@@ -435,8 +435,7 @@ func (s *server) snapshot(t *testing.T) hostState {
 	}
 	addrs, _ := os.ReadDir(filepath.Join("/run/cubicle", s.Bridge, "netns", ".addr"))
 	h.netns += len(addrs)
-	ents, _ = os.ReadDir(filepath.Join(s.DataDir, "sandboxes"))
-	h.sandboxDirs = len(ents)
+	h.sandboxDirs = len(sandboxEntries(s.DataDir))
 	if out, err := exec.Command("ip", "-o", "link", "show", "master", s.Bridge).Output(); err == nil {
 		h.links = len(strings.Split(strings.TrimSpace(string(out)), "\n"))
 		if strings.TrimSpace(string(out)) == "" {
@@ -516,4 +515,19 @@ func freeListenAddr(t testing.TB) string {
 	}
 	t.Fatalf("no free loopback port in %d-%d", from, low-1)
 	return ""
+}
+
+// sandboxEntries lists what is left of sandboxes in the data dir: their
+// own dirs and their root-only state dirs (under sandboxes/.private).
+func sandboxEntries(data string) []string {
+	var out []string
+	for _, dir := range []string{filepath.Join(data, "sandboxes"), filepath.Join(data, "sandboxes", ".private")} {
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			if e.Name() != ".private" {
+				out = append(out, filepath.Join(filepath.Base(dir), e.Name()))
+			}
+		}
+	}
+	return out
 }

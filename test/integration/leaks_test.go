@@ -121,9 +121,8 @@ func (s *server) sandboxLeftovers() []string {
 			}
 		}
 	}
-	ents, _ = os.ReadDir(filepath.Join(s.DataDir, "sandboxes"))
-	for _, e := range ents {
-		left = append(left, "sandbox dir "+e.Name())
+	for _, e := range sandboxEntries(s.DataDir) {
+		left = append(left, "sandbox dir "+e)
 	}
 	if f, err := os.Open("/proc/self/mountinfo"); err == nil {
 		sc := bufio.NewScanner(f)

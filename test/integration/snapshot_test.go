@@ -1,9 +1,11 @@
 package integration
 
 import (
+	"encoding/json"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -156,5 +158,130 @@ func TestSnapshotLimitsAndGuards(t *testing.T) {
 	errShape(t, s, "DELETE", "/snapshots/"+a.SnapshotID, nil, http.StatusNotFound)
 	if code := s.do("DELETE", "/templates/"+tpl.TemplateID, nil, nil); code != http.StatusNoContent {
 		t.Fatalf("delete template once its snapshots are gone: %d", code)
+	}
+}
+
+// What a hostile sandbox leaves for its snapshot: a 3 GiB file with no
+// blocks (`truncate`, a few bytes written in the middle) in a 1 GiB disk,
+// and a directory chain whose full path is past PATH_MAX. The snapshot
+// takes a few blocks of the host's disk, not 3 GB; the deep chain does
+// not fail it; a sandbox from it sees the file at its apparent size with
+// its data, and the deep file. On runc and runsc.
+func TestSnapshotSparseAndDeep(t *testing.T) {
+	for _, rt := range []string{"runc", "runsc"} {
+		t.Run(rt, func(t *testing.T) {
+			if rt == "runsc" {
+				requireRunsc(t)
+			}
+			s := startServer(t, "--runtime", rt)
+			c := s.create(map[string]any{"templateID": "base"})
+			// Two chains of 12 names of 200 bytes, one moved to the bottom
+			// of the other: /home/user/x/<12>/y/<12>/f is 4,850 bytes long,
+			// and no step names a path past PATH_MAX (nor needs a long
+			// getcwd, which bash asserts on under gVisor).
+			const chain = `n=$(printf 'd%.0s' $(seq 200)); p=$n; for i in $(seq 11); do p=$p/$n; done; `
+			s.mustRun(c, chain+`mkdir -p /home/user/x/$p /home/user/y/$p && echo deep > /home/user/y/$p/f && mv /home/user/y /home/user/x/$p/y`)
+			s.mustRun(c, "truncate -s 3G /home/user/sparse && printf mid | dd of=/home/user/sparse bs=1 seek=1073741824 conv=notrunc status=none")
+			if out := s.mustRun(c, "df -k --output=size /home/user | tail -1"); atoi(out) > 1<<20 {
+				t.Fatalf("the sandbox's disk is %s KiB, want at most 1 GiB", out)
+			}
+
+			start := time.Now()
+			sn := s.snapshotOf(t, c, "")
+			t.Logf("%s snapshot: %d bytes in %v", sn.Kind, sn.SizeBytes, time.Since(start))
+			// runsc's also holds the memory image of a 256 MiB sandbox.
+			limit := int64(64 << 20)
+			if rt == "runsc" {
+				limit += 256 << 20
+			}
+			if sn.SizeBytes <= 0 || sn.SizeBytes > limit {
+				t.Errorf("snapshot size %d bytes, want at most %d", sn.SizeBytes, limit)
+			}
+			var st syscall.Stat_t
+			if err := syscall.Stat(filepath.Join(s.DataDir, "snapshots", sn.SnapshotID, "rootfs", "home", "user", "sparse"), &st); err != nil {
+				t.Fatal(err)
+			}
+			if st.Size != 3<<30 || st.Blocks*512 > 1<<20 {
+				t.Fatalf("the snapshot's copy of the sparse file: size %d, %d bytes on the host; want 3 GiB and a few blocks", st.Size, st.Blocks*512)
+			}
+
+			child := s.create(map[string]any{"templateID": sn.SnapshotID})
+			if out := s.mustRun(child, "stat -c %s /home/user/sparse; dd if=/home/user/sparse bs=1 skip=1073741824 count=3 status=none"); out != "3221225472\nmid" {
+				t.Errorf("sparse file from the snapshot: %q", out)
+			}
+			// find walks by descriptor and -execdir reads it as ./f: no path
+			// past PATH_MAX is named (a rename out of the snapshot's layer
+			// would be EXDEV, and mv's copy then walks full paths).
+			if out := s.mustRun(child, `find /home/user/x -name f -printf '%d ' -execdir cat {} \;`); out != "26 deep\n" {
+				t.Errorf("deep file from the snapshot: %q", out)
+			}
+			for _, sb := range []created{c, child} {
+				s.do("DELETE", "/sandboxes/"+sb.SandboxID, nil, nil)
+			}
+		})
+	}
+}
+
+// A snapshot (or fork) that does not fit is refused with 507 in e2b's
+// shape, naming why, and leaves nothing: no snapshot dir, no row, the
+// sandbox running as before. Here the snapshot store is a 16 MiB tmpfs and
+// the sandbox holds 24 MiB of real data in its 1 GiB disk (its disk size
+// is the other bound; see TestSnapshotRefusedLeavesNothing and
+// TestCopyLayerLimit). On runc and runsc (whose memory image, written
+// first, fits; the layer's copy is what is refused).
+func TestSnapshotTooLargeRefused(t *testing.T) {
+	for _, rt := range []string{"runc", "runsc"} {
+		t.Run(rt, func(t *testing.T) {
+			if rt == "runsc" {
+				requireRunsc(t)
+			}
+			snapshotTooLarge(t, rt)
+		})
+	}
+}
+
+func snapshotTooLarge(t *testing.T, rt string) {
+	s := newServer(t, nil, "--runtime", rt)
+	store := filepath.Join(s.DataDir, "snapshots")
+	if err := os.Mkdir(store, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", store, "tmpfs", 0, "size=16m,mode=0700"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Unmount(store, syscall.MNT_DETACH) }) // before the server's leak check
+	s.start()
+	c := s.create(map[string]any{"templateID": "base"})
+	s.mustRun(c, "head -c 24M /dev/urandom > /home/user/blob && sync")
+
+	for _, req := range []struct {
+		path string
+		body map[string]any
+	}{{"/sandboxes/" + c.SandboxID + "/snapshots", map[string]any{"name": "big"}}, {"/sandboxes/" + c.SandboxID + "/fork", map[string]any{"count": 2}}} {
+		st, _, body := s.raw("POST", req.path, req.body)
+		var e struct {
+			Code      int    `json:"code"`
+			Message   string `json:"message"`
+			ErrorCode string `json:"error_code"`
+		}
+		if err := json.Unmarshal(body, &e); err != nil || st != http.StatusInsufficientStorage || e.Code != st ||
+			!strings.Contains(e.Message, "free") || e.ErrorCode != "snapshot_too_large" || strings.Contains(e.Message, s.DataDir) {
+			t.Fatalf("POST %s: %d %s; want 507 snapshot_too_large naming the free space, no host path", req.path, st, body)
+		}
+		t.Logf("POST %s: %s", req.path, e.Message)
+	}
+	if d := snapshotDirs(t, s); len(d) != 0 {
+		t.Errorf("left in the store: %v", d)
+	}
+	var list []snapshotInfo
+	if st := s.do("GET", "/snapshots", nil, &list); st != http.StatusOK || len(list) != 0 {
+		t.Errorf("snapshots after the refusals: %d %+v", st, list)
+	}
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs(store, &fs); err != nil || fs.Blocks-fs.Bfree > 16 {
+		t.Errorf("the store holds %d blocks after the refusals (%v)", fs.Blocks-fs.Bfree, err)
+	}
+	if out := s.mustRun(c, "wc -c < /home/user/blob"); strings.TrimSpace(out) != "25165824" {
+		t.Errorf("the sandbox after the refusals: %q", out)
 	}
 }

@@ -13,11 +13,11 @@ import (
 )
 
 // Each sandbox's writable layer lives on a filesystem of its own: a sparse
-// ext4 image of Resources.DiskMB (internal/diskimage), loop-mounted at
-// <dir>/disk, holding the overlay's upper and work dirs. Writes past the
-// size fail with ENOSPC inside the sandbox and never reach the host's disk
-// beyond it; `df` in the sandbox reports the image (overlayfs reports its
-// upper filesystem).
+// ext4 image of Resources.DiskMB (internal/diskimage, kept in the
+// root-only privateDir), loop-mounted at <dir>/disk, holding the overlay's
+// upper and work dirs. Writes past the size fail with ENOSPC inside the
+// sandbox and never reach the host's disk beyond it; `df` in the sandbox
+// reports the image (overlayfs reports its upper filesystem).
 const diskImage = "disk.img"
 
 // diskDir is where the sandbox's upper and work dirs live.
@@ -25,7 +25,7 @@ func (d *Driver) diskDir(id string) string { return filepath.Join(d.dir(id), "di
 
 // DiskImage is the path of sandbox id's disk image (absent when the
 // sandbox has no disk limit).
-func (d *Driver) DiskImage(id string) string { return filepath.Join(d.dir(id), diskImage) }
+func (d *Driver) DiskImage(id string) string { return filepath.Join(d.priv(id), diskImage) }
 
 // DiskImages lists the disk images of the sandboxes on disk, by sandbox
 // ID, for the server's free-space budget.
@@ -67,4 +67,30 @@ func (d *Driver) setupDisk(ctx context.Context, id string, sizeMB int) error {
 		return fmt.Errorf("oci: mount disk image: %w", err)
 	}
 	return nil
+}
+
+// diskBytes is the size of the sandbox's disk image, which bounds what a
+// snapshot of it may take; 0 when it has none (no limit).
+func (d *Driver) diskBytes(id string) int64 {
+	fi, err := os.Stat(d.DiskImage(id))
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+// loopsUnder lists loop devices whose backing file is under dir.
+func loopsUnder(dir string) []string {
+	devs, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	var out []string
+	for _, p := range devs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		if f := strings.TrimSpace(string(b)); strings.HasPrefix(f, filepath.Clean(dir)+"/") {
+			out = append(out, filepath.Base(filepath.Dir(filepath.Dir(p)))+"="+f)
+		}
+	}
+	return out
 }

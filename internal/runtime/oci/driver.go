@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -135,6 +136,9 @@ func New(cfg Config) (*Driver, error) {
 			return nil, err
 		}
 	}
+	if err := rootOnlyDir(filepath.Join(cfg.SandboxDir, privateDir)); err != nil {
+		return nil, err
+	}
 	_, nsErr := os.Stat("/proc/self/ns/cgroup")
 	d := &Driver{cfg: cfg, bin: p, cgroupNS: nsErr == nil, slots: map[string]int{}}
 	if d.userns() {
@@ -162,7 +166,51 @@ func New(cfg Config) (*Driver, error) {
 			return nil, err
 		}
 	}
+	if err := d.migrateState(); err != nil {
+		return nil, err
+	}
 	return d, nil
+}
+
+// privateNames are what moved from a sandbox's own dir to privateDir.
+var privateNames = []string{"bundle", "mounts.json", "netns.json", "console.log", "checkpoint", diskImage, "stopped"}
+
+// migrateState moves the state of sandboxes made before privateDir
+// existed out of their own dirs, so they stop, resume and report logs as
+// before. A symlink in their place (something the sandbox's uid planted)
+// is left where it is, never followed.
+func (d *Driver) migrateState() error {
+	ents, err := os.ReadDir(d.cfg.SandboxDir)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if !e.IsDir() || !idRE.MatchString(e.Name()) {
+			continue
+		}
+		id := e.Name()
+		if _, err := os.Lstat(d.priv(id)); err == nil {
+			continue
+		}
+		var legacy []string
+		for _, n := range privateNames {
+			if fi, err := os.Lstat(filepath.Join(d.dir(id), n)); err == nil && fi.Mode()&os.ModeSymlink == 0 {
+				legacy = append(legacy, n)
+			}
+		}
+		if len(legacy) == 0 {
+			continue
+		}
+		if err := os.Mkdir(d.priv(id), 0o700); err != nil {
+			return err
+		}
+		for _, n := range legacy {
+			if err := os.Rename(filepath.Join(d.dir(id), n), filepath.Join(d.priv(id), n)); err != nil {
+				return fmt.Errorf("oci: move %s's %s to %s: %w", id, n, d.priv(id), err)
+			}
+		}
+	}
+	return nil
 }
 
 // Name implements runtime.Driver.
@@ -179,6 +227,21 @@ func (d *Driver) Config() Config { return d.cfg }
 func (d *Driver) lock(id string) func() { return d.locks.Lock(id) }
 
 func (d *Driver) dir(id string) string { return filepath.Join(d.cfg.SandboxDir, id) }
+
+// privateDir, under SandboxDir, holds what host root reads back or acts
+// on for each sandbox: its bundle (the OCI spec runc and runsc run as
+// root), the mounts to stage again, the saved network config, the console
+// log root appends to, the checkpoint, the disk image and the stopped
+// marker. It and everything in it are root's (0700). A user-namespaced
+// sandbox's own dir belongs to its host uid (so runc, as that uid, can
+// reach the rootfs), and the owner of a directory may rename or replace
+// any entry in it: state kept there could be swapped by that uid to
+// redirect what root later mounts, runs or writes. ".private" can never be
+// a sandbox ID (idRE).
+const privateDir = ".private"
+
+// priv is the sandbox's root-only state dir (privateDir).
+func (d *Driver) priv(id string) string { return filepath.Join(d.cfg.SandboxDir, privateDir, id) }
 
 func (d *Driver) globalArgs() []string {
 	a := []string{"--root", d.cfg.StateDir}
@@ -233,7 +296,7 @@ func (d *Driver) runWithConsole(ctx context.Context, id string, args ...string) 
 func (d *Driver) runWithConsoleVia(ctx context.Context, id string, via []string, args ...string) error {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.CommandTimeout)
 	defer cancel()
-	logPath := filepath.Join(d.dir(id), "console.log")
+	logPath := d.ConsoleLog(id)
 	f, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
 	if err != nil {
 		return err
@@ -431,10 +494,18 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Info,
 			return runtime.Info{}, err
 		}
 	}
+	// A crash may have left the private dir of a sandbox whose own dir
+	// was then removed: it is ours to replace.
+	if err := os.RemoveAll(d.priv(spec.ID)); err != nil {
+		return runtime.Info{}, err
+	}
+	if err := os.Mkdir(d.priv(spec.ID), 0o700); err != nil {
+		return runtime.Info{}, err
+	}
 	rootfs := filepath.Join(dir, "rootfs")
-	bundle := filepath.Join(dir, "bundle")
-	for _, sub := range []string{"rootfs", "bundle"} {
-		if err := os.Mkdir(filepath.Join(dir, sub), 0o755); err != nil {
+	bundle := d.bundle(spec.ID)
+	for _, p := range []string{rootfs, bundle} {
+		if err := os.Mkdir(p, 0o755); err != nil {
 			return runtime.Info{}, err
 		}
 	}
@@ -472,7 +543,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Info,
 		return runtime.Info{}, err
 	}
 	if d.cfg.Runtime == "runsc" && spec.NetNSPath != "" {
-		if err := saveNetns(spec.NetNSPath, filepath.Join(dir, "netns.json")); err != nil {
+		if err := saveNetns(spec.NetNSPath, d.netnsFile(spec.ID)); err != nil {
 			return runtime.Info{}, err
 		}
 	}
@@ -510,7 +581,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Info,
 // (bindOwnedUserns), bound at usernsPath only while runc joins it: the
 // container's processes keep it alive from then on.
 func (d *Driver) createContainer(ctx context.Context, id string) error {
-	bundle := filepath.Join(d.dir(id), "bundle")
+	bundle := d.bundle(id)
 	var via []string // rlimits (specRlimits)
 	if d.ownedUserns() {
 		d.mu.Lock()
@@ -589,7 +660,7 @@ func (d *Driver) destroy(ctx context.Context, id string) error {
 	}
 	d.abortHostConns(id)
 	dir := d.dir(id)
-	if _, saved := statOK(filepath.Join(dir, "netns.json")); saved {
+	if _, saved := statOK(d.netnsFile(id)); saved {
 		// runsc moved the netns's addresses into its netstack: put them
 		// back, so the netns is as it was given (a rollback boots a new
 		// container in it). A netns already torn down is no matter.
@@ -604,7 +675,7 @@ func (d *Driver) destroy(ctx context.Context, id string) error {
 		errs = append(errs, err)
 	}
 	if len(errs) == 0 {
-		if err := os.RemoveAll(dir); err != nil {
+		if err := errors.Join(os.RemoveAll(dir), os.RemoveAll(d.priv(id))); err != nil {
 			errs = append(errs, err)
 		} else {
 			d.freeSlot(id) // only once nothing of the sandbox holds its uids
@@ -647,7 +718,7 @@ func (d *Driver) waitStopped(ctx context.Context, id string, max time.Duration) 
 }
 
 func (d *Driver) pausedMarker(id string) string {
-	return filepath.Join(d.dir(id), "checkpoint", "complete")
+	return filepath.Join(d.checkpointDir(id), "complete")
 }
 
 // pausedOnDisk: a sandbox without a runtime container that Pause
@@ -685,7 +756,7 @@ func (d *Driver) Pause(ctx context.Context, id string) error {
 // afterwards, and we delete the runtime container (rootfs stays mounted) so
 // restore can reuse the id.
 func (d *Driver) checkpoint(ctx context.Context, id string) error {
-	img := filepath.Join(d.dir(id), "checkpoint")
+	img := d.checkpointDir(id)
 	if err := os.RemoveAll(img); err != nil {
 		return err
 	}
@@ -719,8 +790,8 @@ func (d *Driver) Resume(ctx context.Context, id string) error {
 		return d.startStopped(ctx, id)
 	}
 	if d.cfg.Runtime == "runsc" && d.cfg.RunscPauseMode == "checkpoint" {
-		img := filepath.Join(d.dir(id), "checkpoint")
-		bundle := filepath.Join(d.dir(id), "bundle")
+		img := d.checkpointDir(id)
+		bundle := d.bundle(id)
 		if err := d.restoreNetnsFor(id); err != nil {
 			return err
 		}
@@ -828,7 +899,35 @@ func (d *Driver) CgroupFile(id, controller, file string) ([]byte, error) {
 
 // ConsoleLog is the file that receives PID 1's stdout/stderr (append-only,
 // survives pause/resume); the control plane serves it as sandbox logs.
-func (d *Driver) ConsoleLog(id string) string { return filepath.Join(d.dir(id), "console.log") }
+func (d *Driver) ConsoleLog(id string) string { return filepath.Join(d.priv(id), "console.log") }
+
+// bundle is the sandbox's OCI bundle (config.json, pid).
+func (d *Driver) bundle(id string) string { return filepath.Join(d.priv(id), "bundle") }
+
+// checkpointDir is where a runsc Pause keeps the memory image.
+func (d *Driver) checkpointDir(id string) string { return filepath.Join(d.priv(id), "checkpoint") }
+
+// netnsFile is the saved network config of a runsc sandbox (netsave.go).
+func (d *Driver) netnsFile(id string) string { return filepath.Join(d.priv(id), "netns.json") }
+
+// rootOnlyDir makes p a directory that only host root can enter, whatever
+// was there: a non-directory (a planted link) is refused.
+func rootOnlyDir(p string) error {
+	if err := os.Mkdir(p, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	fi, err := os.Lstat(p)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%w: %s is not a directory", ErrConfig, p)
+	}
+	if err := os.Lchown(p, 0, 0); err != nil {
+		return err
+	}
+	return os.Chmod(p, 0o700)
+}
 
 // UpperDir is the sandbox's writable overlay layer (what a snapshot keeps).
 func (d *Driver) UpperDir(id string) string { return filepath.Join(d.diskDir(id), "upper") }
@@ -843,10 +942,16 @@ func (d *Driver) CheckLeaks(ctx context.Context) error {
 	} else if len(l) > 0 {
 		errs = append(errs, fmt.Errorf("oci: %d containers left under %s", len(l), d.cfg.StateDir))
 	}
-	if ents, err := os.ReadDir(d.cfg.SandboxDir); err != nil {
-		errs = append(errs, err)
-	} else if len(ents) > 0 {
-		errs = append(errs, fmt.Errorf("oci: %d entries left in %s", len(ents), d.cfg.SandboxDir))
+	for _, dir := range []string{d.cfg.SandboxDir, filepath.Join(d.cfg.SandboxDir, privateDir)} {
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		ents = slices.DeleteFunc(ents, func(e os.DirEntry) bool { return e.Name() == privateDir })
+		if len(ents) > 0 {
+			errs = append(errs, fmt.Errorf("oci: %d entries left in %s", len(ents), dir))
+		}
 	}
 	if mps, err := mountsUnder(d.cfg.SandboxDir); err != nil {
 		errs = append(errs, err)
@@ -879,7 +984,7 @@ func (d *Driver) abortHostConns(id string) {
 	if d.cfg.Runtime != "runsc" {
 		return // the kernel ends runc and crun containers' connections itself
 	}
-	if err := abortHostConns(filepath.Join(d.dir(id), "netns.json")); err != nil {
+	if err := abortHostConns(d.netnsFile(id)); err != nil {
 		abortWarn.Do(func() {
 			slog.Warn("oci: could not abort host connections to a stopped gVisor sandbox", "sandbox", id, "err", err)
 		})
@@ -891,7 +996,7 @@ var abortWarn sync.Once
 // restoreNetnsFor re-applies the saved netns config (see netsave.go), using
 // the netns path recorded in the bundle.
 func (d *Driver) restoreNetnsFor(id string) error {
-	b, err := os.ReadFile(filepath.Join(d.dir(id), "bundle", "config.json"))
+	b, err := os.ReadFile(filepath.Join(d.bundle(id), "config.json"))
 	if err != nil {
 		return err
 	}
@@ -905,7 +1010,7 @@ func (d *Driver) restoreNetnsFor(id string) error {
 	}
 	for _, n := range sp.Linux.Namespaces {
 		if n.Type == "network" && n.Path != "" {
-			return restoreNetns(n.Path, filepath.Join(d.dir(id), "netns.json"))
+			return restoreNetns(n.Path, d.netnsFile(id))
 		}
 	}
 	return nil

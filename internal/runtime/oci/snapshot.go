@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 )
 
@@ -15,7 +17,7 @@ var _ runtime.Snapshotter = (*Driver)(nil)
 
 // stoppedMarker marks a sandbox stopped by Stop (a filesystem pause): no
 // runtime container, files and mounts kept.
-func (d *Driver) stoppedMarker(id string) string { return filepath.Join(d.dir(id), "stopped") }
+func (d *Driver) stoppedMarker(id string) string { return filepath.Join(d.priv(id), "stopped") }
 
 // MemorySnapshots implements runtime.Snapshotter: gVisor checkpoints
 // itself; runc and crun would need CRIU, which cannot run on every host
@@ -57,7 +59,7 @@ func (d *Driver) Snapshot(ctx context.Context, id, dst string, memory bool) (_ r
 		// Checkpointed by Pause: the image is already on disk.
 		if memory {
 			out.Checkpoint = filepath.Join(dst, "checkpoint")
-			if err := linkTree(filepath.Join(d.dir(id), "checkpoint"), out.Checkpoint); err != nil {
+			if err := linkTree(d.checkpointDir(id), out.Checkpoint); err != nil {
 				return runtime.SnapshotInfo{}, err
 			}
 		}
@@ -110,7 +112,10 @@ func (d *Driver) Snapshot(ctx context.Context, id, dst string, memory bool) (_ r
 			shift = slotBase(slot)
 		}
 	}
-	n, err := copyLayer(d.UpperDir(id), out.Layer, shift)
+	n, err := copyLayer(d.UpperDir(id), out.Layer, shift, d.snapshotBudget(id, dst))
+	if errors.Is(err, runtime.ErrSnapshotTooLarge) {
+		return runtime.SnapshotInfo{}, err
+	}
 	if err != nil {
 		return runtime.SnapshotInfo{}, fmt.Errorf("oci: snapshot %s: copy writable layer: %w", id, err)
 	}
@@ -122,6 +127,20 @@ func (d *Driver) Snapshot(ctx context.Context, id, dst string, memory bool) (_ r
 	}
 	out.SizeBytes = n
 	return out, nil
+}
+
+// snapshotBudget is what the copy of id's layer into dst may take: the
+// sandbox's disk size, or what dst's filesystem has free when that is less
+// (sparse disk images overcommit the host: a copy must not fill it).
+func (d *Driver) snapshotBudget(id, dst string) budget {
+	b := budget{bytes: d.diskBytes(id), what: "the sandbox's disk size"}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dst, &fs); err == nil {
+		if free := int64(fs.Bavail) * fs.Bsize; b.bytes == 0 || free < b.bytes {
+			b = budget{bytes: max(free, 1), what: "what the snapshot store has free"}
+		}
+	}
+	return b
 }
 
 // Stop implements runtime.Snapshotter.
@@ -147,7 +166,7 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 	}
 	d.abortHostConns(id)
 	// A memory pause's image is of no use once the sandbox will reboot.
-	if err := os.RemoveAll(filepath.Join(d.dir(id), "checkpoint")); err != nil {
+	if err := os.RemoveAll(d.checkpointDir(id)); err != nil {
 		return err
 	}
 	if err := removeCgroups(d.cfg.CgroupParent, id); err != nil {

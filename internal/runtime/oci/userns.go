@@ -171,7 +171,8 @@ func (d *Driver) idmappedRootfs(id string, base uint32, layers []string, upper, 
 // stageMounts bind-mounts every mount's source under <dir>/m/<i>
 // (idmapped where the filesystem allows it, a plain bind otherwise) and
 // returns the mounts with their staged sources. The originals are kept in
-// <dir>/mounts.json, so restageMounts can redo it before a stopped sandbox
+// the root-only privateDir's mounts.json (never in <dir>, which the
+// sandbox's uid owns and could swap it in), so restageMounts can redo it before a stopped sandbox
 // boots again (a source replaced since, like an upgraded agent binary,
 // would otherwise be a bind of a deleted file, which mount refuses).
 func (d *Driver) stageMounts(id string, ns *os.File, mounts []runtime.Mount) ([]runtime.Mount, error) {
@@ -179,7 +180,7 @@ func (d *Driver) stageMounts(id string, ns *os.File, mounts []runtime.Mount) ([]
 	if err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile(filepath.Join(d.dir(id), "mounts.json"), b, 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(d.priv(id), "mounts.json"), b, 0o600); err != nil {
 		return nil, err
 	}
 	staged := make([]runtime.Mount, len(mounts))
@@ -217,7 +218,7 @@ func (d *Driver) stageMounts(id string, ns *os.File, mounts []runtime.Mount) ([]
 
 // restageMounts redoes stageMounts for a stopped user-namespaced sandbox.
 func (d *Driver) restageMounts(id string) error {
-	b, err := os.ReadFile(filepath.Join(d.dir(id), "mounts.json"))
+	b, err := os.ReadFile(filepath.Join(d.priv(id), "mounts.json"))
 	if err != nil {
 		return err
 	}

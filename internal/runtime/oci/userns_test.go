@@ -1,13 +1,20 @@
 package oci
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/internal/runtime/runtimetest"
 	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
@@ -112,4 +119,129 @@ func TestSpecUserns(t *testing.T) {
 			}
 		}
 	}
+}
+
+// What root reads back for a sandbox (the mounts it stages again, the
+// bundle it runs, the console log it appends to, the disk image it
+// mounts) lives in a root-only dir, never in the sandbox's own dir, which
+// its host uid owns. Acting as that uid, a mounts.json planted in its dir
+// does not change what root binds in when the stopped sandbox boots again,
+// and the root-only dir cannot be written.
+func TestPrivateStateRootOnly(t *testing.T) {
+	env := newTestEnvWith(t, "runc", true)
+	d := env.d
+	ctx := context.Background()
+	orig, secret := t.TempDir(), t.TempDir()
+	for dir, name := range map[string]string{orig: "orig", secret: "secret"} {
+		if err := os.Chmod(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	id := runtimetest.NewID(t)
+	t.Cleanup(func() { d.Delete(context.Background(), id) })
+	if _, err := d.Create(ctx, runtime.Spec{ID: id, Layers: env.layers, Args: []string{"/bin/sleep", "3600"},
+		Mounts:    []runtime.Mount{{Source: orig, Destination: "/mnt/x"}},
+		Resources: runtime.Resources{DiskMB: 16}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{filepath.Join(d.cfg.SandboxDir, privateDir), d.priv(id)} {
+		fi, err := os.Lstat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := fi.Sys().(*syscall.Stat_t); !fi.IsDir() || st.Uid != 0 || st.Gid != 0 || fi.Mode().Perm() != 0o700 {
+			t.Errorf("%s: %v uid %d gid %d; want a root-owned 0700 dir", p, fi.Mode(), st.Uid, st.Gid)
+		}
+	}
+	for _, name := range []string{"mounts.json", "bundle/config.json", "console.log", diskImage} {
+		if _, err := os.Stat(filepath.Join(d.priv(id), name)); err != nil {
+			t.Errorf("%s not in the root-only dir: %v", name, err)
+		}
+		if _, err := os.Lstat(filepath.Join(d.dir(id), name)); !os.IsNotExist(err) {
+			t.Errorf("%s in the sandbox-owned dir: %v", name, err)
+		}
+	}
+	fi, err := os.Stat(d.dir(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid := fi.Sys().(*syscall.Stat_t).Uid
+	if uid < usernsBase {
+		t.Fatalf("sandbox dir owner %d, want the sandbox's host uid", uid)
+	}
+	asSandbox := func(script string, stdin []byte) error {
+		cmd := exec.Command("/bin/sh", "-c", script)
+		cmd.Stdin = bytes.NewReader(stdin)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	}
+	fake, _ := json.Marshal([]runtime.Mount{{Source: secret, Destination: "/mnt/x"}})
+	if err := asSandbox("cd "+d.dir(id)+" && rm -f mounts.json && cat > mounts.json", fake); err != nil {
+		t.Fatalf("the sandbox's uid cannot write its own dir: %v", err)
+	}
+	if err := asSandbox("touch "+filepath.Join(d.priv(id), "x"), nil); err == nil {
+		t.Errorf("the sandbox's uid wrote into the root-only dir")
+	}
+	if err := asSandbox("ls "+filepath.Join(d.cfg.SandboxDir, privateDir), nil); err == nil {
+		t.Errorf("the sandbox's uid listed the root-only dir")
+	}
+
+	if err := d.Stop(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Resume(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir(filepath.Join(d.dir(id), "m", "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ents) != 1 || ents[0].Name() != "orig" {
+		t.Fatalf("after a restage root bound in %v; want the original mount (orig), not what the sandbox's uid named", ents)
+	}
+}
+
+// A sandbox dir of the layout before privateDir (state beside the rootfs)
+// has its state moved to its private dir when the driver starts; a
+// symlink in its place is left alone, not followed.
+func TestMigrateState(t *testing.T) {
+	base := t.TempDir()
+	sb := filepath.Join(base, "sandboxes")
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.MkdirAll(filepath.Join(sb, privateDir), 0o700))
+	d := &Driver{cfg: Config{Runtime: "runc", SandboxDir: sb}}
+	id := "abc123"
+	must(os.MkdirAll(filepath.Join(d.dir(id), "bundle"), 0o755))
+	must(os.WriteFile(filepath.Join(d.dir(id), "bundle", "config.json"), []byte("{}"), 0o600))
+	must(os.WriteFile(filepath.Join(d.dir(id), "mounts.json"), []byte("[]"), 0o600))
+	must(os.WriteFile(filepath.Join(d.dir(id), "stopped"), nil, 0o600))
+	must(os.Symlink("/etc/passwd", filepath.Join(d.dir(id), "console.log")))
+	must(d.migrateState())
+	for _, n := range []string{"bundle/config.json", "mounts.json", "stopped"} {
+		if _, err := os.Stat(filepath.Join(d.priv(id), n)); err != nil {
+			t.Errorf("%s not moved: %v", n, err)
+		}
+		if _, err := os.Lstat(filepath.Join(d.dir(id), n)); !os.IsNotExist(err) {
+			t.Errorf("%s still in the sandbox dir: %v", n, err)
+		}
+	}
+	if _, err := os.Lstat(filepath.Join(d.priv(id), "console.log")); !os.IsNotExist(err) {
+		t.Errorf("a planted symlink was moved into the private dir: %v", err)
+	}
+	if !d.pausedOnDisk(id) {
+		t.Error("the stopped marker is not seen after the move")
+	}
+	must(d.migrateState()) // nothing left to do
 }

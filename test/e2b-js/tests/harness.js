@@ -326,9 +326,12 @@ class Server {
     for (const h of cgroupHierarchies()) {
       for (const d of subdirs(path.join(h, this.cgroupParent))) left.push(`cgroup ${d}`)
     }
-    try {
-      for (const f of fs.readdirSync(path.join(this.dataDir, 'sandboxes'))) left.push(`sandbox dir ${f}`)
-    } catch {}
+    // Each sandbox's own dir and its root-only state dir (sandboxes/.private/<id>).
+    for (const dir of [path.join(this.dataDir, 'sandboxes'), path.join(this.dataDir, 'sandboxes', '.private')]) {
+      try {
+        for (const f of fs.readdirSync(dir)) if (f !== '.private') left.push(`sandbox dir ${path.join(path.basename(dir), f)}`)
+      } catch {}
+    }
     // runsc keeps one null-netns bind mount per state root; it is the runtime's.
     const runRoot = path.join(this.dataDir, 'run')
     for (const mp of [...mountsUnder(path.join('/run/cubicle', this.bridge)), ...mountsUnder(this.dataDir)]) {
