@@ -338,7 +338,16 @@ func (d *Daemon) spawn() (*exec.Cmd, error) {
 	}
 	// A stale socket from a killed child would make the readiness probe race.
 	os.Remove(d.cfg.Socket)
-	cmd := exec.Command(d.cfg.Binary, d.args...)
+	// Executed through a descriptor opened here, as host root: the mapped
+	// root may not be able to walk the path to the binary (a 0700 dir).
+	bin, err := os.Open(d.cfg.Binary)
+	if err != nil {
+		return nil, fmt.Errorf("buildkit: %w", err)
+	}
+	defer bin.Close()
+	cmd := exec.Command("/proc/self/fd/3", d.args...)
+	cmd.Args[0] = d.cfg.Binary
+	cmd.ExtraFiles = []*os.File{bin}
 	cmd.SysProcAttr = d.sysProcAttr()
 	cmd.Dir = d.cfg.Root
 	cmd.Env = d.env()
