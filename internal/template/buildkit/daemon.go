@@ -201,10 +201,6 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	if err := os.Chown(conf, int(cfg.UserNSBase), int(cfg.UserNSBase)); err != nil {
 		return nil, err
 	}
-	relays, err := startRelays(cfg.NetNS, cfg.InsecureRegistries)
-	if err != nil {
-		return nil, err
-	}
 	d := &Daemon{
 		cfg:    cfg,
 		log:    cfg.Logger.With("component", "buildkitd"),
@@ -225,14 +221,15 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 			"--cdi-disabled",
 		},
 		readyCh: make(chan struct{}),
-		relays:  relays,
 	}
-	relays.owner = d.PID
+	if d.relays, err = startRelays(cfg.NetNS, cfg.InsecureRegistries, d.PID); err != nil {
+		return nil, err
+	}
 	started := make(chan error, 1)
 	go d.supervise(started)
 	if err := <-started; err != nil {
 		<-d.done
-		relays.close()
+		d.relays.close()
 		return nil, err
 	}
 	wctx, cancel := context.WithTimeout(ctx, cfg.ReadyTimeout)

@@ -39,8 +39,9 @@ var ErrNotBuilder = errors.New("buildkit: registry relay: connection is not from
 
 // startRelays opens one listener inside the netns at nsPath per registry
 // on a loopback address. Loopback there is brought up if it is not.
-func startRelays(nsPath string, registries []string) (*relays, error) {
-	r := &relays{conns: map[net.Conn]struct{}{}, owner: func() int { return 0 }}
+// owner gives buildkitd's current pid.
+func startRelays(nsPath string, registries []string, owner func() int) (*relays, error) {
+	r := &relays{conns: map[net.Conn]struct{}{}, owner: owner}
 	var addrs []string
 	for _, reg := range registries {
 		host, _, err := net.SplitHostPort(reg)
