@@ -159,8 +159,8 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		return nil, err
 	}
 	cfg.Root = root
-	if cfg.NetNS == "" {
-		return nil, ErrNoNetNS
+	if err := checkNetNS(cfg.NetNS); err != nil {
+		return nil, err
 	}
 	if cfg.UserNSBase == 0 {
 		cfg.UserNSBase = DefaultUserNSBase

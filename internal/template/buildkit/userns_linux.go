@@ -88,6 +88,21 @@ func prepareRoot(root string, uid int) error {
 	}
 }
 
+// checkNetNS: path names a network namespace (an nsfs file).
+func checkNetNS(path string) error {
+	if path == "" {
+		return ErrNoNetNS
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrNoNetNS, path, err)
+	}
+	if st.Type != unix.NSFS_MAGIC {
+		return fmt.Errorf("%w: %s is not a namespace file", ErrNoNetNS, path)
+	}
+	return nil
+}
+
 // enterNetNS switches the calling (locked) thread into the netns at path.
 func enterNetNS(path string) error {
 	h, err := netns.GetFromPath(path)
