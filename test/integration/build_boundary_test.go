@@ -112,11 +112,19 @@ func TestTemplateBuildBoundary(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	seen := map[string]bool{}
+	for _, f := range strings.Fields(strings.TrimPrefix(links, "links: ")) {
+		name, _, _ := strings.Cut(f, "@") // "eth0@if887"
+		seen[name] = true
+	}
 	for _, ifc := range hostIfs {
 		// The builder's own netns has lo and eth0 (its veth end).
-		if ifc.Name != "lo" && ifc.Name != "eth0" && strings.Contains(links+" ", " "+ifc.Name+" ") {
+		if ifc.Name != "lo" && ifc.Name != "eth0" && seen[ifc.Name] {
 			t.Errorf("RUN step sees the host's interface %s: %s", ifc.Name, links)
 		}
+	}
+	if len(seen) != 2 || !seen["lo"] || !seen["eth0"] {
+		t.Errorf("RUN step's interfaces %v, want lo and the builder's eth0", seen)
 	}
 	if strings.Contains(all, "sys: ") && !strings.Contains(all, "No such file") {
 		t.Errorf("RUN step lists /sys/class/net:\n%s", all)
