@@ -372,7 +372,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	}
 	nd, err := node.NewLocal(node.LocalConfig{
 		Accel: am,
-		ID:    "local", Runtime: drv, Network: netm, AgentBin: o.agentBin, SandboxDir: sandboxDir, ResolvConf: resolv,
+		ID:    "local", Runtime: drv, Network: sandboxNetworks{netm}, AgentBin: o.agentBin, SandboxDir: sandboxDir, ResolvConf: resolv,
 		VolumeDir: filepath.Join(o.dataDir, "node", "volumes"), VolumeBaseDir: vc.node.BaseDir,
 		VolumePlugin:  func(d string) (volume.Node, error) { return nodePlugins.Get(d) },
 		VolumeDrivers: nodePlugins.Names(), VolumeMetrics: volMetrics, Logger: log,
@@ -386,7 +386,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	tpls, err := setupTemplates(ctx, o, st, reg, log)
+	tpls, err := setupTemplates(ctx, o, st, netm, reg, log)
 	if err != nil {
 		return err
 	}

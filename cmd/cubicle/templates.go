@@ -17,6 +17,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/api"
 	"github.com/cubicle-dev/cubicle/internal/image"
+	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/template"
 	"github.com/cubicle-dev/cubicle/internal/template/builder"
@@ -51,7 +52,7 @@ func (t *templateStack) Close() {
 
 // setupTemplates opens the local image store and its registry, the build
 // context store, BuildKit (when available) and the catalog.
-func setupTemplates(ctx context.Context, o serveOptions, st store.Store, reg prometheus.Registerer, log *slog.Logger) (*templateStack, error) {
+func setupTemplates(ctx context.Context, o serveOptions, st store.Store, netm *network.Linux, reg prometheus.Registerer, log *slog.Logger) (*templateStack, error) {
 	ts := &templateStack{}
 	imgs, err := image.Open(filepath.Join(o.dataDir, "oci"))
 	if err != nil {
@@ -63,8 +64,9 @@ func setupTemplates(ctx context.Context, o serveOptions, st store.Store, reg pro
 		return nil, fmt.Errorf("--registry-listen: %w", err)
 	}
 	ts.registry = ln.Addr().String()
-	// The registry is for BuildKit alone: RUN steps share the host's
-	// loopback, so it takes a password only the build sessions present.
+	// The registry is for BuildKit alone: buildkitd reaches it through a
+	// relay in its own netns that serves buildkitd's sockets only, and it
+	// takes a password only the build sessions present.
 	ocireg := image.NewRegistry(imgs)
 	ts.registryPassword = rand.Text()
 	ocireg.RequireBasicAuth("cubicle", ts.registryPassword)
@@ -78,7 +80,7 @@ func setupTemplates(ctx context.Context, o serveOptions, st store.Store, reg pro
 		return nil, fmt.Errorf("context store: %w", err)
 	}
 	ts.contexts = ctxs
-	solver, closeSolver, err := startSolver(ctx, o, ts.registry, ts.registryPassword, log)
+	solver, closeSolver, err := startSolver(ctx, o, netm, ts.registry, ts.registryPassword, log)
 	if err != nil {
 		log.Warn("BuildKit unavailable: template builds with steps are disabled", "err", err)
 	} else if closeSolver != nil {
@@ -166,9 +168,74 @@ func (s bkSolver) Solve(ctx context.Context, dockerfile []byte, contextDir strin
 	return err
 }
 
+// builderNetID is the template builder's network endpoint: a netns on the
+// sandbox bridge with the default sandbox egress policy. The '.' keeps it
+// apart from sandbox IDs, which never contain one.
+const builderNetID = "cubicle.builder"
+
+// sandboxNetworks is the network manager as the node sees it: the
+// builder's endpoint is the server's own, not a sandbox, so the node never
+// lists it (and recovery never deletes it) nor touches it by ID.
+type sandboxNetworks struct{ *network.Linux }
+
+func (n sandboxNetworks) List(ctx context.Context) ([]network.Endpoint, error) {
+	eps, err := n.Linux.List(ctx)
+	out := eps[:0]
+	for _, ep := range eps {
+		if ep.ID != builderNetID {
+			out = append(out, ep)
+		}
+	}
+	return out, err
+}
+
+func (n sandboxNetworks) Setup(ctx context.Context, id string, p network.Policy) (network.Endpoint, error) {
+	if id == builderNetID {
+		return network.Endpoint{}, network.ErrInvalidID
+	}
+	return n.Linux.Setup(ctx, id, p)
+}
+
+func (n sandboxNetworks) Teardown(ctx context.Context, id string) error {
+	if id == builderNetID {
+		return nil
+	}
+	return n.Linux.Teardown(ctx, id)
+}
+
+func (n sandboxNetworks) UpdatePolicy(ctx context.Context, id string, p network.Policy) error {
+	if id == builderNetID {
+		return network.ErrNotFound
+	}
+	return n.Linux.UpdatePolicy(ctx, id, p)
+}
+
+func (n sandboxNetworks) Get(ctx context.Context, id string) (network.Endpoint, error) {
+	if id == builderNetID {
+		return network.Endpoint{}, network.ErrNotFound
+	}
+	return n.Linux.Get(ctx, id)
+}
+
+// builderNetns gives the builder its endpoint: a fresh one each start (one
+// left by a server that died is torn down first).
+func builderNetns(ctx context.Context, netm *network.Linux) (string, error) {
+	if err := netm.Teardown(ctx, builderNetID); err != nil {
+		return "", err
+	}
+	// The default sandbox egress: the internet yes; the host, the pool,
+	// internal ranges and metadata no (docs/network.md).
+	ep, err := netm.Setup(ctx, builderNetID, network.Policy{AllowInternet: true})
+	if err != nil {
+		return "", err
+	}
+	return ep.NetNSPath, nil
+}
+
 // startSolver starts buildkitd when its binary is present (next to this
-// binary, or --buildkitd).
-func startSolver(ctx context.Context, o serveOptions, registry, registryPassword string, log *slog.Logger) (builder.Solver, func(), error) {
+// binary, or --buildkitd), in its own user namespace and in the builder's
+// netns.
+func startSolver(ctx context.Context, o serveOptions, netm *network.Linux, registry, registryPassword string, log *slog.Logger) (builder.Solver, func(), error) {
 	if o.buildkitd == "off" {
 		return nil, nil, fmt.Errorf("disabled by --buildkitd=off")
 	}
@@ -183,12 +250,24 @@ func startSolver(ctx context.Context, o serveOptions, registry, registryPassword
 	if _, err := os.Stat(bin); err != nil {
 		return nil, nil, fmt.Errorf("buildkitd binary: %w (make build produces bin/buildkitd)", err)
 	}
-	d, err := buildkit.Start(ctx, buildkit.Config{Binary: bin, Root: filepath.Join(o.dataDir, "buildkit"), InsecureRegistries: []string{registry},
-		RegistryAuth: map[string]buildkit.Credentials{registry: {Username: "cubicle", Password: registryPassword}}, Logger: log})
+	nsPath, err := builderNetns(ctx, netm)
 	if err != nil {
+		return nil, nil, fmt.Errorf("builder network: %w", err)
+	}
+	teardown := func() {
+		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if err := netm.Teardown(tctx, builderNetID); err != nil {
+			log.Error("removing the builder's network", "err", err)
+		}
+	}
+	d, err := buildkit.Start(ctx, buildkit.Config{Binary: bin, Root: filepath.Join(o.dataDir, "buildkit"), InsecureRegistries: []string{registry},
+		RegistryAuth: map[string]buildkit.Credentials{registry: {Username: "cubicle", Password: registryPassword}}, NetNS: nsPath, Logger: log})
+	if err != nil {
+		teardown()
 		return nil, nil, err
 	}
-	return bkSolver{d}, func() { d.Close() }, nil
+	return bkSolver{d}, func() { d.Close(); teardown() }, nil
 }
 
 // codeInterpreterRootfs is the code-interpreter-v1 template's layered rootfs

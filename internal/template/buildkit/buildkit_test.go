@@ -3,6 +3,8 @@ package buildkit
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -67,12 +69,28 @@ func smallRootfs(t *testing.T) string {
 	if err := os.WriteFile(filepath.Join(dir, "bin/busybox"), b, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, n := range []string{"sh", "echo", "cat", "false", "true", "ls"} {
+	for _, n := range []string{"sh", "echo", "cat", "false", "true", "ls", "wget", "ip"} {
 		if err := os.Symlink("busybox", filepath.Join(dir, "bin", n)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	return dir
+}
+
+// testNetns makes an empty network namespace (loopback only) for the
+// builder, removed at cleanup.
+func testNetns(t *testing.T) string {
+	t.Helper()
+	name := fmt.Sprintf("cubicle-bktest-%d", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
+			t.Errorf("ip netns del: %v: %s", err, out)
+		}
+	})
+	return "/run/netns/" + name
 }
 
 type env struct {
@@ -130,6 +148,7 @@ func setup(t *testing.T) *env {
 	d, err := Start(context.Background(), Config{
 		Binary:             bin,
 		Root:               root,
+		NetNS:              testNetns(t),
 		InsecureRegistries: []string{reg},
 		RegistryAuth:       map[string]Credentials{reg: {Username: "cubicle", Password: "s3cret"}},
 		Logger:             logger,
@@ -148,6 +167,33 @@ func setup(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	return &env{store: st, reg: reg, d: d, root: root, ctx: ctxDir}
+}
+
+// procUids is the Uid line of /proc/<pid>/status (real, effective, saved, fs).
+func procUids(t *testing.T, pid int) []string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) == 5 && f[0] == "Uid:" {
+			return f[1:]
+		}
+	}
+	t.Fatalf("no Uid line in /proc/%d/status", pid)
+	return nil
+}
+
+func httpGet(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
 }
 
 type logSink struct {
@@ -296,6 +342,68 @@ func TestBuild(t *testing.T) {
 		}
 		if b, _ := os.ReadFile(filepath.Join(dest, "tok")); string(b) != "s3cret" {
 			t.Errorf("/tok = %q", b)
+		}
+	})
+
+	// The builder's boundary (docs/templates.md): buildkitd is an
+	// unprivileged host uid, RUN steps map to the same range, and they
+	// reach neither the host's loopback (a listener this test serves there)
+	// nor the registry relay, which answers buildkitd alone, nor see the
+	// host's interfaces.
+	t.Run("boundary", func(t *testing.T) {
+		uids := procUids(t, e.d.PID())
+		want := fmt.Sprint(DefaultUserNSBase)
+		for _, u := range uids {
+			if u != want {
+				t.Fatalf("buildkitd (pid %d) host uids %v, want all %s", e.d.PID(), uids, want)
+			}
+		}
+		hostLn, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		hostSrv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("HOST-LOOPBACK-SECRET")) })}
+		go hostSrv.Serve(hostLn)
+		defer hostSrv.Close()
+		if b := httpGet(t, "http://"+hostLn.Addr().String()+"/"); b != "HOST-LOOPBACK-SECRET" { // positive control
+			t.Fatalf("host listener answers %q", b)
+		}
+		probe := "FROM " + e.reg + "/cubicle/base:latest\n" +
+			"RUN echo uidmap: $(cat /proc/self/uid_map) && " +
+			"(wget -O- http://" + hostLn.Addr().String() + "/ ; echo host-rc=$?) && " +
+			"(wget -O- http://" + e.reg + "/v2/ ; echo registry-rc=$?) && " +
+			"echo links: $(ip -o link | cut -d: -f2) && ls /sys/class/net ; echo sys-rc=$?\n"
+		var sink logSink
+		if _, err := e.d.Build(ctx, BuildRequest{Dockerfile: []byte(probe), NoCache: true, Push: e.reg + "/cubicle/tpl_x:probe"}, sink.add); err != nil {
+			sink.dump(t)
+			t.Fatal(err)
+		}
+		if testing.Verbose() {
+			sink.dump(t)
+		}
+		if _, ok := sink.find("uidmap: 0 " + want + " 65536"); !ok {
+			sink.dump(t)
+			t.Errorf("RUN step's uid 0 is not host uid %s", want)
+		}
+		for _, leak := range []string{"HOST-LOOPBACK-SECRET", "host-rc=0", "registry-rc=0", "401", "Unauthorized", "sys-rc=0"} {
+			if l, ok := sink.find(leak); ok {
+				sink.dump(t)
+				t.Errorf("RUN step output %q shows %q", l.Message, leak)
+			}
+		}
+		l, ok := sink.find("links:")
+		if !ok {
+			sink.dump(t)
+			t.Fatal("no link list")
+		}
+		ifs, err := net.Interfaces()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ifc := range ifs {
+			if ifc.Name != "lo" && strings.Contains(l.Message, " "+ifc.Name) {
+				t.Errorf("RUN step sees host interface %s: %s", ifc.Name, l.Message)
+			}
 		}
 	})
 

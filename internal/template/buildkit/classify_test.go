@@ -1,7 +1,10 @@
 package buildkit
 
 import (
+	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"testing"
 )
 
@@ -24,6 +27,24 @@ func TestClassifyUnknownUser(t *testing.T) {
 		}
 		if err.Error() != tc.msg {
 			t.Errorf("classify changed the message: %q", err)
+		}
+	}
+}
+
+// buildkitd never starts in the host's network namespace: the builder's
+// netns is required.
+func TestStartRequiresNetNS(t *testing.T) {
+	_, err := Start(context.Background(), Config{Root: t.TempDir()})
+	if !errors.Is(err, ErrNoNetNS) {
+		t.Fatalf("Start without NetNS: %v, want ErrNoNetNS", err)
+	}
+	plain := filepath.Join(t.TempDir(), "plain")
+	if err := os.WriteFile(plain, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, ns := range []string{filepath.Join(t.TempDir(), "missing"), plain} {
+		if _, err := Start(context.Background(), Config{Root: t.TempDir(), NetNS: ns}); !errors.Is(err, ErrNoNetNS) {
+			t.Fatalf("Start with NetNS %s: %v, want ErrNoNetNS", ns, err)
 		}
 	}
 }

@@ -7,14 +7,33 @@
 //
 //	CGO_ENABLED=0 go build -o bin/buildkitd github.com/moby/buildkit/cmd/buildkitd
 //
-// The command line Daemon runs (verified as root on Debian 12, runc 1.1.5,
-// cgroup v1 hybrid, overlayfs available):
+// Every RUN step is a tenant's code, so buildkitd is never host root and
+// never on the host's network (docs/templates.md, "The builder's boundary"):
+//
+//   - It runs as root of its own user namespace, which maps 0..65535 to an
+//     unprivileged host range (Config.UserNSBase, below the sandboxes'
+//     ranges), with its own mount namespace. The kernel lets serve, which is
+//     root, write that mapping itself, so neither rootlesskit nor the setuid
+//     newuidmap is needed. In a user namespace BuildKit runs its OCI worker
+//     rootless: runc without cgroups and without /sys in RUN steps.
+//   - It lives in Config.NetNS, a network namespace serve makes for it as
+//     for a sandbox (internal/network, the default egress policy: internet
+//     yes; the host, the sandbox pool, internal ranges and metadata no).
+//     RUN steps use that namespace (--oci-worker-net=host means "the
+//     daemon's", and the daemon's is not the host's).
+//   - The local registry listens on the host's loopback, which that
+//     namespace cannot reach: for each registry on a loopback address the
+//     daemon opens a relay at the same address inside Config.NetNS that
+//     forwards to the host's, and serves only connections whose socket is
+//     held by buildkitd itself, so a RUN step cannot reach it at all.
+//
+// The command line (verified as root on Debian 12, runc 1.1.5, kernel 6.18):
 //
 //	buildkitd --config <root>/buildkitd.toml --root <root> \
 //	  --addr unix://<socket> --otel-socket-path <root>/otel-grpc.sock \
 //	  --oci-worker=true --oci-worker-binary=/usr/sbin/runc \
 //	  --oci-worker-snapshotter=overlayfs --oci-worker-net=host \
-//	  --containerd-worker=false --cdi-disabled
+//	  --oci-worker-rootless=true --containerd-worker=false --cdi-disabled
 //
 // with buildkitd.toml holding one block per insecure registry:
 //
@@ -28,11 +47,12 @@
 //     under <root>.
 //   - Without --config it reads /etc/buildkit/buildkitd.toml; without
 //     --cdi-disabled it watches /etc/cdi and /var/run/cdi (warnings only).
-//   - --oci-worker-net=host: the default ("auto") wants CNI plugins, which are
-//     not installed; build steps share the host network, like `docker build`
-//     with the default bridge would give them outbound access anyway.
-//   - The process sandbox (own PID namespace per RUN) works as root, so
-//     --oci-worker-no-process-sandbox is not used.
+//   - --oci-worker-net=host: the default ("auto") wants CNI plugins; the
+//     daemon's own namespace already carries the sandbox egress policy.
+//   - The process sandbox (own PID namespace per RUN) works in the user
+//     namespace, so --oci-worker-no-process-sandbox is not used.
+//   - Root (state dir) is owned by the mapped root; a state dir left by a
+//     buildkitd that ran as host root is dropped (it is only a cache).
 //   - The dockerfile frontend is built in ("dockerfile.v0"), so no frontend
 //     image is pulled and no registry other than ours is contacted.
 package buildkit
@@ -80,10 +100,29 @@ type Config struct {
 	// Snapshotter: "overlayfs" (default) or "native" where overlay mounts are
 	// not allowed.
 	Snapshotter string
+	// NetNS is the network namespace buildkitd and its RUN steps live in: a
+	// bind-mounted netns file (a network.Endpoint's NetNSPath). Required:
+	// builds never run in the host's network namespace.
+	NetNS string
+	// UserNSBase is the first host uid and gid of the builder's user
+	// namespace (0..UserNSSize-1 inside); default DefaultUserNSBase.
+	UserNSBase uint32
 	// ReadyTimeout bounds each wait for the socket; default 30s.
 	ReadyTimeout time.Duration
 	Logger       *slog.Logger
 }
+
+const (
+	// DefaultUserNSBase puts the builder's 65536 ids just below the
+	// sandboxes' ranges (internal/runtime/oci: 1<<30 and up), so no
+	// sandbox shares a host uid with it.
+	DefaultUserNSBase = 1<<30 - UserNSSize
+	// UserNSSize is how many uids and gids the builder's namespace maps.
+	UserNSSize = 1 << 16
+)
+
+// ErrNoNetNS: Config.NetNS is empty or not a network namespace.
+var ErrNoNetNS = errors.New("buildkit: Config.NetNS must name the builder's network namespace")
 
 // Daemon is a supervised buildkitd child process.
 type Daemon struct {
@@ -100,6 +139,7 @@ type Daemon struct {
 	closed  bool
 	starts  int
 	readyCh chan struct{} // closed when the current child answers
+	relays  *relays
 }
 
 const (
@@ -119,6 +159,12 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		return nil, err
 	}
 	cfg.Root = root
+	if err := checkNetNS(cfg.NetNS); err != nil {
+		return nil, err
+	}
+	if cfg.UserNSBase == 0 {
+		cfg.UserNSBase = DefaultUserNSBase
+	}
 	if cfg.Binary == "" {
 		cfg.Binary = "buildkitd"
 	}
@@ -145,11 +191,14 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		return nil, fmt.Errorf("buildkit: %w", err)
 	}
 	cfg.Binary = bin
-	if err := os.MkdirAll(root, 0o700); err != nil {
+	if err := prepareRoot(root, int(cfg.UserNSBase)); err != nil {
 		return nil, err
 	}
 	conf := filepath.Join(root, "buildkitd.toml")
 	if err := os.WriteFile(conf, []byte(renderConfig(cfg.InsecureRegistries)), 0o600); err != nil {
+		return nil, err
+	}
+	if err := os.Chown(conf, int(cfg.UserNSBase), int(cfg.UserNSBase)); err != nil {
 		return nil, err
 	}
 	d := &Daemon{
@@ -167,15 +216,20 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 			"--oci-worker-binary=" + cfg.OCIBinary,
 			"--oci-worker-snapshotter=" + cfg.Snapshotter,
 			"--oci-worker-net=host",
+			"--oci-worker-rootless=true",
 			"--containerd-worker=false",
 			"--cdi-disabled",
 		},
 		readyCh: make(chan struct{}),
 	}
+	if d.relays, err = startRelays(cfg.NetNS, cfg.InsecureRegistries, d.PID); err != nil {
+		return nil, err
+	}
 	started := make(chan error, 1)
 	go d.supervise(started)
 	if err := <-started; err != nil {
 		<-d.done
+		d.relays.close()
 		return nil, err
 	}
 	wctx, cancel := context.WithTimeout(ctx, cfg.ReadyTimeout)
@@ -222,9 +276,17 @@ func (d *Daemon) Starts() int {
 // supervise runs on one locked OS thread for its whole life: Pdeathsig is
 // delivered when the *thread* that forked the child exits, so the thread must
 // outlive every child it starts.
+//
+// The same thread is switched into Config.NetNS first, so every child it
+// forks is born there; the thread is never unlocked and dies with this
+// goroutine instead of returning to the pool in the wrong namespace.
 func (d *Daemon) supervise(started chan<- error) {
 	runtime.LockOSThread()
 	defer close(d.done)
+	if err := enterNetNS(d.cfg.NetNS); err != nil {
+		started <- err
+		return
+	}
 	backoff := backoffMin
 	first := true
 	for {
@@ -273,9 +335,19 @@ func (d *Daemon) spawn() (*exec.Cmd, error) {
 	}
 	// A stale socket from a killed child would make the readiness probe race.
 	os.Remove(d.cfg.Socket)
-	cmd := exec.Command(d.cfg.Binary, d.args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(d.cfg.OCIBinary)+":"+os.Getenv("PATH"))
+	// Executed through a descriptor opened here, as host root: the mapped
+	// root may not be able to walk the path to the binary (a 0700 dir).
+	bin, err := os.Open(d.cfg.Binary)
+	if err != nil {
+		return nil, fmt.Errorf("buildkit: %w", err)
+	}
+	defer bin.Close()
+	cmd := exec.Command("/proc/self/fd/3", d.args...)
+	cmd.Args[0] = d.cfg.Binary
+	cmd.ExtraFiles = []*os.File{bin}
+	cmd.SysProcAttr = d.sysProcAttr()
+	cmd.Dir = d.cfg.Root
+	cmd.Env = d.env()
 	// A plain pipe rather than StdoutPipe: Wait must not race the reader,
 	// and the reader ends on EOF when the last holder of the write end exits.
 	pr, pw, err := os.Pipe()
@@ -403,6 +475,7 @@ func (d *Daemon) Close() error {
 		}
 	}
 	<-d.done
+	d.relays.close()
 	os.Remove(d.cfg.Socket)
 	return UnmountUnder(d.cfg.Root)
 }
