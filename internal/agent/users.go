@@ -203,13 +203,16 @@ func asUser(u *sysUser, fn func() error) error {
 				runtime.UnlockOSThread()
 			}
 		}()
+		// Nothing is changed yet on these two paths: keep the thread.
 		rootGroups, err := unix.Getgroups()
 		if err != nil {
+			restored = true
 			errc <- fmt.Errorf("getgroups: %w", err)
 			return
 		}
 		rootCaps, err := threadCaps()
 		if err != nil {
+			restored = true
 			errc <- err
 			return
 		}

@@ -78,19 +78,3 @@ func (d *Driver) diskBytes(id string) int64 {
 	}
 	return fi.Size()
 }
-
-// loopsUnder lists loop devices whose backing file is under dir.
-func loopsUnder(dir string) []string {
-	devs, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
-	var out []string
-	for _, p := range devs {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		if f := strings.TrimSpace(string(b)); strings.HasPrefix(f, filepath.Clean(dir)+"/") {
-			out = append(out, filepath.Base(filepath.Dir(filepath.Dir(p)))+"="+f)
-		}
-	}
-	return out
-}
