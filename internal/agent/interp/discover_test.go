@@ -18,7 +18,7 @@ import (
 
 func TestDiscoverReadsKernelSpecs(t *testing.T) {
 	python := kerneltest.Python(t)
-	a := agent.New(agent.Config{Logger: quietLogger()})
+	a := agent.New(agent.Config{AccessToken: token, Logger: quietLogger()})
 	dir := t.TempDir()
 	write := func(name, body string) {
 		if err := os.MkdirAll(filepath.Join(dir, name), 0o755); err != nil {
@@ -56,7 +56,7 @@ func TestDiscoverReadsKernelSpecs(t *testing.T) {
 
 func TestKernelThatFailsToStartIsReported(t *testing.T) {
 	python := kerneltest.Python(t)
-	a := agent.New(agent.Config{Logger: quietLogger()})
+	a := agent.New(agent.Config{AccessToken: token, Logger: quietLogger()})
 	dir := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(dir, "bad"), 0o755); err != nil {
 		t.Fatal(err)
@@ -75,7 +75,10 @@ func TestKernelThatFailsToStartIsReported(t *testing.T) {
 	ts := httptest.NewServer(srv.Handler())
 	defer ts.Close()
 	for path, body := range map[string]string{"/contexts": `{}`, "/execute": `{"code": "1"}`} {
-		resp, err := http.Post(ts.URL+path, "application/json", strings.NewReader(body))
+		req, _ := http.NewRequest("POST", ts.URL+path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Access-Token", token)
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -152,7 +155,7 @@ func ran(path string) bool {
 }
 
 func TestDiscoverReadsPythonPackagesWithoutRunningPython(t *testing.T) {
-	a := agent.New(agent.Config{Logger: quietLogger()})
+	a := agent.New(agent.Config{AccessToken: token, Logger: quietLogger()})
 	ctx := context.Background()
 	discover := func(python string) (*interp.Catalog, error) {
 		return interp.Discover(ctx, a, interp.Config{Python: python, KernelSpecDirs: []string{}, Logger: quietLogger()})
