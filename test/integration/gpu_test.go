@@ -26,7 +26,9 @@ func gpuServer(t *testing.T) (*server, *acceltest.Host) {
 		IOMMUGroup: 12, Driver: "nvidia", Minor: 0, Model: "NVIDIA H100 80GB HBM3", MemoryMB: 81559, UUID: "GPU-11111111-2222-3333-4444-555555555555"})
 	// The fake tree lives in a 0700 temp dir; the sandbox's PID 1 runs as
 	// root, but the bind mounts of its libraries must be reachable.
-	for d := h.Root; d != "/" && d != "."; d = filepath.Dir(d) {
+	// Only up to the temp dir: /tmp itself must stay 1777 (an unprivileged
+	// buildkitd, among others, writes there).
+	for d := h.Root; d != "/" && d != "." && d != filepath.Clean(os.TempDir()); d = filepath.Dir(d) {
 		os.Chmod(d, 0o755)
 	}
 	s := startServer(t, "--accel-sysfs", h.Sysfs, "--accel-dev", h.Dev, "--accel-proc", h.Proc,

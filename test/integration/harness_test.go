@@ -405,6 +405,10 @@ type hostState struct {
 	mounts, netns, links, sandboxDirs, cgroups int
 }
 
+// builderEndpoint is the network endpoint serve makes for its template
+// builder (cmd/cubicle builderNetID).
+const builderEndpoint = "cubicle.builder"
+
 func (s *server) snapshot(t *testing.T) hostState {
 	var h hostState
 	if f, err := os.Open("/proc/self/mountinfo"); err == nil {
@@ -421,25 +425,41 @@ func (s *server) snapshot(t *testing.T) hostState {
 			if strings.Contains(line, filepath.Join(s.DataDir, "lxcfs")+"/") {
 				continue
 			}
+			// The template builder's endpoint is the server's own, not a
+			// sandbox's (serve makes it at start, cmd/cubicle builderNetID).
+			if strings.Contains(line, "/netns/"+builderEndpoint) {
+				continue
+			}
 			if strings.Contains(line, s.DataDir) || strings.Contains(line, "/run/cubicle/"+s.Bridge) {
 				h.mounts++
 			}
 		}
 		f.Close()
 	}
+	builder := false
 	ents, _ := os.ReadDir(filepath.Join("/run/cubicle", s.Bridge, "netns"))
 	for _, e := range ents {
+		if e.Name() == builderEndpoint {
+			builder = true
+			continue
+		}
 		if e.Type().IsRegular() {
 			h.netns++
 		}
 	}
 	addrs, _ := os.ReadDir(filepath.Join("/run/cubicle", s.Bridge, "netns", ".addr"))
-	h.netns += len(addrs)
+	for _, a := range addrs {
+		if a.Name() != builderEndpoint {
+			h.netns++
+		}
+	}
 	h.sandboxDirs = len(sandboxEntries(s.DataDir))
 	if out, err := exec.Command("ip", "-o", "link", "show", "master", s.Bridge).Output(); err == nil {
 		h.links = len(strings.Split(strings.TrimSpace(string(out)), "\n"))
 		if strings.TrimSpace(string(out)) == "" {
 			h.links = 0
+		} else if builder {
+			h.links-- // the builder's veth
 		}
 	}
 	for _, ctrl := range []string{"cpu", "memory", "pids", "freezer"} {

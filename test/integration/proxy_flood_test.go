@@ -175,7 +175,7 @@ func proxyFlood(t *testing.T, runtime string) {
 	f := &flood{outcomes: map[string]int{}}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	for _, src := range []string{"127.0.0.2", "127.0.0.3"} {
+	spawn := func(src string) {
 		for range connsPerClient + 10 { // past the per-address connection cap
 			wg.Add(1)
 			go func() { defer wg.Done(); f.worker(src, s.listenOn, c.SandboxID, stop) }()
@@ -207,17 +207,26 @@ func proxyFlood(t *testing.T, runtime string) {
 	}
 	defer end()
 
-	// Held requests fill the caps: wait (bounded) until the flood is refused.
-	for i := 0; ; i++ {
-		o := f.snapshot()
-		if o["429"] > 0 && o["503"] > 0 {
-			break
+	// Held requests fill the caps, one client first so that each cap is
+	// met in turn whatever the scheduling: the first address holds its
+	// perClient (< perSandbox) and is refused 429; the second then fills
+	// the sandbox's remaining slots and is refused 503.
+	waitFor := func(code string) {
+		for i := 0; ; i++ {
+			o := f.snapshot()
+			if o[code] > 0 {
+				return
+			}
+			if i == 600 {
+				t.Fatalf("no %s under the flood: %v", code, o)
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
-		if i == 600 {
-			t.Fatalf("no 429 and 503 under the flood: %v", o)
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
+	spawn("127.0.0.2")
+	waitFor("429")
+	spawn("127.0.0.3")
+	waitFor("503")
 
 	// Another client is served meanwhile: /health, a create and a command
 	// in the new sandbox, and a long command in the flooded one.

@@ -194,6 +194,13 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	if err := prepareRoot(root, int(cfg.UserNSBase)); err != nil {
 		return nil, err
 	}
+	tmp := filepath.Join(root, "tmp")
+	if err := os.MkdirAll(tmp, 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.Chown(tmp, int(cfg.UserNSBase), int(cfg.UserNSBase)); err != nil {
+		return nil, err
+	}
 	conf := filepath.Join(root, "buildkitd.toml")
 	if err := os.WriteFile(conf, []byte(renderConfig(cfg.InsecureRegistries)), 0o600); err != nil {
 		return nil, err

@@ -32,7 +32,7 @@ func (d *Daemon) env() []string {
 	var out []string
 	for _, kv := range os.Environ() {
 		switch {
-		case hasKey(kv, "HOME"), hasKey(kv, "XDG_RUNTIME_DIR"), hasKey(kv, "PATH"):
+		case hasKey(kv, "HOME"), hasKey(kv, "XDG_RUNTIME_DIR"), hasKey(kv, "PATH"), hasKey(kv, "TMPDIR"):
 			continue
 		}
 		out = append(out, kv)
@@ -40,6 +40,9 @@ func (d *Daemon) env() []string {
 	return append(out,
 		"HOME="+d.cfg.Root,
 		"XDG_RUNTIME_DIR="+filepath.Join(d.cfg.Root, "run"),
+		// Its own temp dir: the mapped root may not write the host's /tmp
+		// (a host whose /tmp is not 1777), and it should not share it.
+		"TMPDIR="+filepath.Join(d.cfg.Root, "tmp"),
 		"PATH="+filepath.Dir(d.cfg.OCIBinary)+":"+os.Getenv("PATH"))
 }
 
