@@ -305,7 +305,21 @@ func (p *Proxy) handle(c net.Conn) {
 		p.intercept(log, c, io.MultiReader(&seen, br), release, id, src.Addr(), pol, name, rules, dst)
 		return
 	}
-	defer func() { release() }()
+	p.relaySeen(log, c, br, release, pol, name, mapped, dst, &seen)
+}
+
+// relaySeen dials name (or dst, when name is "") as pol allows, replays the
+// bytes already read, gives their budget back (release, once) and splices
+// the rest of the connection.
+func (p *Proxy) relaySeen(log *slog.Logger, c net.Conn, br *bufio.Reader, release func(), pol network.Policy, name, mapped string, dst netip.AddrPort, seen *bytes.Buffer) {
+	released := false
+	free := func() {
+		if !released {
+			released = true
+			release()
+		}
+	}
+	defer free()
 	up := p.dialFor(log, pol, name, mapped, dst)
 	if up == nil {
 		return
@@ -314,9 +328,8 @@ func (p *Proxy) handle(c net.Conn) {
 	if _, err := up.Write(seen.Bytes()); err != nil {
 		return
 	}
-	seen = bytes.Buffer{}
-	release()
-	release = func() {}
+	*seen = bytes.Buffer{}
+	free()
 	splice(c, br, up)
 }
 
@@ -338,19 +351,7 @@ func (p *Proxy) serveHTTP(log *slog.Logger, c net.Conn, br *bufio.Reader, b *bud
 	deadline(c, false)
 	if err != nil {
 		// Not HTTP (or headers over the limit): the address rules decide.
-		defer func() { release() }()
-		up := p.dialFor(log, pol, "", mapped, dst)
-		if up == nil {
-			return
-		}
-		defer up.Close()
-		if _, err := up.Write(seen.Bytes()); err != nil {
-			return
-		}
-		seen = bytes.Buffer{}
-		release()
-		release = func() {}
-		splice(c, br, up)
+		p.relaySeen(log, c, br, release, pol, "", mapped, dst, &seen)
 		return
 	}
 	host := hostOf(req.Host)
