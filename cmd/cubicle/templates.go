@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -168,10 +169,17 @@ func (s bkSolver) Solve(ctx context.Context, dockerfile []byte, contextDir strin
 	return err
 }
 
-// builderNetID is the template builder's network endpoint: a netns on the
-// sandbox bridge with the default sandbox egress policy. The '.' keeps it
-// apart from sandbox IDs, which never contain one.
-const builderNetID = "cubicle.builder"
+// builderNetPrefix starts the template builder's network endpoint ID: a
+// netns on the sandbox bridge with the default sandbox egress policy. The
+// '.' keeps it apart from sandbox IDs, which never contain one.
+const builderNetPrefix = "cubicle.builder"
+
+// builderNetID is this server's builder endpoint. It names the bridge:
+// host link names derive from the ID, so two servers on one host (each with
+// its own bridge) must not share it, or one would take the other's link.
+func builderNetID(bridge string) string { return builderNetPrefix + "." + bridge }
+
+func isBuilderNet(id string) bool { return strings.HasPrefix(id, builderNetPrefix) }
 
 // sandboxNetworks is the network manager as the node sees it: the
 // builder's endpoint is the server's own, not a sandbox, so the node never
@@ -182,7 +190,7 @@ func (n sandboxNetworks) List(ctx context.Context) ([]network.Endpoint, error) {
 	eps, err := n.Linux.List(ctx)
 	out := eps[:0]
 	for _, ep := range eps {
-		if ep.ID != builderNetID {
+		if !isBuilderNet(ep.ID) {
 			out = append(out, ep)
 		}
 	}
@@ -190,28 +198,28 @@ func (n sandboxNetworks) List(ctx context.Context) ([]network.Endpoint, error) {
 }
 
 func (n sandboxNetworks) Setup(ctx context.Context, id string, p network.Policy) (network.Endpoint, error) {
-	if id == builderNetID {
+	if isBuilderNet(id) {
 		return network.Endpoint{}, network.ErrInvalidID
 	}
 	return n.Linux.Setup(ctx, id, p)
 }
 
 func (n sandboxNetworks) Teardown(ctx context.Context, id string) error {
-	if id == builderNetID {
+	if isBuilderNet(id) {
 		return nil
 	}
 	return n.Linux.Teardown(ctx, id)
 }
 
 func (n sandboxNetworks) UpdatePolicy(ctx context.Context, id string, p network.Policy) error {
-	if id == builderNetID {
+	if isBuilderNet(id) {
 		return network.ErrNotFound
 	}
 	return n.Linux.UpdatePolicy(ctx, id, p)
 }
 
 func (n sandboxNetworks) Get(ctx context.Context, id string) (network.Endpoint, error) {
-	if id == builderNetID {
+	if isBuilderNet(id) {
 		return network.Endpoint{}, network.ErrNotFound
 	}
 	return n.Linux.Get(ctx, id)
@@ -219,13 +227,13 @@ func (n sandboxNetworks) Get(ctx context.Context, id string) (network.Endpoint, 
 
 // builderNetns gives the builder its endpoint: a fresh one each start (one
 // left by a server that died is torn down first).
-func builderNetns(ctx context.Context, netm *network.Linux) (string, error) {
-	if err := netm.Teardown(ctx, builderNetID); err != nil {
+func builderNetns(ctx context.Context, netm *network.Linux, bridge string) (string, error) {
+	if err := netm.Teardown(ctx, builderNetID(bridge)); err != nil {
 		return "", err
 	}
 	// The default sandbox egress: the internet yes; the host, the pool,
 	// internal ranges and metadata no (docs/network.md).
-	ep, err := netm.Setup(ctx, builderNetID, network.Policy{AllowInternet: true})
+	ep, err := netm.Setup(ctx, builderNetID(bridge), network.Policy{AllowInternet: true})
 	if err != nil {
 		return "", err
 	}
@@ -250,14 +258,14 @@ func startSolver(ctx context.Context, o serveOptions, netm *network.Linux, regis
 	if _, err := os.Stat(bin); err != nil {
 		return nil, nil, fmt.Errorf("buildkitd binary: %w (make build produces bin/buildkitd)", err)
 	}
-	nsPath, err := builderNetns(ctx, netm)
+	nsPath, err := builderNetns(ctx, netm, o.bridge)
 	if err != nil {
 		return nil, nil, fmt.Errorf("builder network: %w", err)
 	}
 	teardown := func() {
 		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
-		if err := netm.Teardown(tctx, builderNetID); err != nil {
+		if err := netm.Teardown(tctx, builderNetID(o.bridge)); err != nil {
 			log.Error("removing the builder's network", "err", err)
 		}
 	}

@@ -405,8 +405,8 @@ type hostState struct {
 	mounts, netns, links, sandboxDirs, cgroups int
 }
 
-// builderEndpoint is the network endpoint serve makes for its template
-// builder (cmd/cubicle builderNetID).
+// builderEndpoint starts the ID of the network endpoint serve makes for its
+// template builder (cmd/cubicle builderNetID).
 const builderEndpoint = "cubicle.builder"
 
 func (s *server) snapshot(t *testing.T) hostState {
@@ -427,7 +427,7 @@ func (s *server) snapshot(t *testing.T) hostState {
 			}
 			// The template builder's endpoint is the server's own, not a
 			// sandbox's (serve makes it at start, cmd/cubicle builderNetID).
-			if strings.Contains(line, "/netns/"+builderEndpoint) {
+			if strings.Contains(line, "/netns/"+builderEndpoint+".") {
 				continue
 			}
 			if strings.Contains(line, s.DataDir) || strings.Contains(line, "/run/cubicle/"+s.Bridge) {
@@ -439,7 +439,7 @@ func (s *server) snapshot(t *testing.T) hostState {
 	builder := false
 	ents, _ := os.ReadDir(filepath.Join("/run/cubicle", s.Bridge, "netns"))
 	for _, e := range ents {
-		if e.Name() == builderEndpoint {
+		if strings.HasPrefix(e.Name(), builderEndpoint+".") {
 			builder = true
 			continue
 		}
@@ -449,7 +449,7 @@ func (s *server) snapshot(t *testing.T) hostState {
 	}
 	addrs, _ := os.ReadDir(filepath.Join("/run/cubicle", s.Bridge, "netns", ".addr"))
 	for _, a := range addrs {
-		if a.Name() != builderEndpoint {
+		if !strings.HasPrefix(a.Name(), builderEndpoint+".") {
 			h.netns++
 		}
 	}

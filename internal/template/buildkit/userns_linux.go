@@ -13,12 +13,14 @@ import (
 // sysProcAttr puts buildkitd in a new user and mount namespace, as root
 // inside and UserNSBase.. outside. Credential makes it uid 0 inside (an
 // unmapped uid would read as nobody and BuildKit would refuse rootless
-// mode); setgroups stays denied, as for any unprivileged user namespace.
+// mode). setgroups is allowed, as in a sandbox's namespace: the whole
+// 65536 range is the builder's, so dropping groups gains nothing, and RUN
+// steps need it (apt drops to _apt with setgroups).
 func (d *Daemon) sysProcAttr() *syscall.SysProcAttr {
 	m := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(d.cfg.UserNSBase), Size: UserNSSize}}
 	return &syscall.SysProcAttr{
 		Cloneflags:  unix.CLONE_NEWUSER | unix.CLONE_NEWNS,
-		UidMappings: m, GidMappings: m,
+		UidMappings: m, GidMappings: m, GidMappingsEnableSetgroups: true,
 		Credential: &syscall.Credential{Uid: 0, Gid: 0, NoSetGroups: true},
 		Setpgid:    true,
 		Pdeathsig:  syscall.SIGKILL,
