@@ -220,13 +220,15 @@ func exitText(ws unix.WaitStatus) string {
 type outputTail struct {
 	mu  sync.Mutex
 	buf []byte
+	eof chan struct{} // closed once the pipe is drained
 }
 
 const outputTailSize = 2048
 
 func newOutputTail(r *os.File) *outputTail {
-	t := &outputTail{}
+	t := &outputTail{eof: make(chan struct{})}
 	go func() {
+		defer close(t.eof)
 		defer r.Close()
 		b := make([]byte, 4096)
 		for {
@@ -245,7 +247,14 @@ func newOutputTail(r *os.File) *outputTail {
 	return t
 }
 
+// suffix is the tail for an error message. It is asked for once the kernel
+// has ended, so it first waits (bounded) for the pipe to be drained: the
+// process's exit can be seen before its last output is read.
 func (t *outputTail) suffix() string {
+	select {
+	case <-t.eof:
+	case <-time.After(2 * time.Second):
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if s := strings.TrimSpace(string(t.buf)); s != "" {
