@@ -663,15 +663,26 @@ func ctxErr(ctx context.Context) error {
 }
 
 func (s *processService) Start(ctx context.Context, req *connect.Request[pb.StartRequest], stream *connect.ServerStream[pb.StartResponse]) error {
+	// The user lookup and the start block in system calls, each holding an
+	// OS thread; bounded, a burst of starts never needs more threads than
+	// ReserveThreads made (at the pids limit none can be added).
+	select {
+	case startSem <- struct{}{}:
+	case <-ctx.Done():
+		return ctxErr(ctx)
+	}
 	u, err := s.a.requestUser(ctx)
 	if err != nil {
+		<-startSem
 		return connect.NewError(connect.CodeUnauthenticated, err)
 	}
 	timeout, err := timeoutFromHeader(req.Header())
 	if err != nil {
+		<-startSem
 		return connect.NewError(connect.CodeInvalidArgument, err)
 	}
 	p, sub, err := s.a.startProcess(u, req.Msg, timeout, true)
+	<-startSem
 	if err != nil {
 		return err
 	}

@@ -29,6 +29,11 @@ const threadSlack = 12
 
 var asUserSem = make(chan struct{}, asUserSlots)
 
+// startSlots bounds the process starts in progress (see processService.Start).
+const startSlots = 8
+
+var startSem = make(chan struct{}, startSlots)
+
 // ReserveThreads caps GOMAXPROCS at maxProcs and makes the runtime start
 // enough OS threads, while the sandbox's pids limit still has room, that it
 // never needs to create another (see above). It returns how many threads it
