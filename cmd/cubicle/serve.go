@@ -321,13 +321,14 @@ func serve(ctx context.Context, o serveOptions) error {
 		}
 		upstreamAllow = append(upstreamAllow, p)
 	}
-	// The interception CA: sandboxes trust it, so the egress proxy can
-	// apply network.rules to their HTTPS (docs/network.md, trust model).
+	// The interception CA: sandboxes whose policy has rules trust it, so
+	// the egress proxy can apply them to their HTTPS (docs/network.md,
+	// trust model).
 	egressCA, err := servecert.LoadOrCreateCA(filepath.Join(o.dataDir, "egress-ca"), "Cubicle egress CA "+hostname())
 	if err != nil {
 		return fmt.Errorf("egress CA: %w", err)
 	}
-	sandboxCAs, err := withCA(o.caCerts, egressCA.PEM())
+	egressTrust, err := cacerts.Parse(egressCA.PEM())
 	if err != nil {
 		return fmt.Errorf("egress CA: %w", err)
 	}
@@ -376,7 +377,7 @@ func serve(ctx context.Context, o serveOptions) error {
 		VolumeDir: filepath.Join(o.dataDir, "node", "volumes"), VolumeBaseDir: vc.node.BaseDir,
 		VolumePlugin:  func(d string) (volume.Node, error) { return nodePlugins.Get(d) },
 		VolumeDrivers: nodePlugins.Names(), VolumeMetrics: volMetrics, Logger: log,
-		Lxcfs: lx.Mountpoint(), LxcfsFiles: lx.Files(), CACerts: sandboxCAs,
+		Lxcfs: lx.Mountpoint(), LxcfsFiles: lx.Files(), CACerts: o.caCerts, EgressCA: egressTrust,
 		SnapshotDir: filepath.Join(o.dataDir, "snapshots"),
 		TokenDir:    filepath.Join(o.dataDir, "node", "tokens"),
 		HoldInit:    holdInitFromEnv(),
@@ -674,15 +675,6 @@ func usernsMode(v, runtime string) (bool, error) {
 func hostname() string {
 	h, _ := os.Hostname()
 	return h
-}
-
-// withCA is the operator's CA set plus one more certificate (PEM).
-func withCA(set *cacerts.Set, pem []byte) (*cacerts.Set, error) {
-	var b []byte
-	if set != nil {
-		b = append(set.PEM(), '\n')
-	}
-	return cacerts.Parse(append(b, pem...))
 }
 
 // trustRoots is what the egress proxy verifies real servers against: the

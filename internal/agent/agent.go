@@ -67,6 +67,9 @@ type Config struct {
 	LogDir string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// Root is the tree whose trust store /init's egressCA goes into
+	// (default "/").
+	Root string
 }
 
 // Agent serves the envd API.
@@ -98,6 +101,9 @@ func New(cfg Config) *Agent {
 	}
 	if cfg.GroupPath == "" {
 		cfg.GroupPath = "/etc/group"
+	}
+	if cfg.Root == "" {
+		cfg.Root = "/"
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

@@ -62,7 +62,12 @@ func newTestEnv(t *testing.T, token string) *testEnv {
 	writeFileT(t, group, "root:x:0:\nuser:x:1000:\nextra:x:1500:user\n")
 
 	// LogDir: tests must never write the real /var/log/cubicle.
-	a := New(Config{PasswdPath: passwd, GroupPath: group, AccessToken: token, LogDir: filepath.Join(base, "log")})
+	// Root: /init's egressCA must never touch the host's trust store.
+	tree := filepath.Join(base, "tree")
+	if err := os.Mkdir(tree, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	a := New(Config{PasswdPath: passwd, GroupPath: group, AccessToken: token, LogDir: filepath.Join(base, "log"), Root: tree})
 	srv := httptest.NewUnstartedServer(a.Handler())
 	EnableH2C(srv.Config)
 	srv.Start()

@@ -14,16 +14,23 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cubicle-dev/cubicle/internal/cacerts"
 )
 
 // initRequest is the body of POST /init. Fields the agent does not act on
-// (volumeMounts, hyperloopIP, lifecycleID, caBundle) are accepted and ignored.
+// (e2b's volumeMounts, hyperloopIP, lifecycleID, caBundle) are accepted and
+// ignored.
 //
 // StartCmd, StartUser and StartWorkdir are Cubicle's template start command
 // (see startcmd.go): the first /init with a non-empty startCmd starts it, as
 // startUser (a name, "uid" or "uid:gid"; empty: the default user after this
 // /init), in startWorkdir (empty: the user's home). Later ones ignore all
 // three.
+//
+// EgressCA is the node's interception CA (PEM), sent only to sandboxes whose
+// egress policy has rules: it is added to the trust store (cacerts.Install)
+// before anything else is applied, and stays there.
 type initRequest struct {
 	AccessToken    *string           `json:"accessToken"`
 	EnvVars        map[string]string `json:"envVars"`
@@ -33,6 +40,7 @@ type initRequest struct {
 	StartCmd       string            `json:"startCmd"`
 	StartUser      string            `json:"startUser"`
 	StartWorkdir   string            `json:"startWorkdir"`
+	EgressCA       string            `json:"egressCA"`
 }
 
 // handleInit applies /init. It is idempotent. The caller must prove it knows
@@ -70,6 +78,15 @@ func (a *Agent) handleInit(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	var egressCA *cacerts.Set
+	if req.EgressCA != "" {
+		set, err := cacerts.Parse([]byte(req.EgressCA))
+		if err != nil {
+			writeJSONError(w, http.StatusBadRequest, "egressCA: "+err.Error())
+			return
+		}
+		egressCA = set
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	hdr := r.Header.Get("X-Access-Token")
@@ -81,6 +98,13 @@ func (a *Agent) handleInit(w http.ResponseWriter, r *http.Request) {
 	if req.AccessToken != nil && *req.AccessToken == "" {
 		writeJSONError(w, http.StatusBadRequest, "accessToken must not be empty")
 		return
+	}
+	// Before the start command, which may call a host that has rules.
+	if egressCA != nil {
+		if err := a.installCA(egressCA); err != nil {
+			writeJSONError(w, http.StatusInternalServerError, err.Error())
+			return
+		}
 	}
 	if strings.TrimSpace(req.StartCmd) != "" && !a.startClaimed {
 		if a.startStatusFromThisBoot() {
@@ -109,6 +133,15 @@ func (a *Agent) handleInit(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusNoContent)
+}
+
+func (a *Agent) installCA(set *cacerts.Set) error {
+	root, err := os.OpenRoot(a.cfg.Root)
+	if err != nil {
+		return fmt.Errorf("egressCA: %w", err)
+	}
+	defer root.Close()
+	return set.Install(root, cacerts.EgressPath)
 }
 
 // startFromInit starts req's start command with the environment this /init

@@ -6,13 +6,16 @@ package cacerts
 
 import (
 	"bytes"
+	"crypto/rand"
 	"crypto/x509"
+	"encoding/hex"
 	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -192,4 +195,98 @@ func readAllCapped(r io.Reader) ([]byte, error) {
 		return nil, fmt.Errorf("bundle larger than %d bytes", maxBundle)
 	}
 	return b, nil
+}
+
+// EgressPath is where a sandbox keeps the node's interception CA
+// (internal/egress), apart from the operator's, so update-ca-certificates
+// keeps it and it is easy to find.
+const EgressPath = "/usr/local/share/ca-certificates/cubicle-egress.crt"
+
+// Install adds s to the trust store of the tree under root (a sandbox's "/",
+// as its agent sees it): appended to the system bundle unless every
+// certificate is already in it, and written alone at local. It is
+// idempotent. Both files are replaced by rename, so a client reading the
+// bundle meanwhile gets the old one or the new one, whole. root confines
+// every path, so a symlink the sandbox placed cannot lead a write elsewhere.
+func (s *Set) Install(root *os.Root, local string) error {
+	bundle := relative(BundlePath)
+	cur, err := readRoot(root, bundle)
+	if err != nil {
+		return fmt.Errorf("cacerts: read %s: %w", BundlePath, err)
+	}
+	if !s.containedIn(cur) {
+		if err := replace(root, bundle, s.appendTo(cur)); err != nil {
+			return fmt.Errorf("cacerts: write %s: %w", BundlePath, err)
+		}
+	}
+	if err := replace(root, relative(local), s.PEM()); err != nil {
+		return fmt.Errorf("cacerts: write %s: %w", local, err)
+	}
+	return nil
+}
+
+// containedIn: every certificate of s is in bundle, as Install writes it.
+func (s *Set) containedIn(bundle []byte) bool {
+	rest := s.pem
+	for {
+		var blk *pem.Block
+		start := rest
+		blk, rest = pem.Decode(rest)
+		if blk == nil {
+			return true
+		}
+		if !bytes.Contains(bundle, start[:len(start)-len(rest)]) {
+			return false
+		}
+	}
+}
+
+func relative(p string) string { return strings.TrimPrefix(filepath.Clean("/"+p), "/") }
+
+// readRoot reads a file under root; a missing one is empty.
+func readRoot(root *os.Root, name string) ([]byte, error) {
+	f, err := root.Open(name)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, errNotRegular
+	}
+	return readAllCapped(f)
+}
+
+// replace writes data to name under root through a temporary file in the
+// same directory and a rename.
+func replace(root *os.Root, name string, data []byte) error {
+	dir := filepath.Dir(name)
+	if err := root.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	var suffix [8]byte
+	if _, err := rand.Read(suffix[:]); err != nil {
+		return err
+	}
+	tmp := filepath.Join(dir, ".cubicle-ca-"+hex.EncodeToString(suffix[:]))
+	f, err := root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	_, werr := f.Write(data)
+	if err := errors.Join(werr, f.Chmod(0o644), f.Close()); err != nil {
+		_ = root.Remove(tmp)
+		return err
+	}
+	if err := root.Rename(tmp, name); err != nil {
+		_ = root.Remove(tmp)
+		return err
+	}
+	return nil
 }

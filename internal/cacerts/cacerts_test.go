@@ -111,3 +111,84 @@ func TestSandboxFiles(t *testing.T) {
 		t.Fatalf("bundle of an image without one = %q, want the extra CA alone", files[BundlePath])
 	}
 }
+
+func TestInstall(t *testing.T) {
+	egress, other := testCA(t, "egress"), testCA(t, "other")
+	s, err := Parse(egress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	bundle := filepath.Join(dir, BundlePath)
+	if err := os.MkdirAll(filepath.Dir(bundle), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bundle, append([]byte("MOZILLA\n"), other...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	for range 2 { // idempotent: the second adds nothing
+		if err := s.Install(root, EgressPath); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, _ := os.ReadFile(bundle)
+	if want := append(append([]byte("MOZILLA\n"), other...), egress...); !bytes.Equal(got, want) {
+		t.Fatalf("bundle = %q, want the image's bundle then the CA once", got)
+	}
+	if fi, _ := os.Stat(bundle); fi.Mode().Perm() != 0o644 {
+		t.Fatalf("bundle mode %v", fi.Mode())
+	}
+	if local, _ := os.ReadFile(filepath.Join(dir, EgressPath)); !bytes.Equal(local, egress) {
+		t.Fatalf("%s = %q", EgressPath, local)
+	}
+	left, _ := filepath.Glob(filepath.Join(dir, "etc/ssl/certs/.cubicle-ca-*"))
+	if len(left) != 0 {
+		t.Fatalf("temporary files left: %v", left)
+	}
+
+	// An image without a bundle gets one with the CA alone.
+	bare := t.TempDir()
+	broot, _ := os.OpenRoot(bare)
+	defer broot.Close()
+	if err := s.Install(broot, EgressPath); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(bare, BundlePath)); !bytes.Equal(got, egress) {
+		t.Fatalf("bare bundle = %q", got)
+	}
+}
+
+// A sandbox controls its own tree: a symlink it placed must not lead the
+// install outside it.
+func TestInstallStaysInRoot(t *testing.T) {
+	s, err := Parse(testCA(t, "egress"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	outside := t.TempDir()
+	for name, link := range map[string]string{"etc/ssl/certs": outside, "usr/local/share/ca-certificates": "../../../../" + filepath.Base(outside)} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			p := filepath.Join(dir, name)
+			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(link, p); err != nil {
+				t.Fatal(err)
+			}
+			root, _ := os.OpenRoot(dir)
+			defer root.Close()
+			if err := s.Install(root, EgressPath); err == nil {
+				t.Fatal("install through a symlink out of the root succeeded")
+			}
+			if ents, _ := os.ReadDir(outside); len(ents) != 0 {
+				t.Fatalf("wrote outside the root: %v", ents)
+			}
+		})
+	}
+}

@@ -875,6 +875,16 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, n store.Network)
 		return err
 	}
 	old := sb.Network
+	if len(plain.Rules) > 0 && sb.State == store.StateRunning {
+		// Only a sandbox with rules trusts the interception CA; its agent
+		// installs it at /init, before the proxy starts intercepting. A
+		// paused one gets it from the /init of its resume.
+		req := m.nodeRequest(sb, nil)
+		req.Policy = plain
+		if err := m.node.Reinit(ctx, id, req, sb.EnvdToken); err != nil {
+			return fmt.Errorf("network update: install the egress CA: %w", err)
+		}
+	}
 	if err := m.node.UpdatePolicy(ctx, id, plain); err != nil {
 		return err
 	}

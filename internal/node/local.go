@@ -6,10 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/cubicle-dev/cubicle/internal/accel"
-	"github.com/cubicle-dev/cubicle/internal/cacerts"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
@@ -18,6 +17,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/accel"
+	"github.com/cubicle-dev/cubicle/internal/cacerts"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/volume"
@@ -63,6 +64,12 @@ type LocalConfig struct {
 	// (internal/cacerts): the image's bundle plus them, and the env vars
 	// that make Node.js and certifi users read it.
 	CACerts *cacerts.Set
+	// EgressCA, when set, is the egress proxy's interception CA. Only a
+	// sandbox whose policy has rules trusts it: its agent installs it at
+	// /init (cacerts.Install), which every boot, claim and resume sends, and
+	// the control plane re-sends /init when PUT /network adds rules. Once in,
+	// it stays: it lets the node read TLS only for hosts that have rules.
+	EgressCA *cacerts.Set
 	// SnapshotDir keeps snapshots' layers and memory images (root-only);
 	// "" = this node takes no snapshots.
 	SnapshotDir string
@@ -333,9 +340,14 @@ func (l *Local) initAgent(ctx context.Context, id string, addr netip.Addr, req C
 			delay *= 2
 		}
 	}
+	env := req.EnvVars
+	if len(req.Policy.Rules) > 0 && l.cfg.EgressCA != nil {
+		env = cacerts.Env()
+		maps.Copy(env, req.EnvVars)
+	}
 	initBody := map[string]any{
 		"accessToken": req.EnvdToken,
-		"envVars":     req.EnvVars,
+		"envVars":     env,
 		"defaultUser": req.DefaultUser,
 		"timestamp":   time.Now().UTC().Format(time.RFC3339Nano),
 	}
@@ -346,6 +358,9 @@ func (l *Local) initAgent(ctx context.Context, id string, addr netip.Addr, req C
 	}
 	if req.DefaultWorkdir != "" {
 		initBody["defaultWorkdir"] = req.DefaultWorkdir
+	}
+	if len(req.Policy.Rules) > 0 && l.cfg.EgressCA != nil {
+		initBody["egressCA"] = string(l.cfg.EgressCA.PEM())
 	}
 	body, _ := json.Marshal(initBody)
 	r, _ := http.NewRequestWithContext(ctx, http.MethodPost, agentURL(id, addr, "/init"), bytes.NewReader(body))

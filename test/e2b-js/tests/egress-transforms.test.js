@@ -110,6 +110,45 @@ test('a rules transform injects a header the server sees; a Secret placeholder i
   }
 })
 
+test('only a sandbox whose policy has rules trusts the interception CA; updateNetwork adding rules installs it first', { timeout: 180000 }, async () => {
+  const fs = require('node:fs')
+  // The CA's body lines, as a fixed string that grep can look for.
+  const pem = fs.readFileSync(path.join(srv.dataDir, 'egress-ca', 'ca.pem'), 'utf8')
+  const line = pem.split('\n')[1]
+  assert.match(line, /^[A-Za-z0-9+/]{64}$/)
+  const trusts = async (sbx) => {
+    const r = await sbx.commands.run(
+      `grep -cF '${line}' /etc/ssl/certs/ca-certificates.crt; test -e /usr/local/share/ca-certificates/cubicle-egress.crt && echo file || echo none`,
+      { user: 'root' },
+    ).catch((e) => e.result ?? e)
+    return r.stdout.trim()
+  }
+  const sbx = await Sandbox.create('base', { network: { allowOut: ['api.test'], denyOut: [ALL_TRAFFIC] } })
+  try {
+    assert.equal(await trusts(sbx), '0\nnone', 'a sandbox without rules trusts the interception CA')
+    // Hosts without rules are not intercepted, so TLS still verifies.
+    assert.equal(await status(sbx, 'https://api.test/'), '200')
+
+    await sbx.updateNetwork({ allowOut: ['api.test'], denyOut: [ALL_TRAFFIC], rules: { 'api.test': [{ transform: { headers: { 'X-Team': 'late' } } }] } })
+    assert.equal(await trusts(sbx), '1\nfile')
+    // curl verifies the intercepted certificate against the bundle.
+    const e = JSON.parse(await curl(sbx, 'https://api.test/'))
+    assert.deepEqual(e.headers['X-Team'], ['late'])
+    // Idempotent: another update with rules adds nothing.
+    await sbx.updateNetwork({ allowOut: ['api.test'], denyOut: [ALL_TRAFFIC], rules: { 'api.test': [{ transform: { headers: { 'X-Team': 'again' } } }] } })
+    assert.equal(await trusts(sbx), '1\nfile')
+  } finally {
+    await sbx.kill()
+  }
+  // Created with rules: trusted from the first command.
+  const ruled = await Sandbox.create('base', { network: { allowOut: ['api.test'], denyOut: [ALL_TRAFFIC], rules: { 'api.test': [{ transform: { headers: { 'X-Team': 'first' } } }] } } })
+  try {
+    assert.equal(await trusts(ruled), '1\nfile')
+  } finally {
+    await ruled.kill()
+  }
+})
+
 test('a rule naming a secret that is then deleted answers 502 and forwards nothing', { timeout: 120000 }, async () => {
   const name = `gone-${Date.now()}`
   await Secret.create(name, 'v')
