@@ -763,6 +763,10 @@ func (d *Driver) checkpoint(ctx context.Context, id string) error {
 	if err := os.Mkdir(img, 0o700); err != nil {
 		return err
 	}
+	if err := d.checkpointFits(id, img); err != nil {
+		os.RemoveAll(img)
+		return err
+	}
 	if _, err := d.run(ctx, "checkpoint", "--image-path", img, id); err != nil {
 		os.RemoveAll(img)
 		return err

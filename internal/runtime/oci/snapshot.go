@@ -80,6 +80,9 @@ func (d *Driver) Snapshot(ctx context.Context, id, dst string, memory bool) (_ r
 		if err := os.Mkdir(img, 0o700); err != nil {
 			return runtime.SnapshotInfo{}, err
 		}
+		if err := d.checkpointFits(id, img); err != nil {
+			return runtime.SnapshotInfo{}, err
+		}
 		if _, err := d.run(ctx, "checkpoint", "--leave-running", "--image-path", img, id); err != nil {
 			return runtime.SnapshotInfo{}, err
 		}
@@ -127,6 +130,28 @@ func (d *Driver) Snapshot(ctx context.Context, id, dst string, memory bool) (_ r
 	}
 	out.SizeBytes = n
 	return out, nil
+}
+
+// checkpointFits refuses a runsc checkpoint of id into dir that dir's
+// filesystem cannot hold, before runsc fills it: gVisor writes the memory
+// the sandbox uses, which its cgroup counts (memory.current: the sentry's
+// memory file included). That is an upper bound (the image is compressed),
+// so a checkpoint it admits does not fail for space.
+func (d *Driver) checkpointFits(id, dir string) error {
+	st, err := readStats(d.cfg.CgroupParent, id)
+	if err != nil {
+		return nil // unmeasured: runsc tries, and its failure is the answer
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil {
+		return err
+	}
+	free := int64(fs.Bavail) * fs.Bsize
+	if need := int64(st.MemoryBytes); need > free {
+		return fmt.Errorf("%w: its memory image may take %d MiB (the memory it uses), more than what the snapshot store has free (%d MiB)",
+			runtime.ErrSnapshotTooLarge, (need+1<<20-1)>>20, free>>20)
+	}
+	return nil
 }
 
 // snapshotBudget is what the copy of id's layer into dst may take: the

@@ -90,3 +90,54 @@ func TestSnapshotRefusedLeavesNothing(t *testing.T) {
 		})
 	}
 }
+
+// A memory snapshot (runsc checkpoint) that its store cannot hold is refused
+// with ErrSnapshotTooLarge and the reason before runsc writes it, leaves
+// nothing behind, and the sandbox keeps running; with room it works.
+func TestMemorySnapshotRefusedLeavesNothing(t *testing.T) {
+	env := newTestEnv(t, "runsc")
+	d, ctx := env.d, context.Background()
+	out := filepath.Join(env.base, "out-mem")
+	if err := os.Mkdir(out, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	id := runtimetest.NewID(t)
+	t.Cleanup(func() { d.Delete(context.Background(), id) })
+	// 40 MiB in the sentry's tmpfs: memory the checkpoint must write.
+	if _, err := d.Create(ctx, runtime.Spec{ID: id, Layers: env.layers,
+		Args:      []string{"/bin/sh", "-c", "dd if=/dev/urandom of=/dev/shm/blob bs=1M count=40 2>/dev/null && touch /out/done; sleep 3600"},
+		Mounts:    []runtime.Mount{{Source: out, Destination: "/out"}},
+		Resources: runtime.Resources{CPUCount: 1, MemoryMB: 256, PIDs: 64, DiskMB: 64}}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for _, err := os.Stat(filepath.Join(out, "done")); err != nil; _, err = os.Stat(filepath.Join(out, "done")) {
+		if time.Now().After(deadline) {
+			t.Fatal("the sandbox did not fill its memory")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	small := filepath.Join(env.base, "small-mem")
+	if err := os.Mkdir(small, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", small, "tmpfs", 0, "size=16m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(small, unix.MNT_DETACH) })
+
+	_, err := d.Snapshot(ctx, id, filepath.Join(small, "snap"), true)
+	if !errors.Is(err, runtime.ErrSnapshotTooLarge) || !strings.Contains(err.Error(), "memory") || !strings.Contains(err.Error(), "free") || strings.Contains(err.Error(), env.base) {
+		t.Fatalf("memory snapshot of 40+ MiB into 16 MiB = %v; want ErrSnapshotTooLarge naming the memory and the free space", err)
+	}
+	if ents, _ := os.ReadDir(small); len(ents) != 0 {
+		t.Errorf("left behind: %v", ents)
+	}
+	if info, err := d.Inspect(ctx, id); err != nil || info.State != runtime.StateRunning {
+		t.Fatalf("after the refused snapshot: %+v, %v; want running", info, err)
+	}
+	info, err := d.Snapshot(ctx, id, filepath.Join(env.base, "snap-mem"), true)
+	if err != nil || info.Kind != runtime.SnapshotMemory {
+		t.Fatalf("memory snapshot with room: %+v, %v", info, err)
+	}
+}
