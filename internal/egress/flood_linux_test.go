@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/network"
+
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 // rssKiB reads a field (VmRSS, VmHWM) of this process's status.
@@ -58,9 +60,7 @@ const (
 // is budgeted per sandbox, so the flood neither grows the process past a
 // bound nor keeps the proxy from answering a neighbour.
 func TestHeaderFloodIsBounded(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (netns, veth, nftables)")
-	}
+	testenv.RequireRoot(t, "netns, veth, nftables")
 	tn := startTestnet(t)
 	l, _ := newManager(t, netip.MustParseAddr(tn.DNS))
 	pol := network.Policy{AllowOut: []string{"a.test"}, DenyOut: []string{"0.0.0.0/0"}}

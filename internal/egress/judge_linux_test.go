@@ -15,6 +15,8 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/egress"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/servecert"
+
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 // interception applies rules with ca, trusting the testnet's servers.
@@ -54,9 +56,7 @@ func countAccepts(t *testing.T, ln net.Listener) *atomic.Int32 {
 // localhost, by DNS for another sandbox's address), by address through an
 // upstream SOCKS5 proxy, and for a host with transform rules.
 func TestForbiddenOnEveryPath(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (netns, veth, nftables)")
-	}
+	testenv.RequireRoot(t, "netns, veth, nftables")
 	// The host's loopback, where the API and other host services listen.
 	var hostHits []*atomic.Int32
 	for _, port := range []string{"80", "443"} {

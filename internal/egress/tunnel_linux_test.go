@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +15,8 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/cubicle-dev/cubicle/internal/network"
+
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 // udpEcho reports whether a datagram from netns ns to addr:port is echoed.
@@ -74,9 +75,7 @@ func lookup(t *testing.T, ns, proto, addr, name string) (netip.Addr, int) {
 // forwarded: the resolver sees no query) with a stand-in address, and a
 // connection to it is sent to the upstream by name (SOCKS5 remote DNS).
 func TestUpstreamFailsClosedForUDPAndDNS(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (netns, veth, nftables)")
-	}
+	testenv.RequireRoot(t, "netns, veth, nftables")
 	tn := startTestnetArgs(t, "--socks-user", "alice", "--socks-pass", "pw")
 	l, _ := startManager(t, testConfig(t, netip.MustParseAddr(tn.DNS)))
 	const id = "tunneludp1"

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strconv"
@@ -135,18 +134,8 @@ func TestDaemon(t *testing.T) {
 // host CPU than that; a restarted lxcfs lands there too, and Close removes
 // the cgroup.
 func TestDaemonCPUBound(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("needs root (FUSE mount, cgroups); CI=true")
-		}
-		t.Skip("needs root (FUSE mount, cgroups)")
-	}
-	if _, err := exec.LookPath("lxcfs"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("lxcfs not installed; CI=true")
-		}
-		t.Skip("lxcfs not installed")
-	}
+	testenv.RequireRoot(t, "FUSE mount, cgroups")
+	testenv.LookPath(t, "lxcfs")
 	dir, err := os.MkdirTemp("/var/tmp", "lxcfs-test-")
 	if err != nil {
 		t.Fatal(err)

@@ -7,12 +7,13 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 // silentPortScript listens on 8000 and never answers, holding each
@@ -149,12 +150,7 @@ func (f *flood) worker(src, addr, sandboxID string, stop <-chan struct{}) {
 func TestProxyFloodLeavesTheServerServing(t *testing.T) {
 	for _, rt := range []string{"runc", "runsc"} {
 		t.Run(rt, func(t *testing.T) {
-			if _, err := exec.LookPath(rt); err != nil {
-				if os.Getenv("CI") == "true" {
-					t.Fatalf("%s missing in CI: scripts/install must install it", rt)
-				}
-				t.Skipf("%s not installed", rt)
-			}
+			testenv.LookPath(t, rt)
 			proxyFlood(t, rt)
 		})
 	}

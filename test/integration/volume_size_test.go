@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -15,6 +14,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cubicle-dev/cubicle/internal/diskimage"
+
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 type sizedVolume struct {
@@ -240,12 +241,7 @@ func TestDiskShortReported(t *testing.T) {
 // Under gVisor the volume's writes reach the image through the gofer, and
 // a write past the size is ENOSPC there too.
 func TestVolumeSizeRunsc(t *testing.T) {
-	if _, err := exec.LookPath("runsc"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("runsc missing in CI: scripts/install must install it")
-		}
-		t.Skip("runsc not installed")
-	}
+	testenv.LookPath(t, "runsc")
 	s := startServer(t, "--runtime", "runsc")
 	s.createVolume(t, map[string]any{"name": "small", "size": 16 << 20})
 	t.Cleanup(func() { s.do("DELETE", "/volumes/small", nil, nil) })

@@ -15,6 +15,8 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/runtime/runtimetest"
+
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 // One user-namespaced sandbox takes every per-user kernel budget it can
@@ -134,9 +136,7 @@ func TestUsernsOwner(t *testing.T) {
 // The bind target sits in a directory the sandbox's host uid owns: a link
 // put there is replaced, never followed.
 func TestBindOwnedUsernsNoFollow(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	testenv.RequireRoot(t, "bind mounts")
 	dir := t.TempDir()
 	victim := filepath.Join(dir, "victim")
 	if err := os.WriteFile(victim, []byte("keep"), 0o600); err != nil {

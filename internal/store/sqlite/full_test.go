@@ -10,6 +10,8 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/diskimage"
 	"github.com/cubicle-dev/cubicle/internal/store"
+
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 // A full filesystem fails the store's writes but never corrupts it: once
@@ -18,12 +20,7 @@ import (
 // real 8 MiB ext4 image filled to the last block, as the data filesystem
 // would be if sandboxes and the reserve were all used up.
 func TestFullDiskKeepsStore(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("needs root to mount an image")
-		}
-		t.Skip("needs root to mount an image")
-	}
+	testenv.RequireRoot(t, "to mount an image")
 	ctx := context.Background()
 	dir := t.TempDir()
 	img, mnt := filepath.Join(dir, "fs.img"), filepath.Join(dir, "mnt")

@@ -946,12 +946,7 @@ func TestEscapeSentinel(t *testing.T) {
 // client's body), the partial upload is removed, and the files already
 // there are intact. The volume is a real 8 MiB sized image.
 func TestUploadPastVolumeSize(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("needs root to mount an image")
-		}
-		t.Skip("needs root to mount an image")
-	}
+	testenv.RequireRoot(t, "to mount an image")
 	e := newEnv(t)
 	img := filepath.Join(t.TempDir(), "vol.img")
 	if err := diskimage.Create(t.Context(), img, 8); err != nil {
