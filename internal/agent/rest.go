@@ -101,7 +101,7 @@ func (a *Agent) handleInit(w http.ResponseWriter, r *http.Request) {
 	}
 	// Before the start command, which may call a host that has rules.
 	if egressCA != nil {
-		if err := a.installCA(egressCA); err != nil {
+		if err := egressCA.Install(a.cfg.Root, cacerts.EgressPath); err != nil {
 			writeJSONError(w, http.StatusInternalServerError, err.Error())
 			return
 		}
@@ -133,15 +133,6 @@ func (a *Agent) handleInit(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusNoContent)
-}
-
-func (a *Agent) installCA(set *cacerts.Set) error {
-	root, err := os.OpenRoot(a.cfg.Root)
-	if err != nil {
-		return fmt.Errorf("egressCA: %w", err)
-	}
-	defer root.Close()
-	return set.Install(root, cacerts.EgressPath)
 }
 
 // startFromInit starts req's start command with the environment this /init

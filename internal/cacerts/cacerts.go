@@ -202,20 +202,28 @@ func readAllCapped(r io.Reader) ([]byte, error) {
 // keeps it and it is easy to find.
 const EgressPath = "/usr/local/share/ca-certificates/cubicle-egress.crt"
 
-// Install adds s to the trust store of the tree under root (a sandbox's "/",
+// Install adds s to the trust store of the tree at dir (a sandbox's "/",
 // as its agent sees it): appended to the system bundle unless every
 // certificate is already in it, and written alone at local. It is
 // idempotent. Both files are replaced by rename, so a client reading the
-// bundle meanwhile gets the old one or the new one, whole. root confines
-// every path, so a symlink the sandbox placed cannot lead a write elsewhere.
-func (s *Set) Install(root *os.Root, local string) error {
-	bundle := relative(BundlePath)
-	cur, err := readRoot(root, bundle)
+// bundle meanwhile gets the old one or the new one, whole. Every path stays
+// inside dir (RESOLVE_IN_ROOT to read, os.Root to write), so a symlink in
+// the tree cannot lead a write elsewhere.
+func (s *Set) Install(dir, local string) error {
+	cur, err := readInRoot(dir, BundlePath)
+	if errors.Is(err, unix.ENOENT) {
+		cur, err = nil, nil
+	}
 	if err != nil {
 		return fmt.Errorf("cacerts: read %s: %w", BundlePath, err)
 	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
 	if !s.containedIn(cur) {
-		if err := replace(root, bundle, s.appendTo(cur)); err != nil {
+		if err := replace(root, relative(BundlePath), s.appendTo(cur)); err != nil {
 			return fmt.Errorf("cacerts: write %s: %w", BundlePath, err)
 		}
 	}
@@ -242,26 +250,6 @@ func (s *Set) containedIn(bundle []byte) bool {
 }
 
 func relative(p string) string { return strings.TrimPrefix(filepath.Clean("/"+p), "/") }
-
-// readRoot reads a file under root; a missing one is empty.
-func readRoot(root *os.Root, name string) ([]byte, error) {
-	f, err := root.Open(name)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, errNotRegular
-	}
-	return readAllCapped(f)
-}
 
 // replace writes data to name under root through a temporary file in the
 // same directory and a rename.

@@ -126,13 +126,8 @@ func TestInstall(t *testing.T) {
 	if err := os.WriteFile(bundle, append([]byte("MOZILLA\n"), other...), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	root, err := os.OpenRoot(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer root.Close()
 	for range 2 { // idempotent: the second adds nothing
-		if err := s.Install(root, EgressPath); err != nil {
+		if err := s.Install(dir, EgressPath); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -153,9 +148,7 @@ func TestInstall(t *testing.T) {
 
 	// An image without a bundle gets one with the CA alone.
 	bare := t.TempDir()
-	broot, _ := os.OpenRoot(bare)
-	defer broot.Close()
-	if err := s.Install(broot, EgressPath); err != nil {
+	if err := s.Install(bare, EgressPath); err != nil {
 		t.Fatal(err)
 	}
 	if got, _ := os.ReadFile(filepath.Join(bare, BundlePath)); !bytes.Equal(got, egress) {
@@ -181,14 +174,39 @@ func TestInstallStaysInRoot(t *testing.T) {
 			if err := os.Symlink(link, p); err != nil {
 				t.Fatal(err)
 			}
-			root, _ := os.OpenRoot(dir)
-			defer root.Close()
-			if err := s.Install(root, EgressPath); err == nil {
+			if err := s.Install(dir, EgressPath); err == nil {
 				t.Fatal("install through a symlink out of the root succeeded")
 			}
 			if ents, _ := os.ReadDir(outside); len(ents) != 0 {
 				t.Fatalf("wrote outside the root: %v", ents)
 			}
 		})
+	}
+}
+
+// An image whose bundle is an absolute symlink (to another file of the
+// image) keeps its certificates: the link is read inside the tree, then
+// replaced by the bundle with the CA appended.
+func TestInstallThroughAbsoluteLink(t *testing.T) {
+	egress := testCA(t, "egress")
+	s, err := Parse(egress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "etc/ssl/certs"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "etc/ssl/cert.pem"), []byte("IMAGE\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/etc/ssl/cert.pem", filepath.Join(dir, BundlePath)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Install(dir, EgressPath); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(dir, BundlePath)); !bytes.Equal(got, append([]byte("IMAGE\n"), egress...)) {
+		t.Fatalf("bundle = %q", got)
 	}
 }
