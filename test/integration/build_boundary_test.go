@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/network"
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 // A RUN step is any team's code. It runs as an unprivileged host uid, in
@@ -132,7 +133,7 @@ func TestTemplateBuildBoundary(t *testing.T) {
 
 	// buildkitd itself: an unprivileged host uid.
 	pid := buildkitdPid(t, s.DataDir)
-	uids := statusUids(t, pid)
+	uids := testenv.ProcUids(t, pid)
 	for _, u := range uids {
 		if u == "0" {
 			t.Errorf("buildkitd (pid %d) host uids %v", pid, uids)
@@ -196,18 +197,3 @@ func buildkitdPid(t *testing.T, dataDir string) int {
 	return 0
 }
 
-// statusUids is the Uid line of /proc/<pid>/status (real, effective, saved, fs).
-func statusUids(t *testing.T, pid int) []string {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) == 5 && f[0] == "Uid:" {
-			return f[1:]
-		}
-	}
-	t.Fatalf("no Uid line in /proc/%d/status", pid)
-	return nil
-}

@@ -3,14 +3,13 @@ package integration
 import (
 	"fmt"
 	"net/http"
-	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/runtime/runtimetest"
 	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
@@ -25,12 +24,12 @@ func TestRunscSandbox(t *testing.T) {
 	}
 	// serve's default (--userns auto): gVisor's sentry runs as the sandbox's
 	// unprivileged host uid, not host root.
-	sentryUIDs := runscSentryUIDs(t, c.SandboxID)
-	if len(sentryUIDs) == 0 {
+	sentry, _ := runtimetest.RunscProcs(t, c.SandboxID)
+	if len(sentry) == 0 {
 		t.Fatal("no runsc sentry (runsc-sandbox ... boot) found for the sandbox")
 	}
-	for pid, uid := range sentryUIDs {
-		if uid == 0 {
+	for _, pid := range sentry {
+		if uid, _ := runtimetest.ProcIDs(t, pid); uid == "0" {
 			t.Errorf("sentry %d runs as host root", pid)
 		}
 	}
@@ -68,41 +67,6 @@ func TestRunscSandbox(t *testing.T) {
 	if h := s.snapshot(t); h.netns != 0 || h.sandboxDirs != 0 || h.mounts != 0 {
 		t.Fatalf("runsc sandbox left host state: %+v", h)
 	}
-}
-
-// runscSentryUIDs maps the pid of each runsc sentry ("boot") serving
-// sandbox id to its real host uid.
-func runscSentryUIDs(t *testing.T, id string) map[int]int {
-	t.Helper()
-	out := map[int]int{}
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err != nil {
-			continue
-		}
-		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-		if len(args) < 2 || args[len(args)-1] != id || !slices.Contains(args, "boot") {
-			continue
-		}
-		st, err := os.ReadFile("/proc/" + e.Name() + "/status")
-		if err != nil {
-			continue
-		}
-		for _, l := range strings.Split(string(st), "\n") {
-			if v, ok := strings.CutPrefix(l, "Uid:"); ok {
-				out[pid] = atoi(strings.Fields(v)[0])
-			}
-		}
-	}
-	return out
 }
 
 func atoi(s string) int {

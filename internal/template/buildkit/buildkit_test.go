@@ -169,22 +169,6 @@ func setup(t *testing.T) *env {
 	return &env{store: st, reg: reg, d: d, root: root, ctx: ctxDir}
 }
 
-// procUids is the Uid line of /proc/<pid>/status (real, effective, saved, fs).
-func procUids(t *testing.T, pid int) []string {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) == 5 && f[0] == "Uid:" {
-			return f[1:]
-		}
-	}
-	t.Fatalf("no Uid line in /proc/%d/status", pid)
-	return nil
-}
-
 func httpGet(t *testing.T, url string) string {
 	t.Helper()
 	resp, err := http.Get(url)
@@ -351,7 +335,7 @@ func TestBuild(t *testing.T) {
 	// nor the registry relay, which answers buildkitd alone, nor see the
 	// host's interfaces.
 	t.Run("boundary", func(t *testing.T) {
-		uids := procUids(t, e.d.PID())
+		uids := testenv.ProcUids(t, e.d.PID())
 		want := fmt.Sprint(DefaultUserNSBase)
 		for _, u := range uids {
 			if u != want {
