@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -187,6 +188,31 @@ func TestWarmPool(t *testing.T) {
 	s.mustRun(c3, "true")
 	s.kill(t, c3.SandboxID)
 	refilled = s.waitPool(t, "base", "refill after restart", func(p poolState) bool { return p.Ready == 2 })
+
+	// Standbys do not trust the interception CA; a claim whose policy has
+	// rules installs it with the claim's /init (docs/network.md).
+	caPEM, err := os.ReadFile(filepath.Join(s.DataDir, "egress-ca", "ca.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	caLine := strings.Split(string(caPEM), "\n")[1]
+	trust := "grep -cF '" + caLine + "' /etc/ssl/certs/ca-certificates.crt; test -e /usr/local/share/ca-certificates/cubicle-egress.crt && echo file || echo none"
+	cr := s.create(map[string]any{"templateID": "base", "network": map[string]any{
+		"rules": map[string]any{"api.example.com": []any{map[string]any{"transform": map[string]any{"headers": map[string]string{"X-Team": "pool"}}}}}}})
+	if cr.SandboxID != refilled.Standbys[0] {
+		t.Fatalf("a create with rules did not claim %s: %s", refilled.Standbys[0], cr.SandboxID)
+	}
+	if out := s.mustRun(cr, trust); out != "1\nfile\n" {
+		t.Fatalf("claimed sandbox with rules: CA trust %q, want the CA once and its file", out)
+	}
+	s.kill(t, cr.SandboxID)
+	refilled = s.waitPool(t, "base", "refill after the rules claim", func(p poolState) bool { return p.Ready == 2 })
+	plain := s.create(map[string]any{"templateID": "base"})
+	if out := s.mustRun(plain, trust); out != "0\nnone\n" {
+		t.Fatalf("claimed sandbox without rules: CA trust %q, want none", out)
+	}
+	s.kill(t, plain.SandboxID)
+	refilled = s.waitPool(t, "base", "refill after the plain claim", func(p poolState) bool { return p.Ready == 2 })
 
 	// A pooled create with a volume boots instead.
 	var vol map[string]any
