@@ -77,20 +77,28 @@ func run(listen string, port, interpPort int, token string) error {
 		}
 	}
 	// Before anything can fill the sandbox's pids limit: a thread the Go
-	// runtime cannot create later would kill the agent.
-	threads := agent.ReserveThreads()
+	// runtime cannot create later would kill the agent. It runs while the
+	// agent listens; only /health answers before it is done.
+	reserved := make(chan struct{})
+	var threads int
+	go func() {
+		threads = agent.ReserveThreads()
+		close(reserved)
+	}()
 	a := agent.New(agent.Config{ReapAll: reapAll, Logger: log, AccessToken: token})
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
 	srv := a.Server(addr)
-	log.Info("cubicle-agent listening", "addr", ln.Addr().String(), "version", agent.Version, "envd", agent.EnvdVersion, "pid", os.Getpid(), "threads", threads)
+	srv.Handler = agent.UntilReserved(reserved, srv.Handler)
 
 	sigc := make(chan os.Signal, 1)
 	signal.Notify(sigc, syscall.SIGTERM, syscall.SIGINT)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
+	<-reserved
+	log.Info("cubicle-agent listening", "addr", ln.Addr().String(), "version", agent.Version, "envd", agent.EnvdVersion, "pid", os.Getpid(), "threads", threads)
 	stopCI := startCodeInterpreter(log, a, interpPort)
 	defer stopCI()
 	select {

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"net/http"
 	"runtime"
 	"sync"
 )
@@ -64,4 +65,22 @@ func ReserveThreads() int {
 	release.Done()
 	done.Wait()
 	return n
+}
+
+// UntilReserved holds every request but GET /health until reserved is
+// closed. The agent reserves its threads (ReserveThreads, a few ms) while
+// it already listens, so the node's readiness probe overlaps that work,
+// and nothing that can start a process (the API, /init's start command)
+// runs before the reserve is complete.
+func UntilReserved(reserved <-chan struct{}, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet || r.URL.Path != "/health" {
+			select {
+			case <-reserved:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
 }
