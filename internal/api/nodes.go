@@ -26,12 +26,14 @@ type nodeJSON struct {
 }
 
 func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
-	n := s.mgr.Node()
-	out := nodeJSON{NodeID: n.ID(), Accelerators: map[string]int{}}
-	if inv := n.Accelerators(); inv != nil {
-		for _, d := range inv.Inventory() {
-			out.Accelerators[string(d.State)]++
-		}
+	info, err := s.mgr.Node().Info(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := nodeJSON{NodeID: info.ID, Accelerators: map[string]int{}}
+	for state, n := range info.Accelerators {
+		out.Accelerators[string(state)] = n
 	}
 	writeJSON(w, http.StatusOK, []nodeJSON{out})
 }
@@ -39,7 +41,12 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
 // accelNode resolves {node}; a node without accelerators has an empty inventory.
 func (s *Server) accelNode(w http.ResponseWriter, r *http.Request) (node.Accelerators, bool) {
 	n := s.mgr.Node()
-	if id := chi.URLParam(r, "node"); id != n.ID() {
+	info, err := n.Info(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return nil, false
+	}
+	if id := chi.URLParam(r, "node"); id != info.ID {
 		writeError(w, http.StatusNotFound, "node '"+id+"' not found")
 		return nil, false
 	}

@@ -281,8 +281,8 @@ func (m *Manager) validate(ctx context.Context, o *CreateOptions) error {
 
 // checkEnforced refuses domain entries unless the node's egress proxy
 // judges them: accepted and unenforced, they would fail open.
-func (m *Manager) checkEnforced(p network.Policy) error {
-	if de, ok := m.node.(network.DomainEnforcer); ok && de.EnforcesDomains() {
+func (m *Manager) checkEnforced(info node.Info, p network.Policy) error {
+	if info.Abilities.EnforcesDomains {
 		return nil
 	}
 	return network.CheckEnforced(p)
@@ -317,15 +317,18 @@ func (m *Manager) checkNetwork(ctx context.Context, n *store.Network) error {
 	if err := network.ValidatePolicy(p); err != nil {
 		return invalid("network.%v", err)
 	}
-	if err := m.checkEnforced(p); err != nil {
+	info, err := m.nodeInfo(ctx)
+	if err != nil {
+		return err
+	}
+	if err := m.checkEnforced(info, p); err != nil {
 		return invalid("network.%v", err)
 	}
 	if p.Upstream != nil {
-		ur, ok := m.node.(network.UpstreamResolver)
-		if !ok {
+		if !info.Abilities.EgressProxy {
 			return invalid("network.egressProxy: this node runs no egress proxy to tunnel through")
 		}
-		if _, err := ur.ResolveUpstream(ctx, p.Upstream.Address); err != nil {
+		if err := m.node.CheckUpstream(ctx, p.Upstream.Address); err != nil {
 			return invalid("network.%v", err)
 		}
 	}
@@ -506,9 +509,13 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 	if err != nil {
 		return nil, err
 	}
+	info, err := m.nodeInfo(ctx)
+	if err != nil {
+		return nil, err
+	}
 	now := time.Now().UTC()
 	sb := &store.Sandbox{
-		ID: NewID(), TeamID: o.TeamID, TemplateID: tpl.ID, Alias: tpl.Alias, State: store.StateCreating, Node: m.node.ID(),
+		ID: NewID(), TeamID: o.TeamID, TemplateID: tpl.ID, Alias: tpl.Alias, State: store.StateCreating, Node: info.ID,
 		Metadata: o.Metadata, EnvVars: o.EnvVars, EnvdToken: token(16), TrafficToken: token(16),
 		CPUCount: tpl.CPUCount, MemoryMB: tpl.MemoryMB, DiskSizeMB: tpl.DiskSizeMB,
 		Network: o.Network, AutoPause: o.AutoPause, AutoResume: o.AutoResume, APIKeyID: o.APIKeyID,
@@ -517,7 +524,7 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 	}
 	var restore, currentToken string
 	if o.snapshot != nil {
-		if restore, currentToken, err = m.restoreOf(o.snapshot, sb); err != nil {
+		if restore, currentToken, err = m.restoreOf(ctx, o.snapshot, sb); err != nil {
 			return nil, err
 		}
 	}
@@ -918,3 +925,13 @@ func (m *Manager) Logs(ctx context.Context, id string, since time.Time, limit in
 
 // Node exposes the node for the data-plane proxy.
 func (m *Manager) Node() node.Node { return m.node }
+
+// nodeInfo asks the node for its facts (cheap in-process; one call over
+// the wire).
+func (m *Manager) nodeInfo(ctx context.Context) (node.Info, error) {
+	info, err := m.node.Info(ctx)
+	if err != nil {
+		return node.Info{}, fmt.Errorf("node info: %w", err)
+	}
+	return info, nil
+}

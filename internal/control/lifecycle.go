@@ -26,9 +26,13 @@ func (m *Manager) Recover(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	info, err := m.nodeInfo(ctx)
+	if err != nil {
+		return err
+	}
 	owned := map[string]bool{}
 	for _, sb := range rows {
-		if sb.Node != "" && sb.Node != m.node.ID() {
+		if sb.Node != "" && sb.Node != info.ID {
 			owned[sb.ID] = true // another node's sandbox; not ours to judge
 			continue
 		}
@@ -90,8 +94,10 @@ func (m *Manager) Run(ctx context.Context) {
 	go m.runSampler(ctx)
 	go m.runPool(ctx)
 	go m.runSnapshots(ctx)
-	if w, ok := m.node.(node.ExitWatcher); ok {
-		go m.watchExits(ctx, w)
+	if exits, err := m.node.Exits(ctx); err != nil {
+		m.log.Error("node exit reports; exits are found by the periodic reconcile", "err", err)
+	} else if exits != nil {
+		go m.watchExits(ctx, exits)
 	}
 	if w, ok := m.cfg.Disk.(DiskWatcher); ok {
 		go m.watchDisk(ctx, w)
@@ -212,12 +218,15 @@ const (
 
 // watchExits marks sandboxes killed as soon as the node reports their
 // process gone, instead of at the next reconcile (up to 30 s later).
-func (m *Manager) watchExits(ctx context.Context, w node.ExitWatcher) {
+func (m *Manager) watchExits(ctx context.Context, exits <-chan node.Exit) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case e := <-w.Exits():
+		case e, ok := <-exits:
+			if !ok {
+				return
+			}
 			go m.exited(ctx, e)
 		}
 	}

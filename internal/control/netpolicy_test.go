@@ -50,7 +50,11 @@ func TestDomainEntriesAreRefusedByName(t *testing.T) {
 // enforcingNode is a node whose network manager runs the egress proxy.
 type enforcingNode struct{ node.Node }
 
-func (enforcingNode) EnforcesDomains() bool { return true }
+func (n enforcingNode) Info(ctx context.Context) (node.Info, error) {
+	info, err := n.Node.Info(ctx)
+	info.Abilities.EnforcesDomains = true
+	return info, err
+}
 
 // On a node that enforces domain entries they are accepted and reach the
 // node's policy; malformed ones are still refused by name.

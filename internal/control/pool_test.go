@@ -31,7 +31,13 @@ func newFakeNode() *fakeNode {
 	return &fakeNode{sbs: map[string]node.CreateRequest{}, reinits: map[string]node.CreateRequest{}, policies: map[string]network.Policy{}}
 }
 
-func (f *fakeNode) ID() string { return "local" }
+func (f *fakeNode) Info(context.Context) (node.Info, error) {
+	return node.Info{ID: "local", Version: "test", Runtime: "fake", Capacity: node.Capacity{CPUs: 1, MemoryBytes: 1 << 30}}, nil
+}
+func (f *fakeNode) CheckUpstream(context.Context, string) error {
+	return &network.FieldError{Field: "egressProxy", Kind: network.ErrUpstream, Err: errors.New("this node runs no egress proxy to tunnel through")}
+}
+func (f *fakeNode) Exits(context.Context) (<-chan node.Exit, error) { return nil, nil }
 func (f *fakeNode) Create(_ context.Context, req node.CreateRequest) (node.Sandbox, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -52,7 +58,6 @@ func (f *fakeNode) Stats(context.Context, string, string) (node.Stats, error) {
 func (f *fakeNode) Logs(context.Context, string) ([]byte, error)                     { return nil, nil }
 func (f *fakeNode) VolumeRefs(context.Context) ([]node.VolumeRef, error)             { return nil, nil }
 func (f *fakeNode) Accelerators() node.Accelerators                                  { return nil }
-func (f *fakeNode) VolumeDrivers() []string                                          { return nil }
 func (f *fakeNode) Run(context.Context, string, string, string, string) (int, error) { return 0, nil }
 func (f *fakeNode) DetachVolume(context.Context, string, string) error               { return nil }
 func (f *fakeNode) AttachVolume(context.Context, string, node.VolumeAttachment) (string, error) {
@@ -301,8 +306,6 @@ func TestPoolConcurrentClaims(t *testing.T) {
 func (f *fakeNode) Snapshot(context.Context, string, string) (node.Snapshot, error) {
 	return node.Snapshot{}, node.ErrSnapshotUnsupported
 }
-func (f *fakeNode) MemorySnapshots() bool                        { return false }
-func (f *fakeNode) Runtime() string                              { return "fake" }
 func (f *fakeNode) DeleteSnapshot(context.Context, string) error { return nil }
 func (f *fakeNode) Snapshots(context.Context) ([]string, error)  { return nil, nil }
 func (f *fakeNode) Stop(context.Context, string) error           { return node.ErrSnapshotUnsupported }

@@ -2,11 +2,11 @@ package control
 
 import (
 	"context"
-	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/secret"
 	"github.com/cubicle-dev/cubicle/internal/store"
 )
@@ -14,10 +14,12 @@ import (
 // upstreamNode runs an egress proxy and lets every upstream address pass.
 type upstreamNode struct{ *fakeNode }
 
-func (upstreamNode) EnforcesDomains() bool { return true }
-func (upstreamNode) ResolveUpstream(context.Context, string) ([]netip.AddrPort, error) {
-	return []netip.AddrPort{netip.MustParseAddrPort("198.51.100.7:1080")}, nil
+func (n upstreamNode) Info(ctx context.Context) (node.Info, error) {
+	info, err := n.fakeNode.Info(ctx)
+	info.Abilities.EnforcesDomains, info.Abilities.EgressProxy = true, true
+	return info, err
 }
+func (upstreamNode) CheckUpstream(context.Context, string) error { return nil }
 
 // An egress proxy's password is sealed in the sandbox row with the
 // secrets key and opened only for the node.

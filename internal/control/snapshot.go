@@ -86,6 +86,10 @@ func (m *Manager) snapshotLocked(ctx context.Context, sb *store.Sandbox, name st
 	if err != nil {
 		return nil, err
 	}
+	info, err := m.nodeInfo(ctx)
+	if err != nil {
+		return nil, err
+	}
 	src, _ := m.store.GetTemplate(ctx, sb.TemplateID) // start/ready commands and user carry over
 	if src == nil {
 		src = &store.Template{}
@@ -115,7 +119,7 @@ func (m *Manager) snapshotLocked(ctx context.Context, sb *store.Sandbox, name st
 	}()
 	sn := &store.Snapshot{
 		ID: sid, TeamID: sb.TeamID, SandboxID: sb.ID, SourceTemplateID: sb.TemplateID, Node: sb.Node,
-		Kind: ns.Kind, Runtime: m.node.Runtime(), Layers: append([]string{ns.Layer}, layers...), Checkpoint: ns.Checkpoint,
+		Kind: ns.Kind, Runtime: info.Runtime, Layers: append([]string{ns.Layer}, layers...), Checkpoint: ns.Checkpoint,
 		SizeBytes: ns.SizeBytes, Volumes: sb.Volumes, EnvVars: sb.EnvVars, DefaultUser: sb.DefaultUser,
 		AgentToken: sb.EnvdToken, Internal: internal,
 	}
@@ -337,7 +341,7 @@ func (m *Manager) Rollback(ctx context.Context, id, snapshotRef string) (err err
 	if sb.State != store.StateRunning && sb.State != store.StatePaused {
 		return fmt.Errorf("%w: sandbox '%s' is %s", ErrConflict, id, sb.State)
 	}
-	restore, currentToken, err := m.restoreOf(&info.Snapshot, sb)
+	restore, currentToken, err := m.restoreOf(ctx, &info.Snapshot, sb)
 	if err != nil {
 		return err
 	}
@@ -379,12 +383,16 @@ func (m *Manager) Rollback(ctx context.Context, id, snapshotRef string) (err err
 
 // restoreOf is how a sandbox starts from sn on this node: the memory image
 // and the token its restored agent holds, or nothing (a fresh boot).
-func (m *Manager) restoreOf(sn *store.Snapshot, sb *store.Sandbox) (restore, currentToken string, err error) {
+func (m *Manager) restoreOf(ctx context.Context, sn *store.Snapshot, sb *store.Sandbox) (restore, currentToken string, err error) {
 	if sn.Kind != runtime.SnapshotMemory {
 		return "", "", nil
 	}
-	if sn.Runtime != m.node.Runtime() {
-		return "", "", fmt.Errorf("%w: snapshot %s holds %s memory, which this node's %s runtime cannot restore", ErrConflict, sn.ID, sn.Runtime, m.node.Runtime())
+	info, err := m.nodeInfo(ctx)
+	if err != nil {
+		return "", "", err
+	}
+	if sn.Runtime != info.Runtime {
+		return "", "", fmt.Errorf("%w: snapshot %s holds %s memory, which this node's %s runtime cannot restore", ErrConflict, sn.ID, sn.Runtime, info.Runtime)
 	}
 	if !sameMountPaths(sn.Volumes, sb.Volumes) {
 		return "", "", invalid("memory snapshot %s was taken with volumes at %s; a sandbox from it must mount volumes at the same paths", sn.ID, mountPaths(sn.Volumes))
@@ -479,11 +487,15 @@ func (m *Manager) reconcileSnapshots(ctx context.Context) error {
 			}
 		}
 	}
+	info, err := m.nodeInfo(ctx)
+	if err != nil {
+		return err
+	}
 	known := map[string]bool{}
 	var bytes, count float64
 	for _, sn := range rows {
 		known[sn.ID] = true
-		if !sn.DeletedAt.IsZero() && len(sn.Layers) > 0 && !used[sn.Layers[0]] && sn.Node == m.node.ID() {
+		if !sn.DeletedAt.IsZero() && len(sn.Layers) > 0 && !used[sn.Layers[0]] && sn.Node == info.ID {
 			if err := m.node.DeleteSnapshot(ctx, sn.ID); err != nil {
 				m.log.Error("delete snapshot files", "snapshot", sn.ID, "err", err)
 				continue

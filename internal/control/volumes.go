@@ -243,8 +243,12 @@ func (m *Manager) resolveMounts(ctx context.Context, teamID string, req []Volume
 	if len(req) > MaxVolumeMounts {
 		return nil, nil, invalid("volumeMounts: at most %d allowed", MaxVolumeMounts)
 	}
+	info, err := m.nodeInfo(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
 	drivers := map[string]bool{}
-	for _, d := range m.node.VolumeDrivers() {
+	for _, d := range info.VolumeDrivers {
 		drivers[d] = true
 	}
 	seenVol, seenPath := map[string]bool{}, map[string]bool{}
@@ -276,7 +280,7 @@ func (m *Manager) resolveMounts(ctx context.Context, teamID string, req []Volume
 			return nil, nil, fmt.Errorf("%w: volume '%s' is being deleted", ErrConflict, vm.Name)
 		}
 		if !drivers[v.Driver] {
-			return nil, nil, invalid("volumeMounts: volume '%s' uses driver %q, which node %s has no plugin for", vm.Name, v.Driver, m.node.ID())
+			return nil, nil, invalid("volumeMounts: volume '%s' uses driver %q, which node %s has no plugin for", vm.Name, v.Driver, info.ID)
 		}
 		mounts = append(mounts, store.VolumeMount{VolumeID: v.ID, Path: p, ReadOnly: vm.ReadOnly})
 		atts = append(atts, node.VolumeAttachment{VolumeID: v.ID, Driver: v.Driver, PrivateData: v.PrivateData, Path: p, ReadOnly: vm.ReadOnly})
@@ -330,9 +334,13 @@ func (m *Manager) reconcileVolumes(ctx context.Context, startup bool) error {
 	if err != nil {
 		return err
 	}
+	info, err := m.nodeInfo(ctx)
+	if err != nil {
+		return err
+	}
 	done := map[string]bool{}
 	for _, a := range atts {
-		if done[a.SandboxID] || (a.Node != "" && a.Node != m.node.ID()) {
+		if done[a.SandboxID] || (a.Node != "" && a.Node != info.ID) {
 			continue
 		}
 		done[a.SandboxID] = true

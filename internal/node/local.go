@@ -179,9 +179,6 @@ func NewLocal(cfg LocalConfig) (*Local, error) {
 		watches: map[string]*exitWatch{}, busy: map[string]int{}, gens: map[string]uint64{}, exits: make(chan Exit, 64)}, nil
 }
 
-// ID names the node.
-func (l *Local) ID() string { return l.cfg.ID }
-
 // Create wires network, starts the runtime and initialises the agent. Any
 // failure undoes the steps already taken.
 func (l *Local) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err error) {
@@ -435,9 +432,6 @@ func (l *Local) DetachVolume(ctx context.Context, holder, volumeID string) error
 // VolumeRefs implements Node.
 func (l *Local) VolumeRefs(ctx context.Context) ([]VolumeRef, error) { return l.vols.list() }
 
-// VolumeDrivers implements Node.
-func (l *Local) VolumeDrivers() []string { return append([]string(nil), l.cfg.VolumeDrivers...) }
-
 func (l *Local) notFound(err error) error {
 	if errors.Is(err, runtime.ErrNotFound) || errors.Is(err, network.ErrNotFound) {
 		return errors.Join(ErrNotFound, err)
@@ -586,21 +580,14 @@ func (l *Local) AgentMetrics(ctx context.Context, id, token string) (map[string]
 	return m, nil
 }
 
-// EnforcesDomains implements network.DomainEnforcer over the node's network
-// manager.
-func (l *Local) EnforcesDomains() bool {
-	de, ok := l.cfg.Network.(network.DomainEnforcer)
-	return ok && de.EnforcesDomains()
-}
-
-// ResolveUpstream implements network.UpstreamResolver over the node's
-// network manager.
-func (l *Local) ResolveUpstream(ctx context.Context, address string) ([]netip.AddrPort, error) {
+// CheckUpstream implements Node over the node's network manager.
+func (l *Local) CheckUpstream(ctx context.Context, address string) error {
 	ur, ok := l.cfg.Network.(network.UpstreamResolver)
 	if !ok {
-		return nil, &network.FieldError{Field: "egressProxy", Kind: network.ErrUpstream, Err: errors.New("this node runs no egress proxy to tunnel through")}
+		return &network.FieldError{Field: "egressProxy", Kind: network.ErrUpstream, Err: errors.New("this node runs no egress proxy to tunnel through")}
 	}
-	return ur.ResolveUpstream(ctx, address)
+	_, err := ur.ResolveUpstream(ctx, address)
+	return err
 }
 
 // UpdatePolicy replaces the egress policy.

@@ -79,9 +79,12 @@ type Stats struct {
 	DiskTotal  uint64
 }
 
-// Node runs sandboxes.
+// Node runs sandboxes. Every method but Info takes the node's word over
+// the wire as well as in-process: no caller type-asserts a Node, and what a
+// node can do is in its Info (nodetest is the contract every node passes).
 type Node interface {
-	ID() string
+	// Info reports the node's identity, abilities and capacity.
+	Info(ctx context.Context) (Info, error)
 	// Create starts the sandbox and returns once its agent answers and is initialised.
 	Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 	// Delete removes every trace of the sandbox; unknown IDs return nil.
@@ -96,6 +99,15 @@ type Node interface {
 	List(ctx context.Context) ([]Sandbox, error)
 	Stats(ctx context.Context, id, token string) (Stats, error)
 	UpdatePolicy(ctx context.Context, id string, p network.Policy) error
+	// CheckUpstream says whether a policy may tunnel through the egress
+	// proxy at address from this node: a *network.FieldError wrapping
+	// network.ErrUpstream when not (or when the node has no egress proxy).
+	CheckUpstream(ctx context.Context, address string) error
+	// Exits reports sandbox exits as they happen, so the control plane need
+	// not wait for its periodic reconcile. There is one stream per node: the
+	// control plane reads it until ctx ends. A node that does not watch
+	// returns a nil channel.
+	Exits(ctx context.Context) (<-chan Exit, error)
 	// Logs returns the sandbox's console output (PID 1 stdout/stderr).
 	Logs(ctx context.Context, id string) ([]byte, error)
 
@@ -106,20 +118,15 @@ type Node interface {
 	DetachVolume(ctx context.Context, holder, volumeID string) error
 	// VolumeRefs lists the node's durable volume references.
 	VolumeRefs(ctx context.Context) ([]VolumeRef, error)
-	// VolumeDrivers names the volume plugins this node has, in order.
-	VolumeDrivers() []string
 	// Accelerators is the node's accelerator inventory (nil when none).
 	Accelerators() Accelerators
 	// Run executes bash -l -c cmd in the sandbox as user; returns the exit code.
 	Run(ctx context.Context, id, token, user, cmd string) (int, error)
 
 	// Snapshot captures a running or paused sandbox (files, and memory
-	// where MemorySnapshots) as snapshotID; the sandbox keeps its state.
+	// where Info's Abilities.MemorySnapshots) as snapshotID; the sandbox
+	// keeps its state.
 	Snapshot(ctx context.Context, id, snapshotID string) (Snapshot, error)
-	// MemorySnapshots reports whether Snapshot keeps memory here.
-	MemorySnapshots() bool
-	// Runtime names the node's sandbox runtime (runc, runsc...).
-	Runtime() string
 	// DeleteSnapshot removes a snapshot's files; unknown IDs return nil.
 	DeleteSnapshot(ctx context.Context, snapshotID string) error
 	// Snapshots lists the snapshot IDs with files on the node.

@@ -43,14 +43,11 @@ func (l *Local) snapshotter() (runtime.Snapshotter, error) {
 	return sn, nil
 }
 
-// MemorySnapshots reports whether this node's snapshots keep memory.
-func (l *Local) MemorySnapshots() bool {
+// memorySnapshots reports whether this node's snapshots keep memory.
+func (l *Local) memorySnapshots() bool {
 	sn, err := l.snapshotter()
 	return err == nil && sn.MemorySnapshots()
 }
-
-// Runtime implements Node.
-func (l *Local) Runtime() string { return l.cfg.Runtime.Name() }
 
 // Snapshot captures sandbox id as snapshotID. The sandbox keeps its state.
 func (l *Local) Snapshot(ctx context.Context, id, snapshotID string) (Snapshot, error) {

@@ -26,16 +26,8 @@ type Exit struct {
 	OOM bool
 }
 
-// ExitWatcher is a node that reports sandbox exits as they happen, so the
-// control plane need not wait for its periodic reconcile.
-type ExitWatcher interface {
-	Exits() <-chan Exit
-}
-
-var _ ExitWatcher = (*Local)(nil)
-
-// Exits implements ExitWatcher.
-func (l *Local) Exits() <-chan Exit { return l.exits }
+// Exits implements Node.
+func (l *Local) Exits(ctx context.Context) (<-chan Exit, error) { return l.exits, nil }
 
 // exitWatch watches one sandbox's runtime process: the container's init
 // under runc and crun, the sandbox process under runsc (which exits within
