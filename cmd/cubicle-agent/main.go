@@ -21,6 +21,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/agent/interp"
+	"github.com/cubicle-dev/cubicle/internal/agentapi"
 )
 
 func main() {
@@ -31,7 +32,7 @@ func main() {
 	version := flag.Bool("version", false, "print version and exit")
 	flag.Parse()
 	if *version {
-		fmt.Printf("cubicle-agent %s (envd %s)\n", agent.Version, agent.EnvdVersion)
+		fmt.Printf("cubicle-agent %s (envd %s)\n", agent.Version, agentapi.EnvdVersion)
 		return
 	}
 	token, err := readToken(*tokenFile)
@@ -98,7 +99,7 @@ func run(listen string, port, interpPort int, token string) error {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	<-reserved
-	log.Info("cubicle-agent listening", "addr", ln.Addr().String(), "version", agent.Version, "envd", agent.EnvdVersion, "pid", os.Getpid(), "threads", threads)
+	log.Info("cubicle-agent listening", "addr", ln.Addr().String(), "version", agent.Version, "envd", agentapi.EnvdVersion, "pid", os.Getpid(), "threads", threads)
 	stopCI := startCodeInterpreter(log, a, interpPort)
 	defer stopCI()
 	select {

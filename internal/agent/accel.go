@@ -11,40 +11,16 @@ import (
 	"os/exec"
 	"path/filepath"
 	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/agentapi"
 )
-
-// AccelCheckRequest is the body of POST /cubicle/accelerators/check: the
-// guest stage of the accelerator compatibility contract, run by the node
-// after a sandbox with devices boots.
-type AccelCheckRequest struct {
-	Devices   []string `json:"devices"`   // device nodes that must be visible
-	Libraries []string `json:"libraries"` // file names that must be in LibDirs
-	LibDirs   []string `json:"libDirs"`
-	Check     string   `json:"check"`    // command that must exit 0 (nvidia-smi)
-	Ldconfig  bool     `json:"ldconfig"` // refresh the loader cache first (libraries are bind-mounted)
-	TimeoutMs int      `json:"timeoutMs"`
-}
-
-// AccelFailure names the layer that failed (accel.Layer values).
-type AccelFailure struct {
-	Layer  string `json:"layer"`
-	Detail string `json:"detail"`
-}
-
-// AccelCheckResponse reports every failure, not only the first.
-type AccelCheckResponse struct {
-	OK         bool           `json:"ok"`
-	Failures   []AccelFailure `json:"failures"`
-	Output     string         `json:"output"`
-	DurationMs int64          `json:"durationMs"`
-}
 
 var defaultLibDirs = []string{"/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/lib/x86_64-linux-gnu"}
 
 const accelOutputMax = 64 << 10
 
 func (a *Agent) handleAccelCheck(w http.ResponseWriter, r *http.Request) {
-	var req AccelCheckRequest
+	var req agentapi.AccelCheckRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&req); err != nil {
 		writeJSONError(w, http.StatusBadRequest, "invalid accelerator check request: "+err.Error())
 		return
@@ -53,9 +29,9 @@ func (a *Agent) handleAccelCheck(w http.ResponseWriter, r *http.Request) {
 }
 
 // RunAccelCheck performs the checks in this process's view of the system.
-func RunAccelCheck(ctx context.Context, req AccelCheckRequest) AccelCheckResponse {
+func RunAccelCheck(ctx context.Context, req agentapi.AccelCheckRequest) agentapi.AccelCheckResponse {
 	start := time.Now()
-	resp := AccelCheckResponse{Failures: []AccelFailure{}}
+	resp := agentapi.AccelCheckResponse{Failures: []agentapi.AccelFailure{}}
 	var out bytes.Buffer
 	if req.Ldconfig {
 		if p, err := exec.LookPath("ldconfig"); err == nil {
@@ -68,9 +44,9 @@ func RunAccelCheck(ctx context.Context, req AccelCheckRequest) AccelCheckRespons
 		fi, err := os.Stat(d)
 		switch {
 		case err != nil:
-			resp.Failures = append(resp.Failures, AccelFailure{"hardware", d + " not visible: " + err.Error()})
+			resp.Failures = append(resp.Failures, agentapi.AccelFailure{Layer: "hardware", Detail: d + " not visible: " + err.Error()})
 		case fi.Mode()&os.ModeCharDevice == 0:
-			resp.Failures = append(resp.Failures, AccelFailure{"hardware", d + " is not a character device"})
+			resp.Failures = append(resp.Failures, agentapi.AccelFailure{Layer: "hardware", Detail: d + " is not a character device"})
 		}
 	}
 	dirs := req.LibDirs
@@ -86,7 +62,7 @@ func RunAccelCheck(ctx context.Context, req AccelCheckRequest) AccelCheckRespons
 			}
 		}
 		if !found {
-			resp.Failures = append(resp.Failures, AccelFailure{"runtime", fmt.Sprintf("%s not found in %v", lib, dirs)})
+			resp.Failures = append(resp.Failures, agentapi.AccelFailure{Layer: "runtime", Detail: fmt.Sprintf("%s not found in %v", lib, dirs)})
 		}
 	}
 	if req.Check != "" {
@@ -119,11 +95,11 @@ func RunAccelCheck(ctx context.Context, req AccelCheckRequest) AccelCheckRespons
 			var ee *exec.ExitError
 			switch {
 			case timedOut:
-				resp.Failures = append(resp.Failures, AccelFailure{"cuda", fmt.Sprintf("%s timed out after %s: %s", req.Check, timeout, head)})
+				resp.Failures = append(resp.Failures, agentapi.AccelFailure{Layer: "cuda", Detail: fmt.Sprintf("%s timed out after %s: %s", req.Check, timeout, head)})
 			case errors.As(err, &ee):
-				resp.Failures = append(resp.Failures, AccelFailure{"cuda", fmt.Sprintf("%s exited %d: %s", req.Check, ee.ExitCode(), head)})
+				resp.Failures = append(resp.Failures, agentapi.AccelFailure{Layer: "cuda", Detail: fmt.Sprintf("%s exited %d: %s", req.Check, ee.ExitCode(), head)})
 			default:
-				resp.Failures = append(resp.Failures, AccelFailure{"cuda", fmt.Sprintf("%s: %v", req.Check, err)})
+				resp.Failures = append(resp.Failures, agentapi.AccelFailure{Layer: "cuda", Detail: fmt.Sprintf("%s: %v", req.Check, err)})
 			}
 		}
 	}

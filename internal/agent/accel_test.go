@@ -10,9 +10,11 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cubicle-dev/cubicle/internal/agentapi"
 )
 
-func (e *testEnv) accelCheck(body string, token string) (int, AccelCheckResponse) {
+func (e *testEnv) accelCheck(body string, token string) (int, agentapi.AccelCheckResponse) {
 	e.t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/cubicle/accelerators/check", bytes.NewBufferString(body))
 	if token != "" {
@@ -23,7 +25,7 @@ func (e *testEnv) accelCheck(body string, token string) (int, AccelCheckResponse
 		e.t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var out AccelCheckResponse
+	var out agentapi.AccelCheckResponse
 	json.NewDecoder(resp.Body).Decode(&out)
 	return resp.StatusCode, out
 }
@@ -41,12 +43,12 @@ func TestAccelCheck(t *testing.T) {
 	regular := filepath.Join(e.root, "plain")
 	writeFileT(t, regular, "x")
 
-	req := func(r AccelCheckRequest) string { b, _ := json.Marshal(r); return string(b) }
-	code, out := e.accelCheck(req(AccelCheckRequest{Devices: []string{dev}, Libraries: []string{"libcuda.so.1"}, LibDirs: []string{libs}, Check: "echo gpu-ok"}), testToken)
+	req := func(r agentapi.AccelCheckRequest) string { b, _ := json.Marshal(r); return string(b) }
+	code, out := e.accelCheck(req(agentapi.AccelCheckRequest{Devices: []string{dev}, Libraries: []string{"libcuda.so.1"}, LibDirs: []string{libs}, Check: "echo gpu-ok"}), testToken)
 	if code != 200 || !out.OK || len(out.Failures) != 0 || !strings.Contains(out.Output, "gpu-ok") {
 		t.Fatalf("passing check: %d %+v", code, out)
 	}
-	code, out = e.accelCheck(req(AccelCheckRequest{
+	code, out = e.accelCheck(req(agentapi.AccelCheckRequest{
 		Devices: []string{dev, filepath.Join(e.root, "nvidia9"), regular}, Libraries: []string{"libcuda.so.1", "libnvidia-ml.so.1"},
 		LibDirs: []string{libs}, Check: "echo broken; exit 3",
 	}), testToken)
@@ -58,7 +60,7 @@ func TestAccelCheck(t *testing.T) {
 		!strings.Contains(out.Failures[len(out.Failures)-1].Detail, "exited 3") {
 		t.Fatalf("failing check: %d %+v", code, out)
 	}
-	_, out = e.accelCheck(req(AccelCheckRequest{Check: "sleep 5", TimeoutMs: 200}), testToken)
+	_, out = e.accelCheck(req(agentapi.AccelCheckRequest{Check: "sleep 5", TimeoutMs: 200}), testToken)
 	if out.OK || len(out.Failures) != 1 || !strings.Contains(out.Failures[0].Detail, "timed out") {
 		t.Fatalf("timeout: %+v", out)
 	}

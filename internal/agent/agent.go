@@ -22,10 +22,6 @@ import (
 	"github.com/cubicle-dev/cubicle/sdk/go/envd/process/processconnect"
 )
 
-// EnvdVersion is the envd version this agent is compatible with; the control
-// plane reports it to SDKs, which gate features on it.
-const EnvdVersion = "0.6.13"
-
 // Version is the agent's own version, set at build time with -ldflags.
 var Version = "dev"
 

@@ -3,8 +3,6 @@ package agent
 import (
 	"bufio"
 	"compress/gzip"
-	"crypto/sha256"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -21,6 +19,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cubicle-dev/cubicle/internal/agentapi"
 )
 
 const (
@@ -31,24 +31,10 @@ const (
 // The /files auth errors carry envd's texts (packages/envd/internal/api/
 // auth.go, validateSigning) because SDK users read them; all answer 401.
 var (
-	ErrMissingSignature = errors.New("missing signature query parameter")
-	ErrInvalidSignature = errors.New("invalid signature")
-	ErrExpiredSignature = errors.New("signature is already expired")
-	errTokenMismatch    = errors.New("access token present in header but does not match")
+	errTokenMismatch = errors.New("access token present in header but does not match")
 
 	errBadMetadata = errors.New("agent: invalid metadata")
 )
-
-// Signature computes envd's v1 signature for a /files URL.
-// exp is zero when the URL has no expiration.
-func Signature(path, op, user, token string, exp int64) string {
-	parts := []string{path, op, user, token}
-	if exp != 0 {
-		parts = append(parts, strconv.FormatInt(exp, 10))
-	}
-	sum := sha256.Sum256([]byte(strings.Join(parts, ":")))
-	return "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
-}
 
 // checkFileAuth implements envd's /files auth: an X-Access-Token header must
 // match, or else a valid, unexpired signature. An agent without a token
@@ -67,24 +53,24 @@ func (a *Agent) checkFileAuth(r *http.Request, op string) error {
 	}
 	q := r.URL.Query()
 	if !q.Has("signature") {
-		return ErrMissingSignature
+		return agentapi.ErrMissingSignature
 	}
 	sig := q.Get("signature")
 	var exp int64
 	if s := q.Get("signature_expiration"); s != "" {
 		v, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {
-			return ErrInvalidSignature
+			return agentapi.ErrInvalidSignature
 		}
 		exp = v
 	}
-	if !tokenEqual(sig, Signature(q.Get("path"), op, q.Get("username"), token, exp)) {
-		return ErrInvalidSignature
+	if !tokenEqual(sig, agentapi.Signature(q.Get("path"), op, q.Get("username"), token, exp)) {
+		return agentapi.ErrInvalidSignature
 	}
 	// Checked after the signature, as envd does, so an unsigned expiration
 	// reveals nothing.
 	if exp != 0 && exp < time.Now().Unix() {
-		return ErrExpiredSignature
+		return agentapi.ErrExpiredSignature
 	}
 	return nil
 }

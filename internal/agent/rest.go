@@ -16,34 +16,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cubicle-dev/cubicle/internal/cacerts"
+
+	"github.com/cubicle-dev/cubicle/internal/agentapi"
 )
 
-// initRequest is the body of POST /init. Fields the agent does not act on
-// (e2b's volumeMounts, hyperloopIP, lifecycleID, caBundle) are accepted and
-// ignored.
-//
-// StartCmd, StartUser and StartWorkdir are Cubicle's template start command
-// (see startcmd.go): the first /init with a non-empty startCmd starts it, as
-// startUser (a name, "uid" or "uid:gid"; empty: the default user after this
-// /init), in startWorkdir (empty: the user's home). Later ones ignore all
-// three.
-//
-// EgressCA is the node's interception CA (PEM), sent only to sandboxes whose
-// egress policy has rules: it is added to the trust store (cacerts.Install)
-// before anything else is applied, and stays there.
-type initRequest struct {
-	AccessToken    *string           `json:"accessToken"`
-	EnvVars        map[string]string `json:"envVars"`
-	DefaultUser    *string           `json:"defaultUser"`
-	DefaultWorkdir *string           `json:"defaultWorkdir"`
-	Timestamp      *time.Time        `json:"timestamp"`
-	StartCmd       string            `json:"startCmd"`
-	StartUser      string            `json:"startUser"`
-	StartWorkdir   string            `json:"startWorkdir"`
-	EgressCA       string            `json:"egressCA"`
-}
-
-// handleInit applies /init. It is idempotent. The caller must prove it knows
+// handleInit applies /init (agentapi.Init, whose doc says what each field
+// does). It is idempotent. The caller must prove it knows
 // the current token, either in X-Access-Token or by sending the same
 // accessToken again (a resume re-sending identical state); anything else is
 // 401, so a process inside or outside the sandbox cannot take over the agent
@@ -58,7 +36,7 @@ type initRequest struct {
 // so a 400 (bad startUser/startWorkdir) or 500 (could not start it) leaves the
 // agent unchanged and nothing running; /init does not wait for it to finish.
 func (a *Agent) handleInit(w http.ResponseWriter, r *http.Request) {
-	var req initRequest
+	var req agentapi.Init
 	if r.Body != nil {
 		body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
 		if err != nil {
@@ -138,8 +116,8 @@ func (a *Agent) handleInit(w http.ResponseWriter, r *http.Request) {
 // startFromInit starts req's start command with the environment this /init
 // is about to establish. It runs with a.mu held (hence no buildEnv). On error
 // it returns the HTTP status to answer.
-func (a *Agent) startFromInit(req *initRequest) (*startProc, int, error) {
-	spec := req.StartUser
+func (a *Agent) startFromInit(req *agentapi.Init) (*startProc, int, error) {
+	spec := deref(req.StartUser)
 	if spec == "" {
 		spec = a.defaultUser
 		if req.DefaultUser != nil && *req.DefaultUser != "" {
@@ -153,9 +131,9 @@ func (a *Agent) startFromInit(req *initRequest) (*startProc, int, error) {
 	if err != nil {
 		return nil, http.StatusBadRequest, fmt.Errorf("invalid startUser %q: %w", spec, err)
 	}
-	cwd, err := startCmdCwd(u, req.StartWorkdir)
+	cwd, err := startCmdCwd(u, deref(req.StartWorkdir))
 	if err != nil {
-		return nil, http.StatusBadRequest, fmt.Errorf("invalid startWorkdir %q: %w", req.StartWorkdir, err)
+		return nil, http.StatusBadRequest, fmt.Errorf("invalid startWorkdir %q: %w", deref(req.StartWorkdir), err)
 	}
 	vars := maps.Clone(a.envVars)
 	maps.Copy(vars, req.EnvVars)
@@ -164,6 +142,14 @@ func (a *Agent) startFromInit(req *initRequest) (*startProc, int, error) {
 		return nil, http.StatusInternalServerError, err
 	}
 	return sp, 0, nil
+}
+
+// deref is a field the sender may leave out, "" when it did.
+func deref(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
 }
 
 func (a *Agent) handleEnvs(w http.ResponseWriter, r *http.Request) {

@@ -10,6 +10,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/cubicle-dev/cubicle/internal/agentapi"
 )
 
 type agentState struct {
@@ -53,7 +55,7 @@ func FuzzInitBody(f *testing.F) {
 		f.Add(s, true)
 	}
 	f.Fuzz(func(t *testing.T, body string, withHeader bool) {
-		var req initRequest
+		var req agentapi.Init
 		if json.Unmarshal([]byte(body), &req) == nil && strings.TrimSpace(req.StartCmd) != "" {
 			return // would start a process; startcmd_test covers it
 		}

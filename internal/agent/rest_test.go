@@ -28,6 +28,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	pb "github.com/cubicle-dev/cubicle/sdk/go/envd/process"
+
+	"github.com/cubicle-dev/cubicle/internal/agentapi"
 )
 
 func (e *testEnv) do(t *testing.T, method, path string, body io.Reader, hdr map[string]string) (*http.Response, []byte) {
@@ -348,12 +350,12 @@ func TestFilesSignature(t *testing.T) {
 		resp, _ := e.do(t, "GET", "/files?"+q, nil, nil)
 		return resp.StatusCode
 	}
-	sig := Signature(p, "read", "", testToken, 0)
+	sig := agentapi.Signature(p, "read", "", testToken, 0)
 	if c := get("path=" + url.QueryEscape(p) + "&signature=" + url.QueryEscape(sig)); c != 200 {
 		t.Fatalf("valid signature %d", c)
 	}
 	exp := time.Now().Add(time.Minute).Unix()
-	sig = Signature(p, "read", "user", testToken, exp)
+	sig = agentapi.Signature(p, "read", "user", testToken, exp)
 	if c := get(fmt.Sprintf("path=%s&username=user&signature=%s&signature_expiration=%d", url.QueryEscape(p), url.QueryEscape(sig), exp)); c != 200 {
 		t.Fatalf("valid expiring signature %d", c)
 	}
@@ -368,19 +370,19 @@ func TestFilesSignature(t *testing.T) {
 		}
 	}
 	old := time.Now().Add(-time.Minute).Unix()
-	sig = Signature(p, "read", "", testToken, old)
+	sig = agentapi.Signature(p, "read", "", testToken, old)
 	envdRefusal(fmt.Sprintf("path=%s&signature=%s&signature_expiration=%d", url.QueryEscape(p), url.QueryEscape(sig), old), nil, "signature is already expired")
 	// An expiration the signature does not cover is an invalid signature,
 	// not an expired one.
-	envdRefusal(fmt.Sprintf("path=%s&signature=%s&signature_expiration=%d", url.QueryEscape(p), url.QueryEscape(Signature(p, "read", "", testToken, 0)), old), nil, "invalid signature")
+	envdRefusal(fmt.Sprintf("path=%s&signature=%s&signature_expiration=%d", url.QueryEscape(p), url.QueryEscape(agentapi.Signature(p, "read", "", testToken, 0)), old), nil, "invalid signature")
 	envdRefusal("path="+url.QueryEscape(p), nil, "missing signature query parameter")
 	envdRefusal("path="+url.QueryEscape(p), map[string]string{"X-Access-Token": "wrong"}, "access token present in header but does not match")
 	// Write signature used for read, wrong token, tampered path, empty.
-	for _, s := range []string{Signature(p, "write", "", testToken, 0), Signature(p, "read", "", "other", 0), "v1_garbage", ""} {
+	for _, s := range []string{agentapi.Signature(p, "write", "", testToken, 0), agentapi.Signature(p, "read", "", "other", 0), "v1_garbage", ""} {
 		envdRefusal("path="+url.QueryEscape(p)+"&signature="+url.QueryEscape(s), nil, "invalid signature")
 	}
 	// Signed upload.
-	sig = Signature("up.txt", "write", "", testToken, 0)
+	sig = agentapi.Signature("up.txt", "write", "", testToken, 0)
 	resp, b := e.do(t, "POST", "/files?path=up.txt&signature="+url.QueryEscape(sig), strings.NewReader("u"), map[string]string{"Content-Type": "application/octet-stream"})
 	if resp.StatusCode != 200 {
 		t.Fatalf("signed upload %d %s", resp.StatusCode, b)
@@ -388,7 +390,7 @@ func TestFilesSignature(t *testing.T) {
 	// Known vector: the expected value is computed independently.
 	sum := sha256.Sum256([]byte("/a:read:user:tok:5"))
 	want := "v1_" + strings.TrimRight(b64raw(sum[:]), "=")
-	if got := Signature("/a", "read", "user", "tok", 5); got != want {
+	if got := agentapi.Signature("/a", "read", "user", "tok", 5); got != want {
 		t.Fatalf("signature %s want %s", got, want)
 	}
 }

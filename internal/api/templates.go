@@ -17,7 +17,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
-	"github.com/cubicle-dev/cubicle/internal/agent"
+	"github.com/cubicle-dev/cubicle/internal/agentapi"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/template/catalog"
 )
@@ -80,7 +80,7 @@ type buildJSON struct {
 func templateOut(t *store.Template) templateJSON {
 	out := templateJSON{TemplateID: t.ID, BuildID: t.LatestBuildID, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskSizeMB,
 		Public: t.Public, Aliases: append([]string{}, t.Names...), Names: append([]string{}, t.Names...), CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt,
-		SpawnCount: t.SpawnCount, BuildCount: t.BuildCount, EnvdVersion: agent.EnvdVersion, BuildStatus: catalog.APIStatus(t.BuildStatus), PoolSize: t.PoolSize}
+		SpawnCount: t.SpawnCount, BuildCount: t.BuildCount, EnvdVersion: agentapi.EnvdVersion, BuildStatus: catalog.APIStatus(t.BuildStatus), PoolSize: t.PoolSize}
 	if t.ReadyBuildID != "" {
 		out.BuildID = t.ReadyBuildID
 	}
@@ -232,7 +232,7 @@ func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request) {
 	}{templateJSON: templateOut(t), Builds: []buildJSON{}}
 	for _, b := range builds {
 		bj := buildJSON{BuildID: b.ID, Status: catalog.APIStatus(b.Status), CreatedAt: b.CreatedAt, UpdatedAt: b.UpdatedAt,
-			CPUCount: b.CPUCount, MemoryMB: b.MemoryMB, DiskSizeMB: b.DiskSizeMB, EnvdVersion: agent.EnvdVersion}
+			CPUCount: b.CPUCount, MemoryMB: b.MemoryMB, DiskSizeMB: b.DiskSizeMB, EnvdVersion: agentapi.EnvdVersion}
 		if !b.FinishedAt.IsZero() {
 			f := b.FinishedAt
 			bj.FinishedAt = &f

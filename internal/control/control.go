@@ -17,7 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/cubicle-dev/cubicle/internal/agent"
+	"github.com/cubicle-dev/cubicle/internal/agentapi"
 	"github.com/cubicle-dev/cubicle/internal/idlock"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
@@ -37,7 +37,7 @@ var (
 )
 
 // EnvdVersion is what every sandbox reports; the SDK gates features on it.
-const EnvdVersion = agent.EnvdVersion
+const EnvdVersion = agentapi.EnvdVersion
 
 // Limits bound what a request may ask for.
 const (

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/accel"
-	"github.com/cubicle-dev/cubicle/internal/agent"
+	"github.com/cubicle-dev/cubicle/internal/agentapi"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 )
 
@@ -73,7 +73,7 @@ func accelSpec(att accel.Attachment) ([]runtime.Device, []runtime.Mount) {
 // checkGuest is the guest stage of the contract, run by the agent inside
 // the sandbox once it is up.
 func (l *Local) checkGuest(ctx context.Context, id string, addr netip.Addr, token string, att accel.Attachment, c *accel.Contract) error {
-	creq := agent.AccelCheckRequest{Ldconfig: true, TimeoutMs: int(accelGuestTimeout / time.Millisecond)}
+	creq := agentapi.AccelCheckRequest{Ldconfig: true, TimeoutMs: int(accelGuestTimeout / time.Millisecond)}
 	for _, d := range att.Devices {
 		creq.Devices = append(creq.Devices, d.Path)
 	}
@@ -120,7 +120,7 @@ func (l *Local) checkGuest(ctx context.Context, id string, addr netip.Addr, toke
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		return fmt.Errorf("accelerator guest check: status %d: %s", resp.StatusCode, b)
 	}
-	var out agent.AccelCheckResponse
+	var out agentapi.AccelCheckResponse
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&out); err != nil {
 		return fmt.Errorf("accelerator guest check: %w", err)
 	}

@@ -46,11 +46,3 @@ func (l *Local) Run(ctx context.Context, id, token, user, cmd string) (int, erro
 	}
 	return code, nil
 }
-
-// startFields are the /init fields for a template's start command.
-func startFields(req CreateRequest) map[string]any {
-	if req.StartCmd == "" {
-		return nil
-	}
-	return map[string]any{"startCmd": req.StartCmd, "startUser": req.StartUser, "startWorkdir": req.StartWorkdir}
-}

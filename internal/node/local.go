@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/accel"
+	"github.com/cubicle-dev/cubicle/internal/agentapi"
 	"github.com/cubicle-dev/cubicle/internal/cacerts"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
@@ -293,6 +294,27 @@ func (l *Local) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err e
 	return Sandbox{ID: req.ID, Addr: ep.Addr, State: runtime.StateRunning, Pid: info.Pid}, nil
 }
 
+// initBody is the /init a sandbox's agent gets for req. Only a sandbox
+// whose policy has rules gets the egress CA (and the env vars that make
+// runtimes read the trust store it joins). The agent runs the start command
+// once per boot, so re-sending it on resume is harmless.
+func initBody(req CreateRequest, egressCA *cacerts.Set, now time.Time) agentapi.Init {
+	ts := now.UTC()
+	b := agentapi.Init{AccessToken: &req.EnvdToken, DefaultUser: &req.DefaultUser, EnvVars: req.EnvVars, Timestamp: &ts}
+	if len(req.Policy.Rules) > 0 && egressCA != nil {
+		b.EnvVars = cacerts.Env()
+		maps.Copy(b.EnvVars, req.EnvVars)
+		b.EgressCA = string(egressCA.PEM())
+	}
+	if req.StartCmd != "" {
+		b.StartCmd, b.StartUser, b.StartWorkdir = req.StartCmd, &req.StartUser, &req.StartWorkdir
+	}
+	if req.DefaultWorkdir != "" {
+		b.DefaultWorkdir = &req.DefaultWorkdir
+	}
+	return b
+}
+
 // PIDsFor is a sandbox's pids limit: fixed when set, else one task per MiB
 // of memory within [256, 4096]. Sized so that a fork storm of small
 // processes (a few hundred KiB each) meets the pids limit well before the
@@ -337,29 +359,10 @@ func (l *Local) initAgent(ctx context.Context, id string, addr netip.Addr, req C
 			delay *= 2
 		}
 	}
-	env := req.EnvVars
-	if len(req.Policy.Rules) > 0 && l.cfg.EgressCA != nil {
-		env = cacerts.Env()
-		maps.Copy(env, req.EnvVars)
+	body, err := json.Marshal(initBody(req, l.cfg.EgressCA, time.Now()))
+	if err != nil {
+		return fmt.Errorf("agent init: %w", err)
 	}
-	initBody := map[string]any{
-		"accessToken": req.EnvdToken,
-		"envVars":     env,
-		"defaultUser": req.DefaultUser,
-		"timestamp":   time.Now().UTC().Format(time.RFC3339Nano),
-	}
-	// The agent runs the start command only once per boot, so re-sending
-	// it on resume is harmless.
-	for k, v := range startFields(req) {
-		initBody[k] = v
-	}
-	if req.DefaultWorkdir != "" {
-		initBody["defaultWorkdir"] = req.DefaultWorkdir
-	}
-	if len(req.Policy.Rules) > 0 && l.cfg.EgressCA != nil {
-		initBody["egressCA"] = string(l.cfg.EgressCA.PEM())
-	}
-	body, _ := json.Marshal(initBody)
 	r, _ := http.NewRequestWithContext(ctx, http.MethodPost, agentURL(id, addr, "/init"), bytes.NewReader(body))
 	r.Header.Set("Content-Type", "application/json")
 	if currentToken != "" {

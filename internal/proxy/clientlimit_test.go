@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cubicle-dev/cubicle/internal/agent"
+	"github.com/cubicle-dev/cubicle/internal/agentapi"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
 )
@@ -48,7 +48,7 @@ func TestSignedLookupsAreLimitedPerClient(t *testing.T) {
 			return d.DialContext(ctx, "tcp", u.Host)
 		}}}
 	}
-	sig := agent.Signature("/home/user/x", "read", "", "tok7", 0)
+	sig := agentapi.Signature("/home/user/x", "read", "", "tok7", 0)
 	path := "/files?path=%2Fhome%2Fuser%2Fx&signature=" + url.QueryEscape(sig)
 	do := func(c *http.Client, host string, hdr map[string]string) (int, string, http.Header) {
 		t.Helper()

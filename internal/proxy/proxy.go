@@ -25,7 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 
-	"github.com/cubicle-dev/cubicle/internal/agent"
+	"github.com/cubicle-dev/cubicle/internal/agentapi"
 	"github.com/cubicle-dev/cubicle/internal/control"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/store"
@@ -295,7 +295,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 			// No running sandbox's token made it: to the caller this is what
 			// envd answers for a wrong signature.
-			writeError(w, http.StatusUnauthorized, agent.ErrInvalidSignature.Error())
+			writeError(w, http.StatusUnauthorized, agentapi.ErrInvalidSignature.Error())
 			return
 		}
 		p.api.ServeHTTP(w, r)
@@ -461,7 +461,7 @@ func (p *Proxy) bySignature(r *http.Request) *store.Sandbox {
 	}
 	sig := []byte(q.Get("signature"))
 	for _, sb := range rows {
-		if subtle.ConstantTimeCompare(sig, []byte(agent.Signature(q.Get("path"), op, q.Get("username"), sb.EnvdToken, exp))) == 1 {
+		if subtle.ConstantTimeCompare(sig, []byte(agentapi.Signature(q.Get("path"), op, q.Get("username"), sb.EnvdToken, exp))) == 1 {
 			return sb
 		}
 	}

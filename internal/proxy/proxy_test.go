@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cubicle-dev/cubicle/internal/agent"
+	"github.com/cubicle-dev/cubicle/internal/agentapi"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
 	"github.com/cubicle-dev/cubicle/internal/testenv"
@@ -273,7 +273,7 @@ func TestSignedURLFindsSandbox(t *testing.T) {
 	f := setup(t, echoPath())
 	// The signed URL has no sandbox headers; the agent port is fixed, so point
 	// the row at an address where nothing listens and check routing by status.
-	sig := agent.Signature("/home/user/x", "read", "", "envdtok", 0)
+	sig := agentapi.Signature("/home/user/x", "read", "", "envdtok", 0)
 	resp, body := get(t, f, "/files?path=%2Fhome%2Fuser%2Fx&signature="+url.QueryEscape(sig), nil, "")
 	if e := sandboxErr(t, body); resp.StatusCode != http.StatusBadGateway || e.SandboxID != f.sb.ID || e.Port != 49983 {
 		t.Fatalf("signed URL should be routed to the sandbox agent: %d %q", resp.StatusCode, body)
