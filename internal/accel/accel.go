@@ -7,9 +7,10 @@ package accel
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
 )
 
 // Class is the kind of accelerator.
@@ -159,16 +160,16 @@ const (
 // Typed errors; callers use errors.Is / errors.As.
 var (
 	// ErrIncompatible: no device could ever satisfy the request (4xx, fail fast).
-	ErrIncompatible = errors.New("accel: incompatible")
+	ErrIncompatible = errdefs.NewReason(errdefs.ErrInvalidArgument, "accel_incompatible", "accel: incompatible")
 	// ErrNoCapacity: matching devices exist but none is allocatable now.
-	ErrNoCapacity = errors.New("accel: no allocatable device")
+	ErrNoCapacity = errdefs.NewReason(errdefs.ErrResourceExhausted, "accel_no_capacity", "accel: no allocatable device")
 	// ErrIllegalTransition: the state machine refused a transition.
-	ErrIllegalTransition = errors.New("accel: illegal state transition")
-	ErrNotFound          = errors.New("accel: device not found")
+	ErrIllegalTransition = errdefs.NewReason(errdefs.ErrFailedPrecondition, "accel_illegal_transition", "accel: illegal state transition")
+	ErrNotFound          = errdefs.NewReason(errdefs.ErrNotFound, "accel_device_not_found", "accel: device not found")
 	// ErrBusy: a process still holds the device.
-	ErrBusy = errors.New("accel: device busy")
+	ErrBusy = errdefs.NewReason(errdefs.ErrFailedPrecondition, "accel_device_busy", "accel: device busy")
 	// ErrInvalid: a malformed request or contract.
-	ErrInvalid = errors.New("accel: invalid")
+	ErrInvalid = errdefs.NewReason(errdefs.ErrInvalidArgument, "accel_invalid", "accel: invalid")
 )
 
 // CompatError is a compatibility failure naming its layer and stage.
@@ -231,4 +232,4 @@ type Backend interface {
 }
 
 // ErrUncertain wraps backend failures that may have left host state changed.
-var ErrUncertain = errors.New("accel: host state uncertain")
+var ErrUncertain = errdefs.NewReason(errdefs.ErrUnavailable, "accel_host_uncertain", "accel: host state uncertain")

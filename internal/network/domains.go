@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
 )
 
 // MaxPolicyEntries bounds allowOut and denyOut: each entry is a rule the
@@ -12,7 +14,7 @@ import (
 const MaxPolicyEntries = 1000
 
 // ErrDomainName: an entry is neither an IP, a CIDR nor a domain name.
-var ErrDomainName = errors.New("not an IP, CIDR or domain name")
+var ErrDomainName = errdefs.NewReason(errdefs.ErrInvalidArgument, "network_invalid_domain", "not an IP, CIDR or domain name")
 
 // PolicyError names the policy entry that was refused. It wraps
 // ErrInvalidPolicy and the reason.
@@ -114,7 +116,7 @@ func (p Policy) HasDomains() bool {
 // ErrDomainNotEnforced: a domain entry on a node that does not judge
 // connections by name. Accepting it would let traffic the caller meant to
 // block through (deny) or block what it meant to allow, so it is refused.
-var ErrDomainNotEnforced = errors.New("a domain entry, and domain entries are not enforced yet (use IPs or CIDRs)")
+var ErrDomainNotEnforced = errdefs.NewReason(errdefs.ErrInvalidArgument, "network_domain_not_enforced", "a domain entry, and domain entries are not enforced yet (use IPs or CIDRs)")
 
 // DomainEnforcer is the optional ability of a Manager (or a node over one)
 // to enforce domain entries: it runs an egress proxy that judges them.

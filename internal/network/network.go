@@ -8,15 +8,17 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
 )
 
 var (
-	ErrNotFound      = errors.New("network: endpoint not found")
-	ErrPoolExhausted = errors.New("network: address pool exhausted")
-	ErrInvalidPolicy = errors.New("network: invalid egress policy")
-	ErrInvalidID     = errors.New("network: invalid sandbox id")
-	ErrExists        = errors.New("network: endpoint already exists")
-	ErrInvalidConfig = errors.New("network: invalid config")
+	ErrNotFound      = errdefs.NewReason(errdefs.ErrNotFound, "network_endpoint_not_found", "network: endpoint not found")
+	ErrPoolExhausted = errdefs.NewReason(errdefs.ErrResourceExhausted, "network_pool_exhausted", "network: address pool exhausted")
+	ErrInvalidPolicy = errdefs.NewReason(errdefs.ErrInvalidArgument, "network_invalid_policy", "network: invalid egress policy")
+	ErrInvalidID     = errdefs.NewReason(errdefs.ErrInvalidArgument, "network_invalid_id", "network: invalid sandbox id")
+	ErrExists        = errdefs.NewReason(errdefs.ErrAlreadyExists, "network_endpoint_exists", "network: endpoint already exists")
+	ErrInvalidConfig = errdefs.NewReason(errdefs.ErrInvalidArgument, "network_invalid_config", "network: invalid config")
 )
 
 // InternalRanges are denied to every sandbox by default, as CubeSandbox

@@ -14,6 +14,8 @@ import (
 	"strings"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
 )
 
 // Request transforms (e2b's network.rules) and the SOCKS5 upstream (e2b's
@@ -57,10 +59,10 @@ type UpstreamTLS struct {
 
 var (
 	// ErrRules: network.rules is malformed.
-	ErrRules = errors.New("invalid network rules")
+	ErrRules = errdefs.NewReason(errdefs.ErrInvalidArgument, "network_invalid_rules", "invalid network rules")
 	// ErrUpstream: network.egressProxy is malformed or not reachable as
 	// an allowed address.
-	ErrUpstream = errors.New("invalid egress proxy")
+	ErrUpstream = errdefs.NewReason(errdefs.ErrInvalidArgument, "network_invalid_egress_proxy", "invalid egress proxy")
 )
 
 // FieldError names the option that was refused (e.g. "rules[\"a.com\"][0]

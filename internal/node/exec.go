@@ -3,16 +3,16 @@ package node
 import (
 	"context"
 	"encoding/base64"
-	"errors"
 
 	"connectrpc.com/connect"
 
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/sdk/go/envd/process"
 	"github.com/cubicle-dev/cubicle/sdk/go/envd/process/processconnect"
 )
 
 // ErrNoExit means the command's stream ended without an exit status.
-var ErrNoExit = errors.New("node: command ended without an exit status")
+var ErrNoExit = errdefs.NewReason(errdefs.ErrUnknown, "node_no_exit_status", "node: command ended without an exit status")
 
 // Run executes `bash -l -c cmd` in the sandbox as user through its agent
 // and returns the exit code (used for template ready commands).

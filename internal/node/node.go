@@ -5,18 +5,18 @@ package node
 
 import (
 	"context"
-	"errors"
-	"github.com/cubicle-dev/cubicle/internal/accel"
 	"net/netip"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/accel"
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 )
 
 var (
-	ErrNotFound     = errors.New("node: sandbox not found")
-	ErrAgentTimeout = errors.New("node: agent did not become ready")
+	ErrNotFound     = errdefs.NewReason(errdefs.ErrNotFound, "node_sandbox_not_found", "node: sandbox not found")
+	ErrAgentTimeout = errdefs.NewReason(errdefs.ErrUnavailable, "node_agent_timeout", "node: agent did not become ready")
 )
 
 // AgentPort is the envd port inside every sandbox.

@@ -11,16 +11,17 @@ import (
 	"strconv"
 
 	"github.com/cubicle-dev/cubicle/internal/cacerts"
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/lxcfs"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 )
 
 var (
 	// ErrSnapshotUnsupported: the node's runtime cannot snapshot or stop sandboxes.
-	ErrSnapshotUnsupported = errors.New("node: the runtime cannot snapshot sandboxes")
+	ErrSnapshotUnsupported = errdefs.NewReason(errdefs.ErrFailedPrecondition, "node_snapshot_unsupported", "node: the runtime cannot snapshot sandboxes")
 	// ErrRebuildRefused: Rebuild failed before it touched the sandbox,
 	// which is as it was.
-	ErrRebuildRefused = errors.New("node: rebuild refused; the sandbox is unchanged")
+	ErrRebuildRefused = errdefs.NewReason(errdefs.ErrAborted, "node_rebuild_refused", "node: rebuild refused; the sandbox is unchanged")
 )
 
 // Snapshot is what a node keeps of one snapshot: <SnapshotDir>/<id>/rootfs

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/volume"
 )
 
@@ -71,7 +72,7 @@ type volumes struct {
 }
 
 // ErrVolumeDriver means the node has no plugin for a volume's driver.
-var ErrVolumeDriver = errors.New("node: no volume plugin registered for driver")
+var ErrVolumeDriver = errdefs.NewReason(errdefs.ErrInvalidArgument, "node_volume_driver_unknown", "node: no volume plugin registered for driver")
 
 func (v *volumes) lock(id string) func() {
 	mu, _ := v.locks.LoadOrStore(id, &sync.Mutex{})

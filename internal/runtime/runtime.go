@@ -4,21 +4,22 @@ package runtime
 
 import (
 	"context"
-	"errors"
 	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
 )
 
 // Typed errors; callers use errors.Is.
 var (
-	ErrNotFound      = errors.New("runtime: sandbox not found")
-	ErrAlreadyExists = errors.New("runtime: sandbox already exists")
-	ErrNotRunning    = errors.New("runtime: sandbox not running")
-	ErrNotPaused     = errors.New("runtime: sandbox not paused")
-	ErrUnsupported   = errors.New("runtime: operation not supported by this driver")
+	ErrNotFound      = errdefs.NewReason(errdefs.ErrNotFound, "runtime_sandbox_not_found", "runtime: sandbox not found")
+	ErrAlreadyExists = errdefs.NewReason(errdefs.ErrAlreadyExists, "runtime_sandbox_exists", "runtime: sandbox already exists")
+	ErrNotRunning    = errdefs.NewReason(errdefs.ErrFailedPrecondition, "runtime_not_running", "runtime: sandbox not running")
+	ErrNotPaused     = errdefs.NewReason(errdefs.ErrFailedPrecondition, "runtime_not_paused", "runtime: sandbox not paused")
+	ErrUnsupported   = errdefs.NewReason(errdefs.ErrNotImplemented, "runtime_unsupported", "runtime: operation not supported by this driver")
 	// ErrSnapshotTooLarge: a snapshot would take more than the sandbox's
 	// disk size, or more than the snapshot store has free; nothing of it
 	// is kept. The error's text says which.
-	ErrSnapshotTooLarge = errors.New("snapshot too large")
+	ErrSnapshotTooLarge = errdefs.NewReason(errdefs.ErrResourceExhausted, "snapshot_too_large", "snapshot too large")
 )
 
 // State is the runtime-level state of a sandbox.

@@ -12,22 +12,24 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
 )
 
 // Typed errors; the API maps them to HTTP statuses.
 var (
 	// ErrUnknownDriver: no plugin registered under that name (400 at the API).
-	ErrUnknownDriver = errors.New("volume: unknown driver")
+	ErrUnknownDriver = errdefs.NewReason(errdefs.ErrInvalidArgument, "volume_unknown_driver", "volume: unknown driver")
 	// ErrPlugin: the plugin ran and reported failure (non-zero exit, "error"
 	// field, gRPC error status, crash).
-	ErrPlugin = errors.New("volume: plugin failed")
+	ErrPlugin = errdefs.NewReason(errdefs.ErrUnavailable, "volume_plugin_failed", "volume: plugin failed")
 	// ErrPluginTimeout: the hook did not finish within the plugin's timeout.
-	ErrPluginTimeout = errors.New("volume: plugin timed out")
+	ErrPluginTimeout = errdefs.NewReason(errdefs.ErrDeadlineExceeded, "volume_plugin_timeout", "volume: plugin timed out")
 	// ErrProtocol: the plugin answered but broke the protocol (bad JSON,
 	// private_data over MaxPrivateData, host_path outside the base dir, …).
-	ErrProtocol = errors.New("volume: plugin protocol violation")
+	ErrProtocol = errdefs.NewReason(errdefs.ErrInternal, "volume_plugin_protocol", "volume: plugin protocol violation")
 	// ErrConfig: a plugin list failed validation at start.
-	ErrConfig = errors.New("volume: invalid plugin configuration")
+	ErrConfig = errdefs.NewReason(errdefs.ErrInvalidArgument, "volume_invalid_config", "volume: invalid plugin configuration")
 )
 
 // MaxPrivateData bounds the opaque blob Create may return.

@@ -10,10 +10,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	pb "github.com/cubicle-dev/cubicle/api/proto/volumeplugin/v1"
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/volume"
 )
 
@@ -25,9 +24,10 @@ type server struct {
 }
 
 // NewServer returns a gRPC server exposing p as VolumeControllerService and
-// VolumePluginService. A hook error becomes a status with code Internal
-// (DeadlineExceeded/Canceled for context errors) and the error's text as
-// message; an error that already is a gRPC status is passed through.
+// VolumePluginService. A hook error becomes a status with its errdefs
+// class's code (Internal when unclassified; DeadlineExceeded/Canceled for
+// context errors), its text as message and its reason as an ErrorInfo; an
+// error that already is a gRPC status is passed through.
 func NewServer(p volume.Plugin) *grpc.Server {
 	s := grpc.NewServer()
 	impl := &server{p: p}
@@ -36,18 +36,8 @@ func NewServer(p volume.Plugin) *grpc.Server {
 	return s
 }
 
-func toStatus(err error) error {
-	if _, ok := status.FromError(err); ok {
-		return err
-	}
-	switch {
-	case errors.Is(err, context.DeadlineExceeded):
-		return status.Error(codes.DeadlineExceeded, err.Error())
-	case errors.Is(err, context.Canceled):
-		return status.Error(codes.Canceled, err.Error())
-	}
-	return status.Error(codes.Internal, err.Error())
-}
+// toStatus is errdefs.ToGRPC: the plugin's error class picks the code.
+func toStatus(err error) error { return errdefs.ToGRPC(err) }
 
 func (s *server) Create(ctx context.Context, req *pb.CreateRequest) (*pb.CreateResponse, error) {
 	res, err := s.p.Create(ctx, volume.CreateRequest{VolumeID: req.GetVolumeId(), Name: req.GetName()})

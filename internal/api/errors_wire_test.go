@@ -1,0 +1,46 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/cubicle-dev/cubicle/internal/accel"
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/network"
+	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/internal/volume"
+)
+
+// The sentinels a node returns keep their HTTP status and error code when
+// they come back over gRPC (errdefs.ToGRPC on the node, ToNative on the
+// control plane), and each is in a class.
+func TestNodeErrorsSurviveTheWire(t *testing.T) {
+	for _, s := range []error{
+		node.ErrNotFound, node.ErrAgentTimeout, node.ErrSnapshotUnsupported, node.ErrRebuildRefused, node.ErrNoExit, node.ErrVolumeDriver,
+		runtime.ErrNotFound, runtime.ErrAlreadyExists, runtime.ErrNotRunning, runtime.ErrNotPaused, runtime.ErrUnsupported, runtime.ErrSnapshotTooLarge,
+		network.ErrNotFound, network.ErrPoolExhausted, network.ErrInvalidPolicy, network.ErrInvalidID, network.ErrExists,
+		network.ErrRules, network.ErrUpstream, network.ErrDomainName, network.ErrDomainNotEnforced,
+		volume.ErrUnknownDriver, volume.ErrPlugin, volume.ErrPluginTimeout, volume.ErrProtocol,
+		accel.ErrIncompatible, accel.ErrNoCapacity, accel.ErrIllegalTransition, accel.ErrNotFound, accel.ErrBusy, accel.ErrInvalid, accel.ErrUncertain,
+	} {
+		if errdefs.Class(s) == nil || errdefs.Reason(s) == "" {
+			t.Errorf("%v: class %v reason %q, want both", s, errdefs.Class(s), errdefs.Reason(s))
+			continue
+		}
+		native := fmt.Errorf("sandbox abc: %w", s)
+		wire := errdefs.ToNative(errdefs.ToGRPC(native))
+		if !errors.Is(wire, s) || wire.Error() != native.Error() {
+			t.Errorf("%v: came back as %v (is=%v)", s, wire, errors.Is(wire, s))
+		}
+		if statusOf(wire) != statusOf(native) || errorCode(wire) != errorCode(native) {
+			t.Errorf("%v: status %d code %q over the wire, %d %q in-process", s, statusOf(wire), errorCode(wire), statusOf(native), errorCode(native))
+		}
+	}
+	// A FieldError's kind survives too (a refused egress proxy is a 400).
+	fe := &network.FieldError{Field: "egressProxy", Kind: network.ErrUpstream, Err: errors.New("no egress proxy")}
+	if wire := errdefs.ToNative(errdefs.ToGRPC(fe)); statusOf(wire) != statusOf(fe) || !errors.Is(wire, network.ErrInvalidPolicy) {
+		t.Errorf("FieldError: %d over the wire, %d in-process", statusOf(wire), statusOf(fe))
+	}
+}
