@@ -38,44 +38,50 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, []nodeJSON{out})
 }
 
-// accelNode resolves {node}; a node without accelerators has an empty inventory.
-func (s *Server) accelNode(w http.ResponseWriter, r *http.Request) (node.Accelerators, bool) {
-	n := s.mgr.Node()
+// accelNode resolves {node}; ok is false once an error is written. has
+// is false for a node without accelerators, whose inventory is empty.
+func (s *Server) accelNode(w http.ResponseWriter, r *http.Request) (n node.Node, has, ok bool) {
+	n = s.mgr.Node()
 	info, err := n.Info(r.Context())
 	if err != nil {
 		s.fail(w, r, err)
-		return nil, false
+		return nil, false, false
 	}
 	if id := chi.URLParam(r, "node"); id != info.ID {
 		writeError(w, http.StatusNotFound, "node '"+id+"' not found")
-		return nil, false
+		return nil, false, false
 	}
-	return n.Accelerators(), true
+	return n, info.Accelerators != nil, true
 }
 
 func (s *Server) listAccelerators(w http.ResponseWriter, r *http.Request) {
-	inv, ok := s.accelNode(w, r)
+	n, has, ok := s.accelNode(w, r)
 	if !ok {
 		return
 	}
 	out := []accel.Device{}
-	if inv != nil {
-		out = append(out, inv.Inventory()...)
+	if has {
+		inv, err := n.AcceleratorInventory(r.Context())
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		out = append(out, inv...)
 	}
 	writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) getAccelerator(w http.ResponseWriter, r *http.Request) {
-	inv, ok := s.accelNode(w, r)
+	n, has, ok := s.accelNode(w, r)
 	if !ok {
 		return
 	}
 	id := chi.URLParam(r, "dev")
-	if inv == nil {
+	if !has {
 		writeError(w, http.StatusNotFound, "accelerator '"+id+"' not found")
 		return
 	}
-	d, err := inv.Get(id)
+	d, err := n.Accelerator(r.Context(), id)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -84,28 +90,33 @@ func (s *Server) getAccelerator(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) acceleratorEvents(w http.ResponseWriter, r *http.Request) {
-	inv, ok := s.accelNode(w, r)
+	n, has, ok := s.accelNode(w, r)
 	if !ok {
 		return
 	}
 	limit := 100
 	if v := r.URL.Query().Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 1000 {
+		l, err := strconv.Atoi(v)
+		if err != nil || l < 1 || l > 1000 {
 			writeError(w, http.StatusBadRequest, "limit must be between 1 and 1000")
 			return
 		}
-		limit = n
+		limit = l
 	}
 	out := []accel.Event{}
-	if inv != nil {
-		out = append(out, inv.Events(limit)...)
+	if has {
+		evs, err := n.AcceleratorEvents(r.Context(), limit)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		out = append(out, evs...)
 	}
 	writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) acceleratorAction(w http.ResponseWriter, r *http.Request) {
-	inv, ok := s.accelNode(w, r)
+	n, has, ok := s.accelNode(w, r)
 	if !ok {
 		return
 	}
@@ -116,7 +127,7 @@ func (s *Server) acceleratorAction(w http.ResponseWriter, r *http.Request) {
 	if r.ContentLength != 0 && !s.decode(w, r, &req, true) {
 		return
 	}
-	if inv == nil {
+	if !has {
 		writeError(w, http.StatusNotFound, "accelerator '"+id+"' not found")
 		return
 	}
@@ -127,11 +138,11 @@ func (s *Server) acceleratorAction(w http.ResponseWriter, r *http.Request) {
 		if req.Reason == "" {
 			req.Reason = "disabled by operator"
 		}
-		d, err = inv.Disable(id, req.Reason)
+		d, err = n.DisableAccelerator(r.Context(), id, req.Reason)
 	case "enable":
-		d, err = inv.Enable(id)
+		d, err = n.EnableAccelerator(r.Context(), id)
 	case "recover":
-		d, err = inv.Recover(id)
+		d, err = n.RecoverAccelerator(r.Context(), id)
 	default:
 		writeError(w, http.StatusNotFound, "unknown action '"+action+"' (disable, enable, recover)")
 		return

@@ -1,6 +1,7 @@
 package control
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,7 +19,7 @@ var ErrAccelUnsupported = errors.New("not supported for sandboxes with accelerat
 // template's contract, checked against the capacity the node reports. It
 // fails fast: *accel.CompatError when no device could ever match,
 // accel.ErrNoCapacity when all matching ones are in use.
-func (m *Manager) accelRequest(o CreateOptions, tpl template.Template) ([]accel.Request, error) {
+func (m *Manager) accelRequest(ctx context.Context, o CreateOptions, tpl template.Template) ([]accel.Request, error) {
 	if len(o.Accelerators) == 0 && tpl.Accelerators == nil {
 		return nil, nil
 	}
@@ -36,13 +37,18 @@ func (m *Manager) accelRequest(o CreateOptions, tpl template.Template) ([]accel.
 	if err != nil {
 		return nil, err
 	}
-	inv := m.node.Accelerators()
-	if inv == nil {
+	info, err := m.nodeInfo(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if info.Accelerators == nil {
 		return nil, &accel.CompatError{Stage: accel.StageScheduling, Layer: accel.LayerHardware,
 			Detail: fmt.Sprintf("no node has accelerators (requested %d %s)", eff.Count, eff.Class)}
 	}
-	if err := inv.Fit(eff, tpl.Accelerators); err != nil {
-		inv.Deny("", err)
+	if err := m.node.FitAccelerators(ctx, eff, tpl.Accelerators); err != nil {
+		if derr := m.node.DenyAccelerators(ctx, "", err); derr != nil {
+			m.log.Error("recording an accelerator denial", "err", derr)
+		}
 		return nil, err
 	}
 	return []accel.Request{eff}, nil

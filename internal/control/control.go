@@ -483,7 +483,7 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 	}
 	defer release()
 
-	accels, err := m.accelRequest(o, tpl)
+	accels, err := m.accelRequest(ctx, o, tpl)
 	if err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/accel"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
@@ -18,8 +19,10 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/template"
 )
 
-// fakeNode keeps sandboxes in memory; reinitErr makes Reinit fail.
+// fakeNode keeps sandboxes in memory; reinitErr makes Reinit fail. It has
+// no accelerators.
 type fakeNode struct {
+	noAccelerators
 	mu        sync.Mutex
 	sbs       map[string]node.CreateRequest
 	reinits   map[string]node.CreateRequest
@@ -57,7 +60,6 @@ func (f *fakeNode) Stats(context.Context, string, string) (node.Stats, error) {
 }
 func (f *fakeNode) Logs(context.Context, string) ([]byte, error)                     { return nil, nil }
 func (f *fakeNode) VolumeRefs(context.Context) ([]node.VolumeRef, error)             { return nil, nil }
-func (f *fakeNode) Accelerators() node.Accelerators                                  { return nil }
 func (f *fakeNode) Run(context.Context, string, string, string, string) (int, error) { return 0, nil }
 func (f *fakeNode) DetachVolume(context.Context, string, string) error               { return nil }
 func (f *fakeNode) AttachVolume(context.Context, string, node.VolumeAttachment) (string, error) {
@@ -311,4 +313,28 @@ func (f *fakeNode) Snapshots(context.Context) ([]string, error)  { return nil, n
 func (f *fakeNode) Stop(context.Context, string) error           { return node.ErrSnapshotUnsupported }
 func (f *fakeNode) Rebuild(context.Context, string, node.CreateRequest) error {
 	return node.ErrSnapshotUnsupported
+}
+
+// noAccelerators is the Accelerators service of a node without any.
+type noAccelerators struct{}
+
+func (noAccelerators) AcceleratorInventory(context.Context) ([]accel.Device, error) { return nil, nil }
+func (noAccelerators) Accelerator(_ context.Context, id string) (accel.Device, error) {
+	return accel.Device{}, fmt.Errorf("%w: %s", accel.ErrNotFound, id)
+}
+func (noAccelerators) FitAccelerators(context.Context, accel.Request, *accel.Contract) error {
+	return &accel.CompatError{Stage: accel.StageScheduling, Layer: accel.LayerHardware, Detail: "no accelerators"}
+}
+func (noAccelerators) DisableAccelerator(_ context.Context, id, _ string) (accel.Device, error) {
+	return accel.Device{}, fmt.Errorf("%w: %s", accel.ErrNotFound, id)
+}
+func (noAccelerators) EnableAccelerator(_ context.Context, id string) (accel.Device, error) {
+	return accel.Device{}, fmt.Errorf("%w: %s", accel.ErrNotFound, id)
+}
+func (noAccelerators) RecoverAccelerator(_ context.Context, id string) (accel.Device, error) {
+	return accel.Device{}, fmt.Errorf("%w: %s", accel.ErrNotFound, id)
+}
+func (noAccelerators) DenyAccelerators(context.Context, string, error) error { return nil }
+func (noAccelerators) AcceleratorEvents(context.Context, int) ([]accel.Event, error) {
+	return nil, nil
 }

@@ -17,22 +17,24 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 )
 
-// Accelerators is a node's accelerator inventory and operator surface, as
-// the control plane sees it (the node-local manager in embedded mode).
+// Accelerators are a node's devices and the operator's actions on them. A
+// node without accelerators (Info.Accelerators nil) has an empty inventory,
+// and every device ID is accel.ErrNotFound.
 type Accelerators interface {
-	Inventory() []accel.Device
-	Get(id string) (accel.Device, error)
-	// Fit is the scheduling predicate: a *accel.CompatError when no device
-	// on the node could ever match, accel.ErrNoCapacity when all are busy.
-	Fit(req accel.Request, c *accel.Contract) error
-	Disable(id, reason string) (accel.Device, error)
-	Enable(id string) (accel.Device, error)
-	Recover(id string) (accel.Device, error)
-	Deny(sandboxID string, err error)
-	Events(limit int) []accel.Event
+	AcceleratorInventory(ctx context.Context) ([]accel.Device, error)
+	Accelerator(ctx context.Context, id string) (accel.Device, error)
+	// FitAccelerators is the scheduling predicate: a *accel.CompatError
+	// when no device on the node could ever match, accel.ErrNoCapacity when
+	// all are busy. It moves to the scheduler in cluster mode.
+	FitAccelerators(ctx context.Context, req accel.Request, c *accel.Contract) error
+	DisableAccelerator(ctx context.Context, id, reason string) (accel.Device, error)
+	EnableAccelerator(ctx context.Context, id string) (accel.Device, error)
+	RecoverAccelerator(ctx context.Context, id string) (accel.Device, error)
+	// DenyAccelerators records that a request for sandboxID (or a create
+	// not yet a sandbox, "") was refused, and why, in the node's events.
+	DenyAccelerators(ctx context.Context, sandboxID string, reason error) error
+	AcceleratorEvents(ctx context.Context, limit int) ([]accel.Event, error)
 }
-
-var _ Accelerators = (*accel.Manager)(nil)
 
 // accelGuestTimeout bounds the in-sandbox check (nvidia-smi can take seconds
 // on a cold driver).
@@ -142,12 +144,75 @@ func (l *Local) releaseAccelerators(ctx context.Context, id string) error {
 	return l.cfg.Accel.Release(ctx, id)
 }
 
-// Accelerators implements Node (nil when the node has no manager).
-func (l *Local) Accelerators() Accelerators {
+// errNoAccelerators is every device lookup on a node without any.
+func errNoAccelerators(id string) error {
+	return fmt.Errorf("%w: %s (the node has no accelerators)", accel.ErrNotFound, id)
+}
+
+// AcceleratorInventory implements Node.
+func (l *Local) AcceleratorInventory(context.Context) ([]accel.Device, error) {
 	if l.cfg.Accel == nil {
-		return nil
+		return nil, nil
 	}
-	return l.cfg.Accel
+	return l.cfg.Accel.Inventory(), nil
+}
+
+// Accelerator implements Node.
+func (l *Local) Accelerator(_ context.Context, id string) (accel.Device, error) {
+	if l.cfg.Accel == nil {
+		return accel.Device{}, errNoAccelerators(id)
+	}
+	return l.cfg.Accel.Get(id)
+}
+
+// FitAccelerators implements Node.
+func (l *Local) FitAccelerators(_ context.Context, req accel.Request, c *accel.Contract) error {
+	if l.cfg.Accel == nil {
+		return &accel.CompatError{Stage: accel.StageScheduling, Layer: accel.LayerHardware,
+			Detail: fmt.Sprintf("node %s has no accelerators (requested %d %s)", l.cfg.ID, req.Count, req.Class)}
+	}
+	return l.cfg.Accel.Fit(req, c)
+}
+
+// DisableAccelerator implements Node.
+func (l *Local) DisableAccelerator(_ context.Context, id, reason string) (accel.Device, error) {
+	if l.cfg.Accel == nil {
+		return accel.Device{}, errNoAccelerators(id)
+	}
+	return l.cfg.Accel.Disable(id, reason)
+}
+
+// EnableAccelerator implements Node.
+func (l *Local) EnableAccelerator(_ context.Context, id string) (accel.Device, error) {
+	if l.cfg.Accel == nil {
+		return accel.Device{}, errNoAccelerators(id)
+	}
+	return l.cfg.Accel.Enable(id)
+}
+
+// RecoverAccelerator implements Node.
+func (l *Local) RecoverAccelerator(_ context.Context, id string) (accel.Device, error) {
+	if l.cfg.Accel == nil {
+		return accel.Device{}, errNoAccelerators(id)
+	}
+	return l.cfg.Accel.Recover(id)
+}
+
+// DenyAccelerators implements Node; a node without accelerators keeps no
+// events.
+func (l *Local) DenyAccelerators(_ context.Context, sandboxID string, reason error) error {
+	if l.cfg.Accel != nil {
+		l.cfg.Accel.Deny(sandboxID, reason)
+	}
+	return nil
+}
+
+// AcceleratorEvents implements Node.
+func (l *Local) AcceleratorEvents(_ context.Context, limit int) ([]accel.Event, error) {
+	if l.cfg.Accel == nil {
+		return nil, nil
+	}
+	return l.cfg.Accel.Events(limit), nil
 }
 
 // StartAccelerators reconciles persisted device records against the host

@@ -79,50 +79,71 @@ type Stats struct {
 	DiskTotal  uint64
 }
 
-// Node runs sandboxes. Every method but Info takes the node's word over
-// the wire as well as in-process: no caller type-asserts a Node, and what a
-// node can do is in its Info (nodetest is the contract every node passes).
+// Node is everything the control plane asks of the machine a sandbox runs
+// on. It is composed of one interface per concern, each of which becomes a
+// gRPC service of its own when the node goes remote (docs/cluster.md). No
+// caller type-asserts a Node: what a node can do is in its Info, and
+// nodetest is the contract every implementation passes, in-process and
+// over the wire.
 type Node interface {
 	// Info reports the node's identity, abilities and capacity.
 	Info(ctx context.Context) (Info, error)
-	// Create starts the sandbox and returns once its agent answers and is initialised.
+	Sandboxes
+	Agent
+	Network
+	Snapshots
+	Volumes
+	Accelerators
+	Events
+}
+
+// Sandboxes is the sandbox lifecycle. Unknown IDs are ErrNotFound, except
+// for Delete, which is idempotent.
+type Sandboxes interface {
+	// Create starts the sandbox and returns once its agent answers and is
+	// initialised. On error nothing of it is left.
 	Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 	// Delete removes every trace of the sandbox; unknown IDs return nil.
 	Delete(ctx context.Context, id string) error
 	Pause(ctx context.Context, id string) error
-	// Resume thaws/restores the sandbox and re-initialises its agent with token.
+	// Resume thaws/restores (or, after Stop, boots) the sandbox and
+	// re-initialises its agent with req's token.
 	Resume(ctx context.Context, id string, req CreateRequest) error
-	// Reinit re-initialises a running sandbox's agent with req's token, env
-	// and user; currentToken authorises the change (claiming a standby).
-	Reinit(ctx context.Context, id string, req CreateRequest, currentToken string) error
+	// Stop ends a sandbox's processes keeping its files, network and
+	// volumes (a filesystem pause); it then reads as paused, and Resume
+	// boots it afresh. ErrSnapshotUnsupported where Info says no Snapshots.
+	Stop(ctx context.Context, id string) error
+	// Rebuild replaces a sandbox's filesystem (and memory, with
+	// req.Restore) by req's, keeping its ID, network and volumes.
+	Rebuild(ctx context.Context, id string, req CreateRequest) error
 	Get(ctx context.Context, id string) (Sandbox, error)
 	List(ctx context.Context) ([]Sandbox, error)
 	Stats(ctx context.Context, id, token string) (Stats, error)
+	// Logs returns the sandbox's console output (PID 1 stdout/stderr).
+	Logs(ctx context.Context, id string) ([]byte, error)
+}
+
+// Agent talks to a sandbox's agent.
+type Agent interface {
+	// Reinit re-initialises a running sandbox's agent with req's token, env
+	// and user; currentToken authorises the change (claiming a standby).
+	Reinit(ctx context.Context, id string, req CreateRequest, currentToken string) error
+	// Run executes bash -l -c cmd in the sandbox as user; returns the exit code.
+	Run(ctx context.Context, id, token, user, cmd string) (int, error)
+}
+
+// Network is a sandbox's egress policy.
+type Network interface {
 	UpdatePolicy(ctx context.Context, id string, p network.Policy) error
 	// CheckUpstream says whether a policy may tunnel through the egress
 	// proxy at address from this node: a *network.FieldError wrapping
 	// network.ErrUpstream when not (or when the node has no egress proxy).
 	CheckUpstream(ctx context.Context, address string) error
-	// Exits reports sandbox exits as they happen, so the control plane need
-	// not wait for its periodic reconcile. There is one stream per node: the
-	// control plane reads it until ctx ends. A node that does not watch
-	// returns a nil channel.
-	Exits(ctx context.Context) (<-chan Exit, error)
-	// Logs returns the sandbox's console output (PID 1 stdout/stderr).
-	Logs(ctx context.Context, id string) ([]byte, error)
+}
 
-	// AttachVolume takes a reference on a volume for a holder that is not a
-	// sandbox (the volume-content API) and returns its host path.
-	AttachVolume(ctx context.Context, holder string, v VolumeAttachment) (string, error)
-	// DetachVolume drops holder's reference; unknown references are a no-op.
-	DetachVolume(ctx context.Context, holder, volumeID string) error
-	// VolumeRefs lists the node's durable volume references.
-	VolumeRefs(ctx context.Context) ([]VolumeRef, error)
-	// Accelerators is the node's accelerator inventory (nil when none).
-	Accelerators() Accelerators
-	// Run executes bash -l -c cmd in the sandbox as user; returns the exit code.
-	Run(ctx context.Context, id, token, user, cmd string) (int, error)
-
+// Snapshots are a node's snapshot files. ErrSnapshotUnsupported where
+// Info says no Snapshots.
+type Snapshots interface {
 	// Snapshot captures a running or paused sandbox (files, and memory
 	// where Info's Abilities.MemorySnapshots) as snapshotID; the sandbox
 	// keeps its state.
@@ -131,10 +152,25 @@ type Node interface {
 	DeleteSnapshot(ctx context.Context, snapshotID string) error
 	// Snapshots lists the snapshot IDs with files on the node.
 	Snapshots(ctx context.Context) ([]string, error)
-	// Stop ends a sandbox's processes keeping its files, network and
-	// volumes (a filesystem pause); Resume then boots it afresh.
-	Stop(ctx context.Context, id string) error
-	// Rebuild replaces a sandbox's filesystem (and memory, with
-	// req.Restore) by req's, keeping its ID, network and volumes.
-	Rebuild(ctx context.Context, id string, req CreateRequest) error
+}
+
+// Volumes are the node's durable volume references. A sandbox's own are
+// taken by Create (CreateRequest.Volumes) and dropped by Delete.
+type Volumes interface {
+	// AttachVolume takes a reference on a volume for a holder that is not a
+	// sandbox (the volume-content API) and returns its host path.
+	AttachVolume(ctx context.Context, holder string, v VolumeAttachment) (string, error)
+	// DetachVolume drops holder's reference; unknown references are a no-op.
+	DetachVolume(ctx context.Context, holder, volumeID string) error
+	// VolumeRefs lists the node's durable volume references.
+	VolumeRefs(ctx context.Context) ([]VolumeRef, error)
+}
+
+// Events are what a node reports as it happens.
+type Events interface {
+	// Exits reports sandbox exits as they happen, so the control plane need
+	// not wait for its periodic reconcile. There is one stream per node: the
+	// control plane reads it until ctx ends. A node that does not watch
+	// returns a nil channel.
+	Exits(ctx context.Context) (<-chan Exit, error)
 }

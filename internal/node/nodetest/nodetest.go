@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/accel"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
@@ -51,6 +52,7 @@ func Run(t *testing.T, newNode func(t *testing.T) node.Node, o Options) {
 		{"Logs", s.logs},
 		{"Snapshots", s.snapshots},
 		{"Volumes", s.volumes},
+		{"Accelerators", s.accelerators},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newNode(t)) })
 	}
@@ -451,5 +453,56 @@ func (s *suite) volumes(t *testing.T, n node.Node) {
 	bad.Driver = "no-such-driver"
 	if _, err := n.AttachVolume(ctx, "content-"+newID(t), bad); err == nil {
 		t.Fatal("AttachVolume with an unknown driver succeeded")
+	}
+}
+
+// The accelerator service agrees with Info; unknown devices are
+// accel.ErrNotFound, and a request no device could ever match is
+// accel.ErrIncompatible.
+func (s *suite) accelerators(t *testing.T, n node.Node) {
+	ctx := s.ctx(t)
+	info, err := n.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, err := n.AcceleratorInventory(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	for _, c := range info.Accelerators {
+		total += c
+	}
+	if len(inv) != total {
+		t.Fatalf("inventory has %d devices, Info counts %d", len(inv), total)
+	}
+	for _, d := range inv {
+		got, err := n.Accelerator(ctx, d.ID)
+		if err != nil || got.ID != d.ID {
+			t.Fatalf("Accelerator(%s): %+v %v", d.ID, got, err)
+		}
+	}
+	unknown := "gpu-0000:ff:1f.7"
+	if _, err := n.Accelerator(ctx, unknown); !errors.Is(err, accel.ErrNotFound) {
+		t.Fatalf("Accelerator of an unknown device: %v, want accel.ErrNotFound", err)
+	}
+	if _, err := n.DisableAccelerator(ctx, unknown, "test"); !errors.Is(err, accel.ErrNotFound) {
+		t.Fatalf("DisableAccelerator of an unknown device: %v, want accel.ErrNotFound", err)
+	}
+	if _, err := n.EnableAccelerator(ctx, unknown); !errors.Is(err, accel.ErrNotFound) {
+		t.Fatalf("EnableAccelerator of an unknown device: %v, want accel.ErrNotFound", err)
+	}
+	if _, err := n.RecoverAccelerator(ctx, unknown); !errors.Is(err, accel.ErrNotFound) {
+		t.Fatalf("RecoverAccelerator of an unknown device: %v, want accel.ErrNotFound", err)
+	}
+	impossible := accel.Request{Class: accel.ClassGPU, Count: total + 1}
+	if err := n.FitAccelerators(ctx, impossible, nil); !errors.Is(err, accel.ErrIncompatible) {
+		t.Fatalf("FitAccelerators for %d devices on a node with %d: %v, want accel.ErrIncompatible", total+1, total, err)
+	}
+	if err := n.DenyAccelerators(ctx, "", errors.New("nodetest denial")); err != nil {
+		t.Fatalf("DenyAccelerators: %v", err)
+	}
+	if _, err := n.AcceleratorEvents(ctx, 10); err != nil {
+		t.Fatalf("AcceleratorEvents: %v", err)
 	}
 }
