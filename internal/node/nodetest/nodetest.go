@@ -9,6 +9,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 
@@ -32,8 +33,10 @@ type Options struct {
 	Timeout time.Duration
 }
 
-// Run runs the suite. newNode returns a node whose sandboxes the suite may
-// create and delete; the caller cleans up the node itself.
+// Run runs the suite. newNode returns a fresh node (one per subtest) whose
+// sandboxes the suite may create and delete; the caller cleans up the node
+// itself. The suite runs on the node's host: Exits kills a sandbox's
+// process by its host PID.
 func Run(t *testing.T, newNode func(t *testing.T) node.Node, o Options) {
 	if o.Timeout == 0 {
 		o.Timeout = 60 * time.Second
@@ -53,6 +56,7 @@ func Run(t *testing.T, newNode func(t *testing.T) node.Node, o Options) {
 		{"Snapshots", s.snapshots},
 		{"Volumes", s.volumes},
 		{"Accelerators", s.accelerators},
+		{"Exits", s.exits},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newNode(t)) })
 	}
@@ -504,5 +508,40 @@ func (s *suite) accelerators(t *testing.T, n node.Node) {
 	}
 	if _, err := n.AcceleratorEvents(ctx, 10); err != nil {
 		t.Fatalf("AcceleratorEvents: %v", err)
+	}
+}
+
+// A sandbox whose process dies is reported on Exits (by a node that
+// watches) and no longer reads as running.
+func (s *suite) exits(t *testing.T, n node.Node) {
+	ctx := s.ctx(t)
+	exits, err := n.Exits(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := s.request(t)
+	sb := s.create(t, n, req)
+	if sb.Pid <= 0 {
+		t.Fatalf("Create returned pid %d", sb.Pid)
+	}
+	if err := syscall.Kill(sb.Pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill %d: %v", sb.Pid, err)
+	}
+	if exits != nil {
+		select {
+		case e := <-exits:
+			if e.ID != req.ID || e.Pid != sb.Pid || e.At.IsZero() {
+				t.Fatalf("exit %+v, want %s pid %d with a time", e, req.ID, sb.Pid)
+			}
+		case <-ctx.Done():
+			t.Fatalf("no exit reported for %s", req.ID)
+		}
+	}
+	got, err := n.Get(ctx, req.ID)
+	if err != nil {
+		t.Fatalf("Get after the death: %v", err)
+	}
+	if got.State == runtime.StateRunning {
+		t.Fatalf("Get after the death: %+v, want not running", got)
 	}
 }
