@@ -26,8 +26,10 @@ type Exit struct {
 	OOM bool
 }
 
-// Exits implements Node.
-func (l *Local) Exits(ctx context.Context) (<-chan Exit, error) { return l.exits, nil }
+// Exits implements Node. In-process the stream is the node's own channel,
+// open for the node's life; the reader stops at its ctx (a remote node ends
+// its gRPC stream there).
+func (l *Local) Exits(context.Context) (<-chan Exit, error) { return l.exits, nil }
 
 // exitWatch watches one sandbox's runtime process: the container's init
 // under runc and crun, the sandbox process under runsc (which exits within
