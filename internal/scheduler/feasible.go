@@ -82,7 +82,7 @@ type evalCtx struct {
 // gone or cordoned is reported as such, and an accelerator mismatch (the
 // request can never run there) wins over a resource shortage (it could
 // later), so an incompatible request still fails as incompatible.
-func defaultCheckers(s *Scheduler) []checker {
+func defaultCheckers() []checker {
 	return []checker{checkLease, checkCordon, checkAccelerators, checkVolumeDrivers, checkResources, checkPolicy}
 }
 

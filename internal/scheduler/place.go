@@ -135,18 +135,25 @@ const maxRounds = 3
 // Schedule places req for sandboxID and reserves it in led: it reads what
 // every node has committed from the ledger, ranks the nodes and reserves
 // on the best one, trying the next when a concurrent placement took the
-// room first. nodes is not modified. On failure the error is a
+// room first. Only nodes registered in the ledger are candidates; nodes
+// is not modified. On failure the error is a
 // *NoFitError (or the ledger's own error).
 func (s *Scheduler) Schedule(ctx context.Context, led Ledger, nodes []Node, req *Request, sandboxID string) (Placement, error) {
-	view := slices.Clone(nodes)
+	view := make([]Node, 0, len(nodes))
 	tried, contended := 0, 0
 	for round := 0; round < maxRounds; round++ {
 		committed, err := led.Committed(ctx)
 		if err != nil {
 			return Placement{}, err
 		}
-		for i := range view {
-			view[i].Committed = committed[view[i].ID]
+		// A node the ledger does not know yet has no capacity on record:
+		// it is not a candidate.
+		view = view[:0]
+		for _, n := range nodes {
+			if c, ok := committed[n.ID]; ok {
+				n.Committed = c
+				view = append(view, n)
+			}
 		}
 		cands, err := s.Place(req, view)
 		if err != nil {
@@ -162,7 +169,7 @@ func (s *Scheduler) Schedule(ctx context.Context, led Ledger, nodes []Node, req 
 			if err == nil {
 				return Placement{NodeID: c.NodeID, Tried: tried}, nil
 			}
-			if !errors.Is(err, ErrInsufficient) && !errors.Is(err, ErrUnknownNode) {
+			if !errors.Is(err, ErrInsufficient) {
 				return Placement{}, err
 			}
 			contended++

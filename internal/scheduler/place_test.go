@@ -382,3 +382,23 @@ func TestScheduleTriesNextCandidate(t *testing.T) {
 		t.Fatalf("full cluster: %v", err)
 	}
 }
+
+// A node that reports state before the ledger has its capacity is not a
+// candidate: there is nothing to reserve against.
+func TestScheduleSkipsNodesUnknownToTheLedger(t *testing.T) {
+	ctx := context.Background()
+	s := newSched(t, scheduler.Config{})
+	led := scheduler.NewMemLedger()
+	known, fresh := node("b-known", 2, 8192), node("a-fresh", 64, 1<<20)
+	if err := led.SetNode(ctx, known.ID, s.Allocatable(&known)); err != nil {
+		t.Fatal(err)
+	}
+	p, err := s.Schedule(ctx, led, []scheduler.Node{fresh, known}, small(), "sb")
+	if err != nil || p.NodeID != "b-known" {
+		t.Fatalf("placement %+v, %v; want the registered node", p, err)
+	}
+	_, err = s.Schedule(ctx, scheduler.NewMemLedger(), []scheduler.Node{fresh}, small(), "sb2")
+	if nf := noFit(t, err); nf.Nodes != 0 || !strings.Contains(err.Error(), "no nodes are registered") {
+		t.Fatalf("empty ledger: %v", err)
+	}
+}

@@ -165,7 +165,7 @@ func New(cfg Config) (*Scheduler, error) {
 		return nil, fmt.Errorf("%w: candidates %d is negative", ErrInvalid, cfg.Candidates)
 	}
 	s := &Scheduler{cfg: cfg}
-	s.checkers = defaultCheckers(s)
+	s.checkers = defaultCheckers()
 	return s, nil
 }
 
