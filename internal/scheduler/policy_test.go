@@ -2,6 +2,7 @@ package scheduler_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -71,30 +72,55 @@ func TestPolicyFiltersAndScoresOverLabelsAndCapacity(t *testing.T) {
 	}
 }
 
-// A hostile expression runs into CEL's cost limit on every node: it is
-// refused with an evaluation error, and placement finishes.
-func TestPolicyCostLimitStopsHostileExpressions(t *testing.T) {
-	hostile := `[1,2,3,4,5,6,7,8,9,10].all(a, [1,2,3,4,5,6,7,8,9,10].all(b, [1,2,3,4,5,6,7,8,9,10].all(c, [1,2,3,4,5,6,7,8,9,10].all(d, [1,2,3,4,5,6,7,8,9,10].all(e, a+b+c+d+e >= 0)))))`
-	p, err := scheduler.CompilePolicy(hostile, "")
+// A hostile expression is refused when compiled: CEL's worst-case cost
+// estimate is above the limit.
+func TestPolicyCostEstimateRefusesHostileExpressions(t *testing.T) {
+	for _, hostile := range []string{
+		`[1,2,3,4,5,6,7,8,9,10].all(a, [1,2,3,4,5,6,7,8,9,10].all(b, [1,2,3,4,5,6,7,8,9,10].all(c, [1,2,3,4,5,6,7,8,9,10].all(d, a+b+c+d >= 0))))`,
+		`node.labels.all(k, node.labels.all(j, k != j || k == j))`,
+	} {
+		_, err := scheduler.CompilePolicy(hostile, "")
+		var pe *scheduler.PolicyError
+		if !errors.As(err, &pe) || !strings.Contains(pe.Message, "worst-case cost") {
+			t.Fatalf("%s: %v, want a PolicyError on its cost", hostile, err)
+		}
+	}
+}
+
+// What the estimate cannot see (a node reporting far more labels than
+// the estimate assumes) runs into CEL's runtime cost limit: that node is
+// refused with an evaluation error and placement goes on.
+func TestPolicyRuntimeCostLimitStopsEvaluation(t *testing.T) {
+	p, err := scheduler.CompilePolicy(`node.labels.exists(k, k.startsWith("gpu."))`, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := newSched(t, scheduler.Config{})
+	huge, ok := node("a-huge", 8, 16384), node("b-ok", 8, 16384)
+	huge.Labels = map[string]string{}
+	for i := 0; i < 5000; i++ {
+		huge.Labels[fmt.Sprintf("l%04d", i)] = "x"
+	}
+	ok.Labels = map[string]string{"zone": "z1", "gpu.model": "h100"}
 	req := small()
 	req.Policies = []*scheduler.Policy{p}
-	_, err = s.Place(req, []scheduler.Node{node("a", 8, 16384), node("b", 8, 16384)})
+	s := newSched(t, scheduler.Config{})
+	cands, err := s.Place(req, []scheduler.Node{huge, ok})
+	if err != nil || strings.Join(ids(cands), ",") != "b-ok" {
+		t.Fatalf("%v %v, want only b-ok", ids(cands), err)
+	}
+	_, err = s.Place(req, []scheduler.Node{huge})
 	nf := noFit(t, err)
 	c := nf.Classes[scheduler.ReasonPolicy]
-	if c == nil || c.Nodes != 2 || !errors.Is(c.First.Err, scheduler.ErrPolicyEval) || !strings.Contains(c.First.Err.Error(), "cost limit exceeded") {
-		t.Fatalf("hostile policy: %v", err)
+	if c == nil || !errors.Is(c.First.Err, scheduler.ErrPolicyEval) || !strings.Contains(c.First.Err.Error(), "cost limit exceeded") {
+		t.Fatalf("node with 5000 labels: %v", err)
 	}
-	// The same shape within the limit evaluates.
+	// Cheap expressions of the same shapes evaluate.
 	cheap, err := scheduler.CompilePolicy(`[1,2,3].all(a, a > 0) && node.warm == 0 && !node.cached`, `request.cpu + double(node.accelerators)`)
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Policies = []*scheduler.Policy{cheap}
-	if _, err := s.Place(req, []scheduler.Node{node("a", 8, 16384)}); err != nil {
+	if _, err := s.Place(req, []scheduler.Node{ok}); err != nil {
 		t.Fatal(err)
 	}
 }
