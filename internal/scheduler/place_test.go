@@ -402,3 +402,21 @@ func TestScheduleSkipsNodesUnknownToTheLedger(t *testing.T) {
 		t.Fatalf("empty ledger: %v", err)
 	}
 }
+
+// A contract that leaves the class open matches any device, as on the
+// node itself: the effective request is judged by accel's rules only.
+func TestContractWithoutClassMatchesAsOnTheNode(t *testing.T) {
+	s := newSched(t, scheduler.Config{})
+	n := node("a", 8, 16384)
+	n.Accelerators = []accel.Device{gpu("gpu-1", "550.54", accel.StateAllocatable)}
+	c := &accel.Contract{Vendor: "nvidia"}
+	eff, err := accel.Effective(nil, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := small()
+	req.Accelerator, req.Contract = &eff, c
+	if _, err := s.Place(req, []scheduler.Node{n}); err != nil {
+		t.Fatalf("class-less contract on a node with a matching GPU: %v", err)
+	}
+}

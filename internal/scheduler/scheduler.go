@@ -181,15 +181,13 @@ func (s *Scheduler) Allocatable(n *Node) Resources {
 }
 
 // ValidateRequest refuses a request that could never be placed because it
-// is malformed (as opposed to one no node can run now).
+// is malformed (as opposed to one no node can run now). The accelerator
+// request is already effective (validated by the caller before it was
+// merged with the contract, which may leave the class open), so it is
+// judged by FitInventory only.
 func ValidateRequest(r *Request) error {
 	if !r.Resources.valid() {
 		return fmt.Errorf("%w: negative resources %+v", ErrInvalid, r.Resources)
-	}
-	if r.Accelerator != nil {
-		if err := accel.ValidateRequest(*r.Accelerator); err != nil {
-			return err
-		}
 	}
 	for _, p := range r.Policies {
 		if p == nil {
