@@ -76,6 +76,17 @@ type checker func(ev *evalCtx, n *Node) *Rejection
 type evalCtx struct {
 	s   *Scheduler
 	req *Request
+	// committed, when set, is the ledger's view, read instead of
+	// Node.Committed (so Schedule need not copy the nodes).
+	committed map[string]Resources
+}
+
+// used is what n has committed in this decision's view.
+func (ev *evalCtx) used(n *Node) Resources {
+	if ev.committed != nil {
+		return ev.committed[n.ID]
+	}
+	return n.Committed
 }
 
 // defaultCheckers run cheapest and most permanent first: a node that is
@@ -128,7 +139,7 @@ func checkVolumeDrivers(ev *evalCtx, n *Node) *Rejection {
 }
 
 func checkResources(ev *evalCtx, n *Node) *Rejection {
-	free := ev.s.Allocatable(n).Sub(n.Committed)
+	free := ev.s.Allocatable(n).Sub(ev.used(n))
 	need := ev.req.Resources
 	switch {
 	case need.MemoryMiB > free.MemoryMiB:

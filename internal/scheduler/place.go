@@ -16,19 +16,30 @@ type Candidate struct {
 
 // Place returns the nodes that can run req, best first (at most
 // Config.Candidates of them), or a *NoFitError saying why none can. It
-// reads Node.Committed as given; Schedule fills it from a ledger. Cost is
-// linear in len(nodes): one pass of checkers and scoring, and a bounded
-// best-k selection instead of a sort.
+// reads Node.Committed as given; Schedule reads the ledger instead. Cost
+// is linear in len(nodes): one pass of checkers and scoring, and a
+// bounded best-k selection instead of a sort.
 func (s *Scheduler) Place(req *Request, nodes []Node) ([]Candidate, error) {
-	if err := ValidateRequest(req); err != nil {
+	return s.place(&evalCtx{s: s, req: req}, nodes)
+}
+
+func (s *Scheduler) place(ev *evalCtx, nodes []Node) ([]Candidate, error) {
+	if err := ValidateRequest(ev.req); err != nil {
 		return nil, err
 	}
-	ev := &evalCtx{s: s, req: req}
 	var nofit NoFitError
 	var closest *Rejection
 	best := make([]Candidate, 0, s.cfg.Candidates)
 	for i := range nodes {
 		n := &nodes[i]
+		if ev.committed != nil {
+			if _, ok := ev.committed[n.ID]; !ok {
+				// Not registered in the ledger: no capacity on record,
+				// so not a candidate.
+				continue
+			}
+		}
+		nofit.Nodes++
 		if r := s.feasible(ev, n); r != nil {
 			nofit.add(r)
 			if r.Reason == ReasonAccelBusy || r.Reason == ReasonAccelIncompatible {
@@ -46,7 +57,6 @@ func (s *Scheduler) Place(req *Request, nodes []Node) ([]Candidate, error) {
 		best = insertBest(best, Candidate{NodeID: n.ID, Score: sc}, s.cfg.Candidates)
 	}
 	if len(best) == 0 {
-		nofit.Nodes = len(nodes)
 		nofit.finish(closest)
 		return nil, &nofit
 	}
@@ -89,7 +99,7 @@ func insertBest(best []Candidate, c Candidate, k int) []Candidate {
 // bonuses and any policy scores.
 func (s *Scheduler) score(ev *evalCtx, n *Node) (float64, error) {
 	alloc := s.Allocatable(n)
-	after := n.Committed.Add(ev.req.Resources)
+	after := ev.used(n).Add(ev.req.Resources)
 	used := (frac(after.MilliCPU, alloc.MilliCPU) + frac(after.MemoryMiB, alloc.MemoryMiB)) / 2
 	sc := used
 	if s.cfg.Strategy == Spread {
@@ -135,27 +145,16 @@ const maxRounds = 3
 // Schedule places req for sandboxID and reserves it in led: it reads what
 // every node has committed from the ledger, ranks the nodes and reserves
 // on the best one, trying the next when a concurrent placement took the
-// room first. Only nodes registered in the ledger are candidates; nodes
-// is not modified. On failure the error is a
-// *NoFitError (or the ledger's own error).
+// room first. Only nodes registered in the ledger are candidates. On
+// failure the error is a *NoFitError (or the ledger's own error).
 func (s *Scheduler) Schedule(ctx context.Context, led Ledger, nodes []Node, req *Request, sandboxID string) (Placement, error) {
-	view := make([]Node, 0, len(nodes))
 	tried, contended := 0, 0
 	for round := 0; round < maxRounds; round++ {
 		committed, err := led.Committed(ctx)
 		if err != nil {
 			return Placement{}, err
 		}
-		// A node the ledger does not know yet has no capacity on record:
-		// it is not a candidate.
-		view = view[:0]
-		for _, n := range nodes {
-			if c, ok := committed[n.ID]; ok {
-				n.Committed = c
-				view = append(view, n)
-			}
-		}
-		cands, err := s.Place(req, view)
+		cands, err := s.place(&evalCtx{s: s, req: req, committed: committed}, nodes)
 		if err != nil {
 			var nf *NoFitError
 			if errors.As(err, &nf) {

@@ -259,11 +259,11 @@ func (a *policyActivation) ResolveName(name string) (any, bool) {
 	case "node.disk_mib":
 		return n.Capacity.DiskMiB, true
 	case "node.free_cpu":
-		return float64(s.Allocatable(n).MilliCPU-n.Committed.MilliCPU) / 1000, true
+		return float64(s.Allocatable(n).MilliCPU-a.ev.used(n).MilliCPU) / 1000, true
 	case "node.free_memory_mib":
-		return n.Capacity.MemoryMiB - n.Committed.MemoryMiB, true
+		return n.Capacity.MemoryMiB - a.ev.used(n).MemoryMiB, true
 	case "node.free_disk_mib":
-		return n.Capacity.DiskMiB - n.Committed.DiskMiB, true
+		return n.Capacity.DiskMiB - a.ev.used(n).DiskMiB, true
 	case "node.accelerators":
 		c := int64(0)
 		for i := range n.Accelerators {

@@ -76,7 +76,7 @@ type Node struct {
 	// reports 0.
 	HeartbeatAge time.Duration
 	// Capacity is the node's physical size; Committed is what its live
-	// sandboxes hold. Schedule overwrites Committed from the ledger.
+	// sandboxes hold. Schedule reads the ledger's committed instead.
 	Capacity  Resources
 	Committed Resources
 	// VolumeDrivers registered on the node.
