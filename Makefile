@@ -89,6 +89,11 @@ bench-snapshot: deps build
 bench-egress: deps build
 	CUBICLE_IMAGES_DIR=$${CUBICLE_IMAGES_DIR:-$(DATA_DIR)/images} node bench/egress/run.js $(BENCH_FLAGS)
 
+# Placement simulation: no sandboxes, no root; exits 1 on any oversell.
+.PHONY: bench-scheduler
+bench-scheduler:
+	$(GO) run ./bench/scheduler $(BENCH_FLAGS)
+
 proto:
 	scripts/gen-proto
 

@@ -316,35 +316,16 @@ func (m *Manager) sorted() []*Device {
 
 // fitLocked returns the allocatable matches, or why there are not enough.
 func (m *Manager) fitLocked(req Request, c *Contract, stage Stage) ([]*Device, error) {
-	var first *CompatError
-	matching := 0
-	var free []*Device
-	// Disabled, quarantined and busy devices still count as matching: they
-	// make a request "no capacity now" (retry), not "never" (fail fast).
-	for _, d := range m.sorted() {
-		if ce := Match(*d, req, c, stage); ce != nil {
-			if first == nil {
-				first = ce
-			}
-			continue
-		}
-		matching++
-		if d.State.Schedulable() {
-			free = append(free, d)
-		}
+	devs := m.sorted()
+	free, err := FitInventory(m.cfg.NodeID, copies(devs), req, c, stage)
+	if err != nil {
+		return nil, err
 	}
-	count := max(req.Count, 1)
-	switch {
-	case matching == 0 && first != nil:
-		return nil, first
-	case matching == 0:
-		return nil, &CompatError{Stage: stage, Layer: LayerHardware, Detail: fmt.Sprintf("node %s has no %s accelerators", m.cfg.NodeID, req.Class)}
-	case matching < count:
-		return nil, &CompatError{Stage: stage, Layer: LayerHardware, Detail: fmt.Sprintf("%d requested, node %s has only %d matching", count, m.cfg.NodeID, matching)}
-	case len(free) < count:
-		return nil, fmt.Errorf("%w: %d matching, %d allocatable, %d requested", ErrNoCapacity, matching, len(free), count)
+	out := make([]*Device, len(free))
+	for i, j := range free {
+		out[i] = devs[j]
 	}
-	return free, nil
+	return out, nil
 }
 
 // Fit is the scheduling predicate on this node's inventory.

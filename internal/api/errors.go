@@ -15,6 +15,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/internal/scheduler"
 	"github.com/cubicle-dev/cubicle/internal/secret"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/template/catalog"
@@ -76,7 +77,7 @@ func statusOf(err error) int {
 		return http.StatusNotFound
 	case errors.Is(err, accel.ErrBusy), errors.Is(err, accel.ErrIllegalTransition):
 		return http.StatusConflict
-	case errors.Is(err, control.ErrCapacity), errors.Is(err, accel.ErrNoCapacity):
+	case errors.Is(err, control.ErrCapacity), errors.Is(err, accel.ErrNoCapacity), errors.Is(err, scheduler.ErrNoFit):
 		return http.StatusTooManyRequests
 	case errors.Is(err, runtime.ErrSnapshotTooLarge):
 		// The sandbox's files do not fit the storage it is allowed.
@@ -136,7 +137,7 @@ func errorCode(err error) string {
 		return "sandbox_not_found"
 	case errors.Is(err, accel.ErrIncompatible):
 		return "sandbox_no_compatible_node"
-	case errors.Is(err, control.ErrCapacity), errors.Is(err, accel.ErrNoCapacity):
+	case errors.Is(err, control.ErrCapacity), errors.Is(err, accel.ErrNoCapacity), errors.Is(err, scheduler.ErrNoFit):
 		return "sandbox_capacity_unavailable"
 	case errors.Is(err, store.ErrQuota):
 		return "team_quota_exceeded"

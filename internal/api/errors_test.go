@@ -12,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/accel"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/internal/scheduler"
 )
 
 // A 500's body must not carry the internal error's text; the log must, with
@@ -77,5 +79,41 @@ func TestPruneUploads(t *testing.T) {
 	}
 	if _, ok := s.uploads.tokens[live]; !ok {
 		t.Fatal("live grant pruned")
+	}
+}
+
+// A scheduler refusal answers as capacity (429 with Retry-After, so SDKs
+// retry), unless every node refused the accelerator request as
+// incompatible: then 400 naming the layer, as on one node.
+func TestFailNoFitIsCapacityOrTheAcceleratorLayer(t *testing.T) {
+	s := &Server{cfg: Config{RetryAfterSeconds: 1}, log: slog.New(slog.DiscardHandler)}
+	sch, err := scheduler.New(scheduler.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	small := scheduler.Node{ID: "n1", Capacity: scheduler.Resources{MilliCPU: 1000, MemoryMiB: 512, DiskMiB: 1024}}
+	_, errFull := sch.Place(&scheduler.Request{Resources: scheduler.Resources{MilliCPU: 1000, MemoryMiB: 1024}}, []scheduler.Node{small})
+	_, errAccel := sch.Place(&scheduler.Request{Accelerator: &accel.Request{Class: accel.ClassGPU, Count: 1}}, []scheduler.Node{small})
+	for _, c := range []struct {
+		err    error
+		status int
+		code   string
+		msg    string
+	}{
+		{errFull, http.StatusTooManyRequests, "sandbox_capacity_unavailable", "1 node lacks memory (need 1024 MiB, most free 512 MiB)"},
+		{errAccel, http.StatusBadRequest, "sandbox_no_compatible_node", "accelerator compatibility (hardware, at scheduling)"},
+	} {
+		rec := httptest.NewRecorder()
+		s.fail(rec, httptest.NewRequest(http.MethodPost, "/sandboxes", nil), fmt.Errorf("create: %w", c.err))
+		var eb errorBody
+		if err := json.Unmarshal(rec.Body.Bytes(), &eb); err != nil {
+			t.Fatal(err)
+		}
+		if rec.Code != c.status || eb.Code != c.status || eb.ErrorCode != c.code || !strings.Contains(eb.Message, c.msg) {
+			t.Fatalf("%v: status %d body %+v", c.err, rec.Code, eb)
+		}
+		if (c.status == http.StatusTooManyRequests) != (rec.Header().Get("Retry-After") != "") {
+			t.Fatalf("%v: Retry-After %q", c.err, rec.Header().Get("Retry-After"))
+		}
 	}
 }

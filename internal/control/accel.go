@@ -4,9 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 
 	"github.com/cubicle-dev/cubicle/internal/accel"
+	"github.com/cubicle-dev/cubicle/internal/scheduler"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/template"
 )
@@ -15,11 +15,10 @@ import (
 // snapshot, clone — physical devices cannot be checkpointed).
 var ErrAccelUnsupported = errors.New("not supported for sandboxes with accelerators")
 
-// accelRequest is the scheduling stage: the request merged with the
-// template's contract, checked against the capacity the node reports. It
-// fails fast: *accel.CompatError when no device could ever match,
-// accel.ErrNoCapacity when all matching ones are in use.
-func (m *Manager) accelRequest(ctx context.Context, o CreateOptions, tpl template.Template) ([]accel.Request, error) {
+// accelRequest merges the sandbox's accelerator request with the
+// template's contract (nil when it needs none). Whether a node can serve
+// it is decided by place.
+func (m *Manager) accelRequest(o CreateOptions, tpl template.Template) ([]accel.Request, error) {
 	if len(o.Accelerators) == 0 && tpl.Accelerators == nil {
 		return nil, nil
 	}
@@ -37,21 +36,44 @@ func (m *Manager) accelRequest(ctx context.Context, o CreateOptions, tpl templat
 	if err != nil {
 		return nil, err
 	}
+	return []accel.Request{eff}, nil
+}
+
+// place is the scheduling stage: the scheduler picks the node, among the
+// nodes that report state (today the one in-process node). It fails fast
+// as a single node would: *accel.CompatError naming the layer when no
+// device could ever match, accel.ErrNoCapacity when all matching ones are
+// in use. The in-process node reports no CPU or memory capacity (its
+// admission is MaxSandboxes and the disk budget), so no resources are
+// asked of it.
+func (m *Manager) place(ctx context.Context, o CreateOptions, tpl template.Template, accels []accel.Request) (string, error) {
+	req := &scheduler.Request{TeamID: o.TeamID, TemplateID: tpl.ID, Contract: tpl.Accelerators}
+	if len(accels) == 1 {
+		req.Accelerator = &accels[0]
+	}
 	info, err := m.nodeInfo(ctx)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
-	if info.Accelerators == nil {
-		return nil, &accel.CompatError{Stage: accel.StageScheduling, Layer: accel.LayerHardware,
-			Detail: fmt.Sprintf("no node has accelerators (requested %d %s)", eff.Count, eff.Class)}
+	inv, err := m.node.AcceleratorInventory(ctx)
+	if err != nil {
+		return "", err
 	}
-	if err := m.node.FitAccelerators(ctx, eff, tpl.Accelerators); err != nil {
-		if derr := m.node.DenyAccelerators(ctx, "", err); derr != nil {
-			m.log.Error("recording an accelerator denial", "err", derr)
+	n := scheduler.Node{ID: info.ID, VolumeDrivers: info.VolumeDrivers, Accelerators: inv}
+	cands, err := m.sched.Place(req, []scheduler.Node{n})
+	if err != nil {
+		var nf *scheduler.NoFitError
+		if errors.As(err, &nf) && nf.Accel != nil {
+			err = nf.Accel
 		}
-		return nil, err
+		if info.Accelerators != nil {
+			if derr := m.node.DenyAccelerators(ctx, "", err); derr != nil {
+				m.log.Error("recording an accelerator denial", "err", derr)
+			}
+		}
+		return "", err
 	}
-	return []accel.Request{eff}, nil
+	return cands[0].NodeID, nil
 }
 
 func accelJSON(r []accel.Request) string {

@@ -22,6 +22,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/internal/scheduler"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/template"
 )
@@ -121,6 +122,7 @@ type Manager struct {
 	node      node.Node
 	templates template.Resolver
 	log       *slog.Logger
+	sched     *scheduler.Scheduler
 
 	createSlots chan struct{}
 	locks       idlock.Map // serialises lifecycle ops per sandbox
@@ -170,6 +172,8 @@ func New(cfg Config, st store.Store, n node.Node, tr template.Resolver) *Manager
 		sampleEvery: sampleInterval, snapMetrics: newSnapshotMetrics(cfg.Registry), snapKick: make(chan struct{}, 1),
 		snapInFlight: map[string]bool{}}
 	m.leases = newLeases(m, cfg.ContentIdle)
+	// The default configuration always validates.
+	m.sched, _ = scheduler.New(scheduler.Config{})
 	return m
 }
 
@@ -483,7 +487,11 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 	}
 	defer release()
 
-	accels, err := m.accelRequest(ctx, o, tpl)
+	accels, err := m.accelRequest(o, tpl)
+	if err != nil {
+		return nil, err
+	}
+	nodeID, err := m.place(ctx, o, tpl, accels)
 	if err != nil {
 		return nil, err
 	}
@@ -509,13 +517,9 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 	if err != nil {
 		return nil, err
 	}
-	info, err := m.nodeInfo(ctx)
-	if err != nil {
-		return nil, err
-	}
 	now := time.Now().UTC()
 	sb := &store.Sandbox{
-		ID: NewID(), TeamID: o.TeamID, TemplateID: tpl.ID, Alias: tpl.Alias, State: store.StateCreating, Node: info.ID,
+		ID: NewID(), TeamID: o.TeamID, TemplateID: tpl.ID, Alias: tpl.Alias, State: store.StateCreating, Node: nodeID,
 		Metadata: o.Metadata, EnvVars: o.EnvVars, EnvdToken: token(16), TrafficToken: token(16),
 		CPUCount: tpl.CPUCount, MemoryMB: tpl.MemoryMB, DiskSizeMB: tpl.DiskSizeMB,
 		Network: o.Network, AutoPause: o.AutoPause, AutoResume: o.AutoResume, APIKeyID: o.APIKeyID,

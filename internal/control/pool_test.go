@@ -322,9 +322,6 @@ func (noAccelerators) AcceleratorInventory(context.Context) ([]accel.Device, err
 func (noAccelerators) Accelerator(_ context.Context, id string) (accel.Device, error) {
 	return accel.Device{}, fmt.Errorf("%w: %s", accel.ErrNotFound, id)
 }
-func (noAccelerators) FitAccelerators(context.Context, accel.Request, *accel.Contract) error {
-	return &accel.CompatError{Stage: accel.StageScheduling, Layer: accel.LayerHardware, Detail: "no accelerators"}
-}
 func (noAccelerators) DisableAccelerator(_ context.Context, id, _ string) (accel.Device, error) {
 	return accel.Device{}, fmt.Errorf("%w: %s", accel.ErrNotFound, id)
 }

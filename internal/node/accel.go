@@ -23,10 +23,6 @@ import (
 type Accelerators interface {
 	AcceleratorInventory(ctx context.Context) ([]accel.Device, error)
 	Accelerator(ctx context.Context, id string) (accel.Device, error)
-	// FitAccelerators is the scheduling predicate: a *accel.CompatError
-	// when no device on the node could ever match, accel.ErrNoCapacity when
-	// all are busy. It moves to the scheduler in cluster mode.
-	FitAccelerators(ctx context.Context, req accel.Request, c *accel.Contract) error
 	DisableAccelerator(ctx context.Context, id, reason string) (accel.Device, error)
 	EnableAccelerator(ctx context.Context, id string) (accel.Device, error)
 	RecoverAccelerator(ctx context.Context, id string) (accel.Device, error)
@@ -163,15 +159,6 @@ func (l *Local) Accelerator(_ context.Context, id string) (accel.Device, error) 
 		return accel.Device{}, errNoAccelerators(id)
 	}
 	return l.cfg.Accel.Get(id)
-}
-
-// FitAccelerators implements Node.
-func (l *Local) FitAccelerators(_ context.Context, req accel.Request, c *accel.Contract) error {
-	if l.cfg.Accel == nil {
-		return &accel.CompatError{Stage: accel.StageScheduling, Layer: accel.LayerHardware,
-			Detail: fmt.Sprintf("node %s has no accelerators (requested %d %s)", l.cfg.ID, req.Count, req.Class)}
-	}
-	return l.cfg.Accel.Fit(req, c)
 }
 
 // DisableAccelerator implements Node.
