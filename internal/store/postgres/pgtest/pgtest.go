@@ -257,3 +257,19 @@ func DSN(t testing.TB) string {
 	}
 	return dsn
 }
+
+// StartT starts a server for one test (outside TestMain: a package that
+// needs PostgreSQL in one test only) and stops it when the test ends. It
+// skips t (fails it under CI=true) when PostgreSQL is not installed.
+func StartT(t testing.TB) *Server {
+	t.Helper()
+	s, err := Start()
+	if errors.Is(err, ErrNoPostgres) {
+		testenv.Skip(t, err)
+	}
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	t.Cleanup(s.Stop)
+	return s
+}
