@@ -42,8 +42,6 @@ import (
 
 type serveOptions struct {
 	dataDir, imagesDir, listen, runtime, agentBin, domain string
-	// store is --store: a PostgreSQL URL, or "" for SQLite in dataDir.
-	store string
 	pool, bridge, netnsDir, nftTable, cgroupParent        string
 	hostFirewall                                          string
 	tlsCert, tlsKey                                       string
@@ -75,6 +73,9 @@ type serveOptions struct {
 	userns                                                string
 	caCertsFile                                           string
 	caCerts                                               *cacerts.Set
+
+	// store is --store: a PostgreSQL URL, or "" for SQLite in dataDir.
+	store string
 }
 
 func serveCmd() *cobra.Command {
