@@ -78,6 +78,7 @@ func (p *Postgres) Run(ctx context.Context, name string, fn func(ctx context.Con
 		}
 		held, err := p.tryLock(ctx, conn, key)
 		if err != nil {
+			p.log.Warn("lease: try lock", "lease", name, "err", err)
 			conn.Close(context.WithoutCancel(ctx))
 			conn = nil
 			sleep(ctx, p.poll)

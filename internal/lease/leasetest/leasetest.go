@@ -82,6 +82,24 @@ func (h *Holders) WaitHolder(t *testing.T, d time.Duration, not string) string {
 	return ""
 }
 
+// Starts counts how many times a fn has started.
+func (h *Holders) Starts() int32 { return h.starts.Load() }
+
+// WaitNewHolder waits up to d for exactly one holder whose fn started
+// after Starts() was after, and returns it.
+func (h *Holders) WaitNewHolder(t *testing.T, d time.Duration, after int32) string {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if cur := h.Current(); len(cur) == 1 && h.Starts() > after {
+			return cur[0]
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("no new holder within %s: %v, %d starts", d, h.Current(), h.Starts())
+	return ""
+}
+
 // run starts l.Run in the background and returns its stop function, which
 // waits for Run to return.
 func run(l lease.Leaser, name string, fn func(context.Context)) (stop func()) {
