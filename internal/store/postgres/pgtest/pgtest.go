@@ -1,6 +1,7 @@
 // Package pgtest runs a throwaway PostgreSQL server for tests: one per test
-// binary (started from TestMain), with a fresh database for every caller of
-// DSN, so tests sharing the server never see each other's rows.
+// binary (started by the first test that asks, stopped by TestMain), with a
+// fresh database for every caller of DSN, so tests sharing the server never
+// see each other's rows.
 //
 // initdb and postgres refuse to run as root. As root the server runs as
 // the system user "postgres" when it exists (the Debian package creates
@@ -22,6 +23,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -218,32 +220,38 @@ func (s *Server) Stop() {
 }
 
 var (
-	shared   *Server
-	startErr error
+	sharedOnce sync.Once
+	shared     *Server
+	startErr   error
+	inMain     bool
 )
 
-// Main runs the package's tests around one server: call it from TestMain
-// as os.Exit(pgtest.Main(m)). The server is stopped even when tests fail.
+// Main runs the package's tests and stops the shared server (started by
+// the first Shared or DSN call, so a run that needs none starts none) even
+// when tests fail: call it from TestMain as os.Exit(pgtest.Main(m)).
 func Main(m *testing.M) int {
-	shared, startErr = Start()
-	if shared != nil {
-		defer shared.Stop()
-	}
+	inMain = true
+	defer func() {
+		if shared != nil {
+			shared.Stop()
+		}
+	}()
 	return m.Run()
 }
 
-// Shared returns the server Main started, skipping t (failing it under
+// Shared returns the package's server, skipping t (failing it under
 // CI=true) when PostgreSQL is not installed.
 func Shared(t testing.TB) *Server {
 	t.Helper()
+	if !inMain {
+		t.Fatal("pgtest: call pgtest.Main from TestMain (it stops the server)")
+	}
+	sharedOnce.Do(func() { shared, startErr = Start() })
 	if errors.Is(startErr, ErrNoPostgres) {
 		testenv.Skip(t, startErr)
 	}
 	if startErr != nil {
 		t.Fatalf("pgtest: %v", startErr)
-	}
-	if shared == nil {
-		t.Fatal("pgtest: no server: call pgtest.Main from TestMain")
 	}
 	return shared
 }
