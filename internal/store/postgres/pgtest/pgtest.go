@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -132,7 +133,7 @@ func Start() (_ *Server, err error) {
 		"-c", "full_page_writes=off", "-c", "max_connections=300")
 	s.cmd.Stdout, s.cmd.Stderr = log, log
 	s.cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
-	if err := s.cmd.Start(); err != nil {
+	if err := startPinned(s.cmd); err != nil {
 		return nil, err
 	}
 	if err := s.waitReady(); err != nil {
@@ -140,6 +141,19 @@ func Start() (_ *Server, err error) {
 		return nil, fmt.Errorf("%w; log:\n%s", err, out)
 	}
 	return s, nil
+}
+
+// startPinned starts cmd from an OS thread that never exits: Pdeathsig
+// fires when the forking thread ends, and Go ends a thread when a
+// goroutine locked to it returns, which another test could otherwise do.
+func startPinned(cmd *exec.Cmd) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		errc <- cmd.Start()
+		select {} // keeps the thread (one parked goroutine per server)
+	}()
+	return <-errc
 }
 
 func (s *Server) command(name string, args ...string) *exec.Cmd {
