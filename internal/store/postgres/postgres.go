@@ -309,7 +309,9 @@ started_at=?, end_at=?, updated_at=?, killed_at=?, kill_reason=?, volumes=?, def
 	return nil
 }
 
-// CompareAndSetState is an atomic state transition.
+// CompareAndSetState is an atomic state transition (one UPDATE at READ
+// COMMITTED: PostgreSQL re-checks the state after waiting for a concurrent
+// writer).
 func (s *Store) CompareAndSetState(ctx context.Context, id string, from []store.SandboxState, to store.SandboxState) (*store.Sandbox, error) {
 	q := `UPDATE sandboxes SET state=?, updated_at=? WHERE id=?`
 	args := []any{string(to), time.Now().UnixNano(), id}
@@ -319,18 +321,16 @@ func (s *Store) CompareAndSetState(ctx context.Context, id string, from []store.
 			args = append(args, string(f))
 		}
 	}
-	res, err := s.db.ExecContext(ctx, q, args...)
-	if err != nil {
+	// RETURNING gives the row as this update left it; a later writer
+	// cannot slip in between.
+	sb, err := scanSandbox(s.db.QueryRowContext(ctx, q+` RETURNING `+sandboxCols, args...))
+	if !errors.Is(err, store.ErrNotFound) {
+		return sb, err
+	}
+	if sb, err = s.GetSandbox(ctx, id); err != nil {
 		return nil, err
 	}
-	sb, err := s.GetSandbox(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return sb, fmt.Errorf("%w: sandbox %s is %s", store.ErrConflict, id, sb.State)
-	}
-	return sb, nil
+	return sb, fmt.Errorf("%w: sandbox %s is %s", store.ErrConflict, id, sb.State)
 }
 
 // ListSandboxes applies the filter in SQL so pagination stays correct.
