@@ -5,8 +5,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"text/tabwriter"
 	"time"
 
@@ -14,27 +12,9 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/api"
 	"github.com/cubicle-dev/cubicle/internal/store"
-	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
 )
 
 const defaultDataDir = "/var/lib/cubicle"
-
-func openStore(dataDir string) (*sqlite.Store, error) {
-	if err := os.MkdirAll(dataDir, 0o700); err != nil {
-		return nil, err
-	}
-	return sqlite.Open(filepath.Join(dataDir, "cubicle.db"))
-}
-
-// withStore opens the data dir's database for one CLI command.
-func withStore(dataDir string, fn func(*sqlite.Store) error) error {
-	st, err := openStore(dataDir)
-	if err != nil {
-		return err
-	}
-	defer st.Close()
-	return fn(st)
-}
 
 // newAPIKey makes a key shaped e2b_<hex> so older SDKs' format check passes.
 func newAPIKey() string {
@@ -44,9 +24,10 @@ func newAPIKey() string {
 }
 
 func apikeyCmd() *cobra.Command {
-	var dataDir string
+	var dataDir, storeDSN string
 	cmd := &cobra.Command{Use: "apikey", Short: "Manage API keys (stored hashed in the data dir)"}
 	cmd.PersistentFlags().StringVar(&dataDir, "data-dir", defaultDataDir, "server data directory")
+	addStoreFlag(cmd.PersistentFlags(), &storeDSN)
 	var name, team string
 	var admin bool
 	create := &cobra.Command{
@@ -60,7 +41,7 @@ pass --admin=false for a plain key. With --team the key is a plain member
 of that team unless --admin is given.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withStore(dataDir, func(st *sqlite.Store) error {
+			return withStore(cmd.Context(), dataDir, storeDSN, func(st store.Store) error {
 				ctx := cmd.Context()
 				teamID := store.DefaultTeamID
 				if team != "" {
@@ -91,7 +72,7 @@ of that team unless --admin is given.`,
 		Short: "List API keys (never their secrets)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withStore(dataDir, func(st *sqlite.Store) error {
+			return withStore(cmd.Context(), dataDir, storeDSN, func(st store.Store) error {
 				ctx := cmd.Context()
 				teams, err := st.ListTeams(ctx)
 				if err != nil {
@@ -136,7 +117,7 @@ of that team unless --admin is given.`,
 		Short:   "Revoke (delete) an API key; a running server refuses it from its next request",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withStore(dataDir, func(st *sqlite.Store) error {
+			return withStore(cmd.Context(), dataDir, storeDSN, func(st store.Store) error {
 				if err := st.DeleteAPIKey(cmd.Context(), args[0]); err != nil {
 					if errors.Is(err, store.ErrNotFound) {
 						return fmt.Errorf("no API key %s (see cubicle apikey list)", args[0])

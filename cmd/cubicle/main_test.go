@@ -50,7 +50,7 @@ func TestAPIKeyCreateListDelete(t *testing.T) {
 	if !regexp.MustCompile(`^e2b_[0-9a-f]{40}$`).MatchString(key) {
 		t.Fatalf("key shape: %q", key)
 	}
-	st, err := openStore(dir)
+	st, err := openStore(context.Background(), dir, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +205,7 @@ func TestTeamsAndTeamKeys(t *testing.T) {
 	if _, err := run(t, "apikey", "create", "--data-dir", dir, "--team", "nope"); err == nil {
 		t.Fatal("a key of a missing team was created")
 	}
-	st, err := openStore(dir)
+	st, err := openStore(context.Background(), dir, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +230,7 @@ func TestTeamsAndTeamKeys(t *testing.T) {
 	if _, err := run(t, "team", "delete", "--data-dir", dir, "default"); err == nil {
 		t.Fatal("the default team was deleted")
 	}
-	st, _ = openStore(dir)
+	st, _ = openStore(context.Background(), dir, "")
 	keys, _ := st.ListAPIKeys(ctx)
 	st.Close()
 	for _, k := range keys {

@@ -73,6 +73,9 @@ type serveOptions struct {
 	userns                                                string
 	caCertsFile                                           string
 	caCerts                                               *cacerts.Set
+
+	// store is --store: a PostgreSQL URL, or "" for SQLite in dataDir.
+	store string
 }
 
 func serveCmd() *cobra.Command {
@@ -87,6 +90,7 @@ func serveCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.dataDir, "data-dir", defaultDataDir, "state directory (database, sandboxes, runtime state)")
+	addStoreFlag(f, &o.store)
 	f.StringVar(&o.imagesDir, "images-dir", "", "image directory holding <name>/rootfs (default <data-dir>/images)")
 	f.StringVar(&o.secretsKey, "secrets-key", "", "key file sealing secret values (default <data-dir>/secrets.key, created 0600 on first start; a backup of the data dir then holds the key with the database: set this outside the data dir if backups copy it; losing it makes every secret unreadable; see docs/secrets.md)")
 	f.StringVar(&o.listen, "listen", "127.0.0.1:3000", "address for the API and the sandbox proxy")
@@ -247,7 +251,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	}
 	defer nodePlugins.Close()
 
-	st, err := openStore(o.dataDir)
+	st, err := openStore(ctx, o.dataDir, o.store)
 	if err != nil {
 		return err
 	}

@@ -12,7 +12,6 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/cubicle-dev/cubicle/internal/store"
-	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
 )
 
 var teamNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
@@ -70,9 +69,10 @@ func limit(n int) string {
 }
 
 func teamCmd() *cobra.Command {
-	var dataDir string
+	var dataDir, storeDSN string
 	cmd := &cobra.Command{Use: "team", Short: "Manage teams (tenants) and their quotas (stored in the data dir)"}
 	cmd.PersistentFlags().StringVar(&dataDir, "data-dir", defaultDataDir, "server data directory")
+	addStoreFlag(cmd.PersistentFlags(), &storeDSN)
 
 	var cq quotaFlags
 	create := &cobra.Command{
@@ -87,7 +87,7 @@ func teamCmd() *cobra.Command {
 			if err := cq.apply(cmd.Flags(), &t.Quota); err != nil {
 				return err
 			}
-			return withStore(dataDir, func(st *sqlite.Store) error {
+			return withStore(cmd.Context(), dataDir, storeDSN, func(st store.Store) error {
 				if err := st.CreateTeam(cmd.Context(), t); err != nil {
 					if errors.Is(err, store.ErrConflict) {
 						return fmt.Errorf("a team called %q exists", t.Name)
@@ -107,7 +107,7 @@ func teamCmd() *cobra.Command {
 		Short: "Change a team's quotas (only the flags given; 0 = unlimited); running servers apply them to the next create",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withStore(dataDir, func(st *sqlite.Store) error {
+			return withStore(cmd.Context(), dataDir, storeDSN, func(st store.Store) error {
 				t, err := findTeam(cmd.Context(), st, args[0])
 				if err != nil {
 					return err
@@ -126,7 +126,7 @@ func teamCmd() *cobra.Command {
 		Short: "List teams and their quotas (- = unlimited)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withStore(dataDir, func(st *sqlite.Store) error {
+			return withStore(cmd.Context(), dataDir, storeDSN, func(st store.Store) error {
 				ts, err := st.ListTeams(cmd.Context())
 				if err != nil {
 					return err
@@ -148,7 +148,7 @@ func teamCmd() *cobra.Command {
 		Short: "Delete a team that owns nothing (revoke its keys and remove its sandboxes, volumes and templates first)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withStore(dataDir, func(st *sqlite.Store) error {
+			return withStore(cmd.Context(), dataDir, storeDSN, func(st store.Store) error {
 				t, err := findTeam(cmd.Context(), st, args[0])
 				if err != nil {
 					return err

@@ -148,7 +148,14 @@ func newServer(t testing.TB, env []string, extra ...string) *server {
 	suffix := hex.EncodeToString(b)
 	poolCounter++
 	s := &server{t: t, DataDir: data, Bridge: "cbi" + suffix, Cgroup: "cubicle-it-" + suffix, client: &http.Client{Timeout: 2 * time.Minute}, env: env, seen: map[string]bool{}}
-	out, err := exec.Command(filepath.Join(binDir, "cubicle"), "apikey", "create", "--data-dir", data).Output()
+	keyArgs := []string{"apikey", "create", "--data-dir", data}
+	for i, a := range extra {
+		if a == "--store" && i+1 < len(extra) {
+			// The key goes where serve will look for it.
+			keyArgs = append(keyArgs, "--store", extra[i+1])
+		}
+	}
+	out, err := exec.Command(filepath.Join(binDir, "cubicle"), keyArgs...).Output()
 	if err != nil {
 		t.Fatalf("apikey create: %v", err)
 	}
