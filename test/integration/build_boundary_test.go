@@ -196,4 +196,3 @@ func buildkitdPid(t *testing.T, dataDir string) int {
 	t.Fatalf("no buildkitd with root %s/buildkit", dataDir)
 	return 0
 }
-
