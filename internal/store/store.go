@@ -324,6 +324,7 @@ type Store interface {
 	TemplateStore
 	SnapshotStore
 	SecretStore
+	NodeStore
 
 	AppendEvent(ctx context.Context, e *Event) error
 	// ListVolumeEvents returns a volume's events, oldest first.
