@@ -84,7 +84,7 @@ func NewMemLedger() *MemLedger {
 
 // SetNode implements Ledger.
 func (l *MemLedger) SetNode(_ context.Context, nodeID string, a Resources) error {
-	if nodeID == "" || !a.valid() {
+	if nodeID == "" || !a.Valid() {
 		return fmt.Errorf("%w: node %q allocatable %+v", ErrInvalid, nodeID, a)
 	}
 	l.mu.Lock()
@@ -99,7 +99,7 @@ func (l *MemLedger) SetNode(_ context.Context, nodeID string, a Resources) error
 
 // Reserve implements Ledger.
 func (l *MemLedger) Reserve(_ context.Context, sandboxID, nodeID string, r Resources) error {
-	if sandboxID == "" || !r.valid() {
+	if sandboxID == "" || !r.Valid() {
 		return fmt.Errorf("%w: sandbox %q resources %+v", ErrInvalid, sandboxID, r)
 	}
 	l.mu.Lock()
@@ -114,7 +114,7 @@ func (l *MemLedger) Reserve(_ context.Context, sandboxID, nodeID string, r Resou
 	if n == nil {
 		return fmt.Errorf("%w: %s", ErrUnknownNode, nodeID)
 	}
-	if err := admit(nodeID, n.allocatable, n.committed, r); err != nil {
+	if err := Admit(nodeID, n.allocatable, n.committed, r); err != nil {
 		return err
 	}
 	n.committed = n.committed.Add(r)
@@ -122,8 +122,10 @@ func (l *MemLedger) Reserve(_ context.Context, sandboxID, nodeID string, r Resou
 	return nil
 }
 
-// admit is the one capacity rule every Ledger applies.
-func admit(nodeID string, allocatable, committed, r Resources) error {
+// Admit is the one capacity rule every Ledger applies: r fits in what
+// allocatable leaves after committed, or an *InsufficientError names the
+// first resource that does not.
+func Admit(nodeID string, allocatable, committed, r Resources) error {
 	free := allocatable.Sub(committed)
 	switch {
 	case r.MilliCPU > free.MilliCPU:

@@ -45,7 +45,9 @@ func (r Resources) Fits(free Resources) bool {
 	return r.MilliCPU <= free.MilliCPU && r.MemoryMiB <= free.MemoryMiB && r.DiskMiB <= free.DiskMiB
 }
 
-func (r Resources) valid() bool { return r.MilliCPU >= 0 && r.MemoryMiB >= 0 && r.DiskMiB >= 0 }
+// Valid reports that no amount is negative (a negative reservation would
+// grow the node).
+func (r Resources) Valid() bool { return r.MilliCPU >= 0 && r.MemoryMiB >= 0 && r.DiskMiB >= 0 }
 
 // Request is one sandbox to place.
 type Request struct {
@@ -186,7 +188,7 @@ func (s *Scheduler) Allocatable(n *Node) Resources {
 // merged with the contract, which may leave the class open), so it is
 // judged by FitInventory only.
 func ValidateRequest(r *Request) error {
-	if !r.Resources.valid() {
+	if !r.Resources.Valid() {
 		return fmt.Errorf("%w: negative resources %+v", ErrInvalid, r.Resources)
 	}
 	for _, p := range r.Policies {
