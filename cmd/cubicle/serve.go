@@ -426,6 +426,10 @@ func serve(ctx context.Context, o serveOptions) error {
 		cancel()
 		return fmt.Errorf("recover: %w", err)
 	}
+	if err := mgr.RegisterNode(rctx); err != nil {
+		cancel()
+		return err
+	}
 	cancel()
 	go mgr.Run(ctx)
 	go runAccelReconciler(ctx, nd, o.accel.reconcileT)

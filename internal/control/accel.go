@@ -55,11 +55,10 @@ func (m *Manager) place(ctx context.Context, o CreateOptions, tpl template.Templ
 	if err != nil {
 		return "", err
 	}
-	inv, err := m.node.AcceleratorInventory(ctx)
+	n, err := m.schedulerNode(ctx, info)
 	if err != nil {
 		return "", err
 	}
-	n := scheduler.Node{ID: info.ID, VolumeDrivers: info.VolumeDrivers, Accelerators: inv}
 	cands, err := m.sched.Place(req, []scheduler.Node{n})
 	if err != nil {
 		var nf *scheduler.NoFitError

@@ -94,6 +94,7 @@ func (m *Manager) Run(ctx context.Context) {
 	go m.runSampler(ctx)
 	go m.runPool(ctx)
 	go m.runSnapshots(ctx)
+	go m.runHeartbeat(ctx)
 	if exits, err := m.node.Exits(ctx); err != nil {
 		m.log.Error("node exit reports; exits are found by the periodic reconcile", "err", err)
 	} else if exits != nil {
