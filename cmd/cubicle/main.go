@@ -32,7 +32,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(serveCmd(), apikeyCmd(), teamCmd(), sandboxCmd(), volumeCmd(), imageCmd(), templateCmd(), versionCmd())
+	root.AddCommand(serveCmd(), apikeyCmd(), teamCmd(), nodeCmd(), sandboxCmd(), volumeCmd(), imageCmd(), templateCmd(), versionCmd())
 	root.AddCommand(poolCmd(), gpuCmd(), filesCmd(), snapshotCmd())
 	root.AddCommand(secretCmd())
 	return root
