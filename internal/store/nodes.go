@@ -83,7 +83,10 @@ type NodeStore interface {
 	// ForgetNode deletes the node, its allocatable capacity and its
 	// reservations. Refused with a *NodeInUseError (ErrNodeInUse) while
 	// live sandboxes name it; ErrNotFound when missing. The check and the
-	// delete are one transaction.
+	// delete are one transaction, so every sandbox committed before it is
+	// counted. Sandbox creates do not read the registry: one committed
+	// alongside is ordered after the forget and names a node with no row
+	// (a running node registers again at its next heartbeat).
 	ForgetNode(ctx context.Context, id string) error
 
 	CapacityLedger

@@ -111,8 +111,9 @@ func (s *Store) SetNodeFlags(ctx context.Context, id string, cordoned, draining 
 	return s.GetNode(ctx, id)
 }
 
-// ForgetNode implements store.NodeStore. SERIALIZABLE: a create that
-// names the node between the count and the delete aborts one of the two.
+// ForgetNode implements store.NodeStore. The count and the delete are one
+// SERIALIZABLE transaction: it sees every sandbox committed before it, and
+// a create committing alongside is ordered after the forget.
 func (s *Store) ForgetNode(ctx context.Context, id string) error {
 	return retry(ctx, func() error { return s.forgetNodeTx(ctx, id) })
 }
