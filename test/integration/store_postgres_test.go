@@ -72,6 +72,10 @@ func TestServePostgresStore(t *testing.T) {
 			t.Fatalf("row %s: %+v %v; want %s", id, sb, err, want)
 		}
 	}
+	// serve registered its in-process node in the same database.
+	if n, err := st.GetNode(ctx, "local"); err != nil || n.Runtime == "" || n.Capacity.MilliCPU == 0 {
+		t.Fatalf("node row in PostgreSQL: %+v %v", n, err)
+	}
 	if _, err := os.Stat(filepath.Join(s.DataDir, "cubicle.db")); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("serve --store postgres made a SQLite database: %v", err)
 	}
