@@ -324,6 +324,7 @@ type Store interface {
 	TemplateStore
 	SnapshotStore
 	SecretStore
+	ClusterStore
 
 	AppendEvent(ctx context.Context, e *Event) error
 	// ListVolumeEvents returns a volume's events, oldest first.

@@ -29,6 +29,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 	t.Run("Snapshots", func(t *testing.T) { testSnapshots(t, open(t)) })
 	t.Run("Secrets", func(t *testing.T) { testSecrets(t, open(t)) })
 	runTenancy(t, open)
+	runCluster(t, open)
 }
 
 func standby(id, tpl, build string, started time.Time) *store.Sandbox {
