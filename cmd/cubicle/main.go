@@ -35,6 +35,7 @@ func newRoot() *cobra.Command {
 	root.AddCommand(serveCmd(), apikeyCmd(), teamCmd(), sandboxCmd(), volumeCmd(), imageCmd(), templateCmd(), versionCmd())
 	root.AddCommand(poolCmd(), gpuCmd(), filesCmd(), snapshotCmd())
 	root.AddCommand(secretCmd())
+	root.AddCommand(nodeCmd())
 	return root
 }
 
