@@ -22,7 +22,7 @@ import (
 // and a fleet joining at once comes from many addresses.
 const (
 	joinRate  = 1
-	joinBurst = 5
+	joinBurst = 10
 )
 
 // joinRoutes serves POST /nodes/join when the control plane has a cluster
