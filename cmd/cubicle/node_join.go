@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -167,6 +168,10 @@ func formatLabels(l map[string]string) string {
 	return strings.Join(keys, ",")
 }
 
+// joinTokenEnv passes the token without putting it on the command line,
+// where any local user can read it in ps.
+const joinTokenEnv = "CUBICLE_JOIN_TOKEN"
+
 // nodeJoinCmd is `cubicle node join`, run on the machine that becomes a
 // node: its key is made there and never leaves it.
 func nodeJoinCmd() *cobra.Command {
@@ -176,7 +181,13 @@ func nodeJoinCmd() *cobra.Command {
 		Short: "Join this machine to a cluster: get its node certificate with a join token",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			for _, f := range []string{"control-plane", "token", "ca-pin", "node-id"} {
+			if !cmd.Flags().Changed("token") {
+				o.Token = os.Getenv(joinTokenEnv)
+			}
+			if o.Token == "" {
+				return fmt.Errorf("--token (or %s) is required", joinTokenEnv)
+			}
+			for _, f := range []string{"control-plane", "ca-pin", "node-id"} {
 				if !cmd.Flags().Changed(f) {
 					return fmt.Errorf("--%s is required", f)
 				}
@@ -193,7 +204,7 @@ func nodeJoinCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.ControlPlane, "control-plane", "", "the control plane's https URL")
-	f.StringVar(&o.Token, "token", "", "the join token from `cubicle node token create`")
+	f.StringVar(&o.Token, "token", "", "the join token from `cubicle node token create` (or set "+joinTokenEnv+", which keeps it out of ps)")
 	f.StringVar(&o.Pin, "ca-pin", "", "sha256:<hex> the token was printed with: the token is sent only to a server holding that CA")
 	f.StringVar(&o.NodeID, "node-id", "", "this node's ID (a DNS label)")
 	f.StringVar(&o.DataDir, "data-dir", "/var/lib/cubicle-node", "the node's data directory (its key, certificate and CA go here)")

@@ -75,6 +75,13 @@ func TestNodeJoin(t *testing.T) {
 	join := func(tok, pin, id, dir string) (string, error) {
 		return cubicle("node", "join", "--control-plane", cp, "--token", tok, "--ca-pin", pin, "--node-id", id, "--data-dir", dir, "--address", "127.0.0.1")
 	}
+	// The token can come from the environment instead (out of ps).
+	joinEnv := func(tok, pin, id, dir string) (string, error) {
+		cmd := exec.Command(filepath.Join(binDir, "cubicle"), "node", "join", "--control-plane", cp, "--ca-pin", pin, "--node-id", id, "--data-dir", dir)
+		cmd.Env = append(os.Environ(), "CUBICLE_JOIN_TOKEN="+tok)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
 
 	tok, pin := tokenCreate("--ttl", "10m", "--label", "zone=a")
 	dir := t.TempDir()
@@ -136,7 +143,7 @@ func TestNodeJoin(t *testing.T) {
 	if out, err := join(tok2, wrong, "node-4", t.TempDir()); err == nil || !strings.Contains(out, "does not match the pin") {
 		t.Fatalf("wrong pin: %v\n%s", err, out)
 	}
-	if out, err := join(tok2, pin, "node-4", t.TempDir()); err != nil {
+	if out, err := joinEnv(tok2, pin, "node-4", t.TempDir()); err != nil {
 		t.Fatalf("the token after a wrong-pin attempt: %v\n%s", err, out)
 	}
 	list, _ := cubicle("node", "token", "list", "--data-dir", s.DataDir)
