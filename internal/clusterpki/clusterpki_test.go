@@ -314,3 +314,33 @@ func TestCAMadeOnceAndSealed(t *testing.T) {
 		t.Fatalf("another secrets key: want secret.ErrWrongKey, got %v", err)
 	}
 }
+
+// TestRenewNode: a node renews with the certificate it holds, keeping its
+// ID; the control plane's certificate, another CA's, and an expired one
+// renew nothing.
+func TestRenewNode(t *testing.T) {
+	ca, other := newCA(t), newCA(t)
+	now := time.Now()
+	old := nodeCert(t, ca, "node-7")
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	certPEM, err := ca.RenewNode(old.Leaf, csr(t, key, nil), []string{"10.0.0.8"}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := clusterpki.ParseCertPEM(certPEM)
+	if c.URIs[0].String() != "cubicle://node/node-7" || !c.PublicKey.(*ecdsa.PublicKey).Equal(&key.PublicKey) {
+		t.Fatalf("renewed %v", c.URIs)
+	}
+	for name, tc := range map[string]struct {
+		peer *x509.Certificate
+		at   time.Time
+	}{
+		"the control plane's certificate": {cpCert(t, ca).Leaf, now},
+		"another CA's node":               {nodeCert(t, other, "node-7").Leaf, now},
+		"an expired certificate":          {old.Leaf, old.Leaf.NotAfter.Add(time.Second)},
+	} {
+		if _, err := ca.RenewNode(tc.peer, csr(t, key, nil), nil, tc.at); !errors.Is(err, clusterpki.ErrIdentity) {
+			t.Errorf("%s: want ErrIdentity, got %v", name, err)
+		}
+	}
+}

@@ -159,3 +159,31 @@ func (ca *CA) sign(pub any, subj pkix.Name, dns []string, ips []net.IP, uri *url
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), nil
 }
+
+// NodeID is the node a certificate from ca names, after checking that it
+// chains to ca, is valid at now, and carries exactly one node identity.
+func (ca *CA) NodeID(cert *x509.Certificate, now time.Time) (string, error) {
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: pool(ca.Cert), CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		return "", fmt.Errorf("%w: %v", ErrIdentity, err)
+	}
+	if len(cert.URIs) != 1 {
+		return "", fmt.Errorf("%w: want one URI SAN, got %d", ErrIdentity, len(cert.URIs))
+	}
+	id, ok := strings.CutPrefix(cert.URIs[0].String(), NodeURI(""))
+	if !ok || ValidateNodeID(id) != nil {
+		return "", fmt.Errorf("%w: %s is not a node", ErrIdentity, cert.URIs[0])
+	}
+	return id, nil
+}
+
+// RenewNode is SignNode for a node that proves who it is with the
+// certificate it presented over mTLS (peer): the new certificate, for a
+// new key, keeps the node ID of the old one, and the control plane's own
+// certificate cannot be renewed into a node's.
+func (ca *CA) RenewNode(peer *x509.Certificate, csrPEM []byte, addresses []string, now time.Time) ([]byte, error) {
+	id, err := ca.NodeID(peer, now)
+	if err != nil {
+		return nil, err
+	}
+	return ca.SignNode(csrPEM, id, addresses, now)
+}
