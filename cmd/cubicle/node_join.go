@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -27,7 +29,7 @@ func nodeTokenCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "token", Short: "Create, list and revoke single-use node join tokens"}
 	cmd.PersistentFlags().StringVar(&dataDir, "data-dir", defaultDataDir, "server data directory")
 	addStoreFlag(cmd.PersistentFlags(), &dsn)
-	cmd.PersistentFlags().StringVar(&secretsKey, "secrets-key", "", "the control plane's secrets key file, which seals the cluster CA's key (default <data-dir>/secrets.key)")
+	cmd.PersistentFlags().StringVar(&secretsKey, "secrets-key", "", "the control plane's secrets key file, needed only to make the cluster CA when no control plane has yet (default <data-dir>/secrets.key)")
 
 	var ttl time.Duration
 	var labels []string
@@ -42,7 +44,7 @@ func nodeTokenCmd() *cobra.Command {
 			}
 			ctx := cmd.Context()
 			return withStore(ctx, dataDir, dsn, func(st store.Store) error {
-				ca, err := loadClusterCA(ctx, st, dataDir, secretsKey)
+				caCert, err := clusterCACert(ctx, st, dataDir, secretsKey)
 				if err != nil {
 					return err
 				}
@@ -55,10 +57,10 @@ func nodeTokenCmd() *cobra.Command {
 				}
 				out := cmd.OutOrStdout()
 				fmt.Fprintln(out, "token:", tok)
-				fmt.Fprintln(out, "ca-pin:", clusterpki.Pin(ca.Cert))
+				fmt.Fprintln(out, "ca-pin:", clusterpki.Pin(caCert))
 				fmt.Fprintln(out, "expires:", row.ExpiresAt.Format(time.RFC3339))
 				fmt.Fprintln(out, "join a node with: cubicle node join --control-plane https://<this host> --token", tok,
-					"--ca-pin", clusterpki.Pin(ca.Cert), "--node-id <id> --data-dir <dir>")
+					"--ca-pin", clusterpki.Pin(caCert), "--node-id <id> --data-dir <dir>")
 				return nil
 			})
 		},
@@ -114,12 +116,23 @@ func nodeTokenCmd() *cobra.Command {
 	return cmd
 }
 
-// loadClusterCA opens the cluster CA, making it when no replica has yet.
-func loadClusterCA(ctx context.Context, st store.Store, dataDir, keyPath string) (*clusterpki.CA, error) {
+// clusterCACert is the cluster CA's certificate, made here when no
+// replica has made it yet. Making it needs the control plane's own secrets
+// key, which must exist already: a key made here would seal the CA under a
+// key no replica has, and they could not sign with it.
+func clusterCACert(ctx context.Context, st store.Store, dataDir, keyPath string) (*x509.Certificate, error) {
+	cert, err := clusterpki.CACert(ctx, st)
+	if !errors.Is(err, store.ErrNotFound) {
+		return cert, err
+	}
 	if keyPath == "" {
 		keyPath = filepath.Join(dataDir, "secrets.key")
 	}
-	key, err := secret.LoadOrCreateKeyFor(ctx, keyPath, st)
+	key, err := secret.LoadKey(keyPath)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("no cluster CA yet, and making it needs the control plane's secrets key, but %s does not exist: "+
+			"start `cubicle serve` with TLS once (it makes the CA), or point --secrets-key at the key the control plane uses", keyPath)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("secrets key: %w", err)
 	}
@@ -132,7 +145,7 @@ func loadClusterCA(ctx context.Context, st store.Store, dataDir, keyPath string)
 	if err != nil {
 		return nil, fmt.Errorf("cluster CA: %w", err)
 	}
-	return ca, nil
+	return ca.Cert, nil
 }
 
 func parseLabels(kvs []string) (map[string]string, error) {

@@ -91,6 +91,20 @@ func LoadOrCreateCA(ctx context.Context, st CAStore, sealer Sealer) (*CA, error)
 	return openCA(row, sealer)
 }
 
+// CACert reads the CA's certificate alone (what a pin is made from),
+// without its key: store.ErrNotFound before the CA is made.
+func CACert(ctx context.Context, st CAStore) (*x509.Certificate, error) {
+	row, err := st.ClusterCA(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cert, err := ParseCertPEM(row.CertPEM)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrCorruptCA, err)
+	}
+	return cert, nil
+}
+
 func newCA(sealer Sealer, now time.Time) (*store.ClusterCA, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
