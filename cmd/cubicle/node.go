@@ -18,9 +18,7 @@ import (
 // the node agent (`node run`) and `node join` belong here too.
 func nodeCmd() *cobra.Command {
 	var dataDir, storeDSN string
-	cmd := &cobra.Command{Use: "node", Short: "Manage the registered nodes (list, cordon, drain, forget)"}
-	cmd.PersistentFlags().StringVar(&dataDir, "data-dir", defaultDataDir, "server data directory")
-	addStoreFlag(cmd.PersistentFlags(), &storeDSN)
+	cmd := &cobra.Command{Use: "node", Short: "Cluster nodes: the registry (list, cordon, drain, forget), join tokens and joining"}
 	with := func(cmd *cobra.Command, fn func(context.Context, store.Store) error) error {
 		return withStore(cmd.Context(), dataDir, storeDSN, func(st store.Store) error { return fn(cmd.Context(), st) })
 	}
@@ -93,7 +91,13 @@ again at its next heartbeat.`,
 			})
 		},
 	}
-	cmd.AddCommand(list, cordon, uncordon, drain, forget)
+	// The registry's commands open the control plane's store; join runs
+	// on the node and has flags of its own, so these are not persistent.
+	for _, c := range []*cobra.Command{list, cordon, uncordon, drain, forget} {
+		c.Flags().StringVar(&dataDir, "data-dir", defaultDataDir, "server data directory")
+		addStoreFlag(c.Flags(), &storeDSN)
+	}
+	cmd.AddCommand(list, cordon, uncordon, drain, forget, nodeTokenCmd(), nodeJoinCmd())
 	return cmd
 }
 

@@ -434,8 +434,12 @@ func serve(ctx context.Context, o serveOptions) error {
 	go mgr.Run(ctx)
 	go runAccelReconciler(ctx, nd, o.accel.reconcileT)
 
+	join, err := serveJoin(ctx, st, secrets, tlsConfig, log)
+	if err != nil {
+		return fmt.Errorf("cluster CA: %w", err)
+	}
 	apiSrv := api.New(api.Config{Domain: o.domain, Logger: log, Registry: reg, Templates: tpls.api, Images: tpls.images,
-		MaxImageBytes: o.maxImageBytes, Secrets: secrets}, mgr, st)
+		MaxImageBytes: o.maxImageBytes, Secrets: secrets, Join: join}, mgr, st)
 	tpls.startCollector(ctx, apiSrv)
 	handler := proxy.New(proxy.Config{Domain: o.domain, Logger: log, Limits: o.conns.proxyLimits(budget), Registry: reg}, mgr, st, apiSrv)
 

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cubicle-dev/cubicle/internal/control"
+	"github.com/cubicle-dev/cubicle/internal/nodejoin"
 	"github.com/cubicle-dev/cubicle/internal/secret"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/template/catalog"
@@ -38,6 +39,8 @@ type Config struct {
 	MaxImageBytes int64
 	// Secrets enables the /secrets routes (the team secrets service).
 	Secrets *secret.Secrets
+	// Join enables POST /nodes/join (nodes joining the cluster).
+	Join *nodejoin.Service
 }
 
 // Server is the REST API.
@@ -133,6 +136,10 @@ func New(cfg Config, mgr *control.Manager, st store.Store) *Server {
 			r.Delete("/images", s.deleteImage)
 		})
 	})
+	// A joining node has no API key; its join token is the credential.
+	if cfg.Join != nil {
+		s.joinRoutes(r)
+	}
 	// The SDK uploads build contexts without an API key; the URL carries a token.
 	r.Put("/template-uploads/{hash}", s.uploadContext)
 	// Volume content authenticates with the volume's own token, not an API key.

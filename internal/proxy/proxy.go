@@ -26,6 +26,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/cubicle-dev/cubicle/internal/agentapi"
+	"github.com/cubicle-dev/cubicle/internal/clientrate"
 	"github.com/cubicle-dev/cubicle/internal/control"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/store"
@@ -61,6 +62,15 @@ type Config struct {
 	SignedLookupBurst int
 }
 
+// Defaults for the signed-URL lookup limit. A lookup hashes the URL once
+// per running sandbox; 10 a second (bursts of 20) per client address is
+// far above what a browser fetching signed URLs does and bounds what one
+// address can make the server compute.
+const (
+	defaultLookupRate  = 10
+	defaultLookupBurst = 20
+)
+
 // Proxy routes sandbox traffic and hands everything else to the API.
 type Proxy struct {
 	cfg Config
@@ -71,7 +81,7 @@ type Proxy struct {
 	lim *limiter
 	log *slog.Logger
 	// lookups limits bySignature per client address.
-	lookups *clientLimiter
+	lookups *clientrate.Limiter
 }
 
 type targetKey struct{}
@@ -97,7 +107,7 @@ func New(cfg Config, mgr *control.Manager, st store.Store, api http.Handler) *Pr
 		cfg.SignedLookupBurst = defaultLookupBurst
 	}
 	p := &Proxy{cfg: cfg, mgr: mgr, st: st, api: api, log: cfg.Logger, lim: newLimiter(cfg.Limits, cfg.Registry),
-		lookups: newClientLimiter(rate.Limit(cfg.SignedLookupRate), cfg.SignedLookupBurst, maxLimitedClients)}
+		lookups: clientrate.New(rate.Limit(cfg.SignedLookupRate), cfg.SignedLookupBurst, clientrate.MaxClients)}
 	idle := cfg.Limits.IdleConns
 	if idle <= 0 {
 		idle = 1024
@@ -283,7 +293,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// and never get here. Each lookup hashes once per running sandbox
 		// and needs no credential, so they are limited per client address.
 		if r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
-			if ok, retry := p.lookups.allow(remoteAddr(r), time.Now()); !ok {
+			if ok, retry := p.lookups.Allow(clientrate.RemoteAddr(r), time.Now()); !ok {
 				w.Header().Set("Retry-After", strconv.Itoa(int(retry/time.Second)+1))
 				writeError(w, http.StatusTooManyRequests, "too many signed /files requests without a sandbox from this address; "+
 					"use the URL's <port>-<sandboxID>.<domain> host, or send "+headerSandboxID+", to skip the lookup")

@@ -325,6 +325,7 @@ type Store interface {
 	SnapshotStore
 	SecretStore
 	NodeStore
+	ClusterStore
 
 	AppendEvent(ctx context.Context, e *Event) error
 	// ListVolumeEvents returns a volume's events, oldest first.

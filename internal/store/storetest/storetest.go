@@ -30,6 +30,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 	t.Run("Secrets", func(t *testing.T) { testSecrets(t, open(t)) })
 	runTenancy(t, open)
 	runNodes(t, open)
+	runCluster(t, open)
 }
 
 func standby(id, tpl, build string, started time.Time) *store.Sandbox {

@@ -1,4 +1,7 @@
-package proxy
+// Package clientrate limits requests per client address with a token
+// bucket per address, in a table of bounded size: for the requests that
+// carry no API key (signed /files lookups, node joins).
+package clientrate
 
 import (
 	"net"
@@ -10,22 +13,14 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// Defaults for the signed-URL lookup limit. A lookup hashes the URL once
-// per running sandbox; 10 a second (bursts of 20) per client address is
-// far above what a browser fetching signed URLs does and bounds what one
-// address can make the server compute.
-const (
-	defaultLookupRate  = 10
-	defaultLookupBurst = 20
-	// maxLimitedClients bounds the buckets kept. Idle ones (full again)
-	// are dropped first; past it, a new address is refused until some
-	// refill, so the table never grows with the addresses an attacker has.
-	maxLimitedClients = 4096
-)
+// MaxClients is the usual bound on the buckets kept. Idle ones (full
+// again) are dropped first; past it, a new address is refused until some
+// refill, so the table never grows with the addresses an attacker has.
+const MaxClients = 4096
 
-// clientLimiter is a token bucket per client address: per IPv4 address,
+// Limiter is a token bucket per client address: per IPv4 address,
 // per /64 for IPv6 (one host usually holds a whole /64).
-type clientLimiter struct {
+type Limiter struct {
 	rate  rate.Limit
 	burst int
 	max   int
@@ -34,13 +29,15 @@ type clientLimiter struct {
 	buckets map[netip.Prefix]*rate.Limiter
 }
 
-func newClientLimiter(r rate.Limit, burst, max int) *clientLimiter {
-	return &clientLimiter{rate: r, burst: burst, max: max, buckets: map[netip.Prefix]*rate.Limiter{}}
+// New allows r requests a second per client, in bursts of burst, and
+// keeps at most max clients' buckets.
+func New(r rate.Limit, burst, max int) *Limiter {
+	return &Limiter{rate: r, burst: burst, max: max, buckets: map[netip.Prefix]*rate.Limiter{}}
 }
 
-// allow takes a token for addr's bucket; when there is none it returns
+// Allow takes a token for addr's bucket; when there is none it returns
 // false and how long until there is.
-func (c *clientLimiter) allow(addr netip.Addr, now time.Time) (bool, time.Duration) {
+func (c *Limiter) Allow(addr netip.Addr, now time.Time) (bool, time.Duration) {
 	key := clientKey(addr)
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -62,7 +59,7 @@ func (c *clientLimiter) allow(addr netip.Addr, now time.Time) (bool, time.Durati
 }
 
 // sweep drops the buckets that are full again: a new one is the same.
-func (c *clientLimiter) sweep(now time.Time) {
+func (c *Limiter) sweep(now time.Time) {
 	for k, lim := range c.buckets {
 		if lim.TokensAt(now) >= float64(c.burst) {
 			delete(c.buckets, k)
@@ -80,9 +77,9 @@ func clientKey(a netip.Addr) netip.Prefix {
 	return p
 }
 
-// remoteAddr is the address the connection came from. Forwarding headers
+// RemoteAddr is the address the connection came from. Forwarding headers
 // are not trusted: any client can send them.
-func remoteAddr(r *http.Request) netip.Addr {
+func RemoteAddr(r *http.Request) netip.Addr {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
 		host = r.RemoteAddr

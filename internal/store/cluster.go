@@ -1,0 +1,64 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Join token errors. RedeemJoinToken tells them apart for the log and the
+// tests; the join API answers all three alike (401), so a caller guessing
+// tokens learns nothing about which exist.
+var (
+	// ErrTokenUnknown: no token has this ID, or its secret does not match.
+	ErrTokenUnknown = errors.New("store: join token unknown")
+	// ErrTokenUsed: the token was redeemed already (tokens are single-use).
+	ErrTokenUsed = errors.New("store: join token already used")
+	// ErrTokenExpired: the token's expiry has passed.
+	ErrTokenExpired = errors.New("store: join token expired")
+)
+
+// ClusterCA is the certificate authority every control-plane replica
+// shares: it signs node and control-plane certificates. There is at most
+// one. KeySealed is the private key sealed by internal/secret with the
+// secrets key, never plaintext.
+type ClusterCA struct {
+	CertPEM   []byte
+	KeySealed []byte
+	CreatedAt time.Time
+}
+
+// JoinToken admits one node once. The store keeps only a hash of the
+// token's secret.
+type JoinToken struct {
+	ID         string
+	SecretHash string // hex SHA-256 of the secret
+	Labels     map[string]string
+	CreatedAt  time.Time
+	ExpiresAt  time.Time
+	UsedAt     time.Time // zero while unused
+	UsedBy     string    // the node ID that redeemed it
+}
+
+// ClusterStore is the cluster's join state: the CA and the join tokens.
+type ClusterStore interface {
+	// InitClusterCA stores ca unless a CA exists already, and returns the
+	// stored one: when replicas race to make the first CA, every one of
+	// them gets the winner's, so there is never more than one.
+	InitClusterCA(ctx context.Context, ca *ClusterCA) (*ClusterCA, error)
+	// ClusterCA returns the CA; ErrNotFound before InitClusterCA.
+	ClusterCA(ctx context.Context) (*ClusterCA, error)
+
+	// CreateJoinToken inserts a token; ErrConflict when the ID exists.
+	CreateJoinToken(ctx context.Context, t *JoinToken) error
+	// ListJoinTokens returns every token, oldest first.
+	ListJoinTokens(ctx context.Context) ([]*JoinToken, error)
+	// DeleteJoinToken revokes a token; ErrNotFound when missing.
+	DeleteJoinToken(ctx context.Context, id string) error
+	// RedeemJoinToken marks the token used by nodeID at now, in one atomic
+	// step, and returns it: of two concurrent redeems of one token exactly
+	// one succeeds. ErrTokenUnknown when the ID is missing or secretHash
+	// differs, ErrTokenUsed when it was redeemed before, ErrTokenExpired
+	// when now is past its expiry.
+	RedeemJoinToken(ctx context.Context, id, secretHash, nodeID string, now time.Time) (*JoinToken, error)
+}

@@ -1,0 +1,142 @@
+package storetest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/store"
+)
+
+func runCluster(t *testing.T, open func(t *testing.T) store.Store) {
+	t.Run("ClusterCAOnce", func(t *testing.T) { testClusterCAOnce(t, open(t)) })
+	t.Run("JoinTokens", func(t *testing.T) { testJoinTokens(t, open(t)) })
+	t.Run("JoinTokenRedeemRace", func(t *testing.T) { testJoinTokenRace(t, open(t)) })
+}
+
+// testClusterCAOnce: replicas racing to store the first CA all get the
+// same one back, and it stays.
+func testClusterCAOnce(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	if _, err := s.ClusterCA(ctx); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("no CA yet: want ErrNotFound, got %v", err)
+	}
+	const n = 8
+	got := make([]*store.ClusterCA, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got[i], errs[i] = s.InitClusterCA(ctx, &store.ClusterCA{
+				CertPEM: fmt.Appendf(nil, "cert-%d", i), KeySealed: fmt.Appendf(nil, "key-%d", i)})
+		}()
+	}
+	wg.Wait()
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("InitClusterCA %d: %v", i, errs[i])
+		}
+		if !bytes.Equal(got[i].CertPEM, got[0].CertPEM) || !bytes.Equal(got[i].KeySealed, got[0].KeySealed) {
+			t.Fatalf("two CAs: %q and %q", got[0].CertPEM, got[i].CertPEM)
+		}
+	}
+	// The pair stored is one caller's pair, never a mix.
+	if want := bytes.Replace(got[0].CertPEM, []byte("cert"), []byte("key"), 1); !bytes.Equal(got[0].KeySealed, want) {
+		t.Fatalf("stored cert %q with key %q", got[0].CertPEM, got[0].KeySealed)
+	}
+	ca, err := s.ClusterCA(ctx)
+	if err != nil || !bytes.Equal(ca.CertPEM, got[0].CertPEM) || ca.CreatedAt.IsZero() {
+		t.Fatalf("ClusterCA = %+v, %v", ca, err)
+	}
+}
+
+// testJoinTokens: create, list, redeem once, then used; expired; unknown;
+// wrong secret; revoke.
+func testJoinTokens(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	tok := &store.JoinToken{ID: "jt1", SecretHash: "h1", Labels: map[string]string{"zone": "a"}, CreatedAt: now, ExpiresAt: now.Add(time.Hour)}
+	if err := s.CreateJoinToken(ctx, tok); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateJoinToken(ctx, &store.JoinToken{ID: "jt1", SecretHash: "h", ExpiresAt: now}); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("duplicate ID: want ErrConflict, got %v", err)
+	}
+	old := &store.JoinToken{ID: "jt0", SecretHash: "h0", CreatedAt: now.Add(-2 * time.Hour), ExpiresAt: now.Add(-time.Hour)}
+	if err := s.CreateJoinToken(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	list, err := s.ListJoinTokens(ctx)
+	if err != nil || len(list) != 2 || list[0].ID != "jt0" || list[1].ID != "jt1" {
+		t.Fatalf("ListJoinTokens = %v, %v", list, err)
+	}
+	if l := list[1]; l.SecretHash != "h1" || l.Labels["zone"] != "a" || !l.ExpiresAt.Equal(tok.ExpiresAt) || !l.UsedAt.IsZero() {
+		t.Fatalf("listed %+v", l)
+	}
+	if _, err := s.RedeemJoinToken(ctx, "jt1", "wrong", "n1", now); !errors.Is(err, store.ErrTokenUnknown) {
+		t.Fatalf("wrong secret: want ErrTokenUnknown, got %v", err)
+	}
+	if _, err := s.RedeemJoinToken(ctx, "nope", "h1", "n1", now); !errors.Is(err, store.ErrTokenUnknown) {
+		t.Fatalf("unknown ID: want ErrTokenUnknown, got %v", err)
+	}
+	if _, err := s.RedeemJoinToken(ctx, "jt0", "h0", "n1", now); !errors.Is(err, store.ErrTokenExpired) {
+		t.Fatalf("expired: want ErrTokenExpired, got %v", err)
+	}
+	if _, err := s.RedeemJoinToken(ctx, "jt1", "h1", "n1", tok.ExpiresAt); !errors.Is(err, store.ErrTokenExpired) {
+		t.Fatalf("at its expiry: want ErrTokenExpired, got %v", err)
+	}
+	got, err := s.RedeemJoinToken(ctx, "jt1", "h1", "n1", now)
+	if err != nil || got.UsedBy != "n1" || !got.UsedAt.Equal(now) || got.Labels["zone"] != "a" {
+		t.Fatalf("redeem = %+v, %v", got, err)
+	}
+	if _, err := s.RedeemJoinToken(ctx, "jt1", "h1", "n2", now); !errors.Is(err, store.ErrTokenUsed) {
+		t.Fatalf("second redeem: want ErrTokenUsed, got %v", err)
+	}
+	if err := s.DeleteJoinToken(ctx, "jt0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteJoinToken(ctx, "jt0"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("second revoke: want ErrNotFound, got %v", err)
+	}
+	if _, err := s.RedeemJoinToken(ctx, "jt0", "h0", "n1", now.Add(-3*time.Hour)); !errors.Is(err, store.ErrTokenUnknown) {
+		t.Fatalf("revoked: want ErrTokenUnknown, got %v", err)
+	}
+}
+
+// testJoinTokenRace: 16 concurrent redeems of one token, exactly one wins.
+func testJoinTokenRace(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	now := time.Now().UTC()
+	if err := s.CreateJoinToken(ctx, &store.JoinToken{ID: "jtr", SecretHash: "h", ExpiresAt: now.Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 16
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = s.RedeemJoinToken(ctx, "jtr", "h", fmt.Sprintf("node-%d", i), now)
+		}()
+	}
+	wg.Wait()
+	won := 0
+	for _, err := range errs {
+		switch {
+		case err == nil:
+			won++
+		case !errors.Is(err, store.ErrTokenUsed):
+			t.Fatalf("losing redeem: want ErrTokenUsed, got %v", err)
+		}
+	}
+	if won != 1 {
+		t.Fatalf("%d redeems of one token succeeded, want 1", won)
+	}
+}
