@@ -3,53 +3,24 @@ package nodegrpc_test
 import (
 	"context"
 	"errors"
-	"net"
 	"testing"
 	"time"
-
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/cubicle-dev/cubicle/internal/accel"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
-	"github.com/cubicle-dev/cubicle/internal/node/nodegrpc"
+	"github.com/cubicle-dev/cubicle/internal/node/nodegrpc/nodegrpctest"
 	"github.com/cubicle-dev/cubicle/internal/node/nodetest/localnode"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 )
 
 func TestMain(m *testing.M) { localnode.Main(m) }
 
-// overWire serves n on an in-memory connection and returns the client for
-// it: the control plane's view of a remote node, minus the network.
-func overWire(t *testing.T, n node.Node) *nodegrpc.Client {
-	t.Helper()
-	lis := bufconn.Listen(1 << 20)
-	srv := nodegrpc.NewServer(n)
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(lis) }()
-	cc, err := grpc.NewClient("passthrough:///node",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cc.Close()
-		srv.Stop()
-		if err := <-served; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	})
-	return nodegrpc.NewClient(cc)
-}
-
 // The gRPC client over a bufconn passes the same suite as the Local behind
 // it: the node on the wire is the node.
 func TestGRPCConformance(t *testing.T) {
-	localnode.Conformance(t, func(t *testing.T, l *node.Local) node.Node { return overWire(t, l) })
+	localnode.Conformance(t, func(t *testing.T, l *node.Local) node.Node { return nodegrpctest.Pipe(t, l) })
 }
 
 // Each error class the node returns means the same after the wire: the
@@ -57,7 +28,7 @@ func TestGRPCConformance(t *testing.T) {
 // the same typed error (errors.As) where there is one.
 func TestErrorsSurviveTheWire(t *testing.T) {
 	l, plugin := localnode.New(t)
-	c := overWire(t, l)
+	c := nodegrpctest.Pipe(t, l)
 	layers := localnode.Layers(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

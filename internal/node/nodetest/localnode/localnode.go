@@ -35,7 +35,7 @@ var (
 )
 
 // buildAgent builds the static cubicle-agent once per test binary.
-func buildAgent(t *testing.T) string {
+func buildAgent(t testing.TB) string {
 	t.Helper()
 	agentOnce.Do(func() {
 		dir, err := os.MkdirTemp("/var/tmp", "cubicle-nodetest-agent-")
@@ -67,7 +67,7 @@ func Main(m *testing.M) {
 }
 
 // Layers are the mini image every sandbox boots from (bash, a user).
-func Layers(t *testing.T) []string {
+func Layers(t testing.TB) []string {
 	t.Helper()
 	d := os.Getenv("CUBICLE_IMAGES_DIR")
 	if d == "" {
@@ -81,7 +81,7 @@ func Layers(t *testing.T) []string {
 }
 
 // RandHex is n random bytes in hex.
-func RandHex(t *testing.T, n int) string {
+func RandHex(t testing.TB, n int) string {
 	b := make([]byte, n)
 	if _, err := rand.Read(b); err != nil {
 		t.Fatal(err)
@@ -91,7 +91,7 @@ func RandHex(t *testing.T, n int) string {
 
 // New is a Local with real runc and its own bridge, pool, nft table,
 // cgroup parent and data dirs; everything goes when the test ends.
-func New(t *testing.T) (*node.Local, *local.Plugin) {
+func New(t testing.TB) (*node.Local, *local.Plugin) {
 	t.Helper()
 	testenv.RequireRoot(t, "runc, netns, nftables, mounts")
 	bin := testenv.LookPath(t, "runc")
@@ -175,7 +175,7 @@ func New(t *testing.T) (*node.Local, *local.Plugin) {
 
 // NewVolume creates a fresh volume on plugin (the control plane's half of
 // the "local" driver) and returns its attachment.
-func NewVolume(t *testing.T, plugin *local.Plugin) node.VolumeAttachment {
+func NewVolume(t testing.TB, plugin *local.Plugin) node.VolumeAttachment {
 	t.Helper()
 	id := "vol" + RandHex(t, 6)
 	if _, err := plugin.Create(context.Background(), volume.CreateRequest{VolumeID: id, Name: id}); err != nil {
