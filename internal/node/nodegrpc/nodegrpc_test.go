@@ -3,13 +3,21 @@ package nodegrpc_test
 import (
 	"context"
 	"errors"
+	"net"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/cubicle-dev/cubicle/internal/accel"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/node/nodegrpc"
 	"github.com/cubicle-dev/cubicle/internal/node/nodegrpc/nodegrpctest"
 	"github.com/cubicle-dev/cubicle/internal/node/nodetest/localnode"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
@@ -129,5 +137,67 @@ func TestErrorsSurviveTheWire(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The exit stream outlives the node's server: when the node goes away
+// (its gRPC server stops, as when `cubicle node` restarts) the client opens
+// the stream again on the same connection once the node is back, and the
+// channel the control plane reads keeps reporting exits.
+func TestExitsSurviveANodeRestart(t *testing.T) {
+	l, _ := localnode.New(t)
+	var cur atomic.Pointer[bufconn.Listener]
+	serve := func() *grpc.Server {
+		lis := bufconn.Listen(1 << 20)
+		srv := nodegrpc.NewServer(l)
+		done := make(chan struct{})
+		go func() { defer close(done); srv.Serve(lis) }()
+		t.Cleanup(func() { srv.Stop(); <-done })
+		cur.Store(lis)
+		return srv
+	}
+	first := serve()
+	cc, err := grpc.NewClient("passthrough:///node",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return cur.Load().DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	c := nodegrpc.NewClient(cc)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	exits, err := c.Exits(ctx)
+	if err != nil || exits == nil {
+		t.Fatalf("Exits: %v (channel %v)", err, exits)
+	}
+
+	first.Stop() // the node goes away...
+	serve()      // ...and comes back on a new listener
+
+	id := "exit" + localnode.RandHex(t, 8)
+	sb, err := c.Create(ctx, node.CreateRequest{ID: id, Layers: localnode.Layers(t), EnvdToken: "tok", CPUCount: 1, MemoryMB: 128})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := l.Delete(context.Background(), id); err != nil {
+			t.Errorf("delete %s: %v", id, err)
+		}
+	})
+	if err := syscall.Kill(sb.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case e, ok := <-exits:
+		if !ok || e.ID != id || e.Pid != sb.Pid || e.At.IsZero() {
+			t.Fatalf("exit %+v (open %v), want %s pid %d with a time", e, ok, id, sb.Pid)
+		}
+	case <-ctx.Done():
+		t.Fatal("no exit reported after the node's server restarted")
+	}
+	// The channel ends with the caller's context.
+	cancel()
+	for range exits {
 	}
 }
