@@ -9,6 +9,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -111,14 +112,25 @@ func New(t testing.TB) (*node.Local, *local.Plugin) {
 		os.RemoveAll(base)
 		t.Fatal(err)
 	}
-	b := make([]byte, 1)
-	rand.Read(b)
-	ncfg := network.Config{
-		Bridge: "cbn" + tag, Pool: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 252, b[0], 0}), 24),
-		NetnsDir: filepath.Join(base, "netns"), Table: "cubicle_nodetest_" + tag, VethPrefix: "n" + tag[:2],
-		MaxFlows: 2048, NewFlowRate: 100,
+	// The pool is a random /24 of 10.252/16. Other test processes (node's
+	// and nodegrpc's suites run at once under `go test ./...`) pick theirs
+	// the same way: a pool already on the host is refused before anything
+	// is made, and another is drawn (a bounded number of times).
+	var ncfg network.Config
+	var netm *network.Linux
+	for try := 0; ; try++ {
+		b := make([]byte, 1)
+		rand.Read(b)
+		ncfg = network.Config{
+			Bridge: "cbn" + tag, Pool: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 252, b[0], 0}), 24),
+			NetnsDir: filepath.Join(base, "netns"), Table: "cubicle_nodetest_" + tag, VethPrefix: "n" + tag[:2],
+			MaxFlows: 2048, NewFlowRate: 100,
+		}
+		netm, err = network.NewLinux(ncfg)
+		if err == nil || !errors.Is(err, network.ErrInvalidConfig) || try == 8 {
+			break
+		}
 	}
-	netm, err := network.NewLinux(ncfg)
 	if err != nil {
 		os.RemoveAll(base)
 		t.Fatal(err)
