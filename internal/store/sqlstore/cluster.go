@@ -1,4 +1,4 @@
-package postgres
+package sqlstore
 
 import (
 	"context"
@@ -67,7 +67,7 @@ func (s *Store) CreateJoinToken(ctx context.Context, t *store.JoinToken) error {
 	t.Labels = orEmpty(t.Labels)
 	_, err := s.db.ExecContext(ctx, `INSERT INTO join_tokens(`+joinTokenCols+`) VALUES(?,?,?,?,?,?,?)`,
 		t.ID, t.SecretHash, js(t.Labels), ts(t.CreatedAt), ts(t.ExpiresAt), ts(t.UsedAt), t.UsedBy)
-	if isConstraint(err) {
+	if s.d.IsConstraint(err) {
 		return fmt.Errorf("%w: join token %s already exists", store.ErrConflict, t.ID)
 	}
 	return err

@@ -1,4 +1,4 @@
-package sqlite
+package sqlstore
 
 import (
 	"context"
@@ -30,12 +30,16 @@ func scanVolume(r scanner) (*store.Volume, error) {
 // CreateVolume inserts a volume row, checking the team's volume quota in
 // the same transaction.
 func (s *Store) CreateVolume(ctx context.Context, v *store.Volume) error {
+	return retry(ctx, s.d, func() error { return s.createVolumeTx(ctx, v) })
+}
+
+func (s *Store) createVolumeTx(ctx context.Context, v *store.Volume) error {
 	now := time.Now().UTC()
 	if v.CreatedAt.IsZero() {
 		v.CreatedAt = now
 	}
 	v.UpdatedAt = now
-	tx, err := s.db.BeginTx(ctx, nil)
+	tx, err := s.db.BeginTx(ctx)
 	if err != nil {
 		return err
 	}
@@ -69,7 +73,7 @@ func (s *Store) CreateVolume(ctx context.Context, v *store.Volume) error {
 	}
 	_, err = tx.ExecContext(ctx, `INSERT INTO volumes(`+volumeCols+`) VALUES(?,?,?,?,?,?,?,?,?,?)`,
 		v.ID, v.TeamID, v.Name, v.Driver, string(v.State), v.Token, v.PrivateData, v.SizeMB, ts(v.CreatedAt), ts(v.UpdatedAt))
-	if isConstraint(err) {
+	if s.d.IsConstraint(err) {
 		return fmt.Errorf("%w: volume %s already exists", store.ErrConflict, v.Name)
 	}
 	if err != nil {
@@ -118,7 +122,11 @@ func (s *Store) UpdateVolume(ctx context.Context, v *store.Volume) error {
 
 // MarkVolumeDeleting is the delete guard (see store.Store).
 func (s *Store) MarkVolumeDeleting(ctx context.Context, id string) (*store.Volume, error) {
-	tx, err := s.db.BeginTx(ctx, nil)
+	return retry1(ctx, s.d, func() (*store.Volume, error) { return s.markVolumeDeletingTx(ctx, id) })
+}
+
+func (s *Store) markVolumeDeletingTx(ctx context.Context, id string) (*store.Volume, error) {
+	tx, err := s.db.BeginTx(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -163,7 +171,7 @@ func (s *Store) DeleteVolume(ctx context.Context, id string) error {
 // ListVolumeAttachments filters by volume and/or sandbox.
 func (s *Store) ListVolumeAttachments(ctx context.Context, volumeID, sandboxID string) ([]*store.VolumeAttachment, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT volume_id, sandbox_id, node, path, read_only, created_at FROM volume_attachments
-WHERE (?='' OR volume_id=?) AND (?='' OR sandbox_id=?) ORDER BY created_at, volume_id, sandbox_id`, volumeID, volumeID, sandboxID, sandboxID)
+WHERE (`+s.d.typed("text")+`='' OR volume_id=?) AND (`+s.d.typed("text")+`='' OR sandbox_id=?) ORDER BY created_at, volume_id, sandbox_id`, volumeID, volumeID, sandboxID, sandboxID)
 	if err != nil {
 		return nil, err
 	}

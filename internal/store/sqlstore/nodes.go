@@ -1,4 +1,4 @@
-package postgres
+package sqlstore
 
 import (
 	"context"
@@ -115,7 +115,7 @@ func (s *Store) SetNodeFlags(ctx context.Context, id string, cordoned, draining 
 // SERIALIZABLE transaction: it sees every sandbox committed before it, and
 // a create committing alongside is ordered after the forget.
 func (s *Store) ForgetNode(ctx context.Context, id string) error {
-	return retry(ctx, func() error { return s.forgetNodeTx(ctx, id) })
+	return retry(ctx, s.d, func() error { return s.forgetNodeTx(ctx, id) })
 }
 
 func (s *Store) forgetNodeTx(ctx context.Context, id string) error {
@@ -161,7 +161,7 @@ WHERE r.node_id = ? AND (s.state IS NULL OR s.state != 'killed')`
 // replicas that both read room for one more, one commits and the other
 // fails with 40001 and is retried from the start, where it sees the first.
 func (s *Store) ReserveCapacity(ctx context.Context, sandboxID, nodeID string, c store.Capacity, check func(allocatable, committed store.Capacity) error) error {
-	return retry(ctx, func() error { return s.reserveTx(ctx, sandboxID, nodeID, c, check) })
+	return retry(ctx, s.d, func() error { return s.reserveTx(ctx, sandboxID, nodeID, c, check) })
 }
 
 func (s *Store) reserveTx(ctx context.Context, sandboxID, nodeID string, c store.Capacity, check func(allocatable, committed store.Capacity) error) error {
@@ -200,7 +200,7 @@ func (s *Store) reserveTx(ctx context.Context, sandboxID, nodeID string, c store
 	}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO capacity_reservations(sandbox_id, node_id, milli_cpu, memory_mib, disk_mib) VALUES(?,?,?,?,?)`,
 		sandboxID, nodeID, c.MilliCPU, c.MemoryMiB, c.DiskMiB); err != nil {
-		if isConstraint(err) {
+		if s.d.IsConstraint(err) {
 			// A concurrent reserve of the same sandbox won; retrying reads it.
 			return fmt.Errorf("%w: sandbox %s reserved concurrently", store.ErrConflict, sandboxID)
 		}

@@ -1,4 +1,4 @@
-package sqlite
+package sqlstore
 
 import (
 	"context"
@@ -20,6 +20,10 @@ const layerSep = ":"
 
 // CreateSnapshot implements store.SnapshotStore.
 func (s *Store) CreateSnapshot(ctx context.Context, sn *store.Snapshot, t *store.Template, b *store.TemplateBuild, limit int) error {
+	return retry(ctx, s.d, func() error { return s.createSnapshotTx(ctx, sn, t, b, limit) })
+}
+
+func (s *Store) createSnapshotTx(ctx context.Context, sn *store.Snapshot, t *store.Template, b *store.TemplateBuild, limit int) error {
 	now := time.Now().UTC()
 	sn.CreatedAt = now
 	if sn.Internal {
@@ -35,7 +39,7 @@ func (s *Store) CreateSnapshot(ctx context.Context, sn *store.Snapshot, t *store
 	if err != nil {
 		return err
 	}
-	tx, err := s.db.BeginTx(ctx, nil)
+	tx, err := s.db.BeginTx(ctx)
 	if err != nil {
 		return err
 	}
@@ -55,7 +59,7 @@ func (s *Store) CreateSnapshot(ctx context.Context, sn *store.Snapshot, t *store
 	if _, err := tx.ExecContext(ctx, `INSERT INTO snapshots(`+snapshotCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sn.ID, sn.TeamID, sn.SandboxID, sn.SourceTemplateID, sn.Node, sn.Kind, sn.Runtime, strings.Join(sn.Layers, layerSep),
 		sn.Checkpoint, sn.SizeBytes, string(vols), string(env), sn.DefaultUser, sn.AgentToken, sn.Internal, ts(sn.CreatedAt), ts(sn.DeletedAt)); err != nil {
-		if isConstraint(err) {
+		if s.d.IsConstraint(err) {
 			return fmt.Errorf("%w: snapshot %s exists", store.ErrConflict, sn.ID)
 		}
 		return err

@@ -1,4 +1,4 @@
-package postgres
+package sqlstore
 
 import (
 	"context"
@@ -37,7 +37,7 @@ func (s *Store) CreateTeam(ctx context.Context, t *store.Team) error {
 	q := t.Quota
 	_, err := s.db.ExecContext(ctx, `INSERT INTO teams(`+teamCols+`) VALUES(?,?,?,?,?,?,?,?,?)`,
 		t.ID, t.Name, q.MaxSandboxes, q.MaxVCPUs, q.MaxMemoryMB, q.MaxDiskMB, q.MaxVolumes, q.MaxVolumeMB, ts(t.CreatedAt))
-	if isConstraint(err) {
+	if s.d.IsConstraint(err) {
 		return fmt.Errorf("%w: team %s exists", store.ErrConflict, t.Name)
 	}
 	return err
@@ -63,7 +63,7 @@ func (s *Store) UpdateTeam(ctx context.Context, t *store.Team) error {
 	q := t.Quota
 	res, err := s.db.ExecContext(ctx, `UPDATE teams SET name=?, max_sandboxes=?, max_vcpus=?, max_memory_mb=?, max_disk_mb=?, max_volumes=?, max_volume_mb=? WHERE id=?`,
 		t.Name, q.MaxSandboxes, q.MaxVCPUs, q.MaxMemoryMB, q.MaxDiskMB, q.MaxVolumes, q.MaxVolumeMB, t.ID)
-	if isConstraint(err) {
+	if s.d.IsConstraint(err) {
 		return fmt.Errorf("%w: team %s exists", store.ErrConflict, t.Name)
 	}
 	if err != nil {
@@ -78,7 +78,7 @@ func (s *Store) UpdateTeam(ctx context.Context, t *store.Team) error {
 // DeleteTeam removes a team that owns nothing, in one transaction so no
 // key or object can be added to it meanwhile.
 func (s *Store) DeleteTeam(ctx context.Context, id string) error {
-	return retry(ctx, func() error { return s.deleteTeamTx(ctx, id) })
+	return retry(ctx, s.d, func() error { return s.deleteTeamTx(ctx, id) })
 }
 
 func (s *Store) deleteTeamTx(ctx context.Context, id string) error {

@@ -1,4 +1,4 @@
-package postgres
+package sqlstore
 
 import (
 	"context"
@@ -65,7 +65,7 @@ func insertNames(ctx context.Context, tx *txn, id string, names []string) error 
 	}
 	for _, n := range names {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO template_names(team_id, name, template_id) VALUES(?,?,?)`, team, n, id); err != nil {
-			if isConstraint(err) {
+			if tx.d.IsConstraint(err) {
 				return fmt.Errorf("%w: template name %q is taken", store.ErrConflict, n)
 			}
 			return err
@@ -76,7 +76,7 @@ func insertNames(ctx context.Context, tx *txn, id string, names []string) error 
 
 // CreateTemplate inserts template, names and first build atomically.
 func (s *Store) CreateTemplate(ctx context.Context, t *store.Template, b *store.TemplateBuild) error {
-	return retry(ctx, func() error { return s.createTemplateTx(ctx, t, b) })
+	return retry(ctx, s.d, func() error { return s.createTemplateTx(ctx, t, b) })
 }
 
 func (s *Store) createTemplateTx(ctx context.Context, t *store.Template, b *store.TemplateBuild) error {
@@ -97,7 +97,7 @@ func (s *Store) createTemplateTx(ctx context.Context, t *store.Template, b *stor
 // insertTemplate writes a template row, its names and its first build.
 func insertTemplate(ctx context.Context, tx *txn, t *store.Template, b *store.TemplateBuild) error {
 	if _, err := tx.ExecContext(ctx, `INSERT INTO templates(`+templateCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, templateArgs(t)...); err != nil {
-		if isConstraint(err) {
+		if tx.d.IsConstraint(err) {
 			return fmt.Errorf("%w: template %s (%s) exists", store.ErrConflict, t.ID, t.PrimaryName)
 		}
 		return err
@@ -230,7 +230,7 @@ func (s *Store) UpdateTemplate(ctx context.Context, t *store.Template) error {
 // AddTemplateBuild inserts b and updates t in one transaction, guarded by
 // the previous latest build (two concurrent rebuilds: one wins).
 func (s *Store) AddTemplateBuild(ctx context.Context, t *store.Template, b *store.TemplateBuild, prevLatestID string) error {
-	return retry(ctx, func() error { return s.addTemplateBuildTx(ctx, t, b, prevLatestID) })
+	return retry(ctx, s.d, func() error { return s.addTemplateBuildTx(ctx, t, b, prevLatestID) })
 }
 
 func (s *Store) addTemplateBuildTx(ctx context.Context, t *store.Template, b *store.TemplateBuild, prevLatestID string) error {
@@ -298,7 +298,7 @@ func (s *Store) StartTemplateBuild(ctx context.Context, buildID, spec string) er
 
 // RecordTemplateBuild writes b and the template columns its outcome owns.
 func (s *Store) RecordTemplateBuild(ctx context.Context, b *store.TemplateBuild, ready *store.TemplateReady) error {
-	return retry(ctx, func() error { return s.recordTemplateBuildTx(ctx, b, ready) })
+	return retry(ctx, s.d, func() error { return s.recordTemplateBuildTx(ctx, b, ready) })
 }
 
 func (s *Store) recordTemplateBuildTx(ctx context.Context, b *store.TemplateBuild, ready *store.TemplateReady) error {
@@ -331,7 +331,7 @@ func (s *Store) recordTemplateBuildTx(ctx context.Context, b *store.TemplateBuil
 
 // DeleteTemplate removes the template with its names, builds, logs and tags.
 func (s *Store) DeleteTemplate(ctx context.Context, id string) error {
-	return retry(ctx, func() error { return s.deleteTemplateTx(ctx, id) })
+	return retry(ctx, s.d, func() error { return s.deleteTemplateTx(ctx, id) })
 }
 
 func (s *Store) deleteTemplateTx(ctx context.Context, id string) error {
@@ -355,7 +355,7 @@ func (s *Store) deleteTemplateTx(ctx context.Context, id string) error {
 
 // SetTemplateNames replaces the template's names (the primary name stays).
 func (s *Store) SetTemplateNames(ctx context.Context, id string, names []string) error {
-	return retry(ctx, func() error { return s.setTemplateNamesTx(ctx, id, names) })
+	return retry(ctx, s.d, func() error { return s.setTemplateNamesTx(ctx, id, names) })
 }
 
 func (s *Store) setTemplateNamesTx(ctx context.Context, id string, names []string) error {
@@ -399,7 +399,7 @@ func (s *Store) UpdateTemplateBuild(ctx context.Context, b *store.TemplateBuild)
 
 // AppendBuildLogs numbers entries after the build's last one.
 func (s *Store) AppendBuildLogs(ctx context.Context, buildID string, logs []store.BuildLog) error {
-	return retry(ctx, func() error { return s.appendBuildLogsTx(ctx, buildID, logs) })
+	return retry(ctx, s.d, func() error { return s.appendBuildLogsTx(ctx, buildID, logs) })
 }
 
 func (s *Store) appendBuildLogsTx(ctx context.Context, buildID string, logs []store.BuildLog) error {
@@ -505,7 +505,7 @@ func (s *Store) PutIdempotency(ctx context.Context, k *store.Idempotency) (*stor
 	if err == nil {
 		return k, nil
 	}
-	if !isConstraint(err) {
+	if !s.d.IsConstraint(err) {
 		return nil, err
 	}
 	var got store.Idempotency

@@ -1,4 +1,4 @@
-package postgres
+package sqlstore
 
 import (
 	"context"
@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/store"
@@ -34,7 +33,7 @@ func scanSecret(r scanner) (*store.Secret, error) {
 
 // CreateSecret implements store.SecretStore.
 func (s *Store) CreateSecret(ctx context.Context, sec *store.Secret, limit int) error {
-	return retry(ctx, func() error { return s.createSecretTx(ctx, sec, limit) })
+	return retry(ctx, s.d, func() error { return s.createSecretTx(ctx, sec, limit) })
 }
 
 func (s *Store) createSecretTx(ctx context.Context, sec *store.Secret, limit int) error {
@@ -67,7 +66,7 @@ func (s *Store) createSecretTx(ctx context.Context, sec *store.Secret, limit int
 	}
 	_, err = tx.ExecContext(ctx, `INSERT INTO secrets(`+secretCols+`) VALUES(?,?,?,?,?,?,?,?)`,
 		sec.ID, sec.TeamID, sec.Name, sec.Version, js(sec.Metadata), sec.Sealed, ts(sec.CreatedAt), ts(sec.UpdatedAt))
-	if isConstraint(err) {
+	if s.d.IsConstraint(err) {
 		return fmt.Errorf("%w: secret %q already exists", store.ErrConflict, sec.Name)
 	}
 	if err != nil {
@@ -90,7 +89,7 @@ func (s *Store) SecretByName(ctx context.Context, teamID, name string) (*store.S
 func (s *Store) ListSecrets(ctx context.Context, f store.SecretFilter) ([]*store.Secret, error) {
 	limit := f.Limit
 	if limit <= 0 {
-		limit = math.MaxInt32
+		limit = s.d.NoLimit
 	}
 	after := ts(f.AfterCreated)
 	return queryAll(ctx, s.db, scanSecret, `SELECT `+secretCols+` FROM secrets WHERE team_id=?
@@ -100,7 +99,7 @@ func (s *Store) ListSecrets(ctx context.Context, f store.SecretFilter) ([]*store
 
 // UpdateSecret implements store.SecretStore: a compare-and-set on version.
 func (s *Store) UpdateSecret(ctx context.Context, teamID, id string, fromVersion int, sealed []byte, metadata map[string]string) (*store.Secret, error) {
-	return retry1(ctx, func() (*store.Secret, error) { return s.updateSecretTx(ctx, teamID, id, fromVersion, sealed, metadata) })
+	return retry1(ctx, s.d, func() (*store.Secret, error) { return s.updateSecretTx(ctx, teamID, id, fromVersion, sealed, metadata) })
 }
 
 func (s *Store) updateSecretTx(ctx context.Context, teamID, id string, fromVersion int, sealed []byte, metadata map[string]string) (*store.Secret, error) {
