@@ -12,9 +12,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
 	"math"
-	"sort"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/store"
@@ -124,29 +122,18 @@ func (s *Store) migrate(ctx context.Context) error {
 	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (name TEXT PRIMARY KEY, applied_at BIGINT NOT NULL)`); err != nil {
 		return err
 	}
-	names, err := fs.Glob(migrations, "migrations/*.sql")
-	if err != nil {
-		return err
-	}
-	sort.Strings(names)
-	for _, name := range names {
+	applied := func(ctx context.Context, name string) (bool, error) {
 		var n int
-		if err := conn.QueryRow(ctx, `SELECT COUNT(*) FROM schema_migrations WHERE name=$1`, name).Scan(&n); err != nil {
-			return err
-		}
-		if n > 0 {
-			continue
-		}
-		body, err := migrations.ReadFile(name)
-		if err != nil {
-			return err
-		}
+		err := conn.QueryRow(ctx, `SELECT COUNT(*) FROM schema_migrations WHERE name=$1`, name).Scan(&n)
+		return n > 0, err
+	}
+	return sqlstore.Migrate(ctx, migrations, applied, func(ctx context.Context, name, body string) error {
 		tx, err := conn.Begin(ctx)
 		if err != nil {
 			return err
 		}
 		// The simple protocol runs a multi-statement file in one call.
-		if _, err := tx.Exec(ctx, string(body), pgx.QueryExecModeSimpleProtocol); err != nil {
+		if _, err := tx.Exec(ctx, body, pgx.QueryExecModeSimpleProtocol); err != nil {
 			tx.Rollback(ctx)
 			return fmt.Errorf("%s: %w", name, err)
 		}
@@ -154,11 +141,8 @@ func (s *Store) migrate(ctx context.Context) error {
 			tx.Rollback(ctx)
 			return err
 		}
-		if err := tx.Commit(ctx); err != nil {
-			return err
-		}
-	}
-	return nil
+		return tx.Commit(ctx)
+	})
 }
 
 // Close closes the database handle and the pool under it.

@@ -7,8 +7,6 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
-	"sort"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/store"
@@ -72,28 +70,12 @@ func (s *Store) migrate(ctx context.Context) error {
 	if _, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (name TEXT PRIMARY KEY, applied_at INTEGER NOT NULL)`); err != nil {
 		return err
 	}
-	names, err := fs.Glob(migrations, "migrations/*.sql")
-	if err != nil {
-		return err
-	}
-	sort.Strings(names)
-	for _, name := range names {
+	applied := func(ctx context.Context, name string) (bool, error) {
 		var n int
-		if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM schema_migrations WHERE name=?`, name).Scan(&n); err != nil {
-			return err
-		}
-		if n > 0 {
-			continue
-		}
-		body, err := migrations.ReadFile(name)
-		if err != nil {
-			return err
-		}
-		if err := s.apply(ctx, name, string(body)); err != nil {
-			return err
-		}
+		err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM schema_migrations WHERE name=?`, name).Scan(&n)
+		return n > 0, err
 	}
-	return nil
+	return sqlstore.Migrate(ctx, migrations, applied, s.apply)
 }
 
 // apply runs one migration in a transaction on a pinned connection with

@@ -112,8 +112,9 @@ func (s *Store) SetNodeFlags(ctx context.Context, id string, cordoned, draining 
 }
 
 // ForgetNode implements store.NodeStore. The count and the delete are one
-// SERIALIZABLE transaction: it sees every sandbox committed before it, and
-// a create committing alongside is ordered after the forget.
+// serializable transaction (SQLite: one writer; PostgreSQL: SERIALIZABLE):
+// it sees every sandbox committed before it, and a create committing
+// alongside is ordered after the forget.
 func (s *Store) ForgetNode(ctx context.Context, id string) error {
 	return retry(ctx, s.d, func() error { return s.forgetNodeTx(ctx, id) })
 }
@@ -157,8 +158,9 @@ FROM capacity_reservations r LEFT JOIN sandboxes s ON s.id = r.sandbox_id
 WHERE r.node_id = ? AND (s.state IS NULL OR s.state != 'killed')`
 
 // ReserveCapacity implements store.CapacityLedger. The read of what is
-// committed and the insert are one SERIALIZABLE transaction: of two
-// replicas that both read room for one more, one commits and the other
+// committed and the insert are one serializable transaction. SQLite has
+// one writer, so the two are one step for every caller; on PostgreSQL, of
+// two replicas that both read room for one more, one commits and the other
 // fails with 40001 and is retried from the start, where it sees the first.
 func (s *Store) ReserveCapacity(ctx context.Context, sandboxID, nodeID string, c store.Capacity, check func(allocatable, committed store.Capacity) error) error {
 	return retry(ctx, s.d, func() error { return s.reserveTx(ctx, sandboxID, nodeID, c, check) })

@@ -177,9 +177,9 @@ started_at=?, end_at=?, updated_at=?, killed_at=?, kill_reason=?, volumes=?, def
 	return nil
 }
 
-// CompareAndSetState is an atomic state transition (one UPDATE at READ
-// COMMITTED: PostgreSQL re-checks the state after waiting for a concurrent
-// writer).
+// CompareAndSetState is an atomic state transition: one UPDATE outside a
+// transaction (PostgreSQL runs it at READ COMMITTED, where it re-checks the
+// state after waiting for a concurrent writer).
 func (s *Store) CompareAndSetState(ctx context.Context, id string, from []store.SandboxState, to store.SandboxState) (*store.Sandbox, error) {
 	q := `UPDATE sandboxes SET state=?, updated_at=? WHERE id=?`
 	args := []any{string(to), time.Now().UnixNano(), id}
@@ -300,8 +300,7 @@ var liveStates = []any{string(store.StateCreating), string(store.StateRunning), 
 
 // checkSandboxQuota fails with a *store.QuotaError when one more sandbox
 // of sb's size would exceed teamID's quota. It reads inside tx, so with the
-// insert that follows it is one serialised step (the store has a single
-// connection; a server backend would lock the team row).
+// insert that follows it is one serialised step (the dialect's isolation).
 func checkSandboxQuota(ctx context.Context, tx *txn, teamID string, sb *store.Sandbox) error {
 	if teamID == store.SystemTeamID {
 		return nil
