@@ -15,6 +15,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/clientrate"
 	"github.com/cubicle-dev/cubicle/internal/clusterpki"
 	"github.com/cubicle-dev/cubicle/internal/nodejoin"
+	"github.com/cubicle-dev/cubicle/internal/store"
 )
 
 // Joins carry no API key (the token is the credential), so they are
@@ -76,6 +77,8 @@ func (s *Server) join(w http.ResponseWriter, r *http.Request, lim *clientrate.Li
 		// Unknown, used, expired or malformed all read alike to the caller.
 		s.log.Warn("node join refused", "node", req.NodeID, "from", r.RemoteAddr, "err", err)
 		writeError(w, http.StatusUnauthorized, "join token refused: it is unknown, already used or expired")
+	case errors.Is(err, store.ErrNodeExists):
+		writeError(w, http.StatusConflict, "node '"+req.NodeID+"' is registered already: forget it first (`cubicle node forget "+req.NodeID+"`), or join with another node ID; the token was not used")
 	case errors.Is(err, clusterpki.ErrInvalidNodeID), errors.Is(err, clusterpki.ErrInvalidCSR), errors.Is(err, clusterpki.ErrInvalidAddress):
 		writeError(w, http.StatusBadRequest, err.Error())
 	default:

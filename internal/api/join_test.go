@@ -22,6 +22,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/clusterpki"
 	"github.com/cubicle-dev/cubicle/internal/nodejoin"
 	"github.com/cubicle-dev/cubicle/internal/secret"
+	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
 )
 
@@ -106,6 +107,22 @@ func TestJoinRoute(t *testing.T) {
 	cert, err := clusterpki.ParseCertPEM([]byte(out["certificate"].(string)))
 	if err != nil || cert.URIs[0].String() != "cubicle://node/node-1" {
 		t.Fatalf("certificate: %v", err)
+	}
+
+	// A node ID with a registry row: 409, and the token stays usable.
+	if err := st.RegisterNode(ctx, &store.Node{ID: "node-taken"}); err != nil {
+		t.Fatal(err)
+	}
+	tok2, _, _ := nodejoin.Create(ctx, st, time.Hour, nil, time.Now())
+	taken := good
+	taken.Token, taken.NodeID = tok2, "node-taken"
+	if code, out, _ := post(taken, clusterpki.JoinServerName, ""); code != 409 || out["code"] != float64(409) ||
+		!strings.Contains(out["message"].(string), "cubicle node forget node-taken") {
+		t.Fatalf("join of a registered node ID: %d %v", code, out)
+	}
+	taken.NodeID = "node-3"
+	if code, out, _ := post(taken, clusterpki.JoinServerName, ""); code != 200 {
+		t.Fatalf("the token refused with 409 was spent: %d %v", code, out)
 	}
 
 	// Used, expired, unknown and malformed tokens read the same.

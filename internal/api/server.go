@@ -39,7 +39,8 @@ type Config struct {
 	MaxImageBytes int64
 	// Secrets enables the /secrets routes (the team secrets service).
 	Secrets *secret.Secrets
-	// Join enables POST /nodes/join (nodes joining the cluster).
+	// Join enables POST /nodes/join (nodes joining the cluster) and the
+	// node calls (register, heartbeat, renew, secret) of joined nodes.
 	Join *nodejoin.Service
 }
 
@@ -139,6 +140,7 @@ func New(cfg Config, mgr *control.Manager, st store.Store) *Server {
 	// A joining node has no API key; its join token is the credential.
 	if cfg.Join != nil {
 		s.joinRoutes(r)
+		s.nodeCallRoutes(r)
 	}
 	// The SDK uploads build contexts without an API key; the URL carries a token.
 	r.Put("/template-uploads/{hash}", s.uploadContext)

@@ -102,3 +102,9 @@ func verifyPeer(certs []*x509.Certificate, roots *x509.CertPool, usage x509.ExtK
 	}
 	return nil
 }
+
+// VerifyControlPlane checks that certs (a TLS peer chain) is a control-plane
+// certificate from ca: what a node calling the control plane accepts.
+func VerifyControlPlane(certs []*x509.Certificate, ca *x509.Certificate) error {
+	return verifyPeer(certs, pool(ca), x509.ExtKeyUsageServerAuth, ControlPlaneURI)
+}

@@ -16,6 +16,9 @@ var (
 	ErrTokenUsed = errors.New("store: join token already used")
 	// ErrTokenExpired: the token's expiry has passed.
 	ErrTokenExpired = errors.New("store: join token expired")
+	// ErrNodeExists: a node with the joining node's ID is registered; the
+	// operator forgets it first (`cubicle node forget`).
+	ErrNodeExists = errors.New("store: a node with this ID is registered")
 )
 
 // ClusterCA is the certificate authority every control-plane replica
@@ -59,6 +62,8 @@ type ClusterStore interface {
 	// step, and returns it: of two concurrent redeems of one token exactly
 	// one succeeds. ErrTokenUnknown when the ID is missing or secretHash
 	// differs, ErrTokenUsed when it was redeemed before, ErrTokenExpired
-	// when now is past its expiry.
+	// when now is past its expiry, ErrNodeExists (and the token stays
+	// unused) when the registry has a row for nodeID: the check and the
+	// mark are the same statement.
 	RedeemJoinToken(ctx context.Context, id, secretHash, nodeID string, now time.Time) (*JoinToken, error)
 }

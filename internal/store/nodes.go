@@ -34,9 +34,12 @@ type Capacity struct {
 // plus the operator's flags. Cordoned and Draining belong to the control
 // plane: registering or heartbeating never changes them.
 type Node struct {
-	ID      string
-	Address string
-	Labels  map[string]string
+	ID string
+	// Address is the node's gRPC host:port; DataAddress its data plane's
+	// (both empty for the in-process node).
+	Address     string
+	DataAddress string
+	Labels      map[string]string
 	// Capacity is the node's physical size, before any sandbox's share.
 	Capacity      Capacity
 	Runtime       string
@@ -45,6 +48,8 @@ type Node struct {
 	// Accelerators is the device inventory as JSON ([]accel.Device), so
 	// the store does not depend on the accelerator package.
 	Accelerators string
+	// Templates are the template images the node has cached.
+	Templates []string
 	// Cordoned: no new sandboxes. Draining: cordoned, and its sandboxes
 	// are to leave.
 	Cordoned     bool
@@ -56,10 +61,12 @@ type Node struct {
 // NodeHeartbeat carries the facts a node may change between heartbeats.
 type NodeHeartbeat struct {
 	Address       string
+	DataAddress   string
 	Labels        map[string]string
 	Capacity      Capacity
 	VolumeDrivers []string
 	Accelerators  string
+	Templates     []string
 	Time          time.Time
 }
 

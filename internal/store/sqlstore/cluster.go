@@ -107,8 +107,8 @@ func (s *Store) DeleteJoinToken(ctx context.Context, id string) error {
 // so the check and the mark are a single atomic statement.
 func (s *Store) RedeemJoinToken(ctx context.Context, id, secretHash, nodeID string, now time.Time) (*store.JoinToken, error) {
 	t, err := scanJoinToken(s.db.QueryRowContext(ctx, `UPDATE join_tokens SET used_at=?, used_by=?
-WHERE id=? AND secret_hash=? AND used_at=0 AND expires_at>? RETURNING `+joinTokenCols,
-		ts(now), nodeID, id, secretHash, ts(now)))
+WHERE id=? AND secret_hash=? AND used_at=0 AND expires_at>? AND NOT EXISTS (SELECT 1 FROM nodes WHERE id=?) RETURNING `+joinTokenCols,
+		ts(now), nodeID, id, secretHash, ts(now), nodeID))
 	if !errors.Is(err, store.ErrNotFound) {
 		return t, err
 	}
@@ -123,7 +123,9 @@ WHERE id=? AND secret_hash=? AND used_at=0 AND expires_at>? RETURNING `+joinToke
 		return nil, store.ErrTokenUnknown
 	case !t.UsedAt.IsZero():
 		return nil, store.ErrTokenUsed
-	default:
+	case !now.Before(t.ExpiresAt):
 		return nil, store.ErrTokenExpired
+	default:
+		return nil, fmt.Errorf("%w: %s", store.ErrNodeExists, nodeID)
 	}
 }

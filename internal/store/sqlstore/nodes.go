@@ -12,14 +12,15 @@ import (
 )
 
 const nodeCols = `id, address, labels, milli_cpu, memory_mib, disk_mib, runtime, version, volume_drivers, accelerators,
-cordoned, draining, registered_at, heartbeat_at`
+cordoned, draining, registered_at, heartbeat_at, data_address, templates`
 
 func scanNode(r scanner) (*store.Node, error) {
 	var n store.Node
-	var labels, drivers string
+	var labels, drivers, templates string
 	var registered, heartbeat int64
 	if err := r.Scan(&n.ID, &n.Address, &labels, &n.Capacity.MilliCPU, &n.Capacity.MemoryMiB, &n.Capacity.DiskMiB,
-		&n.Runtime, &n.Version, &drivers, &n.Accelerators, &n.Cordoned, &n.Draining, &registered, &heartbeat); err != nil {
+		&n.Runtime, &n.Version, &drivers, &n.Accelerators, &n.Cordoned, &n.Draining, &registered, &heartbeat,
+		&n.DataAddress, &templates); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil, store.ErrNotFound
 		}
@@ -30,6 +31,9 @@ func scanNode(r scanner) (*store.Node, error) {
 	}
 	if err := json.Unmarshal([]byte(drivers), &n.VolumeDrivers); err != nil {
 		return nil, fmt.Errorf("node %s volume drivers: %w", n.ID, err)
+	}
+	if err := json.Unmarshal([]byte(templates), &n.Templates); err != nil {
+		return nil, fmt.Errorf("node %s templates: %w", n.ID, err)
 	}
 	n.RegisteredAt, n.HeartbeatAt = fromTS(registered), fromTS(heartbeat)
 	return &n, nil
@@ -53,13 +57,13 @@ func (s *Store) RegisterNode(ctx context.Context, n *store.Node) error {
 	if n.RegisteredAt.IsZero() {
 		n.RegisteredAt = n.HeartbeatAt
 	}
-	_, err := s.db.ExecContext(ctx, `INSERT INTO nodes(`+nodeCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)
-ON CONFLICT(id) DO UPDATE SET address=excluded.address, labels=excluded.labels, milli_cpu=excluded.milli_cpu,
+	_, err := s.db.ExecContext(ctx, `INSERT INTO nodes(`+nodeCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+ON CONFLICT(id) DO UPDATE SET address=excluded.address, data_address=excluded.data_address, templates=excluded.templates, labels=excluded.labels, milli_cpu=excluded.milli_cpu,
 memory_mib=excluded.memory_mib, disk_mib=excluded.disk_mib, runtime=excluded.runtime, version=excluded.version,
 volume_drivers=excluded.volume_drivers, accelerators=excluded.accelerators, heartbeat_at=excluded.heartbeat_at`,
 		n.ID, n.Address, js(orEmpty(n.Labels)), n.Capacity.MilliCPU, n.Capacity.MemoryMiB, n.Capacity.DiskMiB,
 		n.Runtime, n.Version, js(driversOrEmpty(n.VolumeDrivers)), n.Accelerators, n.Cordoned, n.Draining,
-		ts(n.RegisteredAt), ts(n.HeartbeatAt))
+		ts(n.RegisteredAt), ts(n.HeartbeatAt), n.DataAddress, js(driversOrEmpty(n.Templates)))
 	return err
 }
 
@@ -68,10 +72,10 @@ func (s *Store) HeartbeatNode(ctx context.Context, id string, hb store.NodeHeart
 	if hb.Time.IsZero() {
 		hb.Time = time.Now().UTC()
 	}
-	res, err := s.db.ExecContext(ctx, `UPDATE nodes SET address=?, labels=?, milli_cpu=?, memory_mib=?, disk_mib=?,
-volume_drivers=?, accelerators=?, heartbeat_at=? WHERE id=?`,
-		hb.Address, js(orEmpty(hb.Labels)), hb.Capacity.MilliCPU, hb.Capacity.MemoryMiB, hb.Capacity.DiskMiB,
-		js(driversOrEmpty(hb.VolumeDrivers)), hb.Accelerators, ts(hb.Time), id)
+	res, err := s.db.ExecContext(ctx, `UPDATE nodes SET address=?, data_address=?, labels=?, milli_cpu=?, memory_mib=?, disk_mib=?,
+volume_drivers=?, accelerators=?, templates=?, heartbeat_at=? WHERE id=?`,
+		hb.Address, hb.DataAddress, js(orEmpty(hb.Labels)), hb.Capacity.MilliCPU, hb.Capacity.MemoryMiB, hb.Capacity.DiskMiB,
+		js(driversOrEmpty(hb.VolumeDrivers)), hb.Accelerators, js(driversOrEmpty(hb.Templates)), ts(hb.Time), id)
 	return affected(res, err, "node", id)
 }
 

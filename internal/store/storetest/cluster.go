@@ -91,6 +91,14 @@ func testJoinTokens(t *testing.T, s store.Store) {
 	if _, err := s.RedeemJoinToken(ctx, "jt1", "h1", "n1", tok.ExpiresAt); !errors.Is(err, store.ErrTokenExpired) {
 		t.Fatalf("at its expiry: want ErrTokenExpired, got %v", err)
 	}
+	// A registered node's ID cannot join again (it is forgotten first),
+	// and the refusal leaves the token unused.
+	if err := s.RegisterNode(ctx, &store.Node{ID: "taken"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.RedeemJoinToken(ctx, "jt1", "h1", "taken", now); !errors.Is(err, store.ErrNodeExists) {
+		t.Fatalf("registered node ID: want ErrNodeExists, got %v", err)
+	}
 	got, err := s.RedeemJoinToken(ctx, "jt1", "h1", "n1", now)
 	if err != nil || got.UsedBy != "n1" || !got.UsedAt.Equal(now) || got.Labels["zone"] != "a" {
 		t.Fatalf("redeem = %+v, %v", got, err)

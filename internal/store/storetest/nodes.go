@@ -20,7 +20,7 @@ func testNodeRegistry(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	t0 := time.Now().Truncate(time.Microsecond).UTC()
 	n := &store.Node{
-		ID: "n1", Address: "10.1.0.5:7443", Labels: map[string]string{"zone": "a"},
+		ID: "n1", Address: "10.1.0.5:7443", DataAddress: "10.1.0.5:7444", Templates: []string{"base"}, Labels: map[string]string{"zone": "a"},
 		Capacity: store.Capacity{MilliCPU: 8000, MemoryMiB: 16384, DiskMiB: 100000},
 		Runtime:  "runsc", Version: "v1", VolumeDrivers: []string{"local", "s3"},
 		Accelerators: `[{"id":"gpu0"}]`, HeartbeatAt: t0,
@@ -32,7 +32,7 @@ func testNodeRegistry(t *testing.T, s store.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Address != n.Address || got.Labels["zone"] != "a" || got.Capacity != n.Capacity || got.Runtime != "runsc" ||
+	if got.Address != n.Address || got.DataAddress != n.DataAddress || !reflect.DeepEqual(got.Templates, n.Templates) || got.Labels["zone"] != "a" || got.Capacity != n.Capacity || got.Runtime != "runsc" ||
 		got.Version != "v1" || !reflect.DeepEqual(got.VolumeDrivers, n.VolumeDrivers) || got.Accelerators != n.Accelerators ||
 		got.Cordoned || got.Draining || !got.RegisteredAt.Equal(t0) || !got.HeartbeatAt.Equal(t0) {
 		t.Fatalf("registered node reads back as %+v", got)
@@ -49,18 +49,20 @@ func testNodeRegistry(t *testing.T, s store.Store) {
 	}
 	got, _ = s.GetNode(ctx, "n1")
 	if !got.Cordoned || got.Runtime != "runc" || got.Address != "10.1.0.6:7443" || !got.RegisteredAt.Equal(t0) ||
-		!got.HeartbeatAt.Equal(t1) || len(got.Labels) != 0 || len(got.VolumeDrivers) != 0 || got.Accelerators != "" {
+		!got.HeartbeatAt.Equal(t1) || len(got.Labels) != 0 || len(got.VolumeDrivers) != 0 || got.Accelerators != "" ||
+		got.DataAddress != "" || len(got.Templates) != 0 {
 		t.Fatalf("re-registered node: %+v", got)
 	}
 	t2 := t1.Add(time.Second)
-	hb := store.NodeHeartbeat{Address: "10.1.0.6:7443", Labels: map[string]string{"zone": "b"},
+	hb := store.NodeHeartbeat{Address: "10.1.0.6:7443", DataAddress: "10.1.0.6:7444", Templates: []string{"base", "py"}, Labels: map[string]string{"zone": "b"},
 		Capacity: store.Capacity{MilliCPU: 4000, MemoryMiB: 8192}, VolumeDrivers: []string{"local"}, Accelerators: "[]", Time: t2}
 	if err := s.HeartbeatNode(ctx, "n1", hb); err != nil {
 		t.Fatal(err)
 	}
 	got, _ = s.GetNode(ctx, "n1")
 	if !got.HeartbeatAt.Equal(t2) || got.Labels["zone"] != "b" || got.Capacity != hb.Capacity ||
-		!reflect.DeepEqual(got.VolumeDrivers, []string{"local"}) || got.Accelerators != "[]" || !got.Cordoned || got.Version != "v2" {
+		!reflect.DeepEqual(got.VolumeDrivers, []string{"local"}) || got.Accelerators != "[]" || !got.Cordoned || got.Version != "v2" ||
+		got.DataAddress != hb.DataAddress || !reflect.DeepEqual(got.Templates, hb.Templates) {
 		t.Fatalf("after heartbeat: %+v", got)
 	}
 	if err := s.HeartbeatNode(ctx, "ghost", hb); !errors.Is(err, store.ErrNotFound) {
