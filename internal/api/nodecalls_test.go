@@ -1,0 +1,257 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/accel"
+	"github.com/cubicle-dev/cubicle/internal/clusterpki"
+	"github.com/cubicle-dev/cubicle/internal/nodeclient"
+	"github.com/cubicle-dev/cubicle/internal/nodejoin"
+	"github.com/cubicle-dev/cubicle/internal/secret"
+	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
+)
+
+// nodeCallsEnv is a control plane's API over real TLS (client certificate
+// asked for, verified if given, as serve does on the cluster server name)
+// with a cluster CA and a secrets service.
+type nodeCallsEnv struct {
+	st      store.Store
+	ca      *clusterpki.CA
+	secrets *secret.Secrets
+	srv     *httptest.Server
+}
+
+func newNodeCallsEnv(t *testing.T) *nodeCallsEnv {
+	t.Helper()
+	st, err := sqlite.Open(filepath.Join(t.TempDir(), "c.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	sx, err := secret.New(st, bytes.Repeat([]byte{5}, secret.KeySize))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := clusterpki.LoadOrCreateCA(context.Background(), st, sx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := New(Config{Join: &nodejoin.Service{Store: st, CA: ca}, Secrets: sx, Logger: slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil))}, nil, st)
+	srv := httptest.NewUnstartedServer(api)
+	cp, err := ca.IssueControlPlane(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Cert)
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{*cp}, ClientAuth: tls.VerifyClientCertIfGiven, ClientCAs: roots, MinVersion: tls.VersionTLS13}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return &nodeCallsEnv{st: st, ca: ca, secrets: sx, srv: srv}
+}
+
+// nodeCert is a certificate the cluster CA issued to node id.
+func (e *nodeCallsEnv) nodeCert(t *testing.T, id string) *tls.Certificate {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	der, _ := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
+	certPEM, err := e.ca.SignNode(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), id, []string{"127.0.0.1", "node.example"}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := pem.Decode(certPEM)
+	leaf, _ := x509.ParseCertificate(b.Bytes)
+	return &tls.Certificate{Certificate: [][]byte{b.Bytes}, PrivateKey: key, Leaf: leaf}
+}
+
+func (e *nodeCallsEnv) client(t *testing.T, cert *tls.Certificate) *nodeclient.Client {
+	t.Helper()
+	c, err := nodeclient.NewClient(e.srv.URL, e.ca.Cert, func() (*tls.Certificate, error) {
+		if cert == nil {
+			return &tls.Certificate{}, nil // no certificate
+		}
+		return cert, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.CloseIdleConnections)
+	return c
+}
+
+func wantStatus(t *testing.T, what string, err error, status int) {
+	t.Helper()
+	var e *nodeclient.Error
+	if !errors.As(err, &e) || e.Status != status {
+		t.Fatalf("%s: got %v, want HTTP %d", what, err, status)
+	}
+}
+
+func testStatus() nodeclient.Status {
+	return nodeclient.Status{Address: "10.0.0.7:7443", DataAddress: "10.0.0.7:7444", Runtime: "runc", Version: "v-test",
+		Capacity:      store.Capacity{MilliCPU: 4000, MemoryMiB: 8192, DiskMiB: 50000},
+		VolumeDrivers: []string{"local"}, Templates: []string{"base"},
+		Accelerators:  []accel.Device{{ID: "gpu-0000:3b:00.0", Class: "gpu", Vendor: "nvidia"}}}
+}
+
+// TestNodeRegisterHeartbeat: the registry row is written from a node's own
+// report under the identity of its certificate; labels come from its join
+// token; a heartbeat of a node with no row is 404 so it registers again.
+func TestNodeRegisterHeartbeat(t *testing.T) {
+	e := newNodeCallsEnv(t)
+	ctx := context.Background()
+	tok, _, _ := nodejoin.Create(ctx, e.st, time.Hour, map[string]string{"zone": "b"}, time.Now())
+	if _, err := nodejoin.Redeem(ctx, e.st, tok, "n1", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	n1 := e.client(t, e.nodeCert(t, "n1"))
+
+	// Without a client certificate: 401, e2b-shaped.
+	anon := e.client(t, nil)
+	wantStatus(t, "register without a certificate", anon.Register(ctx, testStatus()), 401)
+	wantStatus(t, "heartbeat without a certificate", anon.Heartbeat(ctx, testStatus()), 401)
+	wantStatus(t, "renew without a certificate", func() error { _, err := anon.Renew(ctx, []byte("x")); return err }(), 401)
+	wantStatus(t, "secret without a certificate", func() error { _, err := anon.Secret(ctx, "s", "k"); return err }(), 401)
+	// The control plane's own certificate is no node.
+	cp, _ := e.ca.IssueControlPlane(time.Now())
+	wantStatus(t, "register as the control plane", e.client(t, cp).Register(ctx, testStatus()), 401)
+
+	// Heartbeat before registering: 404, which the client reports as
+	// ErrNotRegistered.
+	if err := n1.Heartbeat(ctx, testStatus()); !errors.Is(err, nodeclient.ErrNotRegistered) {
+		t.Fatalf("heartbeat of an unregistered node: %v, want ErrNotRegistered", err)
+	}
+	bad := testStatus()
+	bad.Address = "no-port"
+	wantStatus(t, "register with a bad address", n1.Register(ctx, bad), 400)
+	if err := n1.Register(ctx, testStatus()); err != nil {
+		t.Fatal(err)
+	}
+	row, err := e.st.GetNode(ctx, "n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if row.Address != "10.0.0.7:7443" || row.DataAddress != "10.0.0.7:7444" || row.Capacity.MilliCPU != 4000 || row.Runtime != "runc" ||
+		row.Labels["zone"] != "b" || len(row.Templates) != 1 || !strings.Contains(row.Accelerators, "gpu-0000:3b:00.0") {
+		t.Fatalf("registered row: %+v", row)
+	}
+	hb := testStatus()
+	hb.DataAddress = "10.0.0.8:7444"
+	hb.Accelerators = nil
+	if err := n1.Heartbeat(ctx, hb); err != nil {
+		t.Fatal(err)
+	}
+	row2, _ := e.st.GetNode(ctx, "n1")
+	if row2.DataAddress != "10.0.0.8:7444" || row2.Accelerators != "" || row2.Labels["zone"] != "b" || row2.HeartbeatAt.Before(row.HeartbeatAt) {
+		t.Fatalf("after heartbeat: %+v", row2)
+	}
+	// Forgotten: the next heartbeat is 404 again.
+	if err := e.st.ForgetNode(ctx, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := n1.Heartbeat(ctx, hb); !errors.Is(err, nodeclient.ErrNotRegistered) {
+		t.Fatalf("heartbeat after forget: %v", err)
+	}
+}
+
+// TestNodeRenew: a node renews for a new key; the certificate keeps its
+// node ID and addresses.
+func TestNodeRenew(t *testing.T) {
+	e := newNodeCallsEnv(t)
+	ctx := context.Background()
+	old := e.nodeCert(t, "n2")
+	c := e.client(t, old)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	der, _ := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
+	certPEM, err := c.Renew(ctx, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := clusterpki.ParseCertPEM(certPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id, err := e.ca.NodeID(cert, time.Now()); err != nil || id != "n2" {
+		t.Fatalf("renewed certificate names %q, %v", id, err)
+	}
+	if !key.PublicKey.Equal(cert.PublicKey) || len(cert.IPAddresses) != 1 || !cert.IPAddresses[0].Equal(old.Leaf.IPAddresses[0]) ||
+		len(cert.DNSNames) != 1 || cert.DNSNames[0] != "node.example" {
+		t.Fatalf("renewed certificate: key or addresses changed: %v %v", cert.IPAddresses, cert.DNSNames)
+	}
+	_, err = c.Renew(ctx, []byte("junk"))
+	wantStatus(t, "renew with a bad CSR", err, 400)
+}
+
+// TestNodeSecretScope: a node gets a secret only for a live sandbox it
+// runs whose current rules name that secret.
+func TestNodeSecretScope(t *testing.T) {
+	e := newNodeCallsEnv(t)
+	ctx := context.Background()
+	team := store.SystemTeamID
+	if _, err := e.secrets.Create(ctx, team, "api-key", "s3cret", nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.secrets.Create(ctx, team, "other", "not-yours", nil); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	sb := &store.Sandbox{ID: "sbx1", TeamID: team, TemplateID: "base", State: store.StateRunning, Node: "n1",
+		StartedAt: now, EndAt: now.Add(time.Hour), UpdatedAt: now,
+		Network: store.Network{Rules: map[string][]store.NetworkRule{"api.example.com": {{Headers: map[string]string{
+			"authorization": "Bearer ${e2b.secrets.API-KEY}", "x-missing": "${e2b.secrets.gone}"}}}}}}
+	if err := e.st.CreateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	n1 := e.client(t, e.nodeCert(t, "n1"))
+	n2 := e.client(t, e.nodeCert(t, "n2"))
+	if v, err := n1.Secret(ctx, "sbx1", "api-key"); err != nil || v != "s3cret" {
+		t.Fatalf("own sandbox's rule secret = %q, %v", v, err)
+	}
+	_, err := n2.Secret(ctx, "sbx1", "api-key")
+	wantStatus(t, "another node's sandbox", err, 403)
+	_, err = n1.Secret(ctx, "sbx1", "other")
+	wantStatus(t, "a secret the rules do not name", err, 403)
+	_, err = n1.Secret(ctx, "nosuch", "api-key")
+	wantStatus(t, "an unknown sandbox", err, 403)
+	_, err = n1.Secret(ctx, "sbx1", "gone")
+	wantStatus(t, "a named secret that does not exist", err, 404)
+	// Rules changed (PUT /network): the old secret is no longer given.
+	sb.Network.Rules = nil
+	if err := e.st.UpdateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	_, err = n1.Secret(ctx, "sbx1", "api-key")
+	wantStatus(t, "after the rules dropped it", err, 403)
+
+	// The body is e2b-shaped.
+	req, _ := http.NewRequest("POST", e.srv.URL+nodeclient.SecretPath, strings.NewReader(`{}`))
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	defer hc.CloseIdleConnections()
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body map[string]any
+	json.NewDecoder(resp.Body).Decode(&body)
+	if resp.StatusCode != 401 || body["code"] != float64(401) || body["message"] == "" {
+		t.Fatalf("401 body: %d %v", resp.StatusCode, body)
+	}
+}
