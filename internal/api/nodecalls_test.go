@@ -108,7 +108,7 @@ func testStatus() nodeclient.Status {
 	return nodeclient.Status{Address: "10.0.0.7:7443", DataAddress: "10.0.0.7:7444", Runtime: "runc", Version: "v-test",
 		Capacity:      store.Capacity{MilliCPU: 4000, MemoryMiB: 8192, DiskMiB: 50000},
 		VolumeDrivers: []string{"local"}, Templates: []string{"base"},
-		Accelerators:  []accel.Device{{ID: "gpu-0000:3b:00.0", Class: "gpu", Vendor: "nvidia"}}}
+		Accelerators: []accel.Device{{ID: "gpu-0000:3b:00.0", Class: "gpu", Vendor: "nvidia"}}}
 }
 
 // TestNodeRegisterHeartbeat: the registry row is written from a node's own
