@@ -26,14 +26,11 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/cacerts"
 	"github.com/cubicle-dev/cubicle/internal/control"
 	"github.com/cubicle-dev/cubicle/internal/diskbudget"
-	"github.com/cubicle-dev/cubicle/internal/egress"
-	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/proxy"
 	"github.com/cubicle-dev/cubicle/internal/runtime/oci"
 	"github.com/cubicle-dev/cubicle/internal/secret"
 	"github.com/cubicle-dev/cubicle/internal/servecert"
-	"github.com/cubicle-dev/cubicle/internal/template"
 	"github.com/cubicle-dev/cubicle/internal/template/catalog"
 	"github.com/cubicle-dev/cubicle/internal/volume"
 	"github.com/cubicle-dev/cubicle/internal/volume/local"
@@ -41,38 +38,28 @@ import (
 )
 
 type serveOptions struct {
-	dataDir, imagesDir, listen, runtime, agentBin, domain string
-	pool, bridge, netnsDir, nftTable, cgroupParent        string
-	hostFirewall                                          string
-	tlsCert, tlsKey                                       string
-	tlsSelfSigned                                         bool
-	secretsKey                                            string
-	listenTLS                                             string
-	metricsListen                                         string
-	dns                                                   []string
-	egressProxyAllow                                      []string
-	cpuCount, memoryMB, diskSizeMB, maxSandboxes          int
-	maxSnapshots                                          int
-	maxCreates                                            int
-	maxTimeout, createWait                                time.Duration
-	volumeConfig, nodeConfig, volumeBaseDir               string
-	contentIdle                                           time.Duration
-	registryListen, buildkitd                             string
-	lxcfsBin                                              string
-	lxcfs                                                 bool
-	lxcfsCPUs                                             float64
-	sandboxMaxFlows, sandboxNewFlows                      int
-	readyTimeout                                          time.Duration
-	warmPools                                             []string
-	accel                                                 accelOptions
-	conns                                                 connOptions
-	maxCPU, maxMemoryMB, maxDiskMB                        int
-	volumeSizeMB, maxVolumeSizeMB                         int
-	diskReserve                                           string
-	maxImageBytes                                         int64
-	userns                                                string
-	caCertsFile                                           string
-	caCerts                                               *cacerts.Set
+	// nodeHostOptions are the in-process node's flags (shared with node run).
+	nodeHostOptions
+	listen, domain                               string
+	tlsCert, tlsKey                              string
+	tlsSelfSigned                                bool
+	secretsKey                                   string
+	listenTLS                                    string
+	metricsListen                                string
+	cpuCount, memoryMB, diskSizeMB, maxSandboxes int
+	maxSnapshots                                 int
+	maxCreates                                   int
+	maxTimeout, createWait                       time.Duration
+	volumeConfig                                 string
+	contentIdle                                  time.Duration
+	registryListen, buildkitd                    string
+	readyTimeout                                 time.Duration
+	warmPools                                    []string
+	conns                                        connOptions
+	maxCPU, maxMemoryMB, maxDiskMB               int
+	volumeSizeMB, maxVolumeSizeMB                int
+	diskReserve                                  string
+	maxImageBytes                                int64
 
 	// store is --store: a PostgreSQL URL, or "" for SQLite in dataDir.
 	store string
@@ -91,28 +78,14 @@ func serveCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&o.dataDir, "data-dir", defaultDataDir, "state directory (database, sandboxes, runtime state)")
 	addStoreFlag(f, &o.store)
-	f.StringVar(&o.imagesDir, "images-dir", "", "image directory holding <name>/rootfs (default <data-dir>/images)")
 	f.StringVar(&o.secretsKey, "secrets-key", "", "key file sealing secret values (default <data-dir>/secrets.key, created 0600 on first start; a backup of the data dir then holds the key with the database: set this outside the data dir if backups copy it; losing it makes every secret unreadable; see docs/secrets.md)")
 	f.StringVar(&o.listen, "listen", "127.0.0.1:3000", "address for the API and the sandbox proxy")
 	f.StringVar(&o.metricsListen, "metrics-listen", defaultMetricsListen, "address of the Prometheus /metrics listener, kept off --listen because it names every team's pooled templates and live counts and has no authentication: keep it on loopback or a private interface; off disables it")
-	f.StringVar(&o.runtime, "runtime", "runc", "OCI runtime: runc or runsc (gVisor)")
-	f.StringVar(&o.userns, "userns", "auto", "user namespace per sandbox, from its own unprivileged 65536-uid host range (runc/crun: root inside; runsc: gVisor's sentry and gofer): on, off, or auto (= on)")
-	f.StringVar(&o.agentBin, "agent-bin", "", "path of the static cubicle-agent binary (default: next to this binary)")
 	f.StringVar(&o.domain, "domain", "", "sandbox domain returned to SDKs; hosts <port>-<id>.<domain> are proxied")
 	f.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate for *.<domain> (with --tls-key): the listener speaks TLS, API at api.<domain> and sandboxes at <port>-<id>.<domain> on the same port")
 	f.StringVar(&o.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
 	f.StringVar(&o.listenTLS, "listen-tls", "", "with --tls-cert or --tls-self-signed: serve TLS on this address (e.g. 0.0.0.0:443) and keep --listen plain HTTP; default: --listen itself speaks TLS")
 	f.BoolVar(&o.tlsSelfSigned, "tls-self-signed", false, "serve TLS for *.<domain> with a certificate from a local CA made once in <data-dir>/tls (prints how to trust it)")
-	f.StringSliceVar(&o.dns, "dns", nil, "DNS servers for sandboxes (IPv4, comma-separated; default: the host's non-loopback resolvers); the egress proxy resolves allowed domains through them too")
-	f.StringVar(&o.pool, "pool", "10.211.0.0/16", "sandbox address pool")
-	f.StringVar(&o.bridge, "bridge", "cubicle0", "bridge interface name")
-	f.StringVar(&o.netnsDir, "netns-dir", "", "where sandbox netns are bind-mounted (default /run/cubicle/<bridge>/netns)")
-	f.StringSliceVar(&o.egressProxyAllow, "egress-proxy-allow", nil, "CIDRs in private or internal ranges where a sandbox's SOCKS5 network.egressProxy may be (default: only public addresses; loopback, link-local, the host's own addresses and the sandbox pool never)")
-	f.StringVar(&o.hostFirewall, "host-firewall", "auto", "auto: when the host's iptables FORWARD chain drops (Docker, ufw, firewalld), add accept rules for the bridge (in DOCKER-USER if it exists) and remove them on exit; off: never touch iptables")
-	f.StringVar(&o.nftTable, "nft-table", "", "nftables table (inet family) owned by this server (default cubicle, or cubicle_<bridge>)")
-	f.StringVar(&o.cgroupParent, "cgroup-parent", "cubicle", "cgroup parent of sandbox cgroups")
-	f.IntVar(&o.sandboxMaxFlows, "sandbox-max-flows", 2048, "connections (conntrack entries, TCP TIME_WAIT excluded) one sandbox may hold at once; new flows past it are dropped (0: no cap)")
-	f.IntVar(&o.sandboxNewFlows, "sandbox-new-flows", 100, "new connections one sandbox may start per second, in bursts of twice that; past it they are dropped (0: no cap). The host's conntrack table is shared by all")
 	f.IntVar(&o.cpuCount, "cpu-count", 2, "CPUs per sandbox")
 	f.IntVar(&o.memoryMB, "memory-mb", 512, "memory per sandbox in MiB")
 	f.IntVar(&o.diskSizeMB, "disk-size-mb", 1024, "disk size reported per sandbox in MiB")
@@ -122,11 +95,7 @@ func serveCmd() *cobra.Command {
 	f.IntVar(&o.maxCreates, "max-concurrent-creates", 32, "sandboxes that may be starting at once")
 	f.DurationVar(&o.createWait, "create-queue-wait", 30*time.Second, "how long a create waits for a start slot before 503")
 	f.StringVar(&o.volumeConfig, "volume-config", "", "control-plane YAML with a volume_plugins: list (default: the built-in local plugin)")
-	f.StringVar(&o.nodeConfig, "node-config", "", "node TOML with the volume_plugins list and volume_plugin_base_dir (default: the built-in local plugin)")
 	f.StringVar(&o.registryListen, "registry-listen", "127.0.0.1:0", "loopback address of the local OCI registry BuildKit pulls from and pushes to")
-	f.BoolVar(&o.lxcfs, "lxcfs", true, "give runc sandboxes lxcfs's /proc/meminfo, cpuinfo, stat, uptime... so free and friends show their limits; false: they see the host's (logged)")
-	f.StringVar(&o.lxcfsBin, "lxcfs-bin", "lxcfs", "lxcfs binary (Debian package lxcfs; scripts/install installs it)")
-	f.Float64Var(&o.lxcfsCPUs, "lxcfs-cpus", 1, "CPU quota of lxcfs, which serves every runc sandbox's /proc reads outside their own CPU limits, in its own cgroup <cgroup-parent>-lxcfs (0: unbounded)")
 	f.StringVar(&o.buildkitd, "buildkitd", "", "buildkitd binary for template builds (default: next to this binary; off disables builds with steps)")
 	f.DurationVar(&o.readyTimeout, "ready-timeout", 120*time.Second, "how long a template's ready command may take at sandbox create")
 	f.DurationVar(&o.contentIdle, "volume-content-idle", 30*time.Second, "how long the volume-content API keeps a volume attached after its last request")
@@ -138,9 +107,7 @@ func serveCmd() *cobra.Command {
 	f.IntVar(&o.maxVolumeSizeMB, "max-volume-size-mb", 0, "largest volume size in MiB a create may ask for (default: the size of the data dir's filesystem); above it 400")
 	f.StringVar(&o.diskReserve, "disk-reserve", "5%", "free space kept on the data dir's filesystem, as N% of its size or a size in MiB/GiB (2048, 2GiB): a sandbox or volume create that would promise sparse images more than free space minus this is refused with 507, so the store and the server's own files still have room when every image fills")
 	f.Int64Var(&o.maxImageBytes, "max-image-bytes", api.DefaultMaxImageBytes, "largest image body POST /images accepts; above it 413")
-	f.StringVar(&o.volumeBaseDir, "volume-base-dir", "", "volume_plugin_base_dir override (default: the node config's, else <data-dir>/volume-mounts)")
-	f.StringVar(&o.caCertsFile, "ca-certificates", "", "PEM file of extra CA certificates to trust in every sandbox and template build (a TLS-intercepting proxy's CA); default none")
-	o.accel.flags(f)
+	o.nodeHostOptions.flags(f)
 	o.conns.flags(f)
 	return cmd
 }
@@ -148,27 +115,9 @@ func serveCmd() *cobra.Command {
 func serve(ctx context.Context, o serveOptions) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	slog.SetDefault(log)
-	if err := checkAccelBackend(o.accel.backend, o.runtime); err != nil {
+	userns, pool, err := o.nodeHostOptions.prepare()
+	if err != nil {
 		return err
-	}
-	if o.imagesDir == "" {
-		o.imagesDir = filepath.Join(o.dataDir, "images")
-	}
-	if o.agentBin == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return err
-		}
-		o.agentBin = filepath.Join(filepath.Dir(exe), "cubicle-agent")
-	}
-	if o.netnsDir == "" {
-		o.netnsDir = filepath.Join("/run/cubicle", o.bridge, "netns")
-	}
-	if o.nftTable == "" {
-		o.nftTable = "cubicle"
-		if o.bridge != "cubicle0" {
-			o.nftTable = "cubicle_" + o.bridge
-		}
 	}
 	warmPools, err := parseWarmPools(o.warmPools)
 	if err != nil {
@@ -183,10 +132,6 @@ func serve(ctx context.Context, o serveOptions) error {
 	diskReserve, err := diskbudget.ParseReserve(o.diskReserve)
 	if err != nil {
 		return fmt.Errorf("--disk-reserve: %w", err)
-	}
-	userns, err := usernsMode(o.userns, o.runtime)
-	if err != nil {
-		return err
 	}
 	budget, err := o.conns.budget()
 	if err != nil {
@@ -221,21 +166,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	if metricsLn != nil {
 		defer metricsLn.Close()
 	}
-	pool, err := netip.ParsePrefix(o.pool)
-	if err != nil {
-		return fmt.Errorf("--pool: %w", err)
-	}
-	if _, err := os.Stat(filepath.Join(o.imagesDir, template.BaseTemplate, "rootfs")); err != nil {
-		return fmt.Errorf("base image missing at %s (build it with scripts/build-rootfs): %w",
-			filepath.Join(o.imagesDir, template.BaseTemplate, "rootfs"), err)
-	}
-
 	// Configuration errors first, before anything touches the host.
-	if o.caCertsFile != "" {
-		if o.caCerts, err = cacerts.Load(o.caCertsFile); err != nil {
-			return fmt.Errorf("--ca-certificates: %w", err)
-		}
-	}
 	vc, err := loadVolumeConfig(o)
 	if err != nil {
 		return err
@@ -245,11 +176,6 @@ func serve(ctx context.Context, o serveOptions) error {
 		return fmt.Errorf("control-plane volume plugins: %w", err)
 	}
 	defer ctrlPlugins.Close()
-	nodePlugins, err := registry.Open(vc.node.Plugins)
-	if err != nil {
-		return fmt.Errorf("node volume plugins: %w", err)
-	}
-	defer nodePlugins.Close()
 
 	st, err := openStore(ctx, o.dataDir, o.store)
 	if err != nil {
@@ -270,125 +196,25 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err != nil {
 		return fmt.Errorf("secrets key: %w", err)
 	}
-	// Not listable, even when it existed before (make run's mkdir -p):
-	// sandbox filesystems and volumes live below it, in root-only dirs;
-	// traversable, so runc in a sandbox's user namespace reaches its rootfs
-	// (docs/security.md).
-	if err := os.Chmod(o.dataDir, 0o711); err != nil {
-		return fmt.Errorf("data dir: %w", err)
-	}
-	// Root only: template images are built from untrusted recipes, and a
-	// set-ID binary in one must not be runnable by the host's other users.
-	if err := os.Chmod(o.imagesDir, 0o700); err != nil {
-		return fmt.Errorf("images dir: %w", err)
-	}
-
-	sandboxDir := filepath.Join(o.dataDir, "sandboxes")
-	drv, err := oci.New(oci.Config{
-		Runtime:      o.runtime,
-		UserNS:       userns,
-		StateDir:     filepath.Join(o.dataDir, "run", o.runtime),
-		SandboxDir:   sandboxDir,
-		CgroupParent: o.cgroupParent,
-	})
-	if err != nil {
-		return fmt.Errorf("runtime %s: %w", o.runtime, err)
-	}
-	lx, err := startLxcfs(ctx, o, log)
-	if err != nil {
-		return err
-	}
-	defer stopLxcfs(lx, drv, log)
-	resolv := filepath.Join(o.dataDir, "resolv.conf")
-	resolvers, err := sandboxResolvers(o.dns, resolv)
-	if err != nil {
-		return err
-	}
-	egressLn, err := egress.ListenFreebind(netip.AddrPortFrom(network.GatewayOf(pool), 0))
-	if err != nil {
-		return fmt.Errorf("egress proxy: %w", err)
-	}
-	defer egressLn.Close()
-	egressPort := uint16(egressLn.Addr().(*net.TCPAddr).Port)
-	// The same port over UDP answers the DNS of sandboxes with an
-	// egressProxy, which is never forwarded.
-	egressDNS, err := egress.ListenPacketFreebind(netip.AddrPortFrom(network.GatewayOf(pool), egressPort))
-	if err != nil {
-		return fmt.Errorf("egress proxy DNS: %w", err)
-	}
-	defer egressDNS.Close()
-	var upstreamAllow []netip.Prefix
-	for _, c := range o.egressProxyAllow {
-		p, err := network.ParsePrefix(c)
-		if err != nil {
-			return fmt.Errorf("--egress-proxy-allow: %w", err)
-		}
-		upstreamAllow = append(upstreamAllow, p)
-	}
-	// The interception CA: sandboxes whose policy has rules trust it, so
-	// the egress proxy can apply them to their HTTPS (docs/network.md,
-	// trust model).
-	egressCA, err := servecert.LoadOrCreateCA(filepath.Join(o.dataDir, "egress-ca"), "Cubicle egress CA "+hostname())
-	if err != nil {
-		return fmt.Errorf("egress CA: %w", err)
-	}
-	egressTrust, err := cacerts.Parse(egressCA.PEM())
-	if err != nil {
-		return fmt.Errorf("egress CA: %w", err)
-	}
-	upstreamRoots, err := trustRoots(o.caCerts)
-	if err != nil {
-		return err
-	}
-	netm, err := network.NewLinux(network.Config{Bridge: o.bridge, Pool: pool, NetnsDir: o.netnsDir, Table: o.nftTable, Resolvers: resolvers,
-		HostFirewall: o.hostFirewall, EgressPort: egressPort, UpstreamAllow: upstreamAllow,
-		MaxFlows: o.sandboxMaxFlows, NewFlowRate: o.sandboxNewFlows})
-	if err != nil {
-		return fmt.Errorf("network: %w", err)
-	}
-	defer func() {
-		if err := netm.Close(); err != nil {
-			log.Error("removing the bridge's host firewall rules", "err", err)
-		}
-	}()
-	if ch := netm.HostFirewallChain(); ch != "" {
-		log.Info("host firewall drops forwarded traffic: accept rules for the bridge added", "chain", ch, "bridge", o.bridge)
-	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	volMetrics := control.NewVolumeMetrics(reg)
-	egressProxy := egress.New(egressLn, netm, log, reg, egress.WithDNS(egressDNS), egress.WithInterception(egressCA, upstreamRoots,
-		func(ctx context.Context, sandboxID, name string) (string, error) {
+	host, err := startNodeHost(ctx, &o.nodeHostOptions, userns, pool, nodeHostConfig{
+		ID: "local", Volumes: vc.node, Registry: reg, VolumeMetrics: volMetrics, Logger: log,
+		// Embedded, the egress proxy reads the secret from the store.
+		Secrets: func(ctx context.Context, sandboxID, name string) (string, error) {
 			sb, err := st.GetSandbox(ctx, sandboxID)
 			if err != nil {
 				return "", err
 			}
 			return secrets.Resolve(ctx, sb.TeamID, name)
-		}))
-	go func() {
-		if err := egressProxy.Serve(); err != nil {
-			log.Error("egress proxy stopped", "err", err)
-		}
-	}()
-	defer egressProxy.Close()
-	am, err := newAccelManager(o.accel, o.dataDir, log, reg)
-	if err != nil {
-		return err
-	}
-	nd, err := node.NewLocal(node.LocalConfig{
-		Accel: am,
-		ID:    "local", Runtime: drv, Network: sandboxNetworks{netm}, AgentBin: o.agentBin, SandboxDir: sandboxDir, ResolvConf: resolv,
-		VolumeDir: filepath.Join(o.dataDir, "node", "volumes"), VolumeBaseDir: vc.node.BaseDir,
-		VolumePlugin:  func(d string) (volume.Node, error) { return nodePlugins.Get(d) },
-		VolumeDrivers: nodePlugins.Names(), VolumeMetrics: volMetrics, Logger: log,
-		Lxcfs: lx.Mountpoint(), LxcfsFiles: lx.Files(), CACerts: o.caCerts, EgressCA: egressTrust,
-		SnapshotDir: filepath.Join(o.dataDir, "snapshots"),
-		TokenDir:    filepath.Join(o.dataDir, "node", "tokens"),
-		HoldInit:    holdInitFromEnv(),
+		},
 	})
 	if err != nil {
 		return err
 	}
+	defer host.Close()
+	nd, drv, netm := host.node, host.drv, host.netm
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	tpls, err := setupTemplates(ctx, o, st, netm, reg, log)
@@ -415,13 +241,12 @@ func serve(ctx context.Context, o serveOptions) error {
 			return fmt.Errorf("--warm-pool %s=%d: %w", name, n, err)
 		}
 	}
-	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	// Devices are reconciled against the host and the live sandboxes before
 	// any capacity is advertised (and before recovery releases dead ones).
-	if err := nd.StartAccelerators(rctx); err != nil {
-		cancel()
-		return fmt.Errorf("accelerators: %w", err)
+	if err := host.startAccelerators(ctx); err != nil {
+		return err
 	}
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	if err := mgr.Recover(rctx); err != nil {
 		cancel()
 		return fmt.Errorf("recover: %w", err)
@@ -432,7 +257,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	}
 	cancel()
 	go mgr.Run(ctx)
-	go runAccelReconciler(ctx, nd, o.accel.reconcileT)
+	go host.runAccelReconciler(ctx)
 
 	join, err := serveJoin(ctx, st, secrets, tlsConfig, log)
 	if err != nil {
@@ -633,9 +458,10 @@ type volumeConfig struct {
 // plane and the node are one process, so their driver names must match.
 func loadVolumeConfig(o serveOptions) (volumeConfig, error) {
 	local := volume.PluginConfig{Name: "local", Type: volume.TypeLocal, Root: filepath.Join(o.dataDir, "volumes", "local")}
-	vc := volumeConfig{
-		controller: []volume.PluginConfig{local},
-		node:       volume.NodeConfig{BaseDir: filepath.Join(o.dataDir, "volume-mounts"), Plugins: []volume.PluginConfig{local}},
+	vc := volumeConfig{controller: []volume.PluginConfig{local}}
+	var err error
+	if vc.node, err = nodeVolumeConfig(&o.nodeHostOptions); err != nil {
+		return vc, err
 	}
 	if o.volumeConfig != "" {
 		b, err := os.ReadFile(o.volumeConfig)
@@ -646,23 +472,9 @@ func loadVolumeConfig(o serveOptions) (volumeConfig, error) {
 			return vc, fmt.Errorf("--volume-config %s: %w", o.volumeConfig, err)
 		}
 	}
-	if o.nodeConfig != "" {
-		b, err := os.ReadFile(o.nodeConfig)
-		if err != nil {
-			return vc, fmt.Errorf("--node-config: %w", err)
-		}
-		if vc.node, err = volume.ParseNodeConfig(b); err != nil {
-			return vc, fmt.Errorf("--node-config %s: %w", o.nodeConfig, err)
-		}
-	}
-	if o.volumeBaseDir != "" {
-		vc.node.BaseDir = o.volumeBaseDir
-	}
-	for _, cfgs := range [][]volume.PluginConfig{vc.controller, vc.node.Plugins} {
-		for i := range cfgs {
-			if cfgs[i].Type == volume.TypeLocal && cfgs[i].Root == "" {
-				cfgs[i].Root = local.Root
-			}
+	for i := range vc.controller {
+		if vc.controller[i].Type == volume.TypeLocal && vc.controller[i].Root == "" {
+			vc.controller[i].Root = local.Root
 		}
 	}
 	if err := volume.CheckAligned(vc.controller, vc.node.Plugins); err != nil {

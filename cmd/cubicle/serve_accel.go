@@ -53,7 +53,7 @@ func checkAccelBackend(backend, runtime string) error {
 }
 
 // newAccelManager builds the node's accelerator manager (nil for "none").
-func newAccelManager(o accelOptions, dataDir string, log *slog.Logger, reg prometheus.Registerer) (*accel.Manager, error) {
+func newAccelManager(o accelOptions, nodeID, dataDir string, log *slog.Logger, reg prometheus.Registerer) (*accel.Manager, error) {
 	if o.backend == "none" {
 		return nil, nil
 	}
@@ -67,7 +67,7 @@ func newAccelManager(o accelOptions, dataDir string, log *slog.Logger, reg prome
 		accel.BackendVFIO:        accel.NewVFIO(accel.VFIOConfig{SysfsRoot: o.sysfs, DevRoot: o.dev, ProcRoot: "/proc", AllowRebind: o.vfioRebind}),
 	}
 	return accel.NewManager(accel.ManagerConfig{
-		NodeID: "local", StateDir: filepath.Join(dataDir, "node", "accel"),
+		NodeID: nodeID, StateDir: filepath.Join(dataDir, "node", "accel"),
 		Discover:       func(ctx context.Context) ([]accel.Device, error) { return accel.Discover(ctx, dc) },
 		Backends:       backends,
 		DefaultBackend: bt,

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"log/slog"
 	"sync"
 	"time"
@@ -35,6 +36,22 @@ func serveJoin(ctx context.Context, st store.Store, sealer clusterpki.Sealer, tl
 			return cp.get(time.Now())
 		}
 		return nil, nil // the listener's own certificate
+	}
+	// On the cluster server name only, a client certificate from the
+	// cluster CA is asked for (verified if given): the node calls
+	// (/nodes/register...) are authenticated by it, and joins, which have
+	// none yet, still pass. SDK clients on the API's name are never asked.
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Cert)
+	base := tlsConfig.Clone()
+	tlsConfig.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+		if hello.ServerName != clusterpki.JoinServerName {
+			return nil, nil
+		}
+		c := base.Clone()
+		c.ClientAuth = tls.VerifyClientCertIfGiven
+		c.ClientCAs = roots
+		return c, nil
 	}
 	log.Info("node joins on", "path", nodejoin.Path, "ca_pin", clusterpki.Pin(ca.Cert))
 	return &nodejoin.Service{Store: st, CA: ca}, nil

@@ -16,7 +16,7 @@ import (
 // <data-dir>/lxcfs/mnt for runc sandboxes; nil when none is wanted. A
 // missing or failing lxcfs stops serve: sandboxes would silently see the
 // host's memory and CPUs.
-func startLxcfs(ctx context.Context, o serveOptions, log *slog.Logger) (*lxcfs.Daemon, error) {
+func startLxcfs(ctx context.Context, o *nodeHostOptions, log *slog.Logger) (*lxcfs.Daemon, error) {
 	if o.runtime == "runsc" {
 		log.Info("lxcfs not used: gVisor's /proc shows each sandbox's own memory and CPUs")
 		return nil, nil
