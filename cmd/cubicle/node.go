@@ -97,7 +97,7 @@ again at its next heartbeat.`,
 		c.Flags().StringVar(&dataDir, "data-dir", defaultDataDir, "server data directory")
 		addStoreFlag(c.Flags(), &storeDSN)
 	}
-	cmd.AddCommand(list, cordon, uncordon, drain, forget, nodeTokenCmd(), nodeJoinCmd())
+	cmd.AddCommand(list, cordon, uncordon, drain, forget, nodeTokenCmd(), nodeJoinCmd(), nodeRunCmd())
 	return cmd
 }
 

@@ -107,7 +107,7 @@ func Join(ctx context.Context, opts Options) (*Info, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := writeFile(filepath.Join(opts.DataDir, KeyFile), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})); err != nil {
+	if err := WriteFile(filepath.Join(opts.DataDir, KeyFile), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})); err != nil {
 		return nil, err
 	}
 	csr, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: "node " + opts.NodeID}}, key)
@@ -158,7 +158,7 @@ func Join(ctx context.Context, opts Options) (*Info, error) {
 		name string
 		data []byte
 	}{{CAFile, []byte(out.CA)}, {InfoFile, append(infoJSON, '\n')}, {CertFile, []byte(out.Certificate)}} {
-		if err := writeFile(filepath.Join(opts.DataDir, f.name), f.data); err != nil {
+		if err := WriteFile(filepath.Join(opts.DataDir, f.name), f.data); err != nil {
 			return nil, err
 		}
 	}
@@ -196,8 +196,9 @@ func checkResponse(r *Response, key *ecdsa.PrivateKey, nodeID, pin string) error
 	return nil
 }
 
-// writeFile replaces path atomically, 0600 from the start.
-func writeFile(path string, data []byte) error {
+// WriteFile replaces path atomically, 0600 from the start (node run's
+// certificate renewal uses it too).
+func WriteFile(path string, data []byte) error {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
 	if err != nil {
 		return err
