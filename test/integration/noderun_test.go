@@ -1,0 +1,251 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/cubicle-dev/cubicle/internal/clusterpki"
+	"github.com/cubicle-dev/cubicle/internal/node/nodegrpc"
+	"github.com/cubicle-dev/cubicle/internal/nodejoin"
+	"github.com/cubicle-dev/cubicle/internal/secret"
+	"github.com/cubicle-dev/cubicle/internal/servecert"
+	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
+)
+
+// TestNodeRun: `cubicle node run` beside a real `cubicle serve
+// --tls-self-signed`, on loopback, with its own data dir, bridge, pool, nft
+// table and cgroup parent. Without a join it fails clearly; joined, it
+// registers its addresses and capacity and heartbeats; its gRPC services
+// answer the control plane's certificate and refuse another node's; a
+// second join of its ID is 409; SIGTERM ends it cleanly.
+func TestNodeRun(t *testing.T) {
+	const domain = "cubicle.test"
+	s := newServer(t, nil, "--domain", domain, "--tls-self-signed")
+	_, caPath, err := servecert.SelfSigned(filepath.Join(s.DataDir, "tls"), domain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pemCA, err := os.ReadFile(caPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pemCA)
+	s.client = &http.Client{Timeout: time.Minute, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: roots},
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, network, s.listenOn)
+		},
+	}}
+	s.URL = "https://api." + domain
+	s.start()
+	cp := "https://" + s.listenOn
+	cubicle := func(args ...string) (string, error) {
+		out, err := exec.Command(filepath.Join(binDir, "cubicle"), args...).CombinedOutput()
+		return string(out), err
+	}
+	token := func() (tok, pin string) {
+		t.Helper()
+		out, err := cubicle("node", "token", "create", "--data-dir", s.DataDir, "--label", "zone=a")
+		if err != nil {
+			t.Fatalf("token create: %v\n%s", err, out)
+		}
+		for _, l := range strings.Split(out, "\n") {
+			if v, ok := strings.CutPrefix(l, "token: "); ok {
+				tok = v
+			}
+			if v, ok := strings.CutPrefix(l, "ca-pin: "); ok {
+				pin = v
+			}
+		}
+		return tok, pin
+	}
+
+	// The node's own host resources, cleaned up like a server's.
+	b := make([]byte, 3)
+	rand.Read(b)
+	suffix := hex.EncodeToString(b)
+	nodeDir, err := os.MkdirTemp("/var/tmp", "cubicle-it-node-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nd := &server{t: t, DataDir: nodeDir, Bridge: "cbn" + suffix, Cgroup: "cubicle-it-n" + suffix, seen: map[string]bool{}}
+	t.Cleanup(func() {
+		nd.forceClean()
+		exec.Command("ip", "link", "del", nd.Bridge).Run()
+		exec.Command("nft", "delete", "table", "inet", "cubicle_"+nd.Bridge).Run()
+		exec.Command("nft", "delete", "table", "bridge", "cubicle_"+nd.Bridge).Run()
+		unmountUnder(nd.DataDir)
+		unmountUnder(filepath.Join("/run/cubicle", nd.Bridge))
+		os.RemoveAll(filepath.Join("/run/cubicle", nd.Bridge))
+		os.RemoveAll(nd.DataDir)
+		if left := nd.infraLeftovers(); len(left) > 0 {
+			t.Errorf("node run left host state behind:\n  %s", strings.Join(left, "\n  "))
+		}
+	})
+	grpcAddr, dataAddr := freeListenAddr(t), freeListenAddr(t)
+	for dataAddr == grpcAddr {
+		dataAddr = freeListenAddr(t)
+	}
+	runArgs := []string{"node", "run", "--data-dir", nodeDir, "--listen", grpcAddr, "--data-listen", dataAddr,
+		"--images-dir", imagesDir(t), "--bridge", nd.Bridge, "--pool", freePool(), "--cgroup-parent", nd.Cgroup,
+		"--agent-bin", filepath.Join(binDir, "cubicle-agent"), "--lxcfs=false"}
+
+	// Not joined: a clear error, before anything touches the host.
+	if out, err := cubicle(runArgs...); err == nil || !strings.Contains(out, "run `cubicle node join` first") {
+		t.Fatalf("node run without a join: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(filepath.Join("/run/cubicle", nd.Bridge)); err == nil {
+		t.Fatal("node run without a join touched the host")
+	}
+
+	tok, pin := token()
+	if out, err := cubicle("node", "join", "--control-plane", cp, "--token", tok, "--ca-pin", pin, "--node-id", "node-a",
+		"--data-dir", nodeDir, "--address", "127.0.0.1"); err != nil {
+		t.Fatalf("join: %v\n%s", err, out)
+	}
+	var logs bytes.Buffer
+	run := exec.Command(filepath.Join(binDir, "cubicle"), runArgs...)
+	run.Stdout, run.Stderr = &logs, &logs
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- run.Wait() }()
+	t.Cleanup(func() {
+		select {
+		case <-exited:
+		default:
+			run.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("node run logs:\n%s", logs.String())
+		}
+	})
+
+	st, err := sqlite.Open(filepath.Join(s.DataDir, "cubicle.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	// The row appears with what the node reported, and the token's label.
+	var row *store.Node
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if row, err = st.GetNode(ctx, "node-a"); err == nil {
+			break
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("node run exited: %v\n%s", err, logs.String())
+		default:
+		}
+	}
+	if row == nil {
+		t.Fatalf("node-a never registered: %v\n%s", err, logs.String())
+	}
+	if row.Address != grpcAddr || row.DataAddress != dataAddr || row.Capacity.MilliCPU <= 0 || row.Capacity.MemoryMiB <= 0 ||
+		row.Capacity.DiskMiB <= 0 || row.Runtime != "runc" || row.Labels["zone"] != "a" || len(row.VolumeDrivers) == 0 {
+		t.Fatalf("registered row: %+v", row)
+	}
+	// It heartbeats (every 5 s).
+	first := row.HeartbeatAt
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(250 * time.Millisecond) {
+		if row, err = st.GetNode(ctx, "node-a"); err == nil && row.HeartbeatAt.After(first) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("heartbeat never advanced past %v: %+v %v", first, row, err)
+		}
+	}
+
+	// The node's gRPC services: the control plane's identity is served,
+	// another node's certificate (same CA) is refused.
+	key, err := secret.LoadKey(filepath.Join(s.DataDir, "secrets.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sx, err := secret.New(st, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := clusterpki.LoadOrCreateCA(ctx, st, sx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpCert, err := ca.IssueControlPlane(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := func(cert tls.Certificate) (string, error) {
+		conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(credentials.NewTLS(clusterpki.ControlPlaneClientConfig(cert, ca.Cert, "node-a"))))
+		if err != nil {
+			return "", err
+		}
+		defer conn.Close()
+		cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		in, err := nodegrpc.NewClient(conn).Info(cctx)
+		return in.ID, err
+	}
+	if id, err := info(*cpCert); err != nil || id != "node-a" {
+		t.Fatalf("Info with the control plane's certificate: %q, %v", id, err)
+	}
+	tok2, _ := token()
+	otherDir := t.TempDir()
+	if out, err := cubicle("node", "join", "--control-plane", cp, "--token", tok2, "--ca-pin", pin, "--node-id", "node-b",
+		"--data-dir", otherDir, "--address", "127.0.0.1"); err != nil {
+		t.Fatalf("join node-b: %v\n%s", err, out)
+	}
+	other, err := tls.LoadX509KeyPair(filepath.Join(otherDir, nodejoin.CertFile), filepath.Join(otherDir, nodejoin.KeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := info(other); err == nil {
+		t.Fatal("node-a's gRPC services answered node-b's certificate")
+	}
+
+	// node-a is registered: joining with its ID again is 409, and the
+	// token is not spent.
+	tok3, _ := token()
+	if out, err := cubicle("node", "join", "--control-plane", cp, "--token", tok3, "--ca-pin", pin, "--node-id", "node-a",
+		"--data-dir", t.TempDir()); err == nil || !strings.Contains(out, "409") || !strings.Contains(out, "cubicle node forget node-a") {
+		t.Fatalf("second join of node-a: %v\n%s", err, out)
+	}
+	if toks, _ := st.ListJoinTokens(ctx); len(toks) == 0 || !toks[len(toks)-1].UsedAt.IsZero() {
+		t.Fatal("the token refused with 409 was spent")
+	}
+
+	// SIGTERM: a clean exit.
+	run.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("node run after SIGTERM: %v\n%s", err, logs.String())
+		}
+		exited <- nil // for the clean-up
+	case <-time.After(30 * time.Second):
+		t.Fatalf("node run did not exit on SIGTERM\n%s", logs.String())
+	}
+	if !strings.Contains(logs.String(), "sandboxes left running for re-adoption") {
+		t.Fatalf("node run's stop was not the clean path:\n%s", logs.String())
+	}
+}
