@@ -122,6 +122,7 @@ func TestNodeRun(t *testing.T) {
 		t.Fatalf("join: %v\n%s", err, out)
 	}
 	var logs bytes.Buffer
+	started := time.Now()
 	run := exec.Command(filepath.Join(binDir, "cubicle"), runArgs...)
 	run.Stdout, run.Stderr = &logs, &logs
 	if err := run.Start(); err != nil {
@@ -162,6 +163,7 @@ func TestNodeRun(t *testing.T) {
 	if row == nil {
 		t.Fatalf("node-a never registered: %v\n%s", err, logs.String())
 	}
+	t.Logf("node run start to registered row: %v", time.Since(started).Round(time.Millisecond))
 	if row.Address != grpcAddr || row.DataAddress != dataAddr || row.Capacity.MilliCPU <= 0 || row.Capacity.MemoryMiB <= 0 ||
 		row.Capacity.DiskMiB <= 0 || row.Runtime != "runc" || row.Labels["zone"] != "a" || len(row.VolumeDrivers) == 0 {
 		t.Fatalf("registered row: %+v", row)
@@ -206,9 +208,11 @@ func TestNodeRun(t *testing.T) {
 		in, err := nodegrpc.NewClient(conn).Info(cctx)
 		return in.ID, err
 	}
+	infoStart := time.Now()
 	if id, err := info(*cpCert); err != nil || id != "node-a" {
 		t.Fatalf("Info with the control plane's certificate: %q, %v", id, err)
 	}
+	t.Logf("first gRPC Info over mTLS (dial, handshake, call): %v", time.Since(infoStart).Round(time.Microsecond))
 	tok2, _ := token()
 	otherDir := t.TempDir()
 	if out, err := cubicle("node", "join", "--control-plane", cp, "--token", tok2, "--ca-pin", pin, "--node-id", "node-b",
@@ -235,6 +239,7 @@ func TestNodeRun(t *testing.T) {
 	}
 
 	// SIGTERM: a clean exit.
+	stopAt := time.Now()
 	run.Process.Signal(syscall.SIGTERM)
 	select {
 	case err := <-exited:
@@ -242,6 +247,7 @@ func TestNodeRun(t *testing.T) {
 			t.Fatalf("node run after SIGTERM: %v\n%s", err, logs.String())
 		}
 		exited <- nil // for the clean-up
+		t.Logf("SIGTERM to exit: %v", time.Since(stopAt).Round(time.Millisecond))
 	case <-time.After(30 * time.Second):
 		t.Fatalf("node run did not exit on SIGTERM\n%s", logs.String())
 	}
