@@ -313,7 +313,11 @@ func (a *nodeAgent) run(ctx context.Context) {
 	t := time.NewTicker(nodeHeartbeatInterval)
 	defer t.Stop()
 	for {
-		if err := a.beat(ctx, &registered); err != nil && ctx.Err() == nil {
+		st, err := a.status(ctx)
+		if err == nil {
+			err = a.beat(ctx, st, &registered)
+		}
+		if err != nil && ctx.Err() == nil {
 			a.log.Error("node heartbeat", "err", err)
 		}
 		if err := a.renewIfDue(ctx, time.Now()); err != nil && ctx.Err() == nil {
@@ -327,13 +331,11 @@ func (a *nodeAgent) run(ctx context.Context) {
 	}
 }
 
-func (a *nodeAgent) beat(ctx context.Context, registered *bool) error {
-	st, err := a.status(ctx)
-	if err != nil {
-		return err
-	}
+// beat heartbeats a registered node and registers one that is not (or
+// that the control plane no longer knows).
+func (a *nodeAgent) beat(ctx context.Context, st nodeclient.Status, registered *bool) error {
 	if *registered {
-		err = a.cp.Heartbeat(ctx, st)
+		err := a.cp.Heartbeat(ctx, st)
 		if !errors.Is(err, nodeclient.ErrNotRegistered) {
 			return err
 		}

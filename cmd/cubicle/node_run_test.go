@@ -22,6 +22,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/nodeclient"
 	"github.com/cubicle-dev/cubicle/internal/nodejoin"
 	"github.com/cubicle-dev/cubicle/internal/secret"
+	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
 )
 
@@ -31,25 +32,7 @@ import (
 // the client present) switched; before that, nothing happens.
 func TestNodeCertRenewal(t *testing.T) {
 	ctx := context.Background()
-	st, err := sqlite.Open(filepath.Join(t.TempDir(), "c.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	sx, _ := secret.New(st, bytes.Repeat([]byte{7}, secret.KeySize))
-	ca, err := clusterpki.LoadOrCreateCA(ctx, st, sx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewUnstartedServer(api.New(api.Config{Join: &nodejoin.Service{Store: st, CA: ca},
-		Logger: slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil))}, nil, st))
-	cp, _ := ca.IssueControlPlane(time.Now())
-	roots := x509.NewCertPool()
-	roots.AddCert(ca.Cert)
-	srv.TLS = &tls.Config{Certificates: []tls.Certificate{*cp}, ClientAuth: tls.VerifyClientCertIfGiven, ClientCAs: roots}
-	srv.StartTLS()
-	defer srv.Close()
-
+	_, ca, url := nodeTestControlPlane(t)
 	// A joined node's files.
 	dir := t.TempDir()
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -69,7 +52,7 @@ func TestNodeCertRenewal(t *testing.T) {
 		t.Fatal("node n1's certificate loaded as n2's")
 	}
 	certs := &certHolder{c: old}
-	client, err := nodeclient.NewClient(srv.URL, ca.Cert, func() (*tls.Certificate, error) { return certs.get(), nil })
+	client, err := nodeclient.NewClient(url, ca.Cert, func() (*tls.Certificate, error) { return certs.get(), nil })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,5 +95,80 @@ func TestNodeRunNotJoined(t *testing.T) {
 	}
 	if want := "run `cubicle node join` first"; !bytes.Contains([]byte(err.Error()), []byte(want)) {
 		t.Fatalf("%v does not say %q", err, want)
+	}
+}
+
+// nodeTestControlPlane is a control plane's API (real SQLite, cluster CA,
+// TLS asking for a client certificate as serve does) at the returned URL.
+func nodeTestControlPlane(t *testing.T) (store.Store, *clusterpki.CA, string) {
+	t.Helper()
+	st, err := sqlite.Open(filepath.Join(t.TempDir(), "c.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	sx, _ := secret.New(st, bytes.Repeat([]byte{7}, secret.KeySize))
+	ca, err := clusterpki.LoadOrCreateCA(context.Background(), st, sx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(api.New(api.Config{Join: &nodejoin.Service{Store: st, CA: ca},
+		Logger: slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil))}, nil, st))
+	cp, _ := ca.IssueControlPlane(time.Now())
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Cert)
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{*cp}, ClientAuth: tls.VerifyClientCertIfGiven, ClientCAs: roots}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return st, ca, srv.URL
+}
+
+// TestNodeAgentReregisters: the agent registers, heartbeats, and when the
+// control plane answers a heartbeat with 404 (the node was forgotten) it
+// registers again at once.
+func TestNodeAgentReregisters(t *testing.T) {
+	ctx := context.Background()
+	st, ca, url := nodeTestControlPlane(t)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	csr, _ := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
+	certPEM, err := ca.SignNode(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csr}), "n3", nil, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, _ := x509.MarshalECPrivateKey(key)
+	cert, err := tls.X509KeyPair(certPEM, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := nodeclient.NewClient(url, ca.Cert, func() (*tls.Certificate, error) { return &cert, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.CloseIdleConnections()
+	a := &nodeAgent{cp: client, id: "n3", log: slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil))}
+	status := nodeclient.Status{Address: "127.0.0.1:7443", DataAddress: "127.0.0.1:7444", Runtime: "runc"}
+	registered := false
+	if err := a.beat(ctx, status, &registered); err != nil || !registered {
+		t.Fatalf("first beat: %v, registered %v", err, registered)
+	}
+	first, err := st.GetNode(ctx, "n3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	status.DataAddress = "127.0.0.1:7445"
+	if err := a.beat(ctx, status, &registered); err != nil {
+		t.Fatal(err)
+	}
+	if row, _ := st.GetNode(ctx, "n3"); row.DataAddress != "127.0.0.1:7445" || !row.RegisteredAt.Equal(first.RegisteredAt) {
+		t.Fatalf("heartbeat did not update the row: %+v", row)
+	}
+	if err := st.ForgetNode(ctx, "n3"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.beat(ctx, status, &registered); err != nil || !registered {
+		t.Fatalf("beat after forget: %v", err)
+	}
+	if row, err := st.GetNode(ctx, "n3"); err != nil || row.Address != "127.0.0.1:7443" {
+		t.Fatalf("not registered again after a 404: %+v %v", row, err)
 	}
 }
