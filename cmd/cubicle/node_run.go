@@ -19,6 +19,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -159,6 +160,9 @@ func (h *certHolder) set(c *tls.Certificate) {
 // advertiseHost is --advertise, else the first address node.crt names.
 func advertiseHost(flag string, leaf *x509.Certificate) (string, error) {
 	if flag != "" {
+		if net.ParseIP(flag) == nil && strings.Contains(flag, ":") {
+			return "", fmt.Errorf("--advertise %q: want a host (an IP or DNS name) without a port: the ports are --listen's and --data-listen's", flag)
+		}
 		return flag, nil
 	}
 	if len(leaf.IPAddresses) > 0 {

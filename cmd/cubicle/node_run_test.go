@@ -11,6 +11,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"log/slog"
+	"net"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -170,5 +171,27 @@ func TestNodeAgentReregisters(t *testing.T) {
 	}
 	if row, err := st.GetNode(ctx, "n3"); err != nil || row.Address != "127.0.0.1:7443" {
 		t.Fatalf("not registered again after a 404: %+v %v", row, err)
+	}
+}
+
+func TestAdvertiseHost(t *testing.T) {
+	leaf := &x509.Certificate{IPAddresses: []net.IP{net.ParseIP("10.0.0.7")}, DNSNames: []string{"n.example"}}
+	for _, c := range []struct {
+		flag string
+		leaf *x509.Certificate
+		want string
+		ok   bool
+	}{
+		{"", leaf, "10.0.0.7", true},
+		{"", &x509.Certificate{DNSNames: []string{"n.example"}}, "n.example", true},
+		{"", &x509.Certificate{}, "", false},
+		{"node.example", leaf, "node.example", true},
+		{"fd00::7", leaf, "fd00::7", true},
+		{"10.0.0.8:7443", leaf, "", false},
+	} {
+		got, err := advertiseHost(c.flag, c.leaf)
+		if (err == nil) != c.ok || got != c.want {
+			t.Errorf("advertiseHost(%q) = %q, %v", c.flag, got, err)
+		}
 	}
 }
