@@ -86,7 +86,7 @@ func TestNodeRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nd := &server{t: t, DataDir: nodeDir, Bridge: "cbn" + suffix, Cgroup: "cubicle-it-n" + suffix, seen: map[string]bool{}}
+	nd := &server{t: t, DataDir: nodeDir, Bridge: "cnr" + suffix, Cgroup: "cubicle-it-nr" + suffix, seen: map[string]bool{}}
 	t.Cleanup(func() {
 		nd.forceClean()
 		exec.Command("ip", "link", "del", nd.Bridge).Run()
