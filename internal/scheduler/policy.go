@@ -63,8 +63,8 @@ func (e *PolicyError) Unwrap() error { return ErrInvalid }
 // Compile it once when set (CompilePolicy) and keep it; it is safe for
 // concurrent use.
 type Policy struct {
-	Filter, Score string
-	filter_, score_ program
+	Filter, Score       string
+	filterPrg, scorePrg program
 }
 
 // program is one compiled expression, twice: fast runs without CEL's
@@ -124,12 +124,12 @@ func CompilePolicy(filter, score string) (*Policy, error) {
 	}
 	p := &Policy{Filter: filter, Score: score}
 	if filter != "" {
-		if p.filter_, err = compile(env, "filter", filter, cel.BoolType); err != nil {
+		if p.filterPrg, err = compile(env, "filter", filter, cel.BoolType); err != nil {
 			return nil, err
 		}
 	}
 	if score != "" {
-		if p.score_, err = compile(env, "score", score, cel.DoubleType, cel.IntType); err != nil {
+		if p.scorePrg, err = compile(env, "score", score, cel.DoubleType, cel.IntType); err != nil {
 			return nil, err
 		}
 	}
@@ -237,10 +237,10 @@ func typeNames(ts []*cel.Type) string {
 var ErrPolicyEval = errors.New("placement policy evaluation failed")
 
 func (p *Policy) filter(a *policyActivation) (bool, error) {
-	if !p.filter_.set() {
+	if !p.filterPrg.set() {
 		return true, nil
 	}
-	out, err := p.filter_.eval(a)
+	out, err := p.filterPrg.eval(a)
 	if err != nil {
 		return false, fmt.Errorf("%w: filter %q: %v", ErrPolicyEval, p.Filter, err)
 	}
@@ -252,10 +252,10 @@ func (p *Policy) filter(a *policyActivation) (bool, error) {
 }
 
 func (p *Policy) score(a *policyActivation) (float64, error) {
-	if !p.score_.set() {
+	if !p.scorePrg.set() {
 		return 0, nil
 	}
-	out, err := p.score_.eval(a)
+	out, err := p.scorePrg.eval(a)
 	if err != nil {
 		return 0, fmt.Errorf("%w: score %q: %v", ErrPolicyEval, p.Score, err)
 	}

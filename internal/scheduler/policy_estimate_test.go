@@ -46,7 +46,7 @@ func TestEstimateBoundsActualCostAtTheAssumedSizes(t *testing.T) {
 		}
 		accepted++
 		t.Logf("accepted: %s", f)
-		if _, _, err := p.filter_.limited.Eval(a); err != nil {
+		if _, _, err := p.filterPrg.limited.Eval(a); err != nil {
 			t.Errorf("%s: accepted by the estimate, but at the assumed sizes: %v", f, err)
 		}
 	}
