@@ -14,7 +14,21 @@
 // print the cost per decision and its ratio to the smallest size, against
 // the ratio of node counts, to show cost grows no worse than linearly.
 //
-//	go run ./bench/scheduler [-nodes 1000] [-placements 10000] [-c 50] [-scale 100,1000,10000] [-scale-placements 2000]
+// Placement policies: with -policies (the default) every request carries
+// its team's and template's compiled CEL policies, as the control plane
+// passes them (a zone filter and a free-CPU score for one team in five, a
+// cached-image score for one template in four); the main run is then
+// repeated without them and the ratio printed, so the policies' cost is
+// measured against a baseline from the same run.
+//
+// -ledger picks the capacity ledger: mem (scheduler.MemLedger), sqlite (the
+// store-backed ledger over a SQLite file in a temp dir) or a postgres://
+// URL (the store-backed ledger over that database; its ledger tables are
+// emptied first). The store-backed ledgers read every node's committed
+// capacity per decision, so their runs are best kept smaller (-nodes 100
+// -placements 2000 -scale "").
+//
+//	go run ./bench/scheduler [-nodes 1000] [-placements 10000] [-c 50] [-scale 10,100,1000,10000] [-scale-placements 2000] [-policies=true] [-ledger mem]
 package main
 
 import (
@@ -24,6 +38,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -32,18 +47,24 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/accel"
 	"github.com/cubicle-dev/cubicle/internal/scheduler"
+	"github.com/cubicle-dev/cubicle/internal/scheduler/storeledger"
+	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
 )
 
 func main() {
 	nodes := flag.Int("nodes", 1000, "simulated nodes in the main run")
 	placements := flag.Int("placements", 10000, "sandboxes placed in the main run")
 	conc := flag.Int("c", 50, "concurrent placements")
-	scale := flag.String("scale", "100,1000,10000", "node counts of the scaling runs (empty: none)")
+	scale := flag.String("scale", "10,100,1000,10000", "node counts of the scaling runs (empty: none)")
 	scalePlacements := flag.Int("scale-placements", 2000, "placements per scaling run")
 	strategy := flag.String("strategy", "spread", "spread or binpack")
 	seed := flag.Uint64("seed", 1, "random seed of the simulated cluster")
+	policies := flag.Bool("policies", true, "requests carry their team's and template's placement policies")
+	ledger := flag.String("ledger", "mem", "capacity ledger: mem, sqlite, or a postgres:// URL")
 	flag.Parse()
-	if err := run(*nodes, *placements, *conc, *scale, *scalePlacements, scheduler.Strategy(*strategy), *seed); err != nil {
+	o := opts{nodes: *nodes, placements: *placements, c: *conc, scale: *scale, scalePlacements: *scalePlacements,
+		strategy: scheduler.Strategy(*strategy), seed: *seed, policies: *policies, ledger: *ledger}
+	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "scheduler bench:", err)
 		os.Exit(1)
 	}
@@ -126,6 +147,43 @@ func requests(n int, rng *rand.Rand) []*scheduler.Request {
 	return out
 }
 
+// policySet is the simulated cluster's stored policies, compiled once as
+// the control plane's cache keeps them: one team in five keeps out of zone
+// z2 and prefers free CPU, one template in four prefers cached images.
+type policySet struct{ team, template *scheduler.Policy }
+
+func newPolicySet() (policySet, error) {
+	team, err := scheduler.CompilePolicy(`node.labels["zone"] != "z2"`, "node.free_cpu / 32.0")
+	if err != nil {
+		return policySet{}, err
+	}
+	tpl, err := scheduler.CompilePolicy("", "node.cached ? 0.3 : 0.0")
+	if err != nil {
+		return policySet{}, err
+	}
+	return policySet{team, tpl}, nil
+}
+
+// withPolicies returns copies of reqs carrying the policies of their team
+// and template, as control's placementPolicies returns them.
+func (ps policySet) withPolicies(reqs []*scheduler.Request) []*scheduler.Request {
+	out := make([]*scheduler.Request, len(reqs))
+	for i, r := range reqs {
+		c := *r
+		var team, tpl int
+		fmt.Sscanf(r.TeamID, "team-%d", &team)
+		fmt.Sscanf(r.TemplateID, "tpl-%d", &tpl)
+		if team%5 == 0 {
+			c.Policies = append(c.Policies, ps.team)
+		}
+		if tpl%4 == 0 {
+			c.Policies = append(c.Policies, ps.template)
+		}
+		out[i] = &c
+	}
+	return out
+}
+
 type result struct {
 	wall      time.Duration
 	lat       []time.Duration
@@ -138,7 +196,7 @@ type result struct {
 
 // place runs reqs through s at concurrency c. release frees every
 // placement once made (steady state); otherwise the cluster fills.
-func place(s *scheduler.Scheduler, led *scheduler.MemLedger, nodes []scheduler.Node, reqs []*scheduler.Request, c int, release bool) (result, error) {
+func place(s *scheduler.Scheduler, led scheduler.Ledger, nodes []scheduler.Node, reqs []*scheduler.Request, c int, release bool) (result, error) {
 	ctx := context.Background()
 	var (
 		mu     sync.Mutex
@@ -203,9 +261,8 @@ func place(s *scheduler.Scheduler, led *scheduler.MemLedger, nodes []scheduler.N
 	return res, nil
 }
 
-func setup(s *scheduler.Scheduler, nodes []scheduler.Node, prefill bool, rng *rand.Rand) (*scheduler.MemLedger, error) {
+func setup(s *scheduler.Scheduler, led scheduler.Ledger, nodes []scheduler.Node, prefill bool, rng *rand.Rand) (scheduler.Ledger, error) {
 	ctx := context.Background()
-	led := scheduler.NewMemLedger()
 	for i := range nodes {
 		a := s.Allocatable(&nodes[i])
 		if err := led.SetNode(ctx, nodes[i].ID, a); err != nil {
@@ -235,52 +292,136 @@ func pct(ts []time.Duration) (p50, p95, p99 time.Duration) {
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.3f ms", float64(d)/1e6) }
 
-func run(nNodes, nPlacements, c int, scale string, scalePlacements int, strategy scheduler.Strategy, seed uint64) error {
-	s, err := scheduler.New(scheduler.Config{Strategy: strategy})
+type opts struct {
+	nodes, placements, c int
+	scale                string
+	scalePlacements      int
+	strategy             scheduler.Strategy
+	seed                 uint64
+	policies             bool
+	ledger               string
+}
+
+// ledgers makes a fresh, empty ledger of one kind per run, and removes
+// what it made.
+type ledgers struct {
+	kind    string
+	cleanup []func()
+}
+
+func (l *ledgers) new() (scheduler.Ledger, error) {
+	switch l.kind {
+	case "mem":
+		return scheduler.NewMemLedger(), nil
+	case "sqlite":
+		dir, err := os.MkdirTemp("", "cubicle-bench-ledger-")
+		if err != nil {
+			return nil, err
+		}
+		st, err := sqlite.Open(filepath.Join(dir, "cubicle.db"))
+		if err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
+		l.cleanup = append(l.cleanup, func() { st.Close(); os.RemoveAll(dir) })
+		return storeledger.New(st), nil
+	}
+	return nil, fmt.Errorf("-ledger %q: want mem or sqlite", l.kind)
+}
+
+func (l *ledgers) close() {
+	for _, f := range l.cleanup {
+		f()
+	}
+}
+
+func run(o opts) error {
+	s, err := scheduler.New(scheduler.Config{Strategy: o.strategy})
 	if err != nil {
 		return err
 	}
-	rng := rand.New(rand.NewPCG(seed, 2))
-	nodes := cluster(nNodes, rng)
-	led, err := setup(s, nodes, false, rng)
+	leds := &ledgers{kind: o.ledger}
+	defer leds.close()
+	ps, err := newPolicySet()
 	if err != nil {
 		return err
 	}
-	reqs := requests(nPlacements, rng)
-	r, err := place(s, led, nodes, reqs, c, false)
+	rng := rand.New(rand.NewPCG(o.seed, 2))
+	nodes := cluster(o.nodes, rng)
+	plain := requests(o.placements, rng)
+	reqs := plain
+	if o.policies {
+		reqs = ps.withPolicies(plain)
+	}
+	mainRun := func(reqs []*scheduler.Request, what string) (result, error) {
+		led, err := leds.new()
+		if err != nil {
+			return result{}, err
+		}
+		if _, err := setup(s, led, nodes, false, rng); err != nil {
+			return result{}, err
+		}
+		r, err := place(s, led, nodes, reqs, o.c, false)
+		if err != nil {
+			return r, err
+		}
+		p50, p95, p99 := pct(r.lat)
+		fmt.Printf("main run: %d nodes, %d placements, c=%d, %s, %s ledger, %s\n", o.nodes, o.placements, o.c, o.strategy, o.ledger, what)
+		fmt.Printf("  placed %d, refused with no fit %d\n", r.placed, r.noFit)
+		fmt.Printf("  decisions/s %.0f   latency p50 %s  p95 %s  p99 %s\n", float64(r.decisions)/r.wall.Seconds(), ms(p50), ms(p95), ms(p99))
+		fmt.Printf("  oversold nodes %d   ledger/bench disagreements %d\n", r.oversold, r.mismatch)
+		if r.oversold > 0 || r.mismatch > 0 {
+			return r, fmt.Errorf("%d nodes oversold, %d nodes where the ledger disagrees with the placements made", r.oversold, r.mismatch)
+		}
+		return r, nil
+	}
+	what := "no placement policies"
+	if o.policies {
+		what = fmt.Sprintf("placement policies on %d%% of requests", 100*withPolicy(reqs)/max(len(reqs), 1))
+	}
+	r, err := mainRun(reqs, what)
 	if err != nil {
 		return err
 	}
-	p50, p95, p99 := pct(r.lat)
-	fmt.Printf("main run: %d nodes, %d placements, c=%d, %s\n", nNodes, nPlacements, c, strategy)
-	fmt.Printf("  placed %d, refused with no fit %d\n", r.placed, r.noFit)
-	fmt.Printf("  decisions/s %.0f   latency p50 %s  p95 %s  p99 %s\n", float64(r.decisions)/r.wall.Seconds(), ms(p50), ms(p95), ms(p99))
-	fmt.Printf("  oversold nodes %d   ledger/bench disagreements %d\n", r.oversold, r.mismatch)
-	if r.oversold > 0 || r.mismatch > 0 {
-		return fmt.Errorf("%d nodes oversold, %d nodes where the ledger disagrees with the placements made", r.oversold, r.mismatch)
+	if o.policies {
+		b, err := mainRun(plain, "baseline: the same requests without policies")
+		if err != nil {
+			return err
+		}
+		fmt.Printf("  policies: decision cost ×%.2f of the baseline (%.0f vs %.0f decisions/s)\n",
+			(r.wall.Seconds()/float64(r.decisions))/(b.wall.Seconds()/float64(b.decisions)),
+			float64(r.decisions)/r.wall.Seconds(), float64(b.decisions)/b.wall.Seconds())
 	}
 
-	if scale == "" {
+	if o.scale == "" {
 		return nil
 	}
 	var sizes []int
-	for _, f := range strings.Split(scale, ",") {
+	for _, f := range strings.Split(o.scale, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || n < 1 {
 			return fmt.Errorf("-scale: bad node count %q", f)
 		}
 		sizes = append(sizes, n)
 	}
-	fmt.Printf("scaling (steady state: nodes 30-70%% full, each placement released), %d placements per size, c=%d\n", scalePlacements, c)
+	fmt.Printf("scaling (steady state: nodes 30-70%% full, each placement released), %d placements per size, c=%d, %s ledger, policies %v\n",
+		o.scalePlacements, o.c, o.ledger, o.policies)
 	var base float64
 	for i, n := range sizes {
-		rng := rand.New(rand.NewPCG(seed, uint64(n)))
+		rng := rand.New(rand.NewPCG(o.seed, uint64(n)))
 		nodes := cluster(n, rng)
-		led, err := setup(s, nodes, true, rng)
+		led, err := leds.new()
 		if err != nil {
 			return err
 		}
-		r, err := place(s, led, nodes, requests(scalePlacements, rng), c, true)
+		if _, err := setup(s, led, nodes, true, rng); err != nil {
+			return err
+		}
+		reqs := requests(o.scalePlacements, rng)
+		if o.policies {
+			reqs = ps.withPolicies(reqs)
+		}
+		r, err := place(s, led, nodes, reqs, o.c, true)
 		if err != nil {
 			return err
 		}
@@ -291,9 +432,26 @@ func run(nNodes, nPlacements, c int, scale string, scalePlacements int, strategy
 		if i == 0 {
 			base = per
 		}
+		grow := float64(n) / float64(sizes[0])
+		// Linear: the cost ratio is at most the node ratio (with a
+		// quarter's slack for a noisy shared machine).
+		verdict := "<= linear"
+		if per/base > 1.25*grow {
+			verdict = "WORSE than linear"
+		}
 		p50, p95, p99 := pct(r.lat)
-		fmt.Printf("  %6d nodes: decisions/s %8.0f  cost/decision %9.1f µs  ratio %7.2f (nodes ×%.0f)  p50 %s  p95 %s  p99 %s  placed %d\n",
-			n, float64(r.decisions)/r.wall.Seconds(), per/1e3, per/base, float64(n)/float64(sizes[0]), ms(p50), ms(p95), ms(p99), r.placed)
+		fmt.Printf("  %6d nodes: decisions/s %8.0f  cost/decision %9.1f µs  ratio %7.2f (nodes ×%.0f) %s  p50 %s  p95 %s  p99 %s  placed %d\n",
+			n, float64(r.decisions)/r.wall.Seconds(), per/1e3, per/base, grow, verdict, ms(p50), ms(p95), ms(p99), r.placed)
 	}
 	return nil
+}
+
+func withPolicy(reqs []*scheduler.Request) int {
+	n := 0
+	for _, r := range reqs {
+		if len(r.Policies) > 0 {
+			n++
+		}
+	}
+	return n
 }

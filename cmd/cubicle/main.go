@@ -34,7 +34,7 @@ func newRoot() *cobra.Command {
 	}
 	root.AddCommand(serveCmd(), apikeyCmd(), teamCmd(), nodeCmd(), sandboxCmd(), volumeCmd(), imageCmd(), templateCmd(), versionCmd())
 	root.AddCommand(poolCmd(), gpuCmd(), filesCmd(), snapshotCmd())
-	root.AddCommand(secretCmd())
+	root.AddCommand(secretCmd(), schedulerCmd())
 	return root
 }
 

@@ -29,6 +29,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/proxy"
 	"github.com/cubicle-dev/cubicle/internal/runtime/oci"
+	"github.com/cubicle-dev/cubicle/internal/scheduler"
 	"github.com/cubicle-dev/cubicle/internal/secret"
 	"github.com/cubicle-dev/cubicle/internal/servecert"
 	"github.com/cubicle-dev/cubicle/internal/template/catalog"
@@ -58,6 +59,7 @@ type serveOptions struct {
 	conns                                        connOptions
 	maxCPU, maxMemoryMB, maxDiskMB               int
 	volumeSizeMB, maxVolumeSizeMB                int
+	schedule                                     string
 	diskReserve                                  string
 	maxImageBytes                                int64
 
@@ -90,6 +92,7 @@ func serveCmd() *cobra.Command {
 	f.IntVar(&o.memoryMB, "memory-mb", 512, "memory per sandbox in MiB")
 	f.IntVar(&o.diskSizeMB, "disk-size-mb", 1024, "disk size reported per sandbox in MiB")
 	f.IntVar(&o.maxSandboxes, "max-sandboxes", 0, "maximum live sandboxes (0 = unlimited); beyond it creates get 429")
+	f.StringVar(&o.schedule, "schedule", string(scheduler.Spread), "placement strategy across nodes: spread (the node with the most room left) or binpack (the fullest node that fits); cached template images, warm standbys and placement policies score on top (docs/cluster.md)")
 	f.IntVar(&o.maxSnapshots, "max-snapshots-per-team", 100, "snapshots one team may keep (0 = unlimited); beyond it snapshots get 429")
 	f.DurationVar(&o.maxTimeout, "max-timeout", 24*time.Hour, "maximum sandbox timeout")
 	f.IntVar(&o.maxCreates, "max-concurrent-creates", 32, "sandboxes that may be starting at once")
@@ -118,6 +121,10 @@ func serve(ctx context.Context, o serveOptions) error {
 	userns, pool, err := o.nodeHostOptions.prepare()
 	if err != nil {
 		return err
+	}
+	sched, err := scheduler.New(scheduler.Config{Strategy: scheduler.Strategy(o.schedule)})
+	if err != nil {
+		return fmt.Errorf("--schedule: %w", err)
 	}
 	warmPools, err := parseWarmPools(o.warmPools)
 	if err != nil {
@@ -230,7 +237,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	log.Info("data filesystem", "free_mib", ds.FreeBytes>>20, "promised_to_images_mib", ds.PromisedBytes>>20, "reserve_mib", ds.ReserveBytes>>20)
 	mgr := control.New(control.Config{Disk: disk, DefaultVolumeMB: o.volumeSizeMB, MaxVolumeMB: o.maxVolumeSizeMB, Sealer: secrets, MaxSandboxes: o.maxSandboxes, MaxSnapshotsPerTeam: o.maxSnapshots, MaxTimeout: o.maxTimeout, MaxConcurrentCreates: o.maxCreates,
 		CreateQueueWait: o.createWait, Logger: log, Registry: reg, Volumes: ctrlPlugins, VolumeMetrics: volMetrics, ContentIdle: o.contentIdle,
-		ReadyTimeout: o.readyTimeout, MaxSandboxCPU: o.maxCPU, MaxSandboxMemoryMB: o.maxMemoryMB, MaxSandboxDiskMB: o.maxDiskMB}, st, nd, tpls.catalog)
+		ReadyTimeout: o.readyTimeout, MaxSandboxCPU: o.maxCPU, MaxSandboxMemoryMB: o.maxMemoryMB, MaxSandboxDiskMB: o.maxDiskMB, Scheduler: sched}, st, nd, tpls.catalog)
 	tpls.catalog.SetProber(mgr)
 	tpls.catalog.OnReady(mgr.PoolTrigger)
 	if err := tpls.catalog.Start(ctx); err != nil {

@@ -61,7 +61,7 @@ func statusOf(err error) int {
 		return http.StatusConflict
 	case errors.Is(err, catalog.ErrNotImplemented):
 		return http.StatusNotImplemented
-	case errors.Is(err, control.ErrInvalid), errors.Is(err, network.ErrInvalidPolicy), errors.Is(err, volume.ErrUnknownDriver),
+	case errors.Is(err, control.ErrInvalid), errors.Is(err, scheduler.ErrInvalid), errors.Is(err, network.ErrInvalidPolicy), errors.Is(err, volume.ErrUnknownDriver),
 		errors.Is(err, node.ErrVolumeDriver), errors.Is(err, accel.ErrIncompatible), errors.Is(err, accel.ErrInvalid):
 		return http.StatusBadRequest
 	case errors.Is(err, control.ErrUnauthorized):

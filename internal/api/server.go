@@ -132,6 +132,7 @@ func New(cfg Config, mgr *control.Manager, st store.Store) *Server {
 		r.Group(func(r chi.Router) {
 			r.Use(s.adminOnly)
 			s.nodeRoutes(r)
+			s.policyRoutes(r)
 			r.Post("/images", s.importImage)
 			r.Get("/images", s.listImages)
 			r.Delete("/images", s.deleteImage)

@@ -43,7 +43,9 @@ func (m *Manager) accelRequest(o CreateOptions, tpl template.Template) ([]accel.
 // nodes that report state (today the one in-process node). It fails fast
 // as a single node would: *accel.CompatError naming the layer when no
 // device could ever match, accel.ErrNoCapacity when all matching ones are
-// in use. The in-process node reports no CPU or memory capacity (its
+// in use. The team's and the template's placement policies apply
+// (placementPolicies); a node refused by one is named in the no-fit
+// error. The in-process node reports no CPU or memory capacity (its
 // admission is MaxSandboxes and the disk budget), so no resources are
 // asked of it.
 func (m *Manager) place(ctx context.Context, o CreateOptions, tpl template.Template, accels []accel.Request) (string, error) {
@@ -51,6 +53,11 @@ func (m *Manager) place(ctx context.Context, o CreateOptions, tpl template.Templ
 	if len(accels) == 1 {
 		req.Accelerator = &accels[0]
 	}
+	pols, err := m.placementPolicies(ctx, o.TeamID, tpl.ID)
+	if err != nil {
+		return "", err
+	}
+	req.Policies = pols
 	info, err := m.nodeInfo(ctx)
 	if err != nil {
 		return "", err
@@ -59,7 +66,11 @@ func (m *Manager) place(ctx context.Context, o CreateOptions, tpl template.Templ
 	if err != nil {
 		return "", err
 	}
-	cands, err := m.sched.Place(req, []scheduler.Node{n})
+	nodes := []scheduler.Node{n}
+	if err := m.fillStandbys(ctx, tpl, nodes); err != nil {
+		return "", err
+	}
+	cands, err := m.sched.Place(req, nodes)
 	if err != nil {
 		var nf *scheduler.NoFitError
 		if errors.As(err, &nf) && nf.Accel != nil {

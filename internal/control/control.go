@@ -89,6 +89,9 @@ type Config struct {
 	// Disk admits new sandbox disks and sized volumes against the data
 	// filesystem's free space; nil admits everything.
 	Disk DiskBudget
+	// Scheduler places sandboxes (serve's --schedule picks its
+	// strategy); nil is scheduler.New's defaults (spread).
+	Scheduler *scheduler.Scheduler
 }
 
 // DiskBudget admits a new sparse image (diskbudget.Budget): it returns an
@@ -123,6 +126,7 @@ type Manager struct {
 	templates template.Resolver
 	log       *slog.Logger
 	sched     *scheduler.Scheduler
+	policies  policyCache
 
 	createSlots chan struct{}
 	locks       idlock.Map // serialises lifecycle ops per sandbox
@@ -172,8 +176,11 @@ func New(cfg Config, st store.Store, n node.Node, tr template.Resolver) *Manager
 		sampleEvery: sampleInterval, snapMetrics: newSnapshotMetrics(cfg.Registry), snapKick: make(chan struct{}, 1),
 		snapInFlight: map[string]bool{}}
 	m.leases = newLeases(m, cfg.ContentIdle)
-	// The default configuration always validates.
-	m.sched, _ = scheduler.New(scheduler.Config{})
+	m.sched = cfg.Scheduler
+	if m.sched == nil {
+		// The default configuration always validates.
+		m.sched, _ = scheduler.New(scheduler.Config{})
+	}
 	return m
 }
 
@@ -397,6 +404,17 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ *store.Sandbox
 	// A pooled template's create is a claim when a standby of its current
 	// build is idle; volumes are attached at boot, so those always boot.
 	if tpl.PoolSize > 0 && tpl.BuildID != "" && len(o.VolumeMounts) == 0 && len(o.Accelerators) == 0 && o.snapshot == nil {
+		// A claim skips placement, so placement policies are judged
+		// first: a standby on a node they refuse is not handed out.
+		pols, err := m.placementPolicies(ctx, o.TeamID, tpl.ID)
+		if err != nil {
+			return nil, err
+		}
+		if len(pols) > 0 {
+			if _, err := m.place(ctx, o, tpl, nil); err != nil {
+				return nil, err
+			}
+		}
 		sb, claimed = m.claim(ctx, o, tpl)
 	}
 	if !claimed {

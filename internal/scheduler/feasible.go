@@ -156,8 +156,9 @@ func checkPolicy(ev *evalCtx, n *Node) *Rejection {
 	if len(ev.req.Policies) == 0 {
 		return nil
 	}
+	a := newActivation(ev, n)
 	for _, p := range ev.req.Policies {
-		ok, err := p.filter(ev, n)
+		ok, err := p.filter(a)
 		if err != nil {
 			return &Rejection{Node: n.ID, Reason: ReasonPolicy, Detail: p.Filter, Err: err}
 		}

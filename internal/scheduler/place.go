@@ -113,8 +113,12 @@ func (s *Scheduler) score(ev *evalCtx, n *Node) (float64, error) {
 			sc += s.cfg.WarmBonus
 		}
 	}
+	var a *policyActivation
+	if len(ev.req.Policies) > 0 {
+		a = newActivation(ev, n)
+	}
 	for _, p := range ev.req.Policies {
-		ps, err := p.score(ev, n)
+		ps, err := p.score(a)
 		if err != nil {
 			return 0, err
 		}

@@ -420,3 +420,50 @@ func TestContractWithoutClassMatchesAsOnTheNode(t *testing.T) {
 		t.Fatalf("class-less contract on a node with a matching GPU: %v", err)
 	}
 }
+
+// The cache and warm scores hold under bin-packing too: they are added to
+// the strategy's 0..1 fill score (a half-full node, 0.5, loses to an empty
+// one with a standby, 0.125+0.5, and beats an empty one with the image
+// cached, 0.125+0.25). A standby count of 0 earns nothing, and a policy
+// score over node.cached and node.warm adds on top of both.
+func TestWarmAndCachedScoresWithBinPackAndPolicies(t *testing.T) {
+	s := newSched(t, scheduler.Config{Strategy: scheduler.BinPack})
+	full, cached, warm, zero := node("a-full", 8, 16384), node("b-cached", 8, 16384), node("c-warm", 8, 16384), node("d-zero", 8, 16384)
+	full.Committed = scheduler.Resources{MilliCPU: 3000, MemoryMiB: 6144}
+	cached.Templates = []string{"base"}
+	warm.WarmStandbys = map[string]int{"base": 2}
+	zero.WarmStandbys = map[string]int{"base": 0}
+	nodes := []scheduler.Node{zero, warm, cached, full}
+	cands, err := s.Place(small(), nodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(ids(cands), ","); got != "c-warm,a-full,b-cached,d-zero" {
+		t.Fatalf("binpack order %s, want warm, half-full, cached, and no bonus for 0 standbys", got)
+	}
+	// An operator who values a cached image above a warm standby says so
+	// in a policy score.
+	p, err := scheduler.CompilePolicy("", "(node.cached && node.warm == 0) ? 1.0 : 0.0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := small()
+	req.Policies = []*scheduler.Policy{p}
+	cands, err = s.Place(req, nodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(ids(cands), ","); got != "b-cached,c-warm,a-full,d-zero" {
+		t.Fatalf("with the policy score: %s", got)
+	}
+	// A filter on node.warm keeps only the nodes with a standby.
+	f, err := scheduler.CompilePolicy("node.warm > 0", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Policies = []*scheduler.Policy{f}
+	cands, err = s.Place(req, nodes)
+	if err != nil || strings.Join(ids(cands), ",") != "c-warm" {
+		t.Fatalf("filter node.warm > 0: %v %v", ids(cands), err)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"github.com/google/cel-go/cel"
 	celchecker "github.com/google/cel-go/checker"
 	"github.com/google/cel-go/common/types"
+	"github.com/google/cel-go/common/types/ref"
 	"github.com/google/cel-go/interpreter"
 )
 
@@ -62,10 +63,22 @@ func (e *PolicyError) Unwrap() error { return ErrInvalid }
 // Compile it once when set (CompilePolicy) and keep it; it is safe for
 // concurrent use.
 type Policy struct {
-	Filter, Score string
-	filterPrg     cel.Program
-	scorePrg      cel.Program
+	Filter, Score       string
+	filterPrg, scorePrg program
 }
+
+// program is one compiled expression, twice: fast runs without CEL's
+// runtime cost tracking and is used only on a node within the sizes the
+// static estimate assumed (withinEstimate), where the estimate, at most
+// PolicyCostLimit, already bounds the cost; limited tracks cost and stops
+// at PolicyCostLimit, for any node beyond those sizes. The tracking is
+// most of an evaluation's cost (BenchmarkPlaceSimplePolicy), so the
+// common case skips it without giving up the bound.
+type program struct {
+	fast, limited cel.Program
+}
+
+func (p program) set() bool { return p.fast != nil }
 
 var policyVars = []struct {
 	name string
@@ -123,29 +136,59 @@ func CompilePolicy(filter, score string) (*Policy, error) {
 	return p, nil
 }
 
-func compile(env *cel.Env, field, expr string, want ...*cel.Type) (cel.Program, error) {
+func compile(env *cel.Env, field, expr string, want ...*cel.Type) (program, error) {
 	if len(expr) > MaxPolicyLength {
-		return nil, &PolicyError{Field: field, Expr: expr[:64] + "…", Message: fmt.Sprintf("longer than %d bytes", MaxPolicyLength)}
+		return program{}, &PolicyError{Field: field, Expr: expr[:64] + "…", Message: fmt.Sprintf("longer than %d bytes", MaxPolicyLength)}
 	}
 	ast, iss := env.Compile(expr)
 	if iss.Err() != nil {
-		return nil, &PolicyError{Field: field, Expr: expr, Message: iss.Err().Error()}
+		return program{}, &PolicyError{Field: field, Expr: expr, Message: iss.Err().Error()}
 	}
 	if !slices.ContainsFunc(want, func(t *cel.Type) bool { return ast.OutputType().IsExactType(t) }) {
-		return nil, &PolicyError{Field: field, Expr: expr, Message: fmt.Sprintf("evaluates to %s, want %s", ast.OutputType(), typeNames(want))}
+		return program{}, &PolicyError{Field: field, Expr: expr, Message: fmt.Sprintf("evaluates to %s, want %s", ast.OutputType(), typeNames(want))}
 	}
 	est, err := env.EstimateCost(ast, policyEstimator{})
 	if err != nil {
-		return nil, &PolicyError{Field: field, Expr: expr, Message: "cost estimate: " + err.Error()}
+		return program{}, &PolicyError{Field: field, Expr: expr, Message: "cost estimate: " + err.Error()}
 	}
 	if est.Max > PolicyCostLimit {
-		return nil, &PolicyError{Field: field, Expr: expr, Message: fmt.Sprintf("worst-case cost %s exceeds the limit of %d", costString(est.Max), PolicyCostLimit)}
+		return program{}, &PolicyError{Field: field, Expr: expr, Message: fmt.Sprintf("worst-case cost %s exceeds the limit of %d", costString(est.Max), PolicyCostLimit)}
 	}
-	prg, err := env.Program(ast, cel.CostLimit(PolicyCostLimit))
+	limited, err := env.Program(ast, cel.CostLimit(PolicyCostLimit))
 	if err != nil {
-		return nil, &PolicyError{Field: field, Expr: expr, Message: err.Error()}
+		return program{}, &PolicyError{Field: field, Expr: expr, Message: err.Error()}
 	}
-	return prg, nil
+	fast, err := env.Program(ast)
+	if err != nil {
+		return program{}, &PolicyError{Field: field, Expr: expr, Message: err.Error()}
+	}
+	return program{fast: fast, limited: limited}, nil
+}
+
+// withinEstimate reports whether every size the cost estimate assumed
+// holds for this node and request: at most MaxNodeLabels labels, and every
+// string a policy can read at most MaxLabelLength bytes. Then the static
+// estimate bounds the evaluation and the untracked program may run.
+func withinEstimate(req *Request, n *Node) bool {
+	if len(n.Labels) > MaxNodeLabels || len(n.ID) > MaxLabelLength || len(req.TeamID) > MaxLabelLength || len(req.TemplateID) > MaxLabelLength {
+		return false
+	}
+	for k, v := range n.Labels {
+		if len(k) > MaxLabelLength || len(v) > MaxLabelLength {
+			return false
+		}
+	}
+	return true
+}
+
+// eval runs prg for n with the program its sizes allow.
+func (prg program) eval(a *policyActivation) (ref.Val, error) {
+	p := prg.limited
+	if a.within {
+		p = prg.fast
+	}
+	out, _, err := p.Eval(a)
+	return out, err
 }
 
 func costString(c uint64) string {
@@ -193,11 +236,11 @@ func typeNames(ts []*cel.Type) string {
 // zero, missing label...). The node is refused; placement goes on.
 var ErrPolicyEval = errors.New("placement policy evaluation failed")
 
-func (p *Policy) filter(ev *evalCtx, n *Node) (bool, error) {
-	if p.filterPrg == nil {
+func (p *Policy) filter(a *policyActivation) (bool, error) {
+	if !p.filterPrg.set() {
 		return true, nil
 	}
-	out, _, err := p.filterPrg.Eval(&policyActivation{ev: ev, n: n})
+	out, err := p.filterPrg.eval(a)
 	if err != nil {
 		return false, fmt.Errorf("%w: filter %q: %v", ErrPolicyEval, p.Filter, err)
 	}
@@ -208,11 +251,11 @@ func (p *Policy) filter(ev *evalCtx, n *Node) (bool, error) {
 	return b, nil
 }
 
-func (p *Policy) score(ev *evalCtx, n *Node) (float64, error) {
-	if p.scorePrg == nil {
+func (p *Policy) score(a *policyActivation) (float64, error) {
+	if !p.scorePrg.set() {
 		return 0, nil
 	}
-	out, _, err := p.scorePrg.Eval(&policyActivation{ev: ev, n: n})
+	out, err := p.scorePrg.eval(a)
 	if err != nil {
 		return 0, fmt.Errorf("%w: score %q: %v", ErrPolicyEval, p.Score, err)
 	}
@@ -232,10 +275,15 @@ func (p *Policy) score(ev *evalCtx, n *Node) (float64, error) {
 }
 
 // policyActivation resolves the variables from the node and request
-// without building a map per node.
+// without building a map per node. One serves every policy of a node.
 type policyActivation struct {
-	ev *evalCtx
-	n  *Node
+	ev     *evalCtx
+	n      *Node
+	within bool // withinEstimate(req, n)
+}
+
+func newActivation(ev *evalCtx, n *Node) *policyActivation {
+	return &policyActivation{ev: ev, n: n, within: withinEstimate(ev.req, n)}
 }
 
 var _ interpreter.Activation = (*policyActivation)(nil)
@@ -243,27 +291,26 @@ var _ interpreter.Activation = (*policyActivation)(nil)
 func (a *policyActivation) Parent() interpreter.Activation { return nil }
 
 func (a *policyActivation) ResolveName(name string) (any, bool) {
+	// CEL values, not Go ones, so the interpreter need not convert them
+	// through its type registry on every evaluation.
 	n, req, s := a.n, a.ev.req, a.ev.s
 	switch name {
 	case "node.id":
-		return n.ID, true
+		return types.String(n.ID), true
 	case "node.labels":
-		if n.Labels == nil {
-			return map[string]string{}, true
-		}
-		return n.Labels, true
+		return types.NewStringStringMap(types.DefaultTypeAdapter, n.Labels), true
 	case "node.cpu":
-		return float64(s.Allocatable(n).MilliCPU) / 1000, true
+		return types.Double(float64(s.Allocatable(n).MilliCPU) / 1000), true
 	case "node.memory_mib":
-		return n.Capacity.MemoryMiB, true
+		return types.Int(n.Capacity.MemoryMiB), true
 	case "node.disk_mib":
-		return n.Capacity.DiskMiB, true
+		return types.Int(n.Capacity.DiskMiB), true
 	case "node.free_cpu":
-		return float64(s.Allocatable(n).MilliCPU-a.ev.used(n).MilliCPU) / 1000, true
+		return types.Double(float64(s.Allocatable(n).MilliCPU-a.ev.used(n).MilliCPU) / 1000), true
 	case "node.free_memory_mib":
-		return n.Capacity.MemoryMiB - a.ev.used(n).MemoryMiB, true
+		return types.Int(n.Capacity.MemoryMiB - a.ev.used(n).MemoryMiB), true
 	case "node.free_disk_mib":
-		return n.Capacity.DiskMiB - a.ev.used(n).DiskMiB, true
+		return types.Int(n.Capacity.DiskMiB - a.ev.used(n).DiskMiB), true
 	case "node.accelerators":
 		c := int64(0)
 		for i := range n.Accelerators {
@@ -271,21 +318,21 @@ func (a *policyActivation) ResolveName(name string) (any, bool) {
 				c++
 			}
 		}
-		return c, true
+		return types.Int(c), true
 	case "node.cached":
-		return slices.Contains(n.Templates, req.TemplateID), true
+		return types.Bool(slices.Contains(n.Templates, req.TemplateID)), true
 	case "node.warm":
-		return int64(n.WarmStandbys[req.TemplateID]), true
+		return types.Int(n.WarmStandbys[req.TemplateID]), true
 	case "request.team":
-		return req.TeamID, true
+		return types.String(req.TeamID), true
 	case "request.template":
-		return req.TemplateID, true
+		return types.String(req.TemplateID), true
 	case "request.cpu":
-		return float64(req.Resources.MilliCPU) / 1000, true
+		return types.Double(float64(req.Resources.MilliCPU) / 1000), true
 	case "request.memory_mib":
-		return req.Resources.MemoryMiB, true
+		return types.Int(req.Resources.MemoryMiB), true
 	case "request.disk_mib":
-		return req.Resources.DiskMiB, true
+		return types.Int(req.Resources.DiskMiB), true
 	}
 	return nil, false
 }

@@ -326,6 +326,7 @@ type Store interface {
 	SecretStore
 	NodeStore
 	ClusterStore
+	PolicyStore
 
 	AppendEvent(ctx context.Context, e *Event) error
 	// ListVolumeEvents returns a volume's events, oldest first.

@@ -105,6 +105,11 @@ func (s *Store) deleteTeamTx(ctx context.Context, id string) error {
 			return fmt.Errorf("%w: team %s still has %d %s", store.ErrConflict, id, n, c.what)
 		}
 	}
+	// A team's placement policy goes with it: a later team can never
+	// inherit it.
+	if _, err := tx.ExecContext(ctx, `DELETE FROM placement_policies WHERE scope='team' AND target=?`, id); err != nil {
+		return err
+	}
 	if _, err := tx.ExecContext(ctx, `DELETE FROM teams WHERE id=?`, id); err != nil {
 		return err
 	}

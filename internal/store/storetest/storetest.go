@@ -31,6 +31,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 	runTenancy(t, open)
 	runNodes(t, open)
 	runCluster(t, open)
+	runPolicies(t, open)
 }
 
 func standby(id, tpl, build string, started time.Time) *store.Sandbox {

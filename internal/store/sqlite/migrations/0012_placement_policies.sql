@@ -1,0 +1,12 @@
+-- Placement policies: CEL filter/score text per team or template, at most
+-- one per (scope, target). The control plane compiles them; the store
+-- keeps the text. Numbered 0012: 0011 is the node data address.
+CREATE TABLE placement_policies (
+  scope TEXT NOT NULL CHECK (scope IN ('team', 'template')),
+  target TEXT NOT NULL,
+  filter_expr TEXT NOT NULL DEFAULT '',
+  score_expr TEXT NOT NULL DEFAULT '',
+  created_at INTEGER NOT NULL,
+  updated_at INTEGER NOT NULL,
+  PRIMARY KEY (scope, target)
+);
