@@ -153,4 +153,4 @@ func kill9(s *server) {
 	s.cmd = nil
 }
 
-var _ = bytes.NewReader
+var _, _ = bytes.NewReader, time.Second
