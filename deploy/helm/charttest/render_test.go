@@ -55,7 +55,7 @@ func render(t *testing.T, ch *chart.Chart, vals map[string]any) (map[string]stri
 	if err != nil {
 		return nil, err
 	}
-	return engine.Engine{Strict: true}.Render(ch, top)
+	return engine.Engine{Strict: true}.RenderWithContext(t.Context(), ch, top)
 }
 
 func readValues(t *testing.T, name string) map[string]any {
