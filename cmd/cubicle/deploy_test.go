@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -77,7 +78,14 @@ func TestDeployFlagsExist(t *testing.T) {
 		t.Fatalf("only %d deploy flags found: the lists were not read", len(flags))
 	}
 	root := newRoot()
-	for k, where := range flags {
+	ks := make([]string, 0, len(flags))
+	for k := range flags {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	missing := map[string]bool{} // command paths reported once
+	for _, k := range ks {
+		where := flags[k]
 		path, flag, ok := strings.Cut(k, " --")
 		if !ok {
 			t.Errorf("%q (%v): not \"<command> --flag\"", k, where)
@@ -85,7 +93,10 @@ func TestDeployFlagsExist(t *testing.T) {
 		}
 		cmd, rest, err := root.Find(strings.Fields(path))
 		if err != nil || len(rest) > 0 || cmd.CommandPath() != "cubicle "+path {
-			t.Errorf("%v run `cubicle %s`, which is not a command", where, path)
+			if !missing[path] {
+				missing[path] = true
+				t.Errorf("%v run `cubicle %s`, which is not a command", where, path)
+			}
 			continue
 		}
 		if cmd.Flag(flag) == nil {
