@@ -15,7 +15,7 @@ FUZZTIME_TEST ?= 2s
 
 export PATH := /usr/local/go/bin:/usr/local/bin:$(PATH)
 
-.PHONY: all build run test test-unit test-e2b bench proto clean install deps
+.PHONY: all build run test test-unit test-e2b test-deploy bench proto clean install deps
 
 all: build
 
@@ -57,6 +57,7 @@ test: deps build
 	staticcheck ./...
 	cd sdk/go && $(GO) vet ./... && staticcheck ./... && $(GO) test -count=1 ./...
 	$(GO) test -count=1 -p 1 ./...
+	$(MAKE) test-deploy
 	FUZZ_SEEDS=0 scripts/fuzz $(FUZZTIME_TEST)
 	cd test/e2b-js && CUBICLE_IMAGES_DIR=$${CUBICLE_IMAGES_DIR:-$(DATA_DIR)/images} CUBICLE_RUNTIME=runc npm test
 	cd test/e2b-js && CUBICLE_IMAGES_DIR=$${CUBICLE_IMAGES_DIR:-$(DATA_DIR)/images} CUBICLE_RUNTIME=runsc npm test
@@ -70,6 +71,15 @@ test-unit: build
 	$(GO) vet ./...
 	cd sdk/go && $(GO) vet ./... && $(GO) test -count=1 ./...
 	$(GO) test -count=1 -p 1 ./...
+	$(MAKE) test-deploy
+
+# The Helm chart rendered by Helm's own engine and decoded strictly into
+# k8s.io/api types. Its own module (deploy/helm/charttest), so the main
+# module does not pull Kubernetes; its modules come from the Go proxy. The
+# flags the chart and the systemd units pass are checked against the binary
+# by cmd/cubicle's TestDeployFlagsExist, in the main module's run.
+test-deploy:
+	cd deploy/helm/charttest && $(GO) vet ./... && staticcheck ./... && $(GO) test -count=1 ./...
 
 test-e2b: deps build
 	cd test/e2b-js && CUBICLE_IMAGES_DIR=$${CUBICLE_IMAGES_DIR:-$(DATA_DIR)/images} npm test
