@@ -60,6 +60,9 @@ type Config struct {
 	// against every running sandbox's token); 0 means 10/s, bursts of 20.
 	SignedLookupRate  float64
 	SignedLookupBurst int
+	// Nodes, when set, routes sandboxes held by other nodes through their
+	// data plane; nil (embedded mode) dials every sandbox directly.
+	Nodes *NodeRoutes
 }
 
 // Defaults for the signed-URL lookup limit. A lookup hashes the URL once
@@ -96,7 +99,12 @@ type target struct {
 }
 
 // New wraps api: requests that name a sandbox are proxied, the rest served by api.
+// It panics on a cfg.Nodes without DataAddress or Dialer: that is a wiring
+// mistake, not an input.
 func New(cfg Config, mgr *control.Manager, st store.Store, api http.Handler) *Proxy {
+	if cfg.Nodes != nil && (cfg.Nodes.DataAddress == nil || cfg.Nodes.Dialer == nil) {
+		panic("proxy: Config.Nodes needs DataAddress and Dialer")
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -114,7 +122,7 @@ func New(cfg Config, mgr *control.Manager, st store.Store, api http.Handler) *Pr
 	}
 	newTransport := func(responseStart time.Duration, idle int) *http.Transport {
 		return &http.Transport{
-			DialContext:         node.DialSandbox(&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}),
+			DialContext:         p.dial(node.DialSandbox(&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second})),
 			MaxIdleConns:        max(idle, 1),
 			MaxIdleConnsPerHost: min(64, max(idle, 1)),
 			IdleConnTimeout:     60 * time.Second,
@@ -157,6 +165,9 @@ func New(cfg Config, mgr *control.Manager, st store.Store, api http.Handler) *Pr
 				return
 			}
 			t := r.Context().Value(targetKey{}).(target)
+			if remoteUnreachable(w, t.sb, err) {
+				return
+			}
 			if errors.Is(err, syscall.ECONNREFUSED) {
 				// The sandbox answered, so this is not the timeout the SDKs
 				// read a bare 502 as.
@@ -417,7 +428,11 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, sb *store.Sandbo
 		}
 	}
 	ap := netip.AddrPortFrom(addr, uint16(port))
-	ctx := context.WithValue(r.Context(), targetKey{}, target{sb: sb, addr: ap, pool: node.SandboxHost(sb.ID, ap)})
+	pool := node.SandboxHost(sb.ID, ap)
+	if p.remote(sb.Node) {
+		pool = remoteHost(sb.Node, sb.ID, ap)
+	}
+	ctx := context.WithValue(r.Context(), targetKey{}, target{sb: sb, addr: ap, pool: pool})
 	p.rp.ServeHTTP(w, r.WithContext(ctx))
 }
 
