@@ -76,8 +76,8 @@ type fixture struct {
 	addr string
 }
 
-// node starts node "node-a" holding sandbox "sb1" at loopback.
-func node(t *testing.T, cfg dataplane.ServerConfig) *fixture {
+// nodeA starts node "node-a" holding sandbox "sb1" at loopback.
+func nodeA(t *testing.T, cfg dataplane.ServerConfig) *fixture {
 	t.Helper()
 	pki := dataplanetest.NewPKI(t)
 	if cfg.Lookup == nil {
@@ -123,7 +123,7 @@ func TestHundredMegabytesBothWays(t *testing.T) {
 		io.Copy(w, stream(size))
 	})
 	port, _ := httpSandbox(t, mux)
-	f := node(t, dataplane.ServerConfig{})
+	f := nodeA(t, dataplane.ServerConfig{})
 	c := &http.Client{Transport: f.transport(port)}
 	defer c.CloseIdleConnections()
 
@@ -158,7 +158,7 @@ func TestWebSocketEcho(t *testing.T) {
 			}
 		}
 	}))
-	f := node(t, dataplane.ServerConfig{})
+	f := nodeA(t, dataplane.ServerConfig{})
 	conn, err := f.cl.Dial(context.Background(), "node-a", f.addr, "sb1", port)
 	if err != nil {
 		t.Fatal(err)
@@ -198,7 +198,7 @@ func TestStreamArrivesInPieces(t *testing.T) {
 			}
 		}
 	}))
-	f := node(t, dataplane.ServerConfig{})
+	f := nodeA(t, dataplane.ServerConfig{})
 	c := &http.Client{Transport: f.transport(port)}
 	defer c.CloseIdleConnections()
 	resp, err := c.Get("http://sb/events")
@@ -251,7 +251,7 @@ func TestHalfClose(t *testing.T) {
 		n, _ := io.Copy(io.Discard, c)
 		fmt.Fprintf(c, "got %d bytes", n)
 	})
-	f := node(t, dataplane.ServerConfig{})
+	f := nodeA(t, dataplane.ServerConfig{})
 
 	conn, err := f.cl.Dial(context.Background(), "node-a", f.addr, "sb1", countPort)
 	if err != nil {
@@ -350,7 +350,7 @@ func TestOnlyTheSandboxesOwnAddress(t *testing.T) {
 
 // TestUnknownSandbox: 404 with an e2b-shaped body.
 func TestUnknownSandbox(t *testing.T) {
-	f := node(t, dataplane.ServerConfig{})
+	f := nodeA(t, dataplane.ServerConfig{})
 	status, body := rawConnect(t, f, "node-a", "nosuchsandbox:49983")
 	if status != http.StatusNotFound || body["code"] != float64(404) || body["message"] == "" {
 		t.Fatalf("%d %v", status, body)
@@ -366,7 +366,7 @@ func TestClosedPortIsConnRefused(t *testing.T) {
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	port := ln.Addr().(*net.TCPAddr).Port
 	ln.Close()
-	f := node(t, dataplane.ServerConfig{})
+	f := nodeA(t, dataplane.ServerConfig{})
 	_, err := f.cl.Dial(context.Background(), "node-a", f.addr, "sb1", port)
 	var te *dataplane.TunnelError
 	if !errors.Is(err, syscall.ECONNREFUSED) || !errors.As(err, &te) || te.Status != http.StatusBadGateway {
@@ -379,7 +379,7 @@ func TestClosedPortIsConnRefused(t *testing.T) {
 // the one it meant to dial.
 func TestOnlyTheControlPlane(t *testing.T) {
 	port, seen := httpSandbox(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
-	f := node(t, dataplane.ServerConfig{})
+	f := nodeA(t, dataplane.ServerConfig{})
 	peer, err := dataplane.NewClient(f.pki.Node(t, "node-b"), f.pki.CA.Cert)
 	if err != nil {
 		t.Fatal(err)
@@ -407,7 +407,7 @@ func TestTunnelLimit(t *testing.T) {
 		io.Copy(c, c)
 		ended <- struct{}{}
 	})
-	f := node(t, dataplane.ServerConfig{MaxTunnels: 2})
+	f := nodeA(t, dataplane.ServerConfig{MaxTunnels: 2})
 	var open []net.Conn
 	for range 2 {
 		c, err := f.cl.Dial(context.Background(), "node-a", f.addr, "sb1", port)
@@ -442,7 +442,7 @@ func TestTunnelLimit(t *testing.T) {
 // TestStalledHandshakeIsDropped: a client that connects and sends nothing
 // is disconnected after the handshake deadline.
 func TestStalledHandshakeIsDropped(t *testing.T) {
-	f := node(t, dataplane.ServerConfig{HandshakeTimeout: 50 * time.Millisecond})
+	f := nodeA(t, dataplane.ServerConfig{HandshakeTimeout: 50 * time.Millisecond})
 	c, err := net.Dial("tcp", f.addr)
 	if err != nil {
 		t.Fatal(err)
