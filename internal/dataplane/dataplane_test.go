@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/pflag"
 	"golang.org/x/net/websocket"
 
 	"github.com/cubicle-dev/cubicle/internal/clusterpki"
@@ -488,5 +489,32 @@ func TestBadConfig(t *testing.T) {
 	}
 	if _, err := pki.Client(t).Dial(context.Background(), "node-a", "127.0.0.1:1", "../x", 80); !errors.Is(err, dataplane.ErrBadTarget) {
 		t.Errorf("bad sandbox ID: %v", err)
+	}
+}
+
+// TestFlags: the node's flags fill the config, defaults included, and
+// refuse limits below 1.
+func TestFlags(t *testing.T) {
+	var cfg dataplane.ServerConfig
+	fs := pflag.NewFlagSet("node run", pflag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	cfg.RegisterFlags(fs)
+	if cfg.MaxTunnels != dataplane.DefaultMaxTunnels || cfg.HandshakeTimeout != dataplane.DefaultHandshakeTimeout || cfg.DialTimeout != dataplane.DefaultDialTimeout {
+		t.Fatalf("defaults: %+v", cfg)
+	}
+	if err := fs.Parse([]string{"--data-max-tunnels=7", "--data-handshake-timeout=2s", "--data-dial-timeout=500ms"}); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.MaxTunnels != 7 || cfg.HandshakeTimeout != 2*time.Second || cfg.DialTimeout != 500*time.Millisecond {
+		t.Fatalf("parsed: %+v", cfg)
+	}
+	for _, bad := range []string{"--data-max-tunnels=0", "--data-max-tunnels=-3", "--data-max-tunnels=x", "--data-handshake-timeout=0s", "--data-dial-timeout=-1s"} {
+		fs := pflag.NewFlagSet("node run", pflag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		var c dataplane.ServerConfig
+		c.RegisterFlags(fs)
+		if err := fs.Parse([]string{bad}); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
 	}
 }
