@@ -22,6 +22,11 @@ type Client struct {
 	cert   tls.Certificate
 	ca     *x509.Certificate
 	dialer net.Dialer
+	// sessions lets a new tunnel resume the TLS session of an earlier one
+	// to the same node, skipping the certificate signatures. Resumption
+	// still runs VerifyConnection on both sides, so identities are checked
+	// as in a full handshake.
+	sessions tls.ClientSessionCache
 }
 
 // NewClient makes a client presenting cert (the control plane's
@@ -30,7 +35,8 @@ func NewClient(cert tls.Certificate, ca *x509.Certificate) (*Client, error) {
 	if len(cert.Certificate) == 0 || ca == nil {
 		return nil, errors.New("dataplane: a client needs the control plane's certificate and the cluster CA")
 	}
-	return &Client{cert: cert, ca: ca, dialer: net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}}, nil
+	return &Client{cert: cert, ca: ca, dialer: net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second},
+		sessions: tls.NewLRUClientSessionCache(1024)}, nil
 }
 
 // Dial opens a tunnel to port of sandbox sandboxID on node nodeID, whose
@@ -49,7 +55,13 @@ func (c *Client) Dial(ctx context.Context, nodeID, dataAddr, sandboxID string, p
 	if err != nil {
 		return nil, fmt.Errorf("dataplane: node %s at %s: %w", nodeID, dataAddr, err)
 	}
-	tc := tls.Client(raw, clusterpki.ControlPlaneClientConfig(c.cert, c.ca, nodeID))
+	cfg := clusterpki.ControlPlaneClientConfig(c.cert, c.ca, nodeID)
+	cfg.ClientSessionCache = c.sessions
+	// The session cache is keyed by ServerName: the node's identity, not
+	// the address that answered. No host name is checked (the config
+	// verifies the node's URI instead).
+	cfg.ServerName = nodeID + ".node.cubicle.invalid"
+	tc := tls.Client(raw, cfg)
 	// One deadline for handshake and exchange, lifted on success; a
 	// cancelled ctx ends a stalled exchange at once.
 	if dl, ok := ctx.Deadline(); ok {

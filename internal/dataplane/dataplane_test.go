@@ -518,3 +518,23 @@ func TestFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestSessionResumption: a second tunnel to a node resumes the first's
+// TLS session (no certificate signatures), and still reaches the sandbox.
+func TestSessionResumption(t *testing.T) {
+	port := rawSandbox(t, func(c *net.TCPConn) { io.WriteString(c, "hi") })
+	f := nodeA(t, dataplane.ServerConfig{})
+	type tlsState interface{ ConnectionState() tls.ConnectionState }
+	for i := range 3 {
+		c, err := f.cl.Dial(context.Background(), "node-a", f.addr, "sb1", port)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(c) // reading also takes in the session ticket
+		c.Close()
+		cs := c.(tlsState).ConnectionState()
+		if string(b) != "hi" || cs.DidResume != (i > 0) || len(cs.PeerCertificates) == 0 || cs.PeerCertificates[0].URIs[0].String() != "cubicle://node/node-a" {
+			t.Fatalf("tunnel %d: %q resumed=%v", i, b, cs.DidResume)
+		}
+	}
+}

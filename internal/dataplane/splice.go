@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"bufio"
+	"crypto/tls"
 	"io"
 	"net"
 	"sync"
@@ -97,4 +98,13 @@ func (c *bufConn) CloseWrite() error {
 		return cw.CloseWrite()
 	}
 	return c.Conn.Close()
+}
+
+// ConnectionState is the TLS state of a tunnel (zero for a plain
+// connection): which node answered, whether the session was resumed.
+func (c *bufConn) ConnectionState() tls.ConnectionState {
+	if tc, ok := c.Conn.(*tls.Conn); ok {
+		return tc.ConnectionState()
+	}
+	return tls.ConnectionState{}
 }
