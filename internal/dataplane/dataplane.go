@@ -43,6 +43,7 @@ const (
 	reasonBusy           = "too_many_tunnels"
 	reasonRefused        = "connection_refused"
 	reasonDial           = "dial_failed"
+	reasonLookup         = "lookup_failed"
 )
 
 // errorBody is the JSON of a refused tunnel: e2b's {code, message} plus the

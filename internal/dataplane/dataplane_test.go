@@ -22,6 +22,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/spf13/pflag"
 	"golang.org/x/net/websocket"
 
@@ -536,5 +538,45 @@ func TestSessionResumption(t *testing.T) {
 		if string(b) != "hi" || cs.DidResume != (i > 0) || len(cs.PeerCertificates) == 0 || cs.PeerCertificates[0].URIs[0].String() != "cubicle://node/node-a" {
 			t.Fatalf("tunnel %d: %q resumed=%v", i, b, cs.DidResume)
 		}
+	}
+}
+
+// TestMetrics: opened tunnels, refusals by reason and the open gauge.
+func TestMetrics(t *testing.T) {
+	port := rawSandbox(t, func(c *net.TCPConn) { io.Copy(c, c) })
+	reg := prometheus.NewRegistry()
+	f := nodeA(t, dataplane.ServerConfig{Registry: reg})
+	c, err := f.cl.Dial(context.Background(), "node-a", f.addr, "sb1", port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	f.cl.Dial(context.Background(), "node-a", f.addr, "nosuchsandbox", port)
+	rawConnect(t, f, "node-a", "127.0.0.1:80")
+	want := `
+# HELP cubicle_dataplane_tunnels_open Data-plane tunnels open now.
+# TYPE cubicle_dataplane_tunnels_open gauge
+cubicle_dataplane_tunnels_open 1
+# HELP cubicle_dataplane_tunnels_opened_total Data-plane tunnels opened to sandboxes.
+# TYPE cubicle_dataplane_tunnels_opened_total counter
+cubicle_dataplane_tunnels_opened_total 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "cubicle_dataplane_tunnels_open", "cubicle_dataplane_tunnels_opened_total"); err != nil {
+		t.Fatal(err)
+	}
+	mfs, _ := reg.Gather()
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() == "cubicle_dataplane_tunnels_refused_total" {
+			for _, m := range mf.GetMetric() {
+				got[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	if got["unknown_sandbox"] != 1 || got["bad_target"] != 1 {
+		t.Fatalf("refusals %v", got)
+	}
+	if _, err := dataplane.NewServer(dataplane.ServerConfig{Cert: f.pki.Node(t, "node-a"), CA: f.pki.CA.Cert, Lookup: sandboxes(nil), Registry: reg}); err == nil {
+		t.Fatal("a second server registered the same metrics")
 	}
 }

@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/cubicle-dev/cubicle/internal/clusterpki"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 )
@@ -63,6 +65,8 @@ type ServerConfig struct {
 	// DialTimeout bounds the dial to the sandbox (0: DefaultDialTimeout).
 	DialTimeout time.Duration
 	Logger      *slog.Logger
+	// Registry, when set, gets the server's metrics.
+	Registry prometheus.Registerer
 }
 
 // Server is a node's data-plane endpoint. Make it with NewServer, run it
@@ -74,6 +78,10 @@ type Server struct {
 	log     *slog.Logger
 	tunnels chan struct{}
 	pending chan struct{}
+	// refused counts tunnel requests answered with an error, by reason
+	// (handshake: the TLS handshake or the request failed).
+	refused *prometheus.CounterVec
+	opened  prometheus.Counter
 
 	mu     sync.Mutex
 	closed bool
@@ -110,11 +118,32 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Server{
+	s := &Server{
 		cfg: cfg, tls: clusterpki.NodeServerConfig(cfg.Cert, cfg.CA), log: cfg.Logger,
 		tunnels: make(chan struct{}, cfg.MaxTunnels), pending: make(chan struct{}, maxPending),
 		lns: map[net.Listener]struct{}{}, conns: map[net.Conn]struct{}{},
-	}, nil
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cubicle_dataplane_tunnels_refused_total",
+			Help: "Data-plane connections that got no tunnel, by reason (handshake, shed, bad_target, unknown_sandbox, too_many_tunnels, connection_refused, dial_failed, lookup_failed).",
+		}, []string{"reason"}),
+		opened: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cubicle_dataplane_tunnels_opened_total", Help: "Data-plane tunnels opened to sandboxes.",
+		}),
+	}
+	if cfg.Registry != nil {
+		if err := cfg.Registry.Register(s.refused); err != nil {
+			return nil, fmt.Errorf("dataplane: metrics: %w", err)
+		}
+		if err := cfg.Registry.Register(s.opened); err != nil {
+			return nil, fmt.Errorf("dataplane: metrics: %w", err)
+		}
+		if err := cfg.Registry.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "cubicle_dataplane_tunnels_open", Help: "Data-plane tunnels open now.",
+		}, func() float64 { return float64(len(s.tunnels)) })); err != nil {
+			return nil, fmt.Errorf("dataplane: metrics: %w", err)
+		}
+	}
+	return s, nil
 }
 
 // Serve accepts tunnels on ln (a plain TCP listener: Serve does the TLS)
@@ -158,6 +187,7 @@ func (s *Server) Serve(ln net.Listener) error {
 		case s.pending <- struct{}{}:
 		default:
 			c.Close() // too many stalled handshakes: shed before any work
+			s.refused.WithLabelValues("shed").Inc()
 			continue
 		}
 		if !s.track(c) {
@@ -220,15 +250,17 @@ func (s *Server) handle(raw net.Conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.HandshakeTimeout)
 	defer cancel()
 	if err := tc.HandshakeContext(ctx); err != nil {
+		s.refused.WithLabelValues("handshake").Inc()
 		s.log.Debug("dataplane handshake refused", "remote", raw.RemoteAddr().String(), "err", err)
 		return
 	}
 	br := bufio.NewReader(tc)
 	req, err := http.ReadRequest(br)
 	if err != nil {
+		s.refused.WithLabelValues("handshake").Inc()
 		var ne net.Error
 		if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) && !(errors.As(err, &ne) && ne.Timeout()) {
-			refuse(tc, http.StatusBadRequest, reasonBadTarget, "malformed tunnel request: "+err.Error())
+			s.refuse(tc, http.StatusBadRequest, reasonBadTarget, "malformed tunnel request: "+err.Error())
 		}
 		return
 	}
@@ -236,29 +268,29 @@ func (s *Server) handle(raw net.Conn) {
 	<-s.pending
 
 	if req.Method != http.MethodConnect {
-		refuse(tc, http.StatusMethodNotAllowed, "", "the data plane takes CONNECT <sandboxID>:<port> only")
+		s.refuse(tc, http.StatusMethodNotAllowed, reasonBadTarget, "the data plane takes CONNECT <sandboxID>:<port> only")
 		return
 	}
 	id, port, err := parseTarget(req.RequestURI)
 	if err != nil {
-		refuse(tc, http.StatusBadRequest, reasonBadTarget, err.Error())
+		s.refuse(tc, http.StatusBadRequest, reasonBadTarget, err.Error())
+		return
+	}
+	addr, err := s.cfg.Lookup(ctx, id)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			s.refuse(tc, http.StatusNotFound, reasonUnknownSandbox, "no sandbox "+id+" on this node")
+			return
+		}
+		s.refuse(tc, http.StatusInternalServerError, reasonLookup, "looking up sandbox "+id+": "+err.Error())
 		return
 	}
 	select {
 	case s.tunnels <- struct{}{}:
 		defer func() { <-s.tunnels }()
 	default:
-		refuse(tc, http.StatusServiceUnavailable, reasonBusy,
+		s.refuse(tc, http.StatusServiceUnavailable, reasonBusy,
 			"the node has "+strconv.Itoa(s.cfg.MaxTunnels)+" tunnels open, its limit")
-		return
-	}
-	addr, err := s.cfg.Lookup(ctx, id)
-	if err != nil {
-		if errors.Is(err, errdefs.ErrNotFound) {
-			refuse(tc, http.StatusNotFound, reasonUnknownSandbox, "no sandbox "+id+" on this node")
-			return
-		}
-		refuse(tc, http.StatusInternalServerError, "", "looking up sandbox "+id+": "+err.Error())
 		return
 	}
 	// The sandbox's own address, whatever the caller sent: never an
@@ -267,13 +299,14 @@ func (s *Server) handle(raw net.Conn) {
 	up, err := d.DialContext(ctx, "tcp", netip.AddrPortFrom(addr, uint16(port)).String())
 	if err != nil {
 		if errors.Is(err, syscall.ECONNREFUSED) {
-			refuse(tc, http.StatusBadGateway, reasonRefused, "sandbox "+id+" refused port "+strconv.Itoa(port))
+			s.refuse(tc, http.StatusBadGateway, reasonRefused, "sandbox "+id+" refused port "+strconv.Itoa(port))
 			return
 		}
-		refuse(tc, http.StatusBadGateway, reasonDial, "dialling sandbox "+id+" port "+strconv.Itoa(port)+": "+err.Error())
+		s.refuse(tc, http.StatusBadGateway, reasonDial, "dialling sandbox "+id+" port "+strconv.Itoa(port)+": "+err.Error())
 		return
 	}
 	defer up.Close()
+	s.opened.Inc() // before the 200: a caller that reads it sees the count
 	if _, err := tc.Write([]byte("HTTP/1.1 200 Connection established\r\n\r\n")); err != nil {
 		return
 	}
@@ -282,7 +315,8 @@ func (s *Server) handle(raw net.Conn) {
 }
 
 // refuse answers a tunnel request with an e2b-shaped error and closes.
-func refuse(c *tls.Conn, status int, reason, msg string) {
+func (s *Server) refuse(c *tls.Conn, status int, reason, msg string) {
+	s.refused.WithLabelValues(reason).Inc()
 	b, _ := json.Marshal(errorBody{Code: status, Message: msg, Reason: reason})
 	fmt.Fprintf(c, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
 		status, http.StatusText(status), len(b), b)
