@@ -42,7 +42,8 @@ func NewClient(cert tls.Certificate, ca *x509.Certificate) (*Client, error) {
 // Dial opens a tunnel to port of sandbox sandboxID on node nodeID, whose
 // data plane listens at dataAddr (host:port). The server must prove it is
 // exactly nodeID (clusterpki.ControlPlaneClientConfig), whatever answers at
-// dataAddr. A refused tunnel is a *TunnelError. ctx bounds the dial and
+// dataAddr. A refused tunnel is a *TunnelError, a node that could not be
+// reached (or proved another identity) a *NodeError. ctx bounds the dial and
 // the CONNECT exchange, not the returned connection.
 //
 // The connection supports CloseWrite (a TLS close_notify, which the node
@@ -53,7 +54,7 @@ func (c *Client) Dial(ctx context.Context, nodeID, dataAddr, sandboxID string, p
 	}
 	raw, err := c.dialer.DialContext(ctx, "tcp", dataAddr)
 	if err != nil {
-		return nil, fmt.Errorf("dataplane: node %s at %s: %w", nodeID, dataAddr, err)
+		return nil, &NodeError{Node: nodeID, Addr: dataAddr, Err: err}
 	}
 	cfg := clusterpki.ControlPlaneClientConfig(c.cert, c.ca, nodeID)
 	cfg.ClientSessionCache = c.sessions
@@ -69,6 +70,9 @@ func (c *Client) Dial(ctx context.Context, nodeID, dataAddr, sandboxID string, p
 	}
 	stop := context.AfterFunc(ctx, func() { raw.SetDeadline(time.Unix(1, 0)) })
 	conn, err := c.connect(ctx, tc, nodeID, sandboxID, port)
+	if err != nil && !errors.As(err, new(*TunnelError)) {
+		err = &NodeError{Node: nodeID, Addr: dataAddr, Err: err}
+	}
 	if stopped := stop(); err == nil && !stopped {
 		err = ctx.Err() // cancelled just as the exchange ended: the deadline is spoilt
 	}
@@ -83,18 +87,20 @@ func (c *Client) Dial(ctx context.Context, nodeID, dataAddr, sandboxID string, p
 	return conn, nil
 }
 
+// connect runs the handshake and the CONNECT exchange; a refusal is a
+// *TunnelError, anything else the node's failure.
 func (c *Client) connect(ctx context.Context, tc *tls.Conn, nodeID, sandboxID string, port int) (net.Conn, error) {
 	if err := tc.HandshakeContext(ctx); err != nil {
-		return nil, fmt.Errorf("dataplane: TLS with node %s: %w", nodeID, err)
+		return nil, fmt.Errorf("TLS: %w", err)
 	}
 	t := target(sandboxID, port)
 	if _, err := io.WriteString(tc, "CONNECT "+t+" HTTP/1.1\r\nHost: "+t+"\r\n\r\n"); err != nil {
-		return nil, fmt.Errorf("dataplane: node %s: %w", nodeID, err)
+		return nil, err
 	}
 	br := bufio.NewReader(tc)
 	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
 	if err != nil {
-		return nil, fmt.Errorf("dataplane: node %s: reading the tunnel's answer: %w", nodeID, err)
+		return nil, fmt.Errorf("reading the tunnel's answer: %w", err)
 	}
 	if resp.StatusCode == http.StatusOK {
 		return &bufConn{Conn: tc, r: br}, nil

@@ -84,6 +84,23 @@ func (e *TunnelError) Unwrap() error {
 	return nil
 }
 
+// NodeError is a failure to reach a node's data plane at all: the dial,
+// the TLS handshake (a wrong identity included), or reading its answer.
+// It matches errdefs.ErrUnavailable and its cause, so a caller tells "the
+// node is unreachable" from "the node refused" (*TunnelError) before it
+// looks at the cause: a refused dial to the node is ECONNREFUSED too, but
+// it says nothing about the sandbox's port.
+type NodeError struct {
+	Node, Addr string
+	Err        error
+}
+
+func (e *NodeError) Error() string {
+	return fmt.Sprintf("dataplane: node %s at %s: %v", e.Node, e.Addr, e.Err)
+}
+
+func (e *NodeError) Unwrap() []error { return []error{errdefs.ErrUnavailable, e.Err} }
+
 // target formats and parses the CONNECT authority <sandboxID>:<port>.
 func target(sandboxID string, port int) string {
 	return net.JoinHostPort(sandboxID, strconv.Itoa(port))

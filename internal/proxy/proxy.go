@@ -165,7 +165,7 @@ func New(cfg Config, mgr *control.Manager, st store.Store, api http.Handler) *Pr
 				return
 			}
 			t := r.Context().Value(targetKey{}).(target)
-			if remoteUnreachable(w, t.sb, err) {
+			if p.remote(t.sb.Node) && remoteUnreachable(w, t.sb, err) {
 				return
 			}
 			if errors.Is(err, syscall.ECONNREFUSED) {

@@ -31,8 +31,12 @@ type NodeRoutes struct {
 }
 
 // Dialer opens a connection to port of a sandbox through its node's data
-// plane. A refused port must match syscall.ECONNREFUSED (it is reported
-// as a closed port), a sandbox the node does not hold errdefs.ErrNotFound.
+// plane. A node that cannot be reached must match errdefs.ErrUnavailable
+// (whatever its cause: a refused dial to the node says nothing of the
+// sandbox's port); a port the sandbox refused syscall.ECONNREFUSED (it is
+// reported as a closed port); a sandbox the node does not hold
+// errdefs.ErrNotFound; a node at its tunnel limit
+// errdefs.ErrResourceExhausted.
 type Dialer interface {
 	Dial(ctx context.Context, nodeID, dataAddr, sandboxID string, port int) (net.Conn, error)
 }
@@ -109,16 +113,19 @@ func (e *nodeError) Error() string {
 func (e *nodeError) Unwrap() error { return e.err }
 
 // remoteUnreachable answers the failures particular to the data plane and
-// reports whether it did: the node does not hold the sandbox (it is gone
-// there, or the row is stale) or is unknown to the registry, which the
-// SDKs read as "not running"; or the node is at its tunnel limit, a
-// condition that passes.
+// reports whether it did: the node is unknown to the registry or cannot be
+// reached, or does not hold the sandbox (it is gone there, or the row is
+// stale), all of which the SDKs read as "not running"; or the node is at
+// its tunnel limit, a condition that passes.
 func remoteUnreachable(w http.ResponseWriter, sb *store.Sandbox, err error) bool {
 	var ne *nodeError
 	switch {
 	case errors.As(err, &ne):
 		writeSandboxError(w, sandboxError{Code: http.StatusBadGateway, SandboxID: sb.ID,
 			Message: "The sandbox's node " + ne.node + " is not reachable: " + ne.err.Error()})
+	case errors.Is(err, errdefs.ErrUnavailable):
+		writeSandboxError(w, sandboxError{Code: http.StatusBadGateway, SandboxID: sb.ID,
+			Message: "The sandbox's node " + sb.Node + " is not reachable: " + err.Error()})
 	case errors.Is(err, errdefs.ErrNotFound):
 		writeSandboxError(w, sandboxError{Code: http.StatusBadGateway, SandboxID: sb.ID,
 			Message: "The sandbox was not found on its node " + sb.Node})

@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -81,7 +82,11 @@ func setupRemoteLimit(t *testing.T, upstream http.Handler, maxTunnels int) *remo
 	mk("gone0123456789abcdef", "node-b", "127.0.0.2") // a row node-b no longer holds
 	mk("lost0123456789abcdef", "node-c", "127.0.0.2") // a node the registry does not know
 	mk("silent0123456789abcd", "node-d", "127.0.0.2") // a node with no data address yet
+	mk("down0123456789abcdef", "node-e", "127.0.0.2") // a node whose data plane is down
 
+	dl, _ := net.Listen("tcp", "127.0.0.1:0")
+	downAddr := dl.Addr().String()
+	dl.Close()
 	pki := dataplanetest.NewPKI(t)
 	dataAddr, _ := pki.Serve(t, "node-b", dataplane.ServerConfig{MaxTunnels: maxTunnels, Lookup: func(_ context.Context, id string) (netip.Addr, error) {
 		if id == remote.ID {
@@ -98,6 +103,8 @@ func setupRemoteLimit(t *testing.T, upstream http.Handler, maxTunnels int) *remo
 				return dataAddr, nil
 			case "node-d":
 				return "", nil
+			case "node-e":
+				return downAddr, nil
 			}
 			return "", fmt.Errorf("node %s: %w", id, store.ErrNotFound)
 		},
@@ -229,10 +236,12 @@ func TestRemoteFailures(t *testing.T) {
 		{"gone0123456789abcdef", "The sandbox was not found on its node node-b", f.port},
 		{"lost0123456789abcdef", "The sandbox's node node-c is not reachable: node node-c: store: not found", f.port},
 		{"silent0123456789abcd", "The sandbox's node node-d is not reachable: the node has not reported a data-plane address", f.port},
+		// The node refusing the connection is not the sandbox's port being closed.
+		{"down0123456789abcdef", "The sandbox's node node-e is not reachable: dataplane: node node-e at 127.0.0.1:", f.port},
 	} {
 		resp, body := f.do(t, http.MethodGet, fmt.Sprintf("%d-%s.cubicle.test", tc.port, tc.id), nil)
 		e := sandboxErr(t, string(body))
-		if resp.StatusCode != http.StatusBadGateway || e.SandboxID != tc.id || e.Message != tc.want {
+		if resp.StatusCode != http.StatusBadGateway || e.SandboxID != tc.id || !strings.HasPrefix(e.Message, tc.want) {
 			t.Errorf("%s: %d %q, want 502 %q", tc.id, resp.StatusCode, body, tc.want)
 		}
 	}
