@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/net/http/httpguts"
 	"golang.org/x/time/rate"
 
 	"github.com/cubicle-dev/cubicle/internal/agentapi"
@@ -419,8 +420,13 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, sb *store.Sandbo
 			// (256 KiB, then the connection is not reused); the flush first
 			// sends the response, a 502 say, that the client may read before
 			// it sends the rest of its body.
+			//
+			// An upgrade request (a WebSocket) has no body to wait for, and
+			// once its 101 is sent the connection is hijacked: the flush
+			// would panic in net/http (its writer is gone).
+			upgrade := httpguts.HeaderValuesContainsToken(r.Header["Connection"], "Upgrade") && r.Header.Get("Upgrade") != ""
 			defer func() {
-				if r.Context().Err() == nil {
+				if r.Context().Err() == nil && !upgrade {
 					_ = http.NewResponseController(w).Flush()
 				}
 				r.Body.Close()

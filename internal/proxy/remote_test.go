@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -44,6 +45,8 @@ type remoteFixture struct {
 	local    *store.Sandbox // on the in-process node
 	tunnels  *countingDialer
 	upstream *httptest.Server
+	handlers sync.WaitGroup
+	panics   atomic.Int64
 }
 
 // setupRemote is a control plane whose in-process node is "local", and a
@@ -111,9 +114,24 @@ func setupRemoteLimit(t *testing.T, upstream http.Handler, maxTunnels int) *remo
 		Dialer: tunnels,
 	}
 	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusTeapot) })
-	front := httptest.NewServer(New(Config{Domain: "cubicle.test", Nodes: nodes}, nil, st, api))
+	f := &remoteFixture{st: st, port: port, remote: remote, local: local, tunnels: tunnels, upstream: up}
+	px := New(Config{Domain: "cubicle.test", Nodes: nodes}, nil, st, api)
+	// Every handler is counted and its panic recorded (net/http would only
+	// log it), so a test can wait for handlers to end and check.
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.handlers.Add(1)
+		defer f.handlers.Done()
+		defer func() {
+			if v := recover(); v != nil {
+				f.panics.Add(1)
+				t.Logf("the proxy panicked: %v", v)
+			}
+		}()
+		px.ServeHTTP(w, r)
+	}))
 	t.Cleanup(front.Close)
-	return &remoteFixture{st: st, front: front, port: port, remote: remote, local: local, tunnels: tunnels, upstream: up}
+	f.front = front
+	return f
 }
 
 func (f *remoteFixture) host(sb *store.Sandbox, port int) string {
@@ -213,9 +231,10 @@ func TestRemoteWebSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkWSEcho(t, &fixture{port: f.port, sb: f.remote}, conn)
-	if f.tunnels.n.Load() != 1 {
-		t.Fatalf("%d tunnels", f.tunnels.n.Load())
+	checkWSEcho(t, &fixture{port: f.port, sb: f.remote}, conn) // closes conn
+	f.handlers.Wait()                                          // the upgraded connection's handler ends with it
+	if f.tunnels.n.Load() != 1 || f.panics.Load() != 0 {
+		t.Fatalf("%d tunnels, %d panics", f.tunnels.n.Load(), f.panics.Load())
 	}
 }
 
