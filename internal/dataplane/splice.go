@@ -15,8 +15,8 @@ import (
 // half-closes a live connection (its close sends close_notify too), so
 // without this a sandbox that ignores the FIN would hold the tunnel, and
 // a slot of the node's limit, forever. Each byte that still flows
-// restarts it.
-const halfCloseLinger = time.Minute
+// restarts it. A variable for the tests.
+var halfCloseLinger = time.Minute
 
 // closeWriter is a connection that can end its sending side alone:
 // *net.TCPConn (FIN) and *tls.Conn (close_notify).
