@@ -50,8 +50,12 @@ func BenchmarkDataPlane(b *testing.B) {
 	}})
 	cl := pki.Client(b)
 	var d net.Dialer
-	direct := func(ctx context.Context, _, _ string) (net.Conn, error) { return d.DialContext(ctx, "tcp", ln.Addr().String()) }
-	tunnel := func(ctx context.Context, _, _ string) (net.Conn, error) { return cl.Dial(ctx, "node-a", addr, "sb1", port) }
+	direct := func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return d.DialContext(ctx, "tcp", ln.Addr().String())
+	}
+	tunnel := func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return cl.Dial(ctx, "node-a", addr, "sb1", port)
+	}
 	client := func(dial func(context.Context, string, string) (net.Conn, error), keepAlive bool) *http.Client {
 		tr := &http.Transport{DialContext: dial, DisableKeepAlives: !keepAlive, DisableCompression: true}
 		b.Cleanup(tr.CloseIdleConnections)
