@@ -28,6 +28,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/agentapi"
 	"github.com/cubicle-dev/cubicle/internal/clientrate"
+	"github.com/cubicle-dev/cubicle/internal/clusterpki"
 	"github.com/cubicle-dev/cubicle/internal/control"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/store"
@@ -397,6 +398,17 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, sb *store.Sandbo
 		writeError(w, http.StatusBadGateway, "sandbox "+sb.ID+" has no address")
 		return
 	}
+	ap := netip.AddrPortFrom(addr, uint16(port))
+	pool := node.SandboxHost(sb.ID, ap)
+	if p.remote(sb.Node) {
+		// Node IDs are DNS labels (clusterpki.ValidateNodeID), which is
+		// what lets the pool host carry one.
+		if err := clusterpki.ValidateNodeID(sb.Node); err != nil {
+			writeSandboxError(w, sandboxError{Code: http.StatusBadGateway, SandboxID: sb.ID, Message: "The sandbox's node is not valid: " + err.Error()})
+			return
+		}
+		pool = remoteHost(sb.Node, sb.ID, ap)
+	}
 	release := p.acquire(w, r, sb.ID, port)
 	if release == nil {
 		return
@@ -432,11 +444,6 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, sb *store.Sandbo
 				r.Body.Close()
 			}()
 		}
-	}
-	ap := netip.AddrPortFrom(addr, uint16(port))
-	pool := node.SandboxHost(sb.ID, ap)
-	if p.remote(sb.Node) {
-		pool = remoteHost(sb.Node, sb.ID, ap)
 	}
 	ctx := context.WithValue(r.Context(), targetKey{}, target{sb: sb, addr: ap, pool: pool})
 	p.rp.ServeHTTP(w, r.WithContext(ctx))

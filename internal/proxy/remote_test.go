@@ -86,6 +86,7 @@ func setupRemoteLimit(t *testing.T, upstream http.Handler, maxTunnels int) *remo
 	mk("lost0123456789abcdef", "node-c", "127.0.0.2") // a node the registry does not know
 	mk("silent0123456789abcd", "node-d", "127.0.0.2") // a node with no data address yet
 	mk("down0123456789abcdef", "node-e", "127.0.0.2") // a node whose data plane is down
+	mk("dots0123456789abcdef", "a.b", "127.0.0.2")    // a row naming no valid node
 
 	dl, _ := net.Listen("tcp", "127.0.0.1:0")
 	downAddr := dl.Addr().String()
@@ -257,6 +258,7 @@ func TestRemoteFailures(t *testing.T) {
 		{"silent0123456789abcd", "The sandbox's node node-d is not reachable: the node has not reported a data-plane address", f.port},
 		// The node refusing the connection is not the sandbox's port being closed.
 		{"down0123456789abcdef", "The sandbox's node node-e is not reachable: dataplane: node node-e at 127.0.0.1:", f.port},
+		{"dots0123456789abcdef", "The sandbox's node is not valid: ", f.port},
 	} {
 		resp, body := f.do(t, http.MethodGet, fmt.Sprintf("%d-%s.cubicle.test", tc.port, tc.id), nil)
 		e := sandboxErr(t, string(body))
