@@ -97,7 +97,10 @@ func (c *Client) connect(ctx context.Context, tc *tls.Conn, nodeID, sandboxID st
 	if _, err := io.WriteString(tc, "CONNECT "+t+" HTTP/1.1\r\nHost: "+t+"\r\n\r\n"); err != nil {
 		return nil, err
 	}
-	br := bufio.NewReader(tc)
+	// A node is not trusted with the control plane's memory: its answer
+	// is read through a limit (bufConn reads the connection itself once
+	// br is empty).
+	br := bufio.NewReader(io.LimitReader(tc, maxHeader))
 	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
 	if err != nil {
 		return nil, fmt.Errorf("reading the tunnel's answer: %w", err)
@@ -106,7 +109,7 @@ func (c *Client) connect(ctx context.Context, tc *tls.Conn, nodeID, sandboxID st
 		return &bufConn{Conn: tc, r: br}, nil
 	}
 	defer resp.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	b, _ := io.ReadAll(resp.Body) // within maxHeader with the headers
 	te := &TunnelError{Node: nodeID, Status: resp.StatusCode}
 	var body errorBody
 	if json.Unmarshal(b, &body) == nil {

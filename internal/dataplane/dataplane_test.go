@@ -580,3 +580,42 @@ cubicle_dataplane_tunnels_opened_total 1
 		t.Fatal("a second server registered the same metrics")
 	}
 }
+
+// TestHeadersAreBounded: neither side buffers an endless tunnel request or
+// answer: the node drops a request past the limit, and the control plane
+// gives up on a (compromised) node's endless answer.
+func TestHeadersAreBounded(t *testing.T) {
+	f := nodeA(t, dataplane.ServerConfig{})
+	tc, err := tls.Dial("tcp", f.addr, clusterpki.ControlPlaneClientConfig(f.pki.ControlPlane, f.pki.CA.Cert, "node-a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tc.Close()
+	go func() {
+		io.WriteString(tc, "CONNECT sb1:80 HTTP/1.1\r\nX-Long: ")
+		io.Copy(tc, stream(1<<30)) // stops when the node closes
+	}()
+	if resp, err := http.ReadResponse(bufio.NewReader(tc), &http.Request{Method: http.MethodConnect}); err == nil && resp.StatusCode == http.StatusOK {
+		t.Fatal("an endless request got a tunnel")
+	}
+
+	// A node that answers with an endless header.
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", clusterpki.NodeServerConfig(f.pki.Node(t, "node-z"), f.pki.CA.Cert))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nX-Long: ")
+		io.Copy(c, stream(1<<30))
+	}()
+	var ne *dataplane.NodeError
+	if _, err := f.cl.Dial(context.Background(), "node-z", ln.Addr().String(), "sb1", 80); !errors.As(err, &ne) {
+		t.Fatalf("endless answer: %v", err)
+	}
+}

@@ -46,6 +46,9 @@ const (
 	// maxPending bounds connections still in their handshake, so clients
 	// that connect and stall hold at most this many goroutines.
 	maxPending = 256
+	// maxHeader bounds a tunnel request or answer, both a line or two:
+	// neither side may make the other buffer without end.
+	maxHeader = 16 << 10
 )
 
 // ServerConfig configures a node's data-plane server.
@@ -254,7 +257,9 @@ func (s *Server) handle(raw net.Conn) {
 		s.log.Debug("dataplane handshake refused", "remote", raw.RemoteAddr().String(), "err", err)
 		return
 	}
-	br := bufio.NewReader(tc)
+	// The request is read through a limit (only the first bytes go
+	// through br: bufConn reads the connection itself once br is empty).
+	br := bufio.NewReader(io.LimitReader(tc, maxHeader))
 	req, err := http.ReadRequest(br)
 	if err != nil {
 		s.refused.WithLabelValues("handshake").Inc()
