@@ -104,6 +104,11 @@ bench-egress: deps build
 bench-scheduler:
 	$(GO) run ./bench/scheduler $(BENCH_FLAGS)
 
+# Data-plane tunnel vs a direct dial (loopback, no sandboxes, no root).
+.PHONY: bench-dataplane
+bench-dataplane:
+	$(GO) test -run '^$$' -bench DataPlane -benchtime 300x ./bench/dataplane/
+
 proto:
 	scripts/gen-proto
 

@@ -23,10 +23,12 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/net/http/httpguts"
 	"golang.org/x/time/rate"
 
 	"github.com/cubicle-dev/cubicle/internal/agentapi"
 	"github.com/cubicle-dev/cubicle/internal/clientrate"
+	"github.com/cubicle-dev/cubicle/internal/clusterpki"
 	"github.com/cubicle-dev/cubicle/internal/control"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/store"
@@ -60,6 +62,9 @@ type Config struct {
 	// against every running sandbox's token); 0 means 10/s, bursts of 20.
 	SignedLookupRate  float64
 	SignedLookupBurst int
+	// Nodes, when set, routes sandboxes held by other nodes through their
+	// data plane; nil (embedded mode) dials every sandbox directly.
+	Nodes *NodeRoutes
 }
 
 // Defaults for the signed-URL lookup limit. A lookup hashes the URL once
@@ -96,7 +101,12 @@ type target struct {
 }
 
 // New wraps api: requests that name a sandbox are proxied, the rest served by api.
+// It panics on a cfg.Nodes without DataAddress or Dialer: that is a wiring
+// mistake, not an input.
 func New(cfg Config, mgr *control.Manager, st store.Store, api http.Handler) *Proxy {
+	if cfg.Nodes != nil && (cfg.Nodes.DataAddress == nil || cfg.Nodes.Dialer == nil) {
+		panic("proxy: Config.Nodes needs DataAddress and Dialer")
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -114,7 +124,7 @@ func New(cfg Config, mgr *control.Manager, st store.Store, api http.Handler) *Pr
 	}
 	newTransport := func(responseStart time.Duration, idle int) *http.Transport {
 		return &http.Transport{
-			DialContext:         node.DialSandbox(&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}),
+			DialContext:         p.dial(node.DialSandbox(&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second})),
 			MaxIdleConns:        max(idle, 1),
 			MaxIdleConnsPerHost: min(64, max(idle, 1)),
 			IdleConnTimeout:     60 * time.Second,
@@ -157,6 +167,9 @@ func New(cfg Config, mgr *control.Manager, st store.Store, api http.Handler) *Pr
 				return
 			}
 			t := r.Context().Value(targetKey{}).(target)
+			if p.remote(t.sb.Node) && remoteUnreachable(w, t.sb, err) {
+				return
+			}
 			if errors.Is(err, syscall.ECONNREFUSED) {
 				// The sandbox answered, so this is not the timeout the SDKs
 				// read a bare 502 as.
@@ -385,6 +398,17 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, sb *store.Sandbo
 		writeError(w, http.StatusBadGateway, "sandbox "+sb.ID+" has no address")
 		return
 	}
+	ap := netip.AddrPortFrom(addr, uint16(port))
+	pool := node.SandboxHost(sb.ID, ap)
+	if p.remote(sb.Node) {
+		// Node IDs are DNS labels (clusterpki.ValidateNodeID), which is
+		// what lets the pool host carry one.
+		if err := clusterpki.ValidateNodeID(sb.Node); err != nil {
+			writeSandboxError(w, sandboxError{Code: http.StatusBadGateway, SandboxID: sb.ID, Message: "The sandbox's node is not valid: " + err.Error()})
+			return
+		}
+		pool = remoteHost(sb.Node, sb.ID, ap)
+	}
 	release := p.acquire(w, r, sb.ID, port)
 	if release == nil {
 		return
@@ -408,16 +432,20 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, sb *store.Sandbo
 			// (256 KiB, then the connection is not reused); the flush first
 			// sends the response, a 502 say, that the client may read before
 			// it sends the rest of its body.
+			//
+			// An upgrade request (a WebSocket) has no body to wait for, and
+			// once its 101 is sent the connection is hijacked: the flush
+			// would panic in net/http (its writer is gone).
+			upgrade := httpguts.HeaderValuesContainsToken(r.Header["Connection"], "Upgrade") && r.Header.Get("Upgrade") != ""
 			defer func() {
-				if r.Context().Err() == nil {
+				if r.Context().Err() == nil && !upgrade {
 					_ = http.NewResponseController(w).Flush()
 				}
 				r.Body.Close()
 			}()
 		}
 	}
-	ap := netip.AddrPortFrom(addr, uint16(port))
-	ctx := context.WithValue(r.Context(), targetKey{}, target{sb: sb, addr: ap, pool: node.SandboxHost(sb.ID, ap)})
+	ctx := context.WithValue(r.Context(), targetKey{}, target{sb: sb, addr: ap, pool: pool})
 	p.rp.ServeHTTP(w, r.WithContext(ctx))
 }
 
