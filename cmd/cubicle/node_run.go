@@ -31,6 +31,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/clusterpki"
 	"github.com/cubicle-dev/cubicle/internal/control"
+	"github.com/cubicle-dev/cubicle/internal/dataplane"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/node/nodegrpc"
 	"github.com/cubicle-dev/cubicle/internal/nodeclient"
@@ -45,6 +46,7 @@ const nodeHeartbeatInterval = 5 * time.Second
 type nodeRunOptions struct {
 	nodeHostOptions
 	listen, dataListen, advertise string
+	data                          dataplane.ServerConfig
 }
 
 // nodeRunCmd is `cubicle node run`: the node agent as its own process.
@@ -67,6 +69,7 @@ func nodeRunCmd() *cobra.Command {
 	f.StringVar(&o.listen, "listen", "0.0.0.0:7443", "address of the node's gRPC services (mTLS: only the control plane's identity is accepted)")
 	f.StringVar(&o.dataListen, "data-listen", "0.0.0.0:7444", "address of the node's data plane (mTLS), registered as its dataAddress")
 	f.StringVar(&o.advertise, "advertise", "", "host the control plane dials this node at (default: the first address in node.crt)")
+	o.data.RegisterFlags(f)
 	o.nodeHostOptions.flags(f)
 	return cmd
 }
@@ -214,6 +217,11 @@ func nodeRun(ctx context.Context, o nodeRunOptions) error {
 	}
 	defer ln.Close()
 	grpcPort := ln.Addr().(*net.TCPAddr).Port
+	dataLn, err := net.Listen("tcp", o.dataListen)
+	if err != nil {
+		return fmt.Errorf("--data-listen: %w", err)
+	}
+	defer dataLn.Close()
 
 	reg := prometheus.NewRegistry()
 	nh, err := startNodeHost(ctx, &o.nodeHostOptions, userns, pool, nodeHostConfig{
@@ -234,8 +242,20 @@ func nodeRun(ctx context.Context, o nodeRunOptions) error {
 	tlsConf.Certificates = nil
 	tlsConf.GetCertificate = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return certs.get(), nil }
 	srv := nodegrpc.NewServer(nh.node, grpc.Creds(credentials.NewTLS(tlsConf)))
-	errc := make(chan error, 1)
+	o.data.CA, o.data.GetCertificate, o.data.Logger, o.data.Registry = id.ca, certs.get, log, reg
+	o.data.Lookup = dataplane.NodeLookup(nh.node)
+	dp, err := dataplane.NewServer(o.data)
+	if err != nil {
+		return err
+	}
+	defer dp.Close()
+	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
+	go func() {
+		if err := dp.Serve(dataLn); !errors.Is(err, dataplane.ErrServerClosed) {
+			errc <- fmt.Errorf("data plane: %w", err)
+		}
+	}()
 
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -250,7 +270,7 @@ func nodeRun(ctx context.Context, o nodeRunOptions) error {
 	go a.run(ctx)
 	select {
 	case err := <-errc:
-		return fmt.Errorf("node gRPC server: %w", err)
+		return fmt.Errorf("node server: %w", err)
 	case <-ctx.Done():
 	}
 	// In-flight calls get a moment; sandboxes keep running either way.

@@ -57,6 +57,10 @@ type ServerConfig struct {
 	// cluster CA: only the control plane's identity is accepted.
 	Cert tls.Certificate
 	CA   *x509.Certificate
+	// GetCertificate, when set, is asked for the certificate at each
+	// handshake instead of Cert, so a renewed node certificate is served
+	// without a restart.
+	GetCertificate func() *tls.Certificate
 	// Lookup finds the node's sandboxes; required.
 	Lookup Lookup
 	// MaxTunnels bounds open tunnels (0: DefaultMaxTunnels); one more is
@@ -102,8 +106,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		return nil, errors.New("dataplane: ServerConfig.Lookup is required")
 	case cfg.CA == nil:
 		return nil, errors.New("dataplane: ServerConfig.CA is required")
-	case len(cfg.Cert.Certificate) == 0:
-		return nil, errors.New("dataplane: ServerConfig.Cert is required")
+	case len(cfg.Cert.Certificate) == 0 && cfg.GetCertificate == nil:
+		return nil, errors.New("dataplane: ServerConfig.Cert or GetCertificate is required")
 	case cfg.MaxTunnels < 0:
 		return nil, fmt.Errorf("dataplane: MaxTunnels %d is negative", cfg.MaxTunnels)
 	case cfg.HandshakeTimeout < 0 || cfg.DialTimeout < 0:
@@ -145,6 +149,10 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		}, func() float64 { return float64(len(s.tunnels)) })); err != nil {
 			return nil, fmt.Errorf("dataplane: metrics: %w", err)
 		}
+	}
+	if get := cfg.GetCertificate; get != nil {
+		s.tls.Certificates = nil
+		s.tls.GetCertificate = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return get(), nil }
 	}
 	return s, nil
 }
