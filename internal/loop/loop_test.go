@@ -34,7 +34,10 @@ func TestUnleasedRunsUntilCancelled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var n atomic.Int32
 	done := make(chan struct{})
-	go func() { defer close(done); r.Run(ctx, loop.Spec{Name: "t", Every: time.Millisecond}, func(context.Context) { n.Add(1) }) }()
+	go func() {
+		defer close(done)
+		r.Run(ctx, loop.Spec{Name: "t", Every: time.Millisecond}, func(context.Context) { n.Add(1) })
+	}()
 	waitFor(t, 10*time.Second, "three runs", func() bool { return n.Load() >= 3 })
 	cancel()
 	<-done
