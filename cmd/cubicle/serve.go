@@ -27,6 +27,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/control"
 	"github.com/cubicle-dev/cubicle/internal/diskbudget"
 	"github.com/cubicle-dev/cubicle/internal/egress"
+	"github.com/cubicle-dev/cubicle/internal/loop"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/proxy"
@@ -75,7 +76,8 @@ type serveOptions struct {
 	caCerts                                               *cacerts.Set
 
 	// store is --store: a PostgreSQL URL, or "" for SQLite in dataDir.
-	store string
+	store   string
+	replica replicaOptions
 }
 
 func serveCmd() *cobra.Command {
@@ -91,6 +93,7 @@ func serveCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&o.dataDir, "data-dir", defaultDataDir, "state directory (database, sandboxes, runtime state)")
 	addStoreFlag(f, &o.store)
+	addReplicaFlags(f, &o.replica)
 	f.StringVar(&o.imagesDir, "images-dir", "", "image directory holding <name>/rootfs (default <data-dir>/images)")
 	f.StringVar(&o.secretsKey, "secrets-key", "", "key file sealing secret values (default <data-dir>/secrets.key, created 0600 on first start; a backup of the data dir then holds the key with the database: set this outside the data dir if backups copy it; losing it makes every secret unreadable; see docs/secrets.md)")
 	f.StringVar(&o.listen, "listen", "127.0.0.1:3000", "address for the API and the sandbox proxy")
@@ -174,6 +177,12 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err != nil {
 		return err
 	}
+	if err := o.replica.validate(); err != nil {
+		return err
+	}
+	if o.accel.reconcileT <= 0 {
+		return errors.New("--accel-reconcile-interval must be positive")
+	}
 	if err := sandboxMaxima(&o); err != nil {
 		return err
 	}
@@ -256,6 +265,11 @@ func serve(ctx context.Context, o serveOptions) error {
 		return err
 	}
 	defer st.Close()
+	leaser, locks, closeLocks, err := replicaCoordination(ctx, o.store, o.replica, log)
+	if err != nil {
+		return err
+	}
+	defer closeLocks()
 	if o.secretsKey == "" {
 		o.secretsKey = filepath.Join(o.dataDir, "secrets.key")
 	}
@@ -404,7 +418,8 @@ func serve(ctx context.Context, o serveOptions) error {
 	log.Info("data filesystem", "free_mib", ds.FreeBytes>>20, "promised_to_images_mib", ds.PromisedBytes>>20, "reserve_mib", ds.ReserveBytes>>20)
 	mgr := control.New(control.Config{Disk: disk, DefaultVolumeMB: o.volumeSizeMB, MaxVolumeMB: o.maxVolumeSizeMB, Sealer: secrets, MaxSandboxes: o.maxSandboxes, MaxSnapshotsPerTeam: o.maxSnapshots, MaxTimeout: o.maxTimeout, MaxConcurrentCreates: o.maxCreates,
 		CreateQueueWait: o.createWait, Logger: log, Registry: reg, Volumes: ctrlPlugins, VolumeMetrics: volMetrics, ContentIdle: o.contentIdle,
-		ReadyTimeout: o.readyTimeout, MaxSandboxCPU: o.maxCPU, MaxSandboxMemoryMB: o.maxMemoryMB, MaxSandboxDiskMB: o.maxDiskMB}, st, nd, tpls.catalog)
+		ReadyTimeout: o.readyTimeout, MaxSandboxCPU: o.maxCPU, MaxSandboxMemoryMB: o.maxMemoryMB, MaxSandboxDiskMB: o.maxDiskMB,
+		Leaser: leaser, Locks: locks, NodeLostAfter: o.replica.nodeLostAfter, NodeLostGrace: o.replica.nodeLostGrace}, st, nd, tpls.catalog)
 	tpls.catalog.SetProber(mgr)
 	tpls.catalog.OnReady(mgr.PoolTrigger)
 	if err := tpls.catalog.Start(ctx); err != nil {
@@ -432,7 +447,8 @@ func serve(ctx context.Context, o serveOptions) error {
 	}
 	cancel()
 	go mgr.Run(ctx)
-	go runAccelReconciler(ctx, nd, o.accel.reconcileT)
+	// The node's own loop: unleased, every node repairs its devices.
+	go loop.New(leaser, log).Run(ctx, loop.Spec{Name: "accel-reconcile", Every: o.accel.reconcileT}, nd.ReconcileAccelerators)
 
 	join, err := serveJoin(ctx, st, secrets, tlsConfig, log)
 	if err != nil {
