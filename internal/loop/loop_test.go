@@ -206,7 +206,7 @@ func TestLeasedFailoverPostgres(t *testing.T) {
 	key := lease.Key(loop.LeaseName("reaper"))
 	start := time.Now()
 	tag, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_locks
-WHERE locktype = 'advisory' AND granted AND classid = ($1::bigint >> 32)::oid AND objid = ($1::bigint & 4294967295)::oid AND objsubid = 1`, key)
+WHERE locktype = 'advisory' AND granted AND classid = (($1::bigint >> 32) & 4294967295)::oid AND objid = ($1::bigint & 4294967295)::oid AND objsubid = 1`, key)
 	if err != nil || tag.RowsAffected() != 1 {
 		t.Fatalf("terminate the holder's backend: %v (%d rows)", err, tag.RowsAffected())
 	}
