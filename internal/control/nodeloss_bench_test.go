@@ -117,7 +117,9 @@ func BenchmarkDeadNodeDetection(b *testing.B) {
 	b.StopTimer()
 	sort.Slice(got, func(i, j int) bool { return got[i] < got[j] })
 	pct := func(p float64) time.Duration { return got[min(len(got)-1, int(p*float64(len(got))))] }
-	unit := func(d time.Duration) string { return fmt.Sprintf("%s (%.2f×)", d.Round(time.Millisecond), float64(d)/float64(lostAfter)) }
+	unit := func(d time.Duration) string {
+		return fmt.Sprintf("%s (%.2f×)", d.Round(time.Millisecond), float64(d)/float64(lostAfter))
+	}
 	b.Logf("dead-node detection over %d trials, --node-lost-after %s: p50 %s p95 %s p99 %s (expected within [1, 1.33]× plus a pass)",
 		len(got), lostAfter, unit(pct(0.5)), unit(pct(0.95)), unit(pct(0.99)))
 }
