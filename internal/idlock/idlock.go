@@ -72,10 +72,14 @@ func (l *Map) Lock(id string) func() {
 func (l *Map) Acquire(ctx context.Context, id string) (func(), error) {
 	e := l.ref(id)
 	select {
-	case e.sem <- struct{}{}:
-	case <-ctx.Done():
-		l.unref(id, e)
-		return nil, fmt.Errorf("lock %s: %w", id, ctx.Err())
+	case e.sem <- struct{}{}: // free: no wait, even with ctx already done
+	default:
+		select {
+		case e.sem <- struct{}{}:
+		case <-ctx.Done():
+			l.unref(id, e)
+			return nil, fmt.Errorf("lock %s: %w", id, ctx.Err())
+		}
 	}
 	return func() {
 		<-e.sem
