@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/store/postgres"
 	"github.com/cubicle-dev/cubicle/internal/store/postgres/pgtest"
@@ -111,6 +112,27 @@ func TestNodeLoss(t *testing.T) {
 			}
 			ids = append(ids, sb.ID)
 		}
+		// A sandbox with a volume (row and node sandbox made directly:
+		// the fake manager has no volume plugins).
+		vol := &store.Volume{ID: "vol1", TeamID: store.SystemTeamID, Name: "v", Driver: "local", State: store.VolumeReady, Token: "t"}
+		if err := st.CreateVolume(ctx, vol); err != nil {
+			t.Fatal(err)
+		}
+		vsb := &store.Sandbox{ID: "volsandbox0000000000", TeamID: store.SystemTeamID, TemplateID: "tpl", State: store.StateRunning, Node: "local",
+			StartedAt: time.Now(), EndAt: time.Now().Add(time.Hour), Volumes: []store.VolumeMount{{VolumeID: vol.ID, Path: "/data"}}}
+		if err := st.CreateSandbox(ctx, vsb); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := n.Create(ctx, node.CreateRequest{ID: vsb.ID}); err != nil {
+			t.Fatal(err)
+		}
+		attached := func() int {
+			atts, err := st.ListVolumeAttachments(ctx, vol.ID, vsb.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return len(atts)
+		}
 		// Heartbeats are fresh: nothing happens.
 		if err := m.detectNodeLoss(ctx); err != nil {
 			t.Fatal(err)
@@ -124,7 +146,7 @@ func TestNodeLoss(t *testing.T) {
 		if err := m.detectNodeLoss(ctx); err != nil {
 			t.Fatal(err)
 		}
-		for _, id := range ids {
+		for _, id := range append(ids[:3:3], vsb.ID) {
 			if s := state(t, st, id).State; s != store.StateLost {
 				t.Fatalf("sandbox %s is %s on a silent node, want lost", id, s)
 			}
@@ -147,7 +169,7 @@ func TestNodeLoss(t *testing.T) {
 		if err := m.detectNodeLoss(ctx); err != nil {
 			t.Fatal(err)
 		}
-		for _, id := range ids[:2] {
+		for _, id := range append(ids[:2:2], vsb.ID) {
 			if s := state(t, st, id).State; s != store.StateRunning {
 				t.Fatalf("sandbox %s is %s after its node returned, want running", id, s)
 			}
@@ -161,11 +183,15 @@ func TestNodeLoss(t *testing.T) {
 		if err := m.detectNodeLoss(ctx); err != nil {
 			t.Fatal(err)
 		}
-		for _, id := range ids[:2] {
+		for _, id := range append(ids[:2:2], vsb.ID) {
 			sb := state(t, st, id)
 			if sb.State != store.StateKilled || !strings.Contains(sb.KillReason, "node local lost for 10m16s") {
 				t.Fatalf("sandbox %s past the grace: %s %q", id, sb.State, sb.KillReason)
 			}
+		}
+		// The node never confirmed it let go of the volume.
+		if attached() != 1 {
+			t.Fatal("a lost node's volume attachment was released at the kill")
 		}
 		committed, err := st.CommittedCapacity(ctx)
 		if err != nil {
@@ -182,10 +208,14 @@ func TestNodeLoss(t *testing.T) {
 		if err := m.reconcileNode(ctx, "local"); err != nil {
 			t.Fatal(err)
 		}
-		for _, id := range ids[:2] {
+		for _, id := range append(ids[:2:2], vsb.ID) {
 			if _, err := n.Get(ctx, id); err == nil {
 				t.Fatalf("sandbox %s killed while its node was lost is still on the node", id)
 			}
+		}
+		// The node confirmed the delete: now the attachment goes.
+		if attached() != 0 {
+			t.Fatal("the attachment outlived the returned node's delete")
 		}
 	})
 }
