@@ -210,8 +210,13 @@ WHERE locktype = 'advisory' AND granted AND classid = (($1::bigint >> 32) & 4294
 	if err != nil || tag.RowsAffected() != 1 {
 		t.Fatalf("terminate the holder's backend: %v (%d rows)", err, tag.RowsAffected())
 	}
-	// The lost holder backs off two polls, so the standby wins.
-	waitFor(t, 50*poll, "the standby to run", func() bool { return tr.count(other) >= 3 })
+	// The lost holder backs off two polls, so the standby wins, within the
+	// lease's takeover time: 2 polls (its next try, then the fencing delay)
+	// plus a poll when it tried while the old session was still exiting;
+	// ttl leaves room for a loaded machine.
+	const ttl = 10 * poll
+	waitFor(t, ttl, "the standby to run within the lease TTL", func() bool { return tr.count(other) >= 1 })
+	waitFor(t, 50*poll, "the standby to run again", func() bool { return tr.count(other) >= 3 })
 	t.Logf("failover %s -> %s: %s (poll %s)", holder, other, time.Since(start), poll)
 	stopped := tr.count(holder)
 	time.Sleep(4 * poll)
