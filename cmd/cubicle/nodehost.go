@@ -16,6 +16,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/cacerts"
 	"github.com/cubicle-dev/cubicle/internal/control"
 	"github.com/cubicle-dev/cubicle/internal/egress"
+	"github.com/cubicle-dev/cubicle/internal/loop"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/runtime/oci"
@@ -278,9 +279,10 @@ func (h *nodeHost) startAccelerators(ctx context.Context) error {
 	return nil
 }
 
-// runAccelReconciler repairs accelerator drift until ctx ends.
+// runAccelReconciler repairs accelerator drift until ctx ends: the node's
+// own loop, unleased, since every node repairs its devices.
 func (h *nodeHost) runAccelReconciler(ctx context.Context) {
-	runAccelReconciler(ctx, h.node, h.o.accel.reconcileT)
+	loop.New(nil, h.log).Run(ctx, loop.Spec{Name: "accel-reconcile", Every: h.o.accel.reconcileT}, h.node.ReconcileAccelerators)
 }
 
 // Close undoes startNodeHost in reverse order. Sandboxes keep running:

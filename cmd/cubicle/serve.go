@@ -64,7 +64,8 @@ type serveOptions struct {
 	maxImageBytes                                int64
 
 	// store is --store: a PostgreSQL URL, or "" for SQLite in dataDir.
-	store string
+	store   string
+	replica replicaOptions
 }
 
 func serveCmd() *cobra.Command {
@@ -80,6 +81,7 @@ func serveCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&o.dataDir, "data-dir", defaultDataDir, "state directory (database, sandboxes, runtime state)")
 	addStoreFlag(f, &o.store)
+	addReplicaFlags(f, &o.replica)
 	f.StringVar(&o.secretsKey, "secrets-key", "", "key file sealing secret values (default <data-dir>/secrets.key, created 0600 on first start; a backup of the data dir then holds the key with the database: set this outside the data dir if backups copy it; losing it makes every secret unreadable; see docs/secrets.md)")
 	f.StringVar(&o.listen, "listen", "127.0.0.1:3000", "address for the API and the sandbox proxy")
 	f.StringVar(&o.metricsListen, "metrics-listen", defaultMetricsListen, "address of the Prometheus /metrics listener, kept off --listen because it names every team's pooled templates and live counts and has no authentication: keep it on loopback or a private interface; off disables it")
@@ -122,13 +124,19 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err != nil {
 		return err
 	}
-	sched, err := scheduler.New(scheduler.Config{Strategy: scheduler.Strategy(o.schedule)})
+	sched, err := scheduler.New(scheduler.Config{Strategy: scheduler.Strategy(o.schedule), LeaseTTL: o.replica.nodeLostAfter})
 	if err != nil {
 		return fmt.Errorf("--schedule: %w", err)
 	}
 	warmPools, err := parseWarmPools(o.warmPools)
 	if err != nil {
 		return err
+	}
+	if err := o.replica.validate(); err != nil {
+		return err
+	}
+	if o.accel.reconcileT <= 0 {
+		return errors.New("--accel-reconcile-interval must be positive")
 	}
 	if err := sandboxMaxima(&o); err != nil {
 		return err
@@ -189,6 +197,11 @@ func serve(ctx context.Context, o serveOptions) error {
 		return err
 	}
 	defer st.Close()
+	leaser, locks, closeLocks, err := replicaCoordination(ctx, o.store, o.replica, log)
+	if err != nil {
+		return err
+	}
+	defer closeLocks()
 	if o.secretsKey == "" {
 		o.secretsKey = filepath.Join(o.dataDir, "secrets.key")
 	}
@@ -237,7 +250,8 @@ func serve(ctx context.Context, o serveOptions) error {
 	log.Info("data filesystem", "free_mib", ds.FreeBytes>>20, "promised_to_images_mib", ds.PromisedBytes>>20, "reserve_mib", ds.ReserveBytes>>20)
 	mgr := control.New(control.Config{Disk: disk, DefaultVolumeMB: o.volumeSizeMB, MaxVolumeMB: o.maxVolumeSizeMB, Sealer: secrets, MaxSandboxes: o.maxSandboxes, MaxSnapshotsPerTeam: o.maxSnapshots, MaxTimeout: o.maxTimeout, MaxConcurrentCreates: o.maxCreates,
 		CreateQueueWait: o.createWait, Logger: log, Registry: reg, Volumes: ctrlPlugins, VolumeMetrics: volMetrics, ContentIdle: o.contentIdle,
-		ReadyTimeout: o.readyTimeout, MaxSandboxCPU: o.maxCPU, MaxSandboxMemoryMB: o.maxMemoryMB, MaxSandboxDiskMB: o.maxDiskMB, Scheduler: sched}, st, nd, tpls.catalog)
+		ReadyTimeout: o.readyTimeout, MaxSandboxCPU: o.maxCPU, MaxSandboxMemoryMB: o.maxMemoryMB, MaxSandboxDiskMB: o.maxDiskMB, Scheduler: sched,
+		Leaser: leaser, Locks: locks, NodeLostAfter: o.replica.nodeLostAfter, NodeLostGrace: o.replica.nodeLostGrace}, st, nd, tpls.catalog)
 	tpls.catalog.SetProber(mgr)
 	tpls.catalog.OnReady(mgr.PoolTrigger)
 	if err := tpls.catalog.Start(ctx); err != nil {

@@ -12,7 +12,6 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/cubicle-dev/cubicle/internal/accel"
-	"github.com/cubicle-dev/cubicle/internal/node"
 )
 
 // accelOptions configure accelerator discovery and backends. The roots are
@@ -75,18 +74,4 @@ func newAccelManager(o accelOptions, nodeID, dataDir string, log *slog.Logger, r
 		Logger:         log,
 		Registerer:     reg,
 	})
-}
-
-// runAccelReconciler repairs accelerator drift until ctx ends.
-func runAccelReconciler(ctx context.Context, nd *node.Local, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			nd.ReconcileAccelerators(ctx)
-		}
-	}
 }

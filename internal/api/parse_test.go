@@ -34,8 +34,9 @@ func TestStatesAndCursor(t *testing.T) {
 	if _, err := parseStates("running,bogus"); err == nil {
 		t.Fatal("want error for unknown state")
 	}
+	// A lost sandbox (node silent) is listed as paused.
 	st, err := parseStates("paused")
-	if err != nil || len(st) != 2 {
+	if err != nil || len(st) != 3 || st[2] != store.StateLost {
 		t.Fatalf("%v %v", st, err)
 	}
 	ts := time.Unix(1700000000, 123456789)

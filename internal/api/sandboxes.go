@@ -198,9 +198,13 @@ func (s *Server) sandboxResponse(sb *store.Sandbox) sandboxJSON {
 	}
 }
 
+// e2b knows two states. A lost sandbox (its node stopped heartbeating)
+// is listed as paused: like a paused one it is there but answers nothing
+// until something brings it back (its node), and clients that list
+// "running" to find sandboxes to talk to skip it. Its events say why.
 func listed(sb *store.Sandbox) listedSandbox {
 	state := "running"
-	if sb.State == store.StatePaused || sb.State == store.StatePausing {
+	if sb.State == store.StatePaused || sb.State == store.StatePausing || sb.State == store.StateLost {
 		state = "paused"
 	}
 	ls := listedSandbox{
@@ -277,7 +281,7 @@ func parseMetadataFilter(raw string) (map[string]string, error) {
 
 func parseStates(raw string) ([]store.SandboxState, error) {
 	if raw == "" {
-		return []store.SandboxState{store.StateRunning, store.StatePausing, store.StatePaused, store.StateResuming}, nil
+		return []store.SandboxState{store.StateRunning, store.StatePausing, store.StatePaused, store.StateResuming, store.StateLost}, nil
 	}
 	var out []store.SandboxState
 	for _, st := range strings.Split(raw, ",") {
@@ -285,7 +289,7 @@ func parseStates(raw string) ([]store.SandboxState, error) {
 		case "running":
 			out = append(out, store.StateRunning, store.StateResuming)
 		case "paused":
-			out = append(out, store.StatePaused, store.StatePausing)
+			out = append(out, store.StatePaused, store.StatePausing, store.StateLost)
 		default:
 			return nil, fmt.Errorf("unknown state %q (want running or paused)", st)
 		}

@@ -19,6 +19,8 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/agentapi"
 	"github.com/cubicle-dev/cubicle/internal/idlock"
+	clusterlease "github.com/cubicle-dev/cubicle/internal/lease"
+	"github.com/cubicle-dev/cubicle/internal/loop"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
@@ -92,6 +94,19 @@ type Config struct {
 	// Scheduler places sandboxes (serve's --schedule picks its
 	// strategy); nil is scheduler.New's defaults (spread).
 	Scheduler *scheduler.Scheduler
+	// Leaser runs the cluster-wide loops (reaper, reconcilers, pool
+	// refill, snapshot GC, node loss) on one replica at a time;
+	// nil = lease.Local (one control plane).
+	Leaser clusterlease.Leaser
+	// Locks serialises lifecycle operations per sandbox; replicas on one
+	// database share an idlock.Postgres. nil = an in-process idlock.Map.
+	Locks idlock.Locker
+	// NodeLostAfter: a node whose heartbeat is older is lost, and its
+	// running and paused sandboxes are too (default 15s).
+	NodeLostAfter time.Duration
+	// NodeLostGrace: how long sandboxes stay lost before they are killed
+	// (default 10m).
+	NodeLostGrace time.Duration
 }
 
 // DiskBudget admits a new sparse image (diskbudget.Budget): it returns an
@@ -129,7 +144,9 @@ type Manager struct {
 	policies  policyCache
 
 	createSlots chan struct{}
-	locks       idlock.Map // serialises lifecycle ops per sandbox
+	locks       idlock.Locker // serialises lifecycle ops per sandbox, across replicas
+	localLocks  idlock.Map    // serialises this process's own state (volume-content leases)
+	loops       *loop.Runner
 	samples     sampler
 	sampleEvery time.Duration // sampleInterval; tests shorten it
 	metrics     *opMetrics
@@ -170,21 +187,43 @@ func New(cfg Config, st store.Store, n node.Node, tr template.Resolver) *Manager
 	if cfg.ReadyTimeout == 0 {
 		cfg.ReadyTimeout = 120 * time.Second
 	}
+	if cfg.Leaser == nil {
+		cfg.Leaser = clusterlease.NewLocal()
+	}
+	if cfg.Locks == nil {
+		cfg.Locks = &idlock.Map{}
+	}
+	if cfg.NodeLostAfter <= 0 { // serve refuses a negative flag
+		cfg.NodeLostAfter = DefaultNodeLostAfter
+	}
+	if cfg.NodeLostGrace <= 0 {
+		cfg.NodeLostGrace = DefaultNodeLostGrace
+	}
 	m := &Manager{cfg: cfg, store: st, node: n, templates: tr, log: cfg.Logger,
 		createSlots: make(chan struct{}, cfg.MaxConcurrentCreates), metrics: newOpMetrics(cfg.Registry),
 		volumes: cfg.Volumes, volMetrics: cfg.VolumeMetrics, pool: newPoolMetrics(cfg.Registry), poolKick: make(chan struct{}, 1),
 		sampleEvery: sampleInterval, snapMetrics: newSnapshotMetrics(cfg.Registry), snapKick: make(chan struct{}, 1),
-		snapInFlight: map[string]bool{}}
+		snapInFlight: map[string]bool{}, locks: cfg.Locks, loops: loop.New(cfg.Leaser, cfg.Logger)}
 	m.leases = newLeases(m, cfg.ContentIdle)
 	m.sched = cfg.Scheduler
 	if m.sched == nil {
-		// The default configuration always validates.
-		m.sched, _ = scheduler.New(scheduler.Config{})
+		// A positive TTL always validates. The scheduler's lease TTL is the
+		// node-loss threshold: a node whose sandboxes are lost gets no new ones.
+		m.sched, _ = scheduler.New(scheduler.Config{LeaseTTL: cfg.NodeLostAfter})
 	}
 	return m
 }
 
-func (m *Manager) lock(id string) func() { return m.locks.Lock(id) }
+// lock takes a sandbox's lock: across every replica sharing the store's
+// database (idlock.Postgres), or in-process (idlock.Map). It fails only
+// when ctx ends or the lock's database is unreachable.
+func (m *Manager) lock(ctx context.Context, id string) (func(), error) {
+	release, err := m.locks.Acquire(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBusy, err)
+	}
+	return release, nil
+}
 
 // NewID returns 20 chars of [a-z0-9], the shape the e2b proxy accepts.
 func NewID() string {
@@ -562,11 +601,15 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 		}
 		return nil, err
 	}
-	unlock := m.lock(sb.ID)
-	defer unlock()
 	// The node work must not be abandoned half way because the client went away.
 	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
+	unlock, err := m.lock(nctx, sb.ID)
+	if err != nil {
+		m.markKilled(nctx, sb, "create failed: "+err.Error(), nil) // nothing reached the node
+		return nil, err
+	}
+	defer unlock()
 	req := m.nodeRequest(sb, tpl.Layers)
 	req.Volumes = attachments
 	req.Accelerators, req.AccelContract = accels, tpl.Accelerators
@@ -712,7 +755,10 @@ func (m *Manager) CountRunning(ctx context.Context, teamID string) (int, error) 
 
 // Kill removes the sandbox from its node and marks it killed.
 func (m *Manager) Kill(ctx context.Context, id, reason string) error {
-	unlock := m.lock(id)
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		return err
+	}
 	defer unlock()
 	if _, err := m.Get(ctx, id); err != nil {
 		return err
@@ -750,7 +796,10 @@ func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) er
 	if d < 0 || d > m.cfg.MaxTimeout {
 		return invalid("timeout must be between 0 and %d seconds", int(m.cfg.MaxTimeout.Seconds()))
 	}
-	unlock := m.lock(id)
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		return err
+	}
 	defer unlock()
 	sb, err := m.Get(ctx, id)
 	if err != nil {
@@ -765,7 +814,10 @@ func (m *Manager) Refresh(ctx context.Context, id string, d time.Duration) error
 	if d < 0 || d > time.Hour {
 		return invalid("duration must be between 0 and 3600 seconds")
 	}
-	unlock := m.lock(id)
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		return err
+	}
 	defer unlock()
 	sb, err := m.Get(ctx, id)
 	if err != nil {
@@ -782,7 +834,10 @@ func (m *Manager) Refresh(ctx context.Context, id string, d time.Duration) error
 // and a resume boots it afresh (e2b's memory: false). ErrConflict when it
 // is already paused.
 func (m *Manager) Pause(ctx context.Context, id string, keepMemory bool) error {
-	unlock := m.lock(id)
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		return err
+	}
 	defer unlock()
 	if _, err := m.Get(ctx, id); err != nil {
 		return err
@@ -837,7 +892,10 @@ func (m *Manager) Connect(ctx context.Context, id string, d time.Duration, reboo
 	if d == 0 {
 		d = DefaultTimeout
 	}
-	unlock := m.lock(id)
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		return nil, false, err
+	}
 	defer unlock()
 	sb, err = m.Get(ctx, id)
 	if err != nil {
@@ -893,7 +951,10 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, n store.Network)
 	if err := m.checkNetwork(ctx, &n); err != nil {
 		return err
 	}
-	unlock := m.lock(id)
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		return err
+	}
 	defer unlock()
 	sb, err := m.Get(ctx, id)
 	if err != nil {

@@ -18,25 +18,19 @@ type DiskWatcher interface {
 // diskWatchInterval is how often the data filesystem is checked.
 const diskWatchInterval = 5 * time.Second
 
-// watchDisk reports, once per episode, each sandbox and volume whose image
+// diskWatcher reports, once per episode, each sandbox and volume whose image
 // the data filesystem can no longer hold to its size: an event on it
 // (visible in the sandbox's logs) and an error in the server's log. Inside
 // the sandbox such writes fail as I/O errors, which would otherwise look
 // like a broken disk.
-func (m *Manager) watchDisk(ctx context.Context, w DiskWatcher) {
-	t := time.NewTicker(diskWatchInterval)
-	defer t.Stop()
+// The returned pass runs on the node's disk-watch loop (one goroutine).
+func (m *Manager) diskWatcher(w DiskWatcher) func(context.Context) {
 	reported := map[string]bool{}
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	return func(ctx context.Context) {
 		free, short, err := w.Short()
 		if err != nil {
 			m.log.Error("data filesystem check", "err", err)
-			continue
+			return
 		}
 		now := map[string]bool{}
 		for _, s := range short {

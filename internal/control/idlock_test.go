@@ -30,7 +30,7 @@ func TestLockMapEmptyAfterLookups(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if n := m.locks.Len(); n != 0 {
+	if n := m.locks.Held(); n != 0 {
 		t.Fatalf("lock map holds %d entries after lookups of made-up IDs", n)
 	}
 }

@@ -38,7 +38,8 @@ func newLeases(m *Manager, idle time.Duration) *leases {
 
 // volLock serialises attach/detach of one volume's content ref, so an
 // expiring lease cannot detach the ref a newer lease just reused.
-func (l *leases) volLock(volID string) func() { return l.m.lock("volume-content/" + volID) }
+// The leases are this process's own state, so the lock is too.
+func (l *leases) volLock(volID string) func() { return l.m.localLocks.Lock("volume-content/" + volID) }
 
 func (l *leases) holds(volID string) bool {
 	l.mu.Lock()

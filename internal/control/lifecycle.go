@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/loop"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/store"
 )
 
-var liveStates = []store.SandboxState{store.StateCreating, store.StateRunning, store.StatePausing, store.StatePaused, store.StateResuming}
+// liveStates hold node resources. A lost sandbox may still run on its
+// node: its row keeps its snapshot layers, and a restart re-adopts it.
+var liveStates = []store.SandboxState{store.StateCreating, store.StateRunning, store.StatePausing, store.StatePaused, store.StateResuming, store.StateLost}
 
 // Recover makes the store and the node agree after a restart of cubicle
 // serve: sandboxes still alive on the node are re-adopted, rows whose
@@ -77,44 +80,61 @@ func (m *Manager) Recover(ctx context.Context) error {
 }
 
 func (m *Manager) reapLost(ctx context.Context, sb *store.Sandbox, reason string) {
-	unlock := m.lock(sb.ID)
+	unlock, err := m.lock(ctx, sb.ID)
+	if err != nil {
+		m.log.Error("recover", "sandbox", sb.ID, "err", err)
+		return
+	}
 	defer unlock()
 	derr := m.node.Delete(ctx, sb.ID)
 	m.markKilled(ctx, sb, reason, derr)
 }
 
-// Run enforces timeouts and repairs drift until ctx ends.
+// Run enforces timeouts and repairs drift until ctx ends. The
+// cluster-wide loops run under the Leaser, on one replica at a time; the
+// node's own loops (heartbeat, disk watch) and this process's (the
+// metrics sampler, which serves this replica's API) run everywhere.
 func (m *Manager) Run(ctx context.Context) {
-	reap := time.NewTicker(reapInterval)
-	defer reap.Stop()
-	reconcile := time.NewTicker(reconcileInterval)
-	defer reconcile.Stop()
+	r := m.loops
+	r.Go(ctx, loop.Spec{Name: "reaper", Every: reapInterval, Leased: true}, m.reapExpired)
+	r.Go(ctx, loop.Spec{Name: "reconcile", Every: reconcileInterval, Leased: true}, func(ctx context.Context) {
+		if err := m.reconcile(ctx); err != nil && ctx.Err() == nil {
+			m.log.Error("reconcile", "err", err)
+		}
+	})
+	r.Go(ctx, loop.Spec{Name: "pool", Every: poolInterval, Leased: true, Kick: m.poolKick}, func(ctx context.Context) {
+		if err := m.reconcilePool(ctx); err != nil && ctx.Err() == nil {
+			m.log.Error("warm-pool reconcile", "err", err)
+		}
+	})
+	r.Go(ctx, loop.Spec{Name: "snapshots", Every: reconcileInterval, Leased: true, Kick: m.snapKick, Now: true}, func(ctx context.Context) {
+		if err := m.reconcileSnapshots(ctx); err != nil && ctx.Err() == nil {
+			m.log.Error("snapshot reconcile", "err", err)
+		}
+	})
+	r.Go(ctx, loop.Spec{Name: "node-loss", Every: nodeLossInterval(m.cfg.NodeLostAfter), Leased: true}, func(ctx context.Context) {
+		if err := m.detectNodeLoss(ctx); err != nil && ctx.Err() == nil {
+			m.log.Error("node-loss detection", "err", err)
+		}
+	})
 	// Sampling has its own loop: an agent slow to answer a metrics call
 	// must never hold up timeout enforcement.
-	go m.runSampler(ctx)
-	go m.runPool(ctx)
-	go m.runSnapshots(ctx)
-	go m.runHeartbeat(ctx)
+	r.Go(ctx, loop.Spec{Name: "sampler", Every: m.sampleEvery}, m.sampleAll)
+	r.Go(ctx, loop.Spec{Name: "heartbeat", Every: heartbeatInterval}, func(ctx context.Context) {
+		if err := m.heartbeat(ctx); err != nil && ctx.Err() == nil {
+			m.log.Error("node heartbeat", "err", err)
+		}
+	})
 	if exits, err := m.node.Exits(ctx); err != nil {
 		m.log.Error("node exit reports; exits are found by the periodic reconcile", "err", err)
 	} else if exits != nil {
 		go m.watchExits(ctx, exits)
 	}
 	if w, ok := m.cfg.Disk.(DiskWatcher); ok {
-		go m.watchDisk(ctx, w)
+		r.Go(ctx, loop.Spec{Name: "disk-watch", Every: diskWatchInterval}, m.diskWatcher(w))
 	}
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-reap.C:
-			m.reapExpired(ctx)
-		case <-reconcile.C:
-			if err := m.reconcile(ctx); err != nil && !errors.Is(err, context.Canceled) {
-				m.log.Error("reconcile", "err", err)
-			}
-		}
-	}
+	<-ctx.Done()
+	r.Wait()
 }
 
 // reapExpired kills (or pauses, with autoPause) running sandboxes past EndAt.
@@ -137,7 +157,11 @@ func (m *Manager) reapExpired(ctx context.Context) {
 // re-check and the action share one lock hold, so a concurrent setTimeout
 // either lands first (and saves the sandbox) or after (and finds it gone).
 func (m *Manager) expire(ctx context.Context, id string, now time.Time) {
-	unlock := m.lock(id)
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		m.log.Error("reap", "sandbox", id, "err", err)
+		return
+	}
 	defer unlock()
 	cur, err := m.store.GetSandbox(ctx, id)
 	if err != nil || cur.State != store.StateRunning || now.Before(cur.EndAt) {
@@ -155,23 +179,44 @@ func (m *Manager) expire(ctx context.Context, id string, now time.Time) {
 	}
 }
 
-// reconcile removes node leftovers of killed rows and kills rows whose
-// sandbox disappeared from the node (e.g. its agent crashed).
+// reconcile reconciles the node (reconcileNode).
 func (m *Manager) reconcile(ctx context.Context) error {
+	info, err := m.nodeInfo(ctx)
+	if err != nil {
+		return err
+	}
+	return m.reconcileNode(ctx, info.ID)
+}
+
+// reconcileNode removes node leftovers of killed rows (among them those
+// the control plane gave up on while the node was lost) and kills rows
+// whose sandbox disappeared from the node (e.g. its agent crashed). Rows
+// of other nodes are not this node's to judge. It reaches the node
+// through m.node, which must be nodeID's.
+func (m *Manager) reconcileNode(ctx context.Context, nodeID string) error {
 	present, err := m.nodeSandboxes(ctx)
 	if err != nil {
 		return err
 	}
-	rows, err := m.store.ListSandboxes(ctx, store.SandboxFilter{States: []store.SandboxState{store.StateRunning, store.StatePaused}})
+	rows, err := m.store.ListSandboxes(ctx, store.SandboxFilter{States: []store.SandboxState{store.StateRunning, store.StatePaused, store.StateLost}})
 	if err != nil {
 		return err
 	}
 	live := map[string]bool{}
 	for _, sb := range rows {
+		if sb.Node != "" && sb.Node != nodeID {
+			continue
+		}
 		live[sb.ID] = true
+		if sb.State == store.StateLost {
+			continue // node loss (nodeloss.go) decides
+		}
 		if ns, ok := present[sb.ID]; !ok || ns.State == runtime.StateStopped {
 			// Double-check under the lock so an in-flight kill is not misreported.
-			unlock := m.lock(sb.ID)
+			unlock, err := m.lock(ctx, sb.ID)
+			if err != nil {
+				return err
+			}
 			cur, err := m.store.GetSandbox(ctx, sb.ID)
 			if err == nil && (cur.State == store.StateRunning || cur.State == store.StatePaused) {
 				if again, err := m.node.Get(ctx, sb.ID); err != nil || again.State == runtime.StateStopped {
@@ -238,7 +283,11 @@ func (m *Manager) watchExits(ctx context.Context, exits <-chan node.Exit) {
 // row still running under the lock is a sandbox that died; any other state
 // means an operation of ours got there first.
 func (m *Manager) exited(ctx context.Context, e node.Exit) {
-	unlock := m.lock(e.ID)
+	unlock, err := m.lock(ctx, e.ID)
+	if err != nil {
+		m.log.Error("sandbox exit", "sandbox", e.ID, "err", err)
+		return
+	}
 	defer unlock()
 	sb, err := m.store.GetSandbox(ctx, e.ID)
 	if err != nil || sb.State != store.StateRunning {

@@ -54,21 +54,8 @@ func (s *sampler) forget(keep map[string]bool) {
 	}
 }
 
-// runSampler records a metrics sample of every running sandbox each
-// sampleEvery until ctx ends.
-func (m *Manager) runSampler(ctx context.Context) {
-	t := time.NewTicker(m.sampleEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			m.sampleAll(ctx)
-		}
-	}
-}
-
+// sampleAll records a metrics sample of every running sandbox (Run's
+// sampler loop, every sampleEvery).
 func (m *Manager) sampleAll(ctx context.Context) {
 	rows, err := m.store.ListSandboxes(ctx, store.SandboxFilter{States: []store.SandboxState{store.StateRunning}})
 	if err != nil {

@@ -107,7 +107,13 @@ func (m *Manager) claim(ctx context.Context, o CreateOptions, tpl template.Templ
 		return nil, false
 	}
 	m.PoolTrigger(tpl.ID) // refill
-	unlock := m.lock(got.ID)
+	unlock, err := m.lock(ctx, got.ID)
+	if err != nil {
+		// The standby stays claimed-running; the pool reconciler's
+		// checks retire what no one holds.
+		m.log.Warn("warm-pool claim", "sandbox", got.ID, "err", err)
+		return nil, false
+	}
 	defer unlock()
 	// The reconciler may have retired it between the store claim and the
 	// lock: it then is killed and the request boots instead.
@@ -157,23 +163,6 @@ func samePolicy(a, b network.Policy) bool {
 }
 
 func (m *Manager) standbyTimeout() time.Duration { return min(standbyTimeout, m.cfg.MaxTimeout) }
-
-// runPool is the pool reconciler: every tick, and whenever triggered.
-func (m *Manager) runPool(ctx context.Context) {
-	t := time.NewTicker(poolInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-m.poolKick:
-		}
-		if err := m.reconcilePool(ctx); err != nil && ctx.Err() == nil {
-			m.log.Error("warm-pool reconcile", "err", err)
-		}
-	}
-}
 
 type poolTarget struct {
 	size int
@@ -314,7 +303,11 @@ func (m *Manager) createStandby(ctx context.Context, team string, tpl template.T
 
 // retire kills a standby unless a claim took it first.
 func (m *Manager) retire(ctx context.Context, id, reason string) {
-	unlock := m.lock(id)
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		m.log.Warn("warm-pool standby", "sandbox", id, "err", err)
+		return
+	}
 	defer unlock()
 	cur, err := m.store.GetSandbox(ctx, id)
 	if err != nil || !cur.State.Live() || !IsStandby(cur) {
@@ -327,7 +320,11 @@ func (m *Manager) retire(ctx context.Context, id, reason string) {
 
 // extendStandby pushes an idle standby's expiry out again.
 func (m *Manager) extendStandby(ctx context.Context, id string) {
-	unlock := m.lock(id)
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		m.log.Warn("warm-pool standby", "sandbox", id, "err", err)
+		return
+	}
 	defer unlock()
 	cur, err := m.store.GetSandbox(ctx, id)
 	if err != nil || cur.State != store.StateRunning || !IsStandby(cur) {

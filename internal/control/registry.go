@@ -72,21 +72,6 @@ func (m *Manager) heartbeat(ctx context.Context) error {
 	return err
 }
 
-func (m *Manager) runHeartbeat(ctx context.Context) {
-	t := time.NewTicker(heartbeatInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if err := m.heartbeat(ctx); err != nil && ctx.Err() == nil {
-				m.log.Error("node heartbeat", "err", err)
-			}
-		}
-	}
-}
-
 // schedulerNode is the node as the scheduler sees it: what it reports now
 // plus the operator's flags from the registry. A node with no row (never
 // registered: a Manager whose caller skipped RegisterNode) is schedulable,
@@ -102,6 +87,7 @@ func (m *Manager) schedulerNode(ctx context.Context, info node.Info) (scheduler.
 	case err == nil:
 		n.Cordoned = row.Cordoned || row.Draining
 		n.Labels = row.Labels
+		n.HeartbeatAge = max(time.Since(row.HeartbeatAt), 0)
 	case !errors.Is(err, store.ErrNotFound):
 		return scheduler.Node{}, fmt.Errorf("node registry: %w", err)
 	}

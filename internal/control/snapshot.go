@@ -48,7 +48,10 @@ func (m *Manager) Snapshot(ctx context.Context, id, name string) (*SnapshotInfo,
 	if name != "" && !snapshotNameRe.MatchString(name) {
 		return nil, invalid("name %q: use 1-128 of [a-z0-9._-], starting with a letter or digit", name)
 	}
-	unlock := m.lock(id)
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		return nil, err
+	}
 	defer unlock()
 	sb, err := m.Get(ctx, id)
 	if err != nil {
@@ -281,7 +284,10 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, timeout time.D
 	if timeout < 0 || timeout > m.cfg.MaxTimeout {
 		return nil, invalid("timeout must be between 0 and %d seconds", int(m.cfg.MaxTimeout.Seconds()))
 	}
-	unlock := m.lock(id)
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		return nil, err
+	}
 	sb, err := m.Get(ctx, id)
 	if err != nil {
 		unlock()
@@ -325,7 +331,10 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, timeout time.D
 // snapshot) become the snapshot's. A filesystem rollback reboots it.
 func (m *Manager) Rollback(ctx context.Context, id, snapshotRef string) (err error) {
 	defer m.metrics.observe("rollback", time.Now(), &err)
-	unlock := m.lock(id)
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		return err
+	}
 	defer unlock()
 	sb, err := m.Get(ctx, id)
 	if err != nil {
@@ -443,23 +452,8 @@ func (m *Manager) SnapshotTrigger() {
 	}
 }
 
-// runSnapshots removes the files of deleted snapshots once nothing runs on
-// them, and files no row references, until ctx ends.
-func (m *Manager) runSnapshots(ctx context.Context) {
-	t := time.NewTicker(reconcileInterval)
-	defer t.Stop()
-	for {
-		if err := m.reconcileSnapshots(ctx); err != nil && ctx.Err() == nil {
-			m.log.Error("snapshot reconcile", "err", err)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-m.snapKick:
-		}
-	}
-}
+// The snapshot loop (Run) removes the files of deleted snapshots once
+// nothing runs on them, and files no row references.
 
 // reconcileSnapshots is one pass: a deleted snapshot's layer that no live
 // sandbox and no remaining snapshot stacks on is removed with its row; a

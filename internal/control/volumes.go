@@ -344,7 +344,10 @@ func (m *Manager) reconcileVolumes(ctx context.Context, startup bool) error {
 			continue
 		}
 		done[a.SandboxID] = true
-		unlock := m.lock(a.SandboxID)
+		unlock, err := m.lock(ctx, a.SandboxID)
+		if err != nil {
+			return errors.Join(append(errs, err)...)
+		}
 		sb, err := m.store.GetSandbox(ctx, a.SandboxID)
 		if (err == nil && sb.State.Live()) || (err != nil && !errors.Is(err, store.ErrNotFound)) {
 			if err != nil {
@@ -387,7 +390,10 @@ func (m *Manager) reconcileVolumes(ctx context.Context, startup bool) error {
 				errs = append(errs, err)
 			}
 		default:
-			unlock := m.lock(r.Holder)
+			unlock, err := m.lock(ctx, r.Holder)
+			if err != nil {
+				return errors.Join(append(errs, err)...)
+			}
 			sb, err := m.store.GetSandbox(ctx, r.Holder)
 			if err != nil && !errors.Is(err, store.ErrNotFound) {
 				unlock()

@@ -2,9 +2,13 @@ package lease
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -24,9 +28,10 @@ import (
 // cancelled for two fns never to overlap. A holder that lost its
 // connection waits 2p before competing again, so a standby wins.
 type Postgres struct {
-	cfg  *pgx.ConnConfig
-	poll time.Duration
-	log  *slog.Logger
+	cfg    *pgx.ConnConfig
+	poll   time.Duration
+	log    *slog.Logger
+	holder string
 }
 
 var _ Leaser = (*Postgres)(nil)
@@ -46,7 +51,25 @@ func NewPostgres(dsn string, poll time.Duration, log *slog.Logger) (*Postgres, e
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Postgres{cfg: cfg, poll: poll, log: log}, nil
+	return &Postgres{cfg: cfg, poll: poll, log: log, holder: NewHolder()}, nil
+}
+
+// Holder is this Leaser's identity: in its logs and, as the lease
+// connection's application_name, in pg_stat_activity, so an operator sees
+// which replica holds which lease.
+func (p *Postgres) Holder() string { return p.holder }
+
+// NewHolder returns a holder identity unique to this process start:
+// hostname, pid and a random part (two containers may share a hostname and
+// a pid).
+func NewHolder() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown"
+	}
+	b := make([]byte, 4)
+	rand.Read(b)
+	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b))
 }
 
 // Key is the advisory lock key of lease name (FNV-1a 64 of a prefixed
@@ -107,7 +130,8 @@ func (p *Postgres) Run(ctx context.Context, name string, fn func(ctx context.Con
 func (p *Postgres) connect(ctx context.Context, name string) (*pgx.Conn, error) {
 	cfg := p.cfg.Copy()
 	// Shown in pg_stat_activity: which backend holds which lease.
-	cfg.RuntimeParams["application_name"] = "cubicle lease " + name
+	// PostgreSQL truncates it to 63 bytes; the holder goes first.
+	cfg.RuntimeParams["application_name"] = "cubicle " + p.holder + " " + name
 	cctx, cancel := context.WithTimeout(ctx, max(5*time.Second, p.poll))
 	defer cancel()
 	return pgx.ConnectConfig(cctx, cfg)
@@ -130,7 +154,7 @@ func (p *Postgres) hold(ctx context.Context, conn *pgx.Conn, name string, fn fun
 	if !p.healthyFor(ctx, conn, p.poll, check) {
 		return ctx.Err() == nil
 	}
-	p.log.Info("lease: acquired", "lease", name)
+	p.log.Info("lease: acquired", "lease", name, "holder", p.holder)
 	fctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {

@@ -68,6 +68,11 @@ const (
 	StatePaused   SandboxState = "paused"
 	StateResuming SandboxState = "resuming"
 	StateKilled   SandboxState = "killed"
+	// StateLost: the sandbox was running or paused on a node that stopped
+	// heartbeating. It may still run there; it is killed after the node
+	// loss grace, or goes back to the state its node reports when the
+	// node returns.
+	StateLost SandboxState = "lost"
 )
 
 // Live reports whether the sandbox still holds node resources.
