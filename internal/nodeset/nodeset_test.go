@@ -34,7 +34,9 @@ type infoNode struct {
 	id string
 }
 
-func (n infoNode) Info(context.Context) (node.Info, error) { return node.Info{ID: n.id, Runtime: "fake"}, nil }
+func (n infoNode) Info(context.Context) (node.Info, error) {
+	return node.Info{ID: n.id, Runtime: "fake"}, nil
+}
 
 type fixture struct {
 	st *sqlite.Store
