@@ -76,6 +76,10 @@ type serveOptions struct {
 
 	// store is --store: a PostgreSQL URL, or "" for SQLite in dataDir.
 	store string
+	// nodeID names the in-process node; embeddedNode false is a pure
+	// control plane (remote nodes only).
+	nodeID       string
+	embeddedNode bool
 }
 
 func serveCmd() *cobra.Command {
@@ -140,6 +144,8 @@ func serveCmd() *cobra.Command {
 	f.Int64Var(&o.maxImageBytes, "max-image-bytes", api.DefaultMaxImageBytes, "largest image body POST /images accepts; above it 413")
 	f.StringVar(&o.volumeBaseDir, "volume-base-dir", "", "volume_plugin_base_dir override (default: the node config's, else <data-dir>/volume-mounts)")
 	f.StringVar(&o.caCertsFile, "ca-certificates", "", "PEM file of extra CA certificates to trust in every sandbox and template build (a TLS-intercepting proxy's CA); default none")
+	f.StringVar(&o.nodeID, "node-id", "local", "ID of the in-process node (a DNS label; sandbox, snapshot and volume rows record it)")
+	f.BoolVar(&o.embeddedNode, "embedded-node", true, "run a node in this process; false: a pure control plane driving only remote nodes (`cubicle node run`), which needs TLS")
 	o.accel.flags(f)
 	o.conns.flags(f)
 	return cmd
@@ -149,6 +155,9 @@ func serve(ctx context.Context, o serveOptions) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	slog.SetDefault(log)
 	if err := checkAccelBackend(o.accel.backend, o.runtime); err != nil {
+		return err
+	}
+	if err := clusterFlags(&o); err != nil {
 		return err
 	}
 	if o.imagesDir == "" {
@@ -377,7 +386,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	}
 	nd, err := node.NewLocal(node.LocalConfig{
 		Accel: am,
-		ID:    "local", Runtime: drv, Network: sandboxNetworks{netm}, AgentBin: o.agentBin, SandboxDir: sandboxDir, ResolvConf: resolv,
+		ID:    o.nodeID, Runtime: drv, Network: sandboxNetworks{netm}, AgentBin: o.agentBin, SandboxDir: sandboxDir, ResolvConf: resolv,
 		VolumeDir: filepath.Join(o.dataDir, "node", "volumes"), VolumeBaseDir: vc.node.BaseDir,
 		VolumePlugin:  func(d string) (volume.Node, error) { return nodePlugins.Get(d) },
 		VolumeDrivers: nodePlugins.Names(), VolumeMetrics: volMetrics, Logger: log,
@@ -402,9 +411,13 @@ func serve(ctx context.Context, o serveOptions) error {
 		return fmt.Errorf("data filesystem: %w", err)
 	}
 	log.Info("data filesystem", "free_mib", ds.FreeBytes>>20, "promised_to_images_mib", ds.PromisedBytes>>20, "reserve_mib", ds.ReserveBytes>>20)
-	mgr := control.New(control.Config{Disk: disk, DefaultVolumeMB: o.volumeSizeMB, MaxVolumeMB: o.maxVolumeSizeMB, Sealer: secrets, MaxSandboxes: o.maxSandboxes, MaxSnapshotsPerTeam: o.maxSnapshots, MaxTimeout: o.maxTimeout, MaxConcurrentCreates: o.maxCreates,
+	join, cp, err := serveJoin(ctx, st, secrets, tlsConfig, log)
+	if err != nil {
+		return fmt.Errorf("cluster CA: %w", err)
+	}
+	mgr := control.New(control.Config{Nodes: nodeSet(st, o.nodeID, nd, cp), Reserve: o.store != "", Disk: disk, DefaultVolumeMB: o.volumeSizeMB, MaxVolumeMB: o.maxVolumeSizeMB, Sealer: secrets, MaxSandboxes: o.maxSandboxes, MaxSnapshotsPerTeam: o.maxSnapshots, MaxTimeout: o.maxTimeout, MaxConcurrentCreates: o.maxCreates,
 		CreateQueueWait: o.createWait, Logger: log, Registry: reg, Volumes: ctrlPlugins, VolumeMetrics: volMetrics, ContentIdle: o.contentIdle,
-		ReadyTimeout: o.readyTimeout, MaxSandboxCPU: o.maxCPU, MaxSandboxMemoryMB: o.maxMemoryMB, MaxSandboxDiskMB: o.maxDiskMB}, st, nd, tpls.catalog)
+		ReadyTimeout: o.readyTimeout, MaxSandboxCPU: o.maxCPU, MaxSandboxMemoryMB: o.maxMemoryMB, MaxSandboxDiskMB: o.maxDiskMB}, st, nil, tpls.catalog)
 	tpls.catalog.SetProber(mgr)
 	tpls.catalog.OnReady(mgr.PoolTrigger)
 	if err := tpls.catalog.Start(ctx); err != nil {
@@ -434,10 +447,6 @@ func serve(ctx context.Context, o serveOptions) error {
 	go mgr.Run(ctx)
 	go runAccelReconciler(ctx, nd, o.accel.reconcileT)
 
-	join, err := serveJoin(ctx, st, secrets, tlsConfig, log)
-	if err != nil {
-		return fmt.Errorf("cluster CA: %w", err)
-	}
 	apiSrv := api.New(api.Config{Domain: o.domain, Logger: log, Registry: reg, Templates: tpls.api, Images: tpls.images,
 		MaxImageBytes: o.maxImageBytes, Secrets: secrets, Join: join}, mgr, st)
 	tpls.startCollector(ctx, apiSrv)

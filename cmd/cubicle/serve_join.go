@@ -3,12 +3,16 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/clusterpki"
+	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/nodejoin"
+	"github.com/cubicle-dev/cubicle/internal/nodeset"
 	"github.com/cubicle-dev/cubicle/internal/store"
 )
 
@@ -16,19 +20,20 @@ import (
 // replica that needs it) and this replica's control-plane certificate,
 // which the listener presents to clients asking for
 // clusterpki.JoinServerName. Without TLS there is no join: a node must
-// verify the CA before it sends its token.
-func serveJoin(ctx context.Context, st store.Store, sealer clusterpki.Sealer, tlsConfig *tls.Config, log *slog.Logger) (*nodejoin.Service, error) {
+// verify the CA before it sends its token. The returned certificate is
+// also the one this replica dials nodes with (nil without TLS).
+func serveJoin(ctx context.Context, st store.Store, sealer clusterpki.Sealer, tlsConfig *tls.Config, log *slog.Logger) (*nodejoin.Service, *cpCert, error) {
 	if tlsConfig == nil {
 		log.Info("node joins off: they need TLS (--tls-cert or --tls-self-signed)")
-		return nil, nil
+		return nil, nil, nil
 	}
 	ca, err := clusterpki.LoadOrCreateCA(ctx, st, sealer)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	cp := &cpCert{ca: ca}
 	if _, err := cp.get(time.Now()); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	tlsConfig.GetCertificate = func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
 		if hello.ServerName == clusterpki.JoinServerName {
@@ -37,7 +42,41 @@ func serveJoin(ctx context.Context, st store.Store, sealer clusterpki.Sealer, tl
 		return nil, nil // the listener's own certificate
 	}
 	log.Info("node joins on", "path", nodejoin.Path, "ca_pin", clusterpki.Pin(ca.Cert))
-	return &nodejoin.Service{Store: st, CA: ca}, nil
+	return &nodejoin.Service{Store: st, CA: ca}, cp, nil
+}
+
+// nodeSet is the nodes serve's control plane drives: the in-process node
+// (nd, named nodeID; nil for a pure control plane) and, when there is a
+// cluster identity (cp: serve has TLS), every node registered in st,
+// dialled with cp's certificate. Without TLS no remote node can join, so
+// the set is the in-process node alone.
+func nodeSet(st store.Store, nodeID string, nd node.Node, cp *cpCert) *nodeset.Set {
+	cfg := nodeset.Config{LocalID: nodeID, Local: nd}
+	if cp != nil {
+		cfg.Registry, cfg.CA = st, cp.ca.Cert
+		cfg.Certificate = func() (*tls.Certificate, error) { return cp.get(time.Now()) }
+	}
+	return nodeset.New(cfg)
+}
+
+// clusterFlags checks serve's node flags: a pure control plane
+// (--embedded-node=false) serves only remote nodes, which need TLS to
+// join and to be dialled.
+func clusterFlags(o *serveOptions) error {
+	if err := clusterpki.ValidateNodeID(o.nodeID); err != nil {
+		return fmt.Errorf("--node-id: %w", err)
+	}
+	if !o.embeddedNode && o.tlsCert == "" && !o.tlsSelfSigned {
+		return errors.New("--embedded-node=false needs TLS (--tls-cert/--tls-key or --tls-self-signed): remote nodes join and are dialled with the cluster's mTLS identities")
+	}
+	if !o.embeddedNode {
+		// serve still sets the host up for its node (bridge, nft table,
+		// runtime, lxcfs) before it builds it; a pure control plane must
+		// skip all of that, which comes with the node construction
+		// leaving serve. Refused rather than half done.
+		return errors.New("--embedded-node=false: a pure control plane is not available in this build yet (serve still prepares the host for an in-process node)")
+	}
+	return nil
 }
 
 // cpCert is this replica's control-plane certificate, reissued once a
