@@ -78,8 +78,9 @@ type serveOptions struct {
 	store string
 	// nodeID names the in-process node; embeddedNode false is a pure
 	// control plane (remote nodes only).
-	nodeID       string
-	embeddedNode bool
+	nodeID          string
+	embeddedNode    bool
+	reserveCapacity bool
 }
 
 func serveCmd() *cobra.Command {
@@ -146,6 +147,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&o.caCertsFile, "ca-certificates", "", "PEM file of extra CA certificates to trust in every sandbox and template build (a TLS-intercepting proxy's CA); default none")
 	f.StringVar(&o.nodeID, "node-id", "local", "ID of the in-process node (a DNS label; sandbox, snapshot and volume rows record it)")
 	f.BoolVar(&o.embeddedNode, "embedded-node", true, "run a node in this process; false: a pure control plane driving only remote nodes (`cubicle node run`), which needs TLS")
+	f.BoolVar(&o.reserveCapacity, "reserve-capacity", false, "reserve each sandbox's CPUs and memory on its node in the store's capacity ledger, refusing creates (429) past the node's size, even with only the in-process node (always on while remote nodes are registered)")
 	o.accel.flags(f)
 	o.conns.flags(f)
 	return cmd
@@ -415,7 +417,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err != nil {
 		return fmt.Errorf("cluster CA: %w", err)
 	}
-	mgr := control.New(control.Config{Nodes: nodeSet(st, o.nodeID, nd, cp), Reserve: o.store != "", Disk: disk, DefaultVolumeMB: o.volumeSizeMB, MaxVolumeMB: o.maxVolumeSizeMB, Sealer: secrets, MaxSandboxes: o.maxSandboxes, MaxSnapshotsPerTeam: o.maxSnapshots, MaxTimeout: o.maxTimeout, MaxConcurrentCreates: o.maxCreates,
+	mgr := control.New(control.Config{Nodes: nodeSet(st, o.nodeID, nd, cp), Reserve: o.reserveCapacity, Disk: disk, DefaultVolumeMB: o.volumeSizeMB, MaxVolumeMB: o.maxVolumeSizeMB, Sealer: secrets, MaxSandboxes: o.maxSandboxes, MaxSnapshotsPerTeam: o.maxSnapshots, MaxTimeout: o.maxTimeout, MaxConcurrentCreates: o.maxCreates,
 		CreateQueueWait: o.createWait, Logger: log, Registry: reg, Volumes: ctrlPlugins, VolumeMetrics: volMetrics, ContentIdle: o.contentIdle,
 		ReadyTimeout: o.readyTimeout, MaxSandboxCPU: o.maxCPU, MaxSandboxMemoryMB: o.maxMemoryMB, MaxSandboxDiskMB: o.maxDiskMB}, st, nil, tpls.catalog)
 	tpls.catalog.SetProber(mgr)

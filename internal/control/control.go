@@ -95,9 +95,10 @@ type Config struct {
 	// Nodes is the set of nodes to drive, in place of New's one node.
 	Nodes *nodeset.Set
 	// Reserve makes every create reserve its CPU and memory on the
-	// chosen node in the store's capacity ledger (cluster mode: a
-	// PostgreSQL store or a pure control plane). Without it, creates
-	// reserve only while a node other than the in-process one is live.
+	// chosen node in the store's capacity ledger even when the only node
+	// is the in-process one (serve --reserve-capacity). Without it,
+	// creates reserve only while the set holds a node other than the
+	// in-process one.
 	Reserve bool
 }
 

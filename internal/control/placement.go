@@ -44,8 +44,8 @@ type placeRequest struct {
 // accel.ErrNoCapacity when all matching ones are in use, a
 // *scheduler.NoFitError (429) otherwise.
 //
-// In cluster mode (Config.Reserve, or any node besides the in-process
-// one) the sandbox's CPU and memory are reserved on the chosen node in
+// In cluster mode (any node besides the in-process one, or
+// Config.Reserve) the sandbox's CPU and memory are reserved on the chosen node in
 // the store's capacity ledger, in the same decision (scheduler.Schedule),
 // so concurrent creates on any replica never oversell a node. Embedded
 // mode reserves nothing: its admission is MaxSandboxes and the disk
