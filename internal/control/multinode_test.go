@@ -384,3 +384,95 @@ func TestConcurrentCreatesNeverOversell(t *testing.T) {
 		})
 	}
 }
+
+// volumeNode is a remoteNode with the local volume driver.
+type volumeNode struct{ *remoteNode }
+
+func (v volumeNode) Info(ctx context.Context) (node.Info, error) {
+	i, err := v.remoteNode.Info(ctx)
+	i.VolumeDrivers = []string{"local"}
+	return i, err
+}
+
+// A volume shared by sandboxes on two nodes: each attachment row names
+// its sandbox's node, the delete guard holds while any node holds the
+// volume, and a node that cannot be reached keeps its reference until it
+// confirms the detach (the volume seed).
+func TestVolumeReferencesFollowNodes(t *testing.T) {
+	ctx := context.Background()
+	st := openSQLite(t)
+	c := newCluster(t, st, map[string]int{"node-a": 4, "node-b": 4})
+	for id := range c.nodes {
+		if err := st.RegisterNode(ctx, &store.Node{ID: id, Address: id + ":7443", Runtime: "fake", VolumeDrivers: []string{"local"},
+			Capacity: store.Capacity{MilliCPU: 4000, MemoryMiB: 1 << 20}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set := nodeset.New(nodeset.Config{Registry: st, Dial: func(row *store.Node) (node.Node, io.Closer, error) {
+		return volumeNode{c.nodes[row.ID]}, io.NopCloser(nil), nil
+	}})
+	c.m = New(Config{Nodes: set}, st, nil, storeResolver{st})
+	if err := st.CreateVolume(ctx, &store.Volume{ID: "vol1", TeamID: store.DefaultTeamID, Name: "shared", Driver: "local", State: store.VolumeReady}); err != nil {
+		t.Fatal(err)
+	}
+	on := map[string]*store.Sandbox{}
+	for range 2 {
+		sb, err := c.m.Create(ctx, CreateOptions{TemplateID: "tpl", TeamID: store.DefaultTeamID, Timeout: time.Minute,
+			VolumeMounts: []VolumeMount{{Name: "shared", Path: "/data"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		on[sb.Node] = sb
+	}
+	if len(on) != 2 {
+		t.Fatalf("both sandboxes on one node: %v", on)
+	}
+	atts, err := st.ListVolumeAttachments(ctx, "vol1", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes := map[string]bool{}
+	for _, a := range atts {
+		nodes[a.Node] = true
+	}
+	if len(atts) != 2 || !nodes["node-a"] || !nodes["node-b"] {
+		t.Fatalf("attachment rows: %+v", atts)
+	}
+	c.nodes["node-b"].down.Store(true)
+	for _, sb := range on {
+		if err := c.m.Kill(ctx, sb.ID, "test"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held := func() bool {
+		t.Helper()
+		atts, err := st.ListVolumeAttachments(ctx, "vol1", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(atts) == 1 && atts[0].Node == "node-b"
+	}
+	if !held() {
+		t.Fatal("after the kills, only unreachable node-b's reference should remain")
+	}
+	if _, err := st.MarkVolumeDeleting(ctx, "vol1"); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("delete while node-b holds the volume: %v", err)
+	}
+	// The reconcile reports that node-b could not be reached, and keeps its row.
+	if err := c.m.reconcileVolumes(ctx, false); !errors.Is(err, errNodeDown) {
+		t.Fatalf("reconcile with node-b down: %v", err)
+	}
+	if !held() {
+		t.Fatal("the reconcile dropped the reference of a node that did not confirm")
+	}
+	c.nodes["node-b"].down.Store(false)
+	if err := c.m.reconcileVolumes(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if atts, _ := st.ListVolumeAttachments(ctx, "vol1", ""); len(atts) != 0 {
+		t.Fatalf("node-b confirmed, references left: %+v", atts)
+	}
+	if _, err := st.MarkVolumeDeleting(ctx, "vol1"); err != nil {
+		t.Fatalf("delete once no node holds it: %v", err)
+	}
+}
