@@ -152,6 +152,7 @@ type Manager struct {
 	pool        *poolMetrics
 	poolKick    chan struct{}
 	userCreates atomic.Int64 // user creates booting; the pool waits for them
+	allocatable sync.Map     // node ID → scheduler.Resources this replica last wrote to the ledger
 }
 
 // New builds a manager; call Recover before serving and Run in the

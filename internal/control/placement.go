@@ -85,12 +85,8 @@ func (m *Manager) place(ctx context.Context, o CreateOptions, tpl template.Templ
 	if reserve {
 		req.Resources = scheduler.Resources{MilliCPU: int64(tpl.CPUCount) * 1000, MemoryMiB: int64(tpl.MemoryMB)}
 		led := storeledger.New(m.store)
-		for i := range nodes {
-			// The ledger admits against what the node may hand out now
-			// (a node's capacity changes when it re-registers).
-			if err := led.SetNode(ctx, nodes[i].ID, m.sched.Allocatable(&nodes[i])); err != nil {
-				return placement{}, fmt.Errorf("capacity ledger: %w", err)
-			}
+		if err := m.syncAllocatable(ctx, led, nodes); err != nil {
+			return placement{}, err
 		}
 		p, serr := m.sched.Schedule(ctx, led, nodes, req, pr.sandboxID)
 		err, chosen = serr, p.NodeID
@@ -118,6 +114,29 @@ func (m *Manager) place(ctx context.Context, o CreateOptions, tpl template.Templ
 		return placement{}, err
 	}
 	return placement{nodeID: chosen, node: nd, reserved: reserve}, nil
+}
+
+// syncAllocatable writes to the ledger what each node may hand out now
+// (capacity × overcommit; a node's capacity changes when it registers
+// again), only where the ledger lacks the node or this replica last wrote
+// another value: one read per create instead of a write per node.
+func (m *Manager) syncAllocatable(ctx context.Context, led *storeledger.Ledger, nodes []scheduler.Node) error {
+	committed, err := led.Committed(ctx)
+	if err != nil {
+		return fmt.Errorf("capacity ledger: %w", err)
+	}
+	for i := range nodes {
+		id, alloc := nodes[i].ID, m.sched.Allocatable(&nodes[i])
+		_, known := committed[id]
+		if last, ok := m.allocatable.Load(id); known && ok && last.(scheduler.Resources) == alloc {
+			continue
+		}
+		if err := led.SetNode(ctx, id, alloc); err != nil {
+			return fmt.Errorf("capacity ledger: %w", err)
+		}
+		m.allocatable.Store(id, alloc)
+	}
+	return nil
 }
 
 // denyAccelerators records the refusal on every node with devices (their
