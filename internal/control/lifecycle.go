@@ -50,7 +50,11 @@ func (m *Manager) eachNode(ctx context.Context, what string, fn func(id string, 
 		nd, err := m.nodes.Get(ctx, mb.ID)
 		var present map[string]node.Sandbox
 		if err == nil {
-			present, err = nodeSandboxes(ctx, nd)
+			// Bounded: a node whose address no longer answers must not
+			// hold up the others (or serve's start) for a TCP timeout.
+			lctx, cancel := context.WithTimeout(ctx, nodeListTimeout)
+			present, err = nodeSandboxes(lctx, nd)
+			cancel()
 		}
 		if err != nil {
 			if m.nodes.IsLocal(mb.ID) {
@@ -65,6 +69,9 @@ func (m *Manager) eachNode(ctx context.Context, what string, fn func(id string, 
 	}
 	return nil
 }
+
+// nodeListTimeout bounds one node's List in the reconcilers.
+const nodeListTimeout = 15 * time.Second
 
 // rowNode is the node a row names; "" (rows from before nodes had names)
 // is the in-process node's.
