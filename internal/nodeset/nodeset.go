@@ -146,10 +146,10 @@ func (s *Set) client(row *store.Node) (node.Node, error) {
 		s.remote[row.ID] = &remote{addr: row.Address, conn: c, client: n}
 		return n, nil
 	}
-	tc := clusterpki.ControlPlaneClientConfig(tls.Certificate{}, s.cfg.CA, row.ID)
-	tc.Certificates = nil
-	getCert := s.cfg.Certificate
-	tc.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return getCert() }
+	tc, err := s.TLSConfig(row.ID)
+	if err != nil {
+		return nil, err
+	}
 	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(tc))}, s.cfg.DialOptions...)
 	// grpc.NewClient does not connect: the first call does, so a node
 	// that is down costs its caller one failed call, not this lock.
@@ -160,6 +160,21 @@ func (s *Set) client(row *store.Node) (node.Node, error) {
 	r := &remote{addr: row.Address, conn: conn, client: nodegrpc.NewClient(conn)}
 	s.remote[row.ID] = r
 	return r.client, nil
+}
+
+// TLSConfig is the control plane's client configuration for node id: its
+// current certificate (read at each handshake) and a peer that must be
+// that node (clusterpki.ControlPlaneClientConfig). The gRPC dial uses it;
+// so does anything else that calls the node (its data-plane listener).
+func (s *Set) TLSConfig(id string) (*tls.Config, error) {
+	if s.cfg.Certificate == nil || s.cfg.CA == nil {
+		return nil, fmt.Errorf("%w: node %s", ErrNoIdentity, id)
+	}
+	tc := clusterpki.ControlPlaneClientConfig(tls.Certificate{}, s.cfg.CA, id)
+	tc.Certificates = nil
+	getCert := s.cfg.Certificate
+	tc.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return getCert() }
+	return tc, nil
 }
 
 func (s *Set) drop(id string) {
