@@ -235,3 +235,28 @@ func TestAddressChangeAndForget(t *testing.T) {
 		t.Fatalf("Members after forget: %+v %v", ms, err)
 	}
 }
+
+// Live keeps the in-process node and the nodes whose heartbeat is within
+// the TTL.
+func TestLive(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	for id, age := range map[string]time.Duration{"fresh": time.Second, "stale": time.Hour} {
+		if err := f.st.RegisterNode(ctx, &store.Node{ID: id, Address: "127.0.0.1:1", HeartbeatAt: time.Now().Add(-age)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := f.set(infoNode{id: "local"})
+	defer s.Close()
+	live, err := s.Live(ctx, 15*time.Second, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, m := range live {
+		ids = append(ids, m.ID)
+	}
+	if want := []string{"fresh", "local"}; !equal(ids, want) {
+		t.Fatalf("Live: %v, want %v", ids, want)
+	}
+}
