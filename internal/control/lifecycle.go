@@ -47,6 +47,9 @@ func (m *Manager) eachNode(ctx context.Context, what string, fn func(id string, 
 		return err
 	}
 	for _, mb := range members {
+		if !m.nodes.IsLocal(mb.ID) && mb.Row.Address == "" {
+			continue // another replica's in-process node; it reconciles its own
+		}
 		nd, err := m.nodes.Get(ctx, mb.ID)
 		var present map[string]node.Sandbox
 		if err == nil {

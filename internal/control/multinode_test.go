@@ -476,3 +476,25 @@ func TestVolumeReferencesFollowNodes(t *testing.T) {
 		t.Fatalf("delete once no node holds it: %v", err)
 	}
 }
+
+// A registered node without an address (another replica's in-process
+// node) is neither offered to the scheduler nor reconciled here.
+func TestNodeWithoutAddressIsNotDriven(t *testing.T) {
+	ctx := context.Background()
+	c := newCluster(t, openSQLite(t), map[string]int{"node-a": 2})
+	if err := c.st.RegisterNode(ctx, &store.Node{ID: "other-replica", Runtime: "fake",
+		Capacity: store.Capacity{MilliCPU: 64000, MemoryMiB: 1 << 20}}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if sb := c.create(t); sb.Node != "node-a" {
+			t.Fatalf("placed on %s", sb.Node)
+		}
+	}
+	if _, err := c.m.Create(ctx, CreateOptions{TemplateID: "tpl", Timeout: time.Minute}); !errors.Is(err, scheduler.ErrNoFit) {
+		t.Fatalf("node-a is full: %v", err)
+	}
+	if err := c.m.reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -67,6 +67,11 @@ func (m *Manager) place(ctx context.Context, o CreateOptions, tpl template.Templ
 			continue
 		}
 		if !m.nodes.IsLocal(mb.ID) {
+			if mb.Row.Address == "" {
+				// Another replica's in-process node: only that replica
+				// can drive it.
+				continue
+			}
 			reserve = true
 		}
 		n, err := m.schedulerNode(ctx, mb, now)
