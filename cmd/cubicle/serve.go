@@ -27,6 +27,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/control"
 	"github.com/cubicle-dev/cubicle/internal/diskbudget"
 	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/proxy"
 	"github.com/cubicle-dev/cubicle/internal/runtime/oci"
 	"github.com/cubicle-dev/cubicle/internal/scheduler"
@@ -66,6 +67,11 @@ type serveOptions struct {
 	// store is --store: a PostgreSQL URL, or "" for SQLite in dataDir.
 	store   string
 	replica replicaOptions
+	// nodeID names the in-process node; embeddedNode false is a pure
+	// control plane (remote nodes only).
+	nodeID          string
+	embeddedNode    bool
+	reserveCapacity bool
 }
 
 func serveCmd() *cobra.Command {
@@ -112,6 +118,9 @@ func serveCmd() *cobra.Command {
 	f.IntVar(&o.maxVolumeSizeMB, "max-volume-size-mb", 0, "largest volume size in MiB a create may ask for (default: the size of the data dir's filesystem); above it 400")
 	f.StringVar(&o.diskReserve, "disk-reserve", "5%", "free space kept on the data dir's filesystem, as N% of its size or a size in MiB/GiB (2048, 2GiB): a sandbox or volume create that would promise sparse images more than free space minus this is refused with 507, so the store and the server's own files still have room when every image fills")
 	f.Int64Var(&o.maxImageBytes, "max-image-bytes", api.DefaultMaxImageBytes, "largest image body POST /images accepts; above it 413")
+	f.StringVar(&o.nodeID, "node-id", "local", "ID of the in-process node (a DNS label; sandbox, snapshot and volume rows record it)")
+	f.BoolVar(&o.embeddedNode, "embedded-node", true, "run a node in this process; false: a pure control plane driving only remote nodes (`cubicle node run`), which needs TLS")
+	f.BoolVar(&o.reserveCapacity, "reserve-capacity", false, "reserve each sandbox's CPUs and memory on its node in the store's capacity ledger, refusing creates (429) past the node's size, even with only the in-process node (always on while remote nodes are registered)")
 	o.nodeHostOptions.flags(f)
 	o.conns.flags(f)
 	return cmd
@@ -127,6 +136,9 @@ func serve(ctx context.Context, o serveOptions) error {
 	sched, err := scheduler.New(scheduler.Config{Strategy: scheduler.Strategy(o.schedule), LeaseTTL: o.replica.nodeLostAfter})
 	if err != nil {
 		return fmt.Errorf("--schedule: %w", err)
+	}
+	if err := clusterFlags(&o); err != nil {
+		return err
 	}
 	warmPools, err := parseWarmPools(o.warmPools)
 	if err != nil {
@@ -219,22 +231,31 @@ func serve(ctx context.Context, o serveOptions) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	volMetrics := control.NewVolumeMetrics(reg)
-	host, err := startNodeHost(ctx, &o.nodeHostOptions, userns, pool, nodeHostConfig{
-		ID: "local", Volumes: vc.node, Registry: reg, VolumeMetrics: volMetrics, Logger: log,
-		// Embedded, the egress proxy reads the secret from the store.
-		Secrets: func(ctx context.Context, sandboxID, name string) (string, error) {
-			sb, err := st.GetSandbox(ctx, sandboxID)
-			if err != nil {
-				return "", err
-			}
-			return secrets.Resolve(ctx, sb.TeamID, name)
-		},
-	})
-	if err != nil {
-		return err
+	// A pure control plane (--embedded-node=false) builds no node: no
+	// bridge, nftables, runtime or lxcfs on this host.
+	var (
+		host *nodeHost
+		nd   node.Node
+		netm *network.Linux
+	)
+	if o.embeddedNode {
+		host, err = startNodeHost(ctx, &o.nodeHostOptions, userns, pool, nodeHostConfig{
+			ID: o.nodeID, Volumes: vc.node, Registry: reg, VolumeMetrics: volMetrics, Logger: log,
+			// Embedded, the egress proxy reads the secret from the store.
+			Secrets: func(ctx context.Context, sandboxID, name string) (string, error) {
+				sb, err := st.GetSandbox(ctx, sandboxID)
+				if err != nil {
+					return "", err
+				}
+				return secrets.Resolve(ctx, sb.TeamID, name)
+			},
+		})
+		if err != nil {
+			return err
+		}
+		defer host.Close()
+		nd, netm = host.node, host.netm
 	}
-	defer host.Close()
-	nd, drv, netm := host.node, host.drv, host.netm
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	tpls, err := setupTemplates(ctx, o, st, netm, reg, log)
@@ -242,16 +263,24 @@ func serve(ctx context.Context, o serveOptions) error {
 		return err
 	}
 	defer tpls.Close()
-	disk := diskbudget.New(diskbudget.Config{Dir: o.dataDir, Reserve: diskReserve, Sources: diskSources(drv, vc.node.Plugins)})
+	var diskSrcs []diskbudget.Source
+	if host != nil {
+		diskSrcs = diskSources(host.drv, vc.node.Plugins)
+	}
+	disk := diskbudget.New(diskbudget.Config{Dir: o.dataDir, Reserve: diskReserve, Sources: diskSrcs})
 	ds, err := disk.Status()
 	if err != nil {
 		return fmt.Errorf("data filesystem: %w", err)
 	}
 	log.Info("data filesystem", "free_mib", ds.FreeBytes>>20, "promised_to_images_mib", ds.PromisedBytes>>20, "reserve_mib", ds.ReserveBytes>>20)
-	mgr := control.New(control.Config{Disk: disk, DefaultVolumeMB: o.volumeSizeMB, MaxVolumeMB: o.maxVolumeSizeMB, Sealer: secrets, MaxSandboxes: o.maxSandboxes, MaxSnapshotsPerTeam: o.maxSnapshots, MaxTimeout: o.maxTimeout, MaxConcurrentCreates: o.maxCreates,
+	join, cp, err := serveJoin(ctx, st, secrets, tlsConfig, log)
+	if err != nil {
+		return fmt.Errorf("cluster CA: %w", err)
+	}
+	mgr := control.New(control.Config{Nodes: nodeSet(st, o.nodeID, nd, cp), Reserve: o.reserveCapacity, Disk: disk, DefaultVolumeMB: o.volumeSizeMB, MaxVolumeMB: o.maxVolumeSizeMB, Sealer: secrets, MaxSandboxes: o.maxSandboxes, MaxSnapshotsPerTeam: o.maxSnapshots, MaxTimeout: o.maxTimeout, MaxConcurrentCreates: o.maxCreates,
 		CreateQueueWait: o.createWait, Logger: log, Registry: reg, Volumes: ctrlPlugins, VolumeMetrics: volMetrics, ContentIdle: o.contentIdle,
 		ReadyTimeout: o.readyTimeout, MaxSandboxCPU: o.maxCPU, MaxSandboxMemoryMB: o.maxMemoryMB, MaxSandboxDiskMB: o.maxDiskMB, Scheduler: sched,
-		Leaser: leaser, Locks: locks, NodeLostAfter: o.replica.nodeLostAfter, NodeLostGrace: o.replica.nodeLostGrace}, st, nd, tpls.catalog)
+		Leaser: leaser, Locks: locks, NodeLostAfter: o.replica.nodeLostAfter, NodeLostGrace: o.replica.nodeLostGrace}, st, nil, tpls.catalog)
 	tpls.catalog.SetProber(mgr)
 	tpls.catalog.OnReady(mgr.PoolTrigger)
 	if err := tpls.catalog.Start(ctx); err != nil {
@@ -264,8 +293,10 @@ func serve(ctx context.Context, o serveOptions) error {
 	}
 	// Devices are reconciled against the host and the live sandboxes before
 	// any capacity is advertised (and before recovery releases dead ones).
-	if err := host.startAccelerators(ctx); err != nil {
-		return err
+	if host != nil {
+		if err := host.startAccelerators(ctx); err != nil {
+			return err
+		}
 	}
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	if err := mgr.Recover(rctx); err != nil {
@@ -278,16 +309,18 @@ func serve(ctx context.Context, o serveOptions) error {
 	}
 	cancel()
 	go mgr.Run(ctx)
-	go host.runAccelReconciler(ctx)
-
-	join, err := serveJoin(ctx, st, secrets, tlsConfig, log)
-	if err != nil {
-		return fmt.Errorf("cluster CA: %w", err)
+	if host != nil {
+		go host.runAccelReconciler(ctx)
 	}
+
 	apiSrv := api.New(api.Config{Domain: o.domain, Logger: log, Registry: reg, Templates: tpls.api, Images: tpls.images,
 		MaxImageBytes: o.maxImageBytes, Secrets: secrets, Join: join}, mgr, st)
 	tpls.startCollector(ctx, apiSrv)
-	handler := proxy.New(proxy.Config{Domain: o.domain, Logger: log, Limits: o.conns.proxyLimits(budget), Registry: reg}, mgr, st, apiSrv)
+	routes, err := nodeRoutes(st, o, cp)
+	if err != nil {
+		return err
+	}
+	handler := proxy.New(proxy.Config{Domain: o.domain, Logger: log, Limits: o.conns.proxyLimits(budget), Registry: reg, Nodes: routes}, mgr, st, apiSrv)
 
 	o.conns.listeners(budget, reg, &ln, &lnTLS)
 	srv := o.conns.server(handler)

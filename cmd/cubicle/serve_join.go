@@ -4,12 +4,18 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/clusterpki"
+	"github.com/cubicle-dev/cubicle/internal/dataplane"
+	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/nodejoin"
+	"github.com/cubicle-dev/cubicle/internal/nodeset"
+	"github.com/cubicle-dev/cubicle/internal/proxy"
 	"github.com/cubicle-dev/cubicle/internal/store"
 )
 
@@ -17,19 +23,20 @@ import (
 // replica that needs it) and this replica's control-plane certificate,
 // which the listener presents to clients asking for
 // clusterpki.JoinServerName. Without TLS there is no join: a node must
-// verify the CA before it sends its token.
-func serveJoin(ctx context.Context, st store.Store, sealer clusterpki.Sealer, tlsConfig *tls.Config, log *slog.Logger) (*nodejoin.Service, error) {
+// verify the CA before it sends its token. The returned certificate is
+// also the one this replica dials nodes with (nil without TLS).
+func serveJoin(ctx context.Context, st store.Store, sealer clusterpki.Sealer, tlsConfig *tls.Config, log *slog.Logger) (*nodejoin.Service, *cpCert, error) {
 	if tlsConfig == nil {
 		log.Info("node joins off: they need TLS (--tls-cert or --tls-self-signed)")
-		return nil, nil
+		return nil, nil, nil
 	}
 	ca, err := clusterpki.LoadOrCreateCA(ctx, st, sealer)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	cp := &cpCert{ca: ca}
 	if _, err := cp.get(time.Now()); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	tlsConfig.GetCertificate = func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
 		if hello.ServerName == clusterpki.JoinServerName {
@@ -54,7 +61,63 @@ func serveJoin(ctx context.Context, st store.Store, sealer clusterpki.Sealer, tl
 		return c, nil
 	}
 	log.Info("node joins on", "path", nodejoin.Path, "ca_pin", clusterpki.Pin(ca.Cert))
-	return &nodejoin.Service{Store: st, CA: ca}, nil
+	return &nodejoin.Service{Store: st, CA: ca}, cp, nil
+}
+
+// nodeSet is the nodes serve's control plane drives: the in-process node
+// (nd, named nodeID; nil for a pure control plane) and, when there is a
+// cluster identity (cp: serve has TLS), every node registered in st,
+// dialled with cp's certificate. Without TLS no remote node can join, so
+// the set is the in-process node alone.
+func nodeSet(st store.Store, nodeID string, nd node.Node, cp *cpCert) *nodeset.Set {
+	cfg := nodeset.Config{LocalID: nodeID, Local: nd}
+	if cp != nil {
+		cfg.Registry, cfg.CA = st, cp.ca.Cert
+		cfg.Certificate = func() (*tls.Certificate, error) { return cp.get(time.Now()) }
+	}
+	return nodeset.New(cfg)
+}
+
+// nodeRoutes is how the proxy reaches sandboxes on remote nodes: through
+// their data planes, with this replica's control-plane identity. Without a
+// cluster identity (no TLS) there are no remote nodes, and nil keeps the
+// embedded proxy's direct dial.
+func nodeRoutes(st store.Store, o serveOptions, cp *cpCert) (*proxy.NodeRoutes, error) {
+	if cp == nil {
+		return nil, nil
+	}
+	dialer, err := dataplane.NewClientFunc(func() (*tls.Certificate, error) { return cp.get(time.Now()) }, cp.ca.Cert)
+	if err != nil {
+		return nil, err
+	}
+	local := ""
+	if o.embeddedNode {
+		local = o.nodeID
+	}
+	return &proxy.NodeRoutes{Local: local, Dialer: dialer,
+		DataAddress: func(ctx context.Context, nodeID string) (string, error) {
+			n, err := st.GetNode(ctx, nodeID)
+			if err != nil {
+				return "", err
+			}
+			if n.DataAddress == "" {
+				return "", fmt.Errorf("node %s: %w", nodeID, nodeset.ErrNoAddress)
+			}
+			return n.DataAddress, nil
+		}}, nil
+}
+
+// clusterFlags checks serve's node flags: a pure control plane
+// (--embedded-node=false) serves only remote nodes, which need TLS to
+// join and to be dialled.
+func clusterFlags(o *serveOptions) error {
+	if err := clusterpki.ValidateNodeID(o.nodeID); err != nil {
+		return fmt.Errorf("--node-id: %w", err)
+	}
+	if !o.embeddedNode && o.tlsCert == "" && !o.tlsSelfSigned {
+		return errors.New("--embedded-node=false needs TLS (--tls-cert/--tls-key or --tls-self-signed): remote nodes join and are dialled with the cluster's mTLS identities")
+	}
+	return nil
 }
 
 // cpCert is this replica's control-plane certificate, reissued once a

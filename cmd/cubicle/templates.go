@@ -247,6 +247,12 @@ func startSolver(ctx context.Context, o serveOptions, netm *network.Linux, regis
 	if o.buildkitd == "off" {
 		return nil, nil, fmt.Errorf("disabled by --buildkitd=off")
 	}
+	if netm == nil {
+		// buildkitd runs in a netns on the in-process node's sandbox
+		// bridge, judged by its egress rules; a pure control plane has
+		// neither (docs/cluster.md, images and templates).
+		return nil, nil, errors.New("a pure control plane (--embedded-node=false) has no sandbox network for buildkitd")
+	}
 	bin := o.buildkitd
 	if bin == "" {
 		exe, err := os.Executable()

@@ -12,6 +12,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/accel"
 	"github.com/cubicle-dev/cubicle/internal/control"
 	"github.com/cubicle-dev/cubicle/internal/diskbudget"
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
@@ -86,6 +87,12 @@ func statusOf(err error) int {
 		return http.StatusServiceUnavailable
 	case errors.Is(err, diskbudget.ErrInsufficientStorage):
 		return http.StatusInsufficientStorage
+	case errors.Is(err, control.ErrNoLocalNode):
+		return http.StatusNotImplemented
+	case errors.Is(err, errdefs.ErrUnavailable):
+		// A node (or a sandbox's agent) that cannot be reached now: the
+		// client may try again (Retry-After), a create on another node.
+		return http.StatusServiceUnavailable
 	default:
 		return http.StatusInternalServerError
 	}

@@ -3,9 +3,11 @@ package api
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"testing"
 
 	"github.com/cubicle-dev/cubicle/internal/accel"
+	"github.com/cubicle-dev/cubicle/internal/control"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
@@ -42,5 +44,22 @@ func TestNodeErrorsSurviveTheWire(t *testing.T) {
 	fe := &network.FieldError{Field: "egressProxy", Kind: network.ErrUpstream, Err: errors.New("no egress proxy")}
 	if wire := errdefs.ToNative(errdefs.ToGRPC(fe)); statusOf(wire) != statusOf(fe) || !errors.Is(wire, network.ErrInvalidPolicy) {
 		t.Errorf("FieldError: %d over the wire, %d in-process", statusOf(wire), statusOf(fe))
+	}
+}
+
+// A node that cannot be reached (gRPC Unavailable, brought back as the
+// errdefs class) is 503 with Retry-After, not an internal error; a control
+// plane without the in-process node answers 501 for what needs it.
+func TestUnreachableNodeIs503(t *testing.T) {
+	down := errdefs.ToNative(errdefs.ToGRPC(errdefs.New(errdefs.ErrUnavailable, "connection refused")))
+	if st := statusOf(fmt.Errorf("create sandbox: %w", down)); st != http.StatusServiceUnavailable {
+		t.Fatalf("unreachable node: %d", st)
+	}
+	if st := statusOf(fmt.Errorf("x: %w", control.ErrNoLocalNode)); st != http.StatusNotImplemented {
+		t.Fatalf("no in-process node: %d", st)
+	}
+	// Classes with their own status keep it.
+	if st := statusOf(volume.ErrPlugin); st != http.StatusBadGateway {
+		t.Fatalf("volume plugin: %d", st)
 	}
 }

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"errors"
 	"net/http"
 	"strconv"
 
@@ -8,6 +9,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/accel"
 	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/nodeset"
 )
 
 // Node routes: the inventory each node reports and the operator actions on
@@ -23,32 +25,52 @@ func (s *Server) nodeRoutes(r chi.Router) {
 type nodeJSON struct {
 	NodeID       string         `json:"nodeID"`
 	Accelerators map[string]int `json:"accelerators"` // count by state
+	// Error says why a node's facts could not be read (it is listed
+	// all the same, without accelerators).
+	Error string `json:"error,omitempty"`
 }
 
 func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
-	info, err := s.mgr.Node().Info(r.Context())
+	members, err := s.mgr.Nodes().Members(r.Context())
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	out := nodeJSON{NodeID: info.ID, Accelerators: map[string]int{}}
-	for state, n := range info.Accelerators {
-		out.Accelerators[string(state)] = n
+	out := []nodeJSON{}
+	for _, mb := range members {
+		j := nodeJSON{NodeID: mb.ID, Accelerators: map[string]int{}}
+		n, err := s.mgr.NodeByID(r.Context(), mb.ID)
+		var info node.Info
+		if err == nil {
+			info, err = n.Info(r.Context())
+		}
+		if err != nil {
+			j.Error = err.Error()
+		}
+		for state, c := range info.Accelerators {
+			j.Accelerators[string(state)] = c
+		}
+		out = append(out, j)
 	}
-	writeJSON(w, http.StatusOK, []nodeJSON{out})
+	writeJSON(w, http.StatusOK, out)
 }
 
 // accelNode resolves {node}; ok is false once an error is written. has
 // is false for a node without accelerators, whose inventory is empty.
 func (s *Server) accelNode(w http.ResponseWriter, r *http.Request) (n node.Node, has, ok bool) {
-	n = s.mgr.Node()
-	info, err := n.Info(r.Context())
+	id := chi.URLParam(r, "node")
+	n, err := s.mgr.NodeByID(r.Context(), id)
+	if errors.Is(err, nodeset.ErrUnknownNode) {
+		writeError(w, http.StatusNotFound, "node '"+id+"' not found")
+		return nil, false, false
+	}
 	if err != nil {
 		s.fail(w, r, err)
 		return nil, false, false
 	}
-	if id := chi.URLParam(r, "node"); id != info.ID {
-		writeError(w, http.StatusNotFound, "node '"+id+"' not found")
+	info, err := n.Info(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
 		return nil, false, false
 	}
 	return n, info.Accelerators != nil, true

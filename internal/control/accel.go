@@ -1,12 +1,10 @@
 package control
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 
 	"github.com/cubicle-dev/cubicle/internal/accel"
-	"github.com/cubicle-dev/cubicle/internal/scheduler"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/template"
 )
@@ -37,53 +35,6 @@ func (m *Manager) accelRequest(o CreateOptions, tpl template.Template) ([]accel.
 		return nil, err
 	}
 	return []accel.Request{eff}, nil
-}
-
-// place is the scheduling stage: the scheduler picks the node, among the
-// nodes that report state (today the one in-process node). It fails fast
-// as a single node would: *accel.CompatError naming the layer when no
-// device could ever match, accel.ErrNoCapacity when all matching ones are
-// in use. The team's and the template's placement policies apply
-// (placementPolicies); a node refused by one is named in the no-fit
-// error. The in-process node reports no CPU or memory capacity (its
-// admission is MaxSandboxes and the disk budget), so no resources are
-// asked of it.
-func (m *Manager) place(ctx context.Context, o CreateOptions, tpl template.Template, accels []accel.Request) (string, error) {
-	req := &scheduler.Request{TeamID: o.TeamID, TemplateID: tpl.ID, Contract: tpl.Accelerators}
-	if len(accels) == 1 {
-		req.Accelerator = &accels[0]
-	}
-	pols, err := m.placementPolicies(ctx, o.TeamID, tpl.ID)
-	if err != nil {
-		return "", err
-	}
-	req.Policies = pols
-	info, err := m.nodeInfo(ctx)
-	if err != nil {
-		return "", err
-	}
-	n, err := m.schedulerNode(ctx, info)
-	if err != nil {
-		return "", err
-	}
-	nodes := []scheduler.Node{n}
-	if err := m.fillStandbys(ctx, tpl, nodes); err != nil {
-		return "", err
-	}
-	cands, err := m.sched.Place(req, nodes)
-	if err != nil {
-		var nf *scheduler.NoFitError
-		if errors.As(err, &nf) && nf.Accel != nil {
-			err = nf.Accel
-		}
-		if info.Accelerators != nil {
-			if derr := m.node.DenyAccelerators(ctx, "", err); derr != nil {
-				m.log.Error("recording an accelerator denial", "err", derr)
-			}
-		}
-		return "", err
-	}
-	return cands[0].NodeID, nil
 }
 
 func accelJSON(r []accel.Request) string {

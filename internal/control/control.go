@@ -23,6 +23,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/loop"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/nodeset"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/scheduler"
 	"github.com/cubicle-dev/cubicle/internal/store"
@@ -107,6 +108,16 @@ type Config struct {
 	// NodeLostGrace: how long sandboxes stay lost before they are killed
 	// (default 10m).
 	NodeLostGrace time.Duration
+	// NodeID names the in-process node given to New (default "local").
+	NodeID string
+	// Nodes is the set of nodes to drive, in place of New's one node.
+	Nodes *nodeset.Set
+	// Reserve makes every create reserve its CPU and memory on the
+	// chosen node in the store's capacity ledger even when the only node
+	// is the in-process one (serve --reserve-capacity). Without it,
+	// creates reserve only while the set holds a node other than the
+	// in-process one.
+	Reserve bool
 }
 
 // DiskBudget admits a new sparse image (diskbudget.Budget): it returns an
@@ -137,7 +148,7 @@ type TeamResolver interface {
 type Manager struct {
 	cfg       Config
 	store     store.Store
-	node      node.Node
+	nodes     *nodeset.Set
 	templates template.Resolver
 	log       *slog.Logger
 	sched     *scheduler.Scheduler
@@ -162,9 +173,12 @@ type Manager struct {
 	pool        *poolMetrics
 	poolKick    chan struct{}
 	userCreates atomic.Int64 // user creates booting; the pool waits for them
+	allocatable sync.Map     // node ID → scheduler.Resources this replica last wrote to the ledger
 }
 
-// New builds a manager; call Recover before serving and Run in the background.
+// New builds a manager; call Recover before serving and Run in the
+// background. n is the in-process node (embedded mode), named
+// cfg.NodeID; cfg.Nodes replaces it with a set of nodes (n is then nil).
 func New(cfg Config, st store.Store, n node.Node, tr template.Resolver) *Manager {
 	if cfg.MaxTimeout == 0 {
 		cfg.MaxTimeout = 24 * time.Hour
@@ -199,7 +213,14 @@ func New(cfg Config, st store.Store, n node.Node, tr template.Resolver) *Manager
 	if cfg.NodeLostGrace <= 0 {
 		cfg.NodeLostGrace = DefaultNodeLostGrace
 	}
-	m := &Manager{cfg: cfg, store: st, node: n, templates: tr, log: cfg.Logger,
+	nodes := cfg.Nodes
+	if nodes == nil {
+		if cfg.NodeID == "" {
+			cfg.NodeID = "local"
+		}
+		nodes = nodeset.Single(cfg.NodeID, n)
+	}
+	m := &Manager{cfg: cfg, store: st, nodes: nodes, templates: tr, log: cfg.Logger,
 		createSlots: make(chan struct{}, cfg.MaxConcurrentCreates), metrics: newOpMetrics(cfg.Registry),
 		volumes: cfg.Volumes, volMetrics: cfg.VolumeMetrics, pool: newPoolMetrics(cfg.Registry), poolKick: make(chan struct{}, 1),
 		sampleEvery: sampleInterval, snapMetrics: newSnapshotMetrics(cfg.Registry), snapKick: make(chan struct{}, 1),
@@ -326,7 +347,30 @@ func (m *Manager) validate(ctx context.Context, o *CreateOptions) error {
 			}
 		}
 	}
-	return m.checkNetwork(ctx, &o.Network)
+	// The node-side checks run here against the in-process node; a
+	// create placed elsewhere is checked again on its node (createFrom).
+	local, _ := m.nodes.Local()
+	return m.checkNetwork(ctx, &o.Network, m.nodes.LocalNode(), local)
+}
+
+// checkNetworkOn is checkNetwork's part that asks the node.
+func (m *Manager) checkNetworkOn(ctx context.Context, p network.Policy, nd node.Node, nodeID string) error {
+	info, err := m.nodeInfo(ctx, nd, nodeID)
+	if err != nil {
+		return err
+	}
+	if err := m.checkEnforced(info, p); err != nil {
+		return invalid("network.%v", err)
+	}
+	if p.Upstream != nil {
+		if !info.Abilities.EgressProxy {
+			return invalid("network.egressProxy: this node runs no egress proxy to tunnel through")
+		}
+		if err := nd.CheckUpstream(ctx, p.Upstream.Address); err != nil {
+			return invalid("network.%v", err)
+		}
+	}
+	return nil
 }
 
 // checkEnforced refuses domain entries unless the node's egress proxy
@@ -359,27 +403,18 @@ func policyOf(n store.Network) network.Policy {
 	return p
 }
 
-// checkNetwork validates n for this node and normalises it (rule hosts
-// lower-cased): shape, domain enforcement, and where an egress proxy
-// points.
-func (m *Manager) checkNetwork(ctx context.Context, n *store.Network) error {
+// checkNetwork validates n for node nd (called nodeID) and normalises it
+// (rule hosts lower-cased): shape, domain enforcement, and where an egress
+// proxy points. With nd nil (no node chosen yet) only the shape is
+// checked.
+func (m *Manager) checkNetwork(ctx context.Context, n *store.Network, nd node.Node, nodeID string) error {
 	p := policyOf(*n)
 	if err := network.ValidatePolicy(p); err != nil {
 		return invalid("network.%v", err)
 	}
-	info, err := m.nodeInfo(ctx)
-	if err != nil {
-		return err
-	}
-	if err := m.checkEnforced(info, p); err != nil {
-		return invalid("network.%v", err)
-	}
-	if p.Upstream != nil {
-		if !info.Abilities.EgressProxy {
-			return invalid("network.egressProxy: this node runs no egress proxy to tunnel through")
-		}
-		if err := m.node.CheckUpstream(ctx, p.Upstream.Address); err != nil {
-			return invalid("network.%v", err)
+	if nd != nil {
+		if err := m.checkNetworkOn(ctx, p, nd, nodeID); err != nil {
+			return err
 		}
 	}
 	if len(n.Rules) > 0 {
@@ -450,7 +485,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ *store.Sandbox
 			return nil, err
 		}
 		if len(pols) > 0 {
-			if _, err := m.place(ctx, o, tpl, nil); err != nil {
+			if _, err := m.place(ctx, o, tpl, placeRequest{judgeOnly: true}); err != nil {
 				return nil, err
 			}
 		}
@@ -548,9 +583,26 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 	if err != nil {
 		return nil, err
 	}
-	nodeID, err := m.place(ctx, o, tpl, accels)
+	pr := placeRequest{sandboxID: NewID(), accels: accels, drivers: m.mountDrivers(ctx, o.TeamID, o.VolumeMounts)}
+	if o.snapshot != nil {
+		pr.pin = o.snapshot.Node // its files are on that node
+	}
+	pl, err := m.place(ctx, o, tpl, pr)
 	if err != nil {
 		return nil, err
+	}
+	rowMade := false
+	defer func() {
+		// Before the row exists nothing else frees the reservation.
+		if err != nil && !rowMade && pl.reserved {
+			m.release(ctx, pr.sandboxID)
+		}
+	}()
+	if local, _ := m.nodes.Local(); pl.nodeID != local {
+		// Validation judged the network against the in-process node.
+		if err := m.checkNetworkOn(ctx, policyOf(o.Network), pl.node, pl.nodeID); err != nil {
+			return nil, err
+		}
 	}
 	defaultUser := templateUser(tpl.RunAs)
 	if sn := o.snapshot; sn != nil {
@@ -570,13 +622,13 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 			defaultUser = sn.DefaultUser
 		}
 	}
-	mounts, attachments, err := m.resolveMounts(ctx, o.TeamID, o.VolumeMounts)
+	mounts, attachments, err := m.resolveMounts(ctx, o.TeamID, o.VolumeMounts, pl.node, pl.nodeID)
 	if err != nil {
 		return nil, err
 	}
 	now := time.Now().UTC()
 	sb := &store.Sandbox{
-		ID: NewID(), TeamID: o.TeamID, TemplateID: tpl.ID, Alias: tpl.Alias, State: store.StateCreating, Node: nodeID,
+		ID: pr.sandboxID, TeamID: o.TeamID, TemplateID: tpl.ID, Alias: tpl.Alias, State: store.StateCreating, Node: pl.nodeID,
 		Metadata: o.Metadata, EnvVars: o.EnvVars, EnvdToken: token(16), TrafficToken: token(16),
 		CPUCount: tpl.CPUCount, MemoryMB: tpl.MemoryMB, DiskSizeMB: tpl.DiskSizeMB,
 		Network: o.Network, AutoPause: o.AutoPause, AutoResume: o.AutoResume, APIKeyID: o.APIKeyID,
@@ -601,6 +653,7 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 		}
 		return nil, err
 	}
+	rowMade = true
 	// The node work must not be abandoned half way because the client went away.
 	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
@@ -615,12 +668,15 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 	req.Accelerators, req.AccelContract = accels, tpl.Accelerators
 	req.Restore, req.CurrentToken = restore, currentToken
 	req.StartCmd, req.StartUser, req.StartWorkdir, req.DefaultWorkdir = tpl.StartCmd, sb.DefaultUser, tpl.Workdir, tpl.Workdir
-	placed, err := m.node.Create(nctx, req)
+	placed, err := pl.node.Create(nctx, req)
+	if err != nil && retryable(err) && len(attachments) == 0 {
+		pl, placed, err = m.createElsewhere(nctx, o, tpl, pr, sb, req, pl, err)
+	}
 	releaseDisk()
 	if err != nil {
 		// Delete again: the node's own rollback may have failed to detach,
 		// and the attachment rows may only go once the node confirmed it.
-		derr := m.node.Delete(nctx, sb.ID)
+		derr := pl.node.Delete(nctx, sb.ID)
 		m.markKilled(nctx, sb, "create failed: "+err.Error(), derr)
 		return nil, fmt.Errorf("create sandbox: %w", err)
 	}
@@ -630,7 +686,7 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 	sb.Addr = placed.Addr.String()
 	sb.State = store.StateRunning
 	if err := m.store.UpdateSandbox(nctx, sb); err != nil {
-		_ = m.node.Delete(nctx, sb.ID)
+		_ = pl.node.Delete(nctx, sb.ID)
 		return nil, err
 	}
 	m.event(ctx, sb.ID, "created", "info", "sandbox created from template %s on node %s", sb.TemplateID, sb.Node)
@@ -652,7 +708,7 @@ func (m *Manager) waitReady(ctx context.Context, sb *store.Sandbox, cmd string) 
 	var last error
 	for {
 		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		code, err := m.node.Run(rctx, sb.ID, sb.EnvdToken, sb.DefaultUser, cmd)
+		code, err := m.runOn(rctx, sb, cmd)
 		cancel()
 		if err == nil && code == 0 {
 			return nil
@@ -782,7 +838,7 @@ func (m *Manager) killLocked(ctx context.Context, id, reason string) (err error)
 	if err := m.store.UpdateSandbox(nctx, sb); err != nil {
 		return err
 	}
-	nerr := m.node.Delete(nctx, id)
+	nerr := m.deleteOn(nctx, sb)
 	if nerr != nil {
 		m.log.Error("node delete", "sandbox", id, "err", nerr)
 		reason += " (node cleanup pending: " + nerr.Error() + ")"
@@ -866,9 +922,14 @@ func (m *Manager) pauseLocked(ctx context.Context, id, why string, keepMemory bo
 	}
 	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
-	pause := m.node.Pause
+	nd, err := m.nodeOf(ctx, sb)
+	if err != nil {
+		_, _ = m.store.CompareAndSetState(ctx, id, []store.SandboxState{store.StatePausing}, store.StateRunning)
+		return fmt.Errorf("pause: %w", err)
+	}
+	pause := nd.Pause
 	if !keepMemory {
-		pause = m.node.Stop
+		pause = nd.Stop
 	}
 	if err := pause(nctx, id); err != nil {
 		_, _ = m.store.CompareAndSetState(nctx, id, []store.SandboxState{store.StatePausing}, store.StateRunning)
@@ -905,7 +966,11 @@ func (m *Manager) Connect(ctx context.Context, id string, d time.Duration, reboo
 	case store.StateRunning:
 	case store.StatePaused:
 		if reboot {
-			if err := m.node.Stop(ctx, id); err != nil && !errors.Is(err, runtime.ErrNotRunning) {
+			nd, err := m.nodeOf(ctx, sb)
+			if err != nil {
+				return nil, false, fmt.Errorf("reboot: %w", err)
+			}
+			if err := nd.Stop(ctx, id); err != nil && !errors.Is(err, runtime.ErrNotRunning) {
 				return nil, false, fmt.Errorf("reboot: %w", err)
 			}
 		}
@@ -937,7 +1002,11 @@ func (m *Manager) resumeLocked(ctx context.Context, sb *store.Sandbox) (err erro
 	}
 	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
-	if err := m.node.Resume(nctx, sb.ID, m.nodeRequest(sb, nil)); err != nil {
+	nd, err := m.nodeOf(ctx, sb)
+	if err == nil {
+		err = nd.Resume(nctx, sb.ID, m.nodeRequest(sb, nil))
+	}
+	if err != nil {
 		_, _ = m.store.CompareAndSetState(nctx, sb.ID, []store.SandboxState{store.StateResuming}, store.StatePaused)
 		return fmt.Errorf("resume: %w", err)
 	}
@@ -948,9 +1017,6 @@ func (m *Manager) resumeLocked(ctx context.Context, sb *store.Sandbox) (err erro
 
 // UpdateNetwork replaces the egress policy of a running sandbox.
 func (m *Manager) UpdateNetwork(ctx context.Context, id string, n store.Network) error {
-	if err := m.checkNetwork(ctx, &n); err != nil {
-		return err
-	}
 	unlock, err := m.lock(ctx, id)
 	if err != nil {
 		return err
@@ -958,6 +1024,13 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, n store.Network)
 	defer unlock()
 	sb, err := m.Get(ctx, id)
 	if err != nil {
+		return err
+	}
+	nd, err := m.nodeOf(ctx, sb)
+	if err != nil {
+		return err
+	}
+	if err := m.checkNetwork(ctx, &n, nd, sb.Node); err != nil {
 		return err
 	}
 	plain := policyOf(n)
@@ -971,11 +1044,11 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, n store.Network)
 		// paused one gets it from the /init of its resume.
 		req := m.nodeRequest(sb, nil)
 		req.Policy = plain
-		if err := m.node.Reinit(ctx, id, req, sb.EnvdToken); err != nil {
+		if err := nd.Reinit(ctx, id, req, sb.EnvdToken); err != nil {
 			return fmt.Errorf("network update: install the egress CA: %w", err)
 		}
 	}
-	if err := m.node.UpdatePolicy(ctx, id, plain); err != nil {
+	if err := nd.UpdatePolicy(ctx, id, plain); err != nil {
 		return err
 	}
 	n.AllowPublicTraffic = sb.Network.AllowPublicTraffic
@@ -984,7 +1057,7 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, n store.Network)
 	sb.Network = n
 	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
 		// The node must not enforce what the store does not say.
-		if rerr := m.node.UpdatePolicy(context.WithoutCancel(ctx), id, m.policyFor(sb.TeamID, old)); rerr != nil {
+		if rerr := nd.UpdatePolicy(context.WithoutCancel(ctx), id, m.policyFor(sb.TeamID, old)); rerr != nil {
 			m.log.Error("network update: store failed and the node kept the new policy", "sandbox", id, "err", rerr)
 		}
 		return err
@@ -998,7 +1071,11 @@ func (m *Manager) Logs(ctx context.Context, id string, since time.Time, limit in
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	console, err := m.node.Logs(ctx, id)
+	nd, err := m.nodeOf(ctx, sb)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	console, err := nd.Logs(ctx, id)
 	if err != nil && !errors.Is(err, node.ErrNotFound) {
 		return nil, nil, nil, err
 	}
@@ -1006,15 +1083,12 @@ func (m *Manager) Logs(ctx context.Context, id string, since time.Time, limit in
 	return sb, console, evs, err
 }
 
-// Node exposes the node for the data-plane proxy.
-func (m *Manager) Node() node.Node { return m.node }
-
-// nodeInfo asks the node for its facts (cheap in-process; one call over
-// the wire).
-func (m *Manager) nodeInfo(ctx context.Context) (node.Info, error) {
-	info, err := m.node.Info(ctx)
+// nodeInfo asks node nd (called id) for its facts (cheap in-process; one
+// call over the wire).
+func (m *Manager) nodeInfo(ctx context.Context, nd node.Node, id string) (node.Info, error) {
+	info, err := nd.Info(ctx)
 	if err != nil {
-		return node.Info{}, fmt.Errorf("node info: %w", err)
+		return node.Info{}, fmt.Errorf("node %s info: %w", id, err)
 	}
 	return info, nil
 }

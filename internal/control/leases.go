@@ -65,7 +65,13 @@ func (l *leases) acquire(ctx context.Context, v *store.Volume) (string, func(), 
 
 	unlock := l.volLock(v.ID)
 	if ls.hostPath == "" {
-		hp, err := l.m.node.AttachVolume(context.WithoutCancel(ctx), ContentHolder,
+		nd, err := l.m.contentNode()
+		if err != nil {
+			unlock()
+			l.release(v.ID, ls)
+			return "", nil, err
+		}
+		hp, err := nd.AttachVolume(context.WithoutCancel(ctx), ContentHolder,
 			node.VolumeAttachment{VolumeID: v.ID, Driver: v.Driver, PrivateData: v.PrivateData})
 		if err != nil {
 			unlock()
@@ -106,7 +112,11 @@ func (l *leases) expire(volID string, ls *lease, gen int) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := l.m.node.DetachVolume(ctx, ContentHolder, volID); err != nil {
+	nd, err := l.m.contentNode()
+	if err == nil {
+		err = nd.DetachVolume(ctx, ContentHolder, volID)
+	}
+	if err != nil {
 		// The node keeps the ref; the reconciler retries since no lease holds it.
 		l.m.log.Error("detach idle volume-content attachment", "volume", volID, "err", err)
 	}
@@ -141,5 +151,12 @@ func (l *leases) drop(ctx context.Context, volID string) error {
 	unlock := l.volLock(volID)
 	defer unlock()
 	// Also covers a ref left by a previous process.
-	return l.m.node.DetachVolume(ctx, ContentHolder, volID)
+	nd, err := l.m.contentNode()
+	if err != nil {
+		if errors.Is(err, ErrNoLocalNode) {
+			return nil // no in-process node, so no content attachment
+		}
+		return err
+	}
+	return nd.DetachVolume(ctx, ContentHolder, volID)
 }

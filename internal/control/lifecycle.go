@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/loop"
@@ -16,28 +17,83 @@ import (
 // node: its row keeps its snapshot layers, and a restart re-adopts it.
 var liveStates = []store.SandboxState{store.StateCreating, store.StateRunning, store.StatePausing, store.StatePaused, store.StateResuming, store.StateLost}
 
-// Recover makes the store and the node agree after a restart of cubicle
-// serve: sandboxes still alive on the node are re-adopted, rows whose
-// sandbox is gone (or was caught mid-transition) are marked killed with a
-// reason, and node leftovers that no live row owns are deleted.
+// Recover makes the store and the nodes agree after a restart of cubicle
+// serve, node by node: sandboxes still alive on their node are re-adopted,
+// rows whose sandbox is gone (or was caught mid-transition) are marked
+// killed with a reason, and node leftovers that no live row of that node
+// owns are deleted. A node that cannot be reached is skipped (logged):
+// its sandboxes are not judged gone.
 func (m *Manager) Recover(ctx context.Context) error {
 	rows, err := m.store.ListSandboxes(ctx, store.SandboxFilter{States: liveStates})
 	if err != nil {
 		return err
 	}
-	present, err := m.nodeSandboxes(ctx)
+	err = m.eachNode(ctx, "recover", func(id string, nd node.Node, present map[string]node.Sandbox) error {
+		return m.recoverNode(ctx, id, nd, present, rows)
+	})
 	if err != nil {
 		return err
 	}
-	info, err := m.nodeInfo(ctx)
+	if err := m.reconcileVolumes(ctx, true); err != nil {
+		// Not fatal: the periodic reconciler keeps retrying.
+		m.log.Error("recover volumes", "err", err)
+	}
+	return nil
+}
+
+// eachNode calls fn for every node of the set with what it holds now. A
+// remote node that cannot be reached is logged and skipped; the
+// in-process node's failure is returned (it is this process).
+func (m *Manager) eachNode(ctx context.Context, what string, fn func(id string, nd node.Node, present map[string]node.Sandbox) error) error {
+	members, err := m.nodes.Members(ctx)
 	if err != nil {
 		return err
 	}
+	for _, mb := range members {
+		if !m.nodes.IsLocal(mb.ID) && mb.Row.Address == "" {
+			continue // another replica's in-process node; it reconciles its own
+		}
+		nd, err := m.nodes.Get(ctx, mb.ID)
+		var present map[string]node.Sandbox
+		if err == nil {
+			// Bounded: a node whose address no longer answers must not
+			// hold up the others (or serve's start) for a TCP timeout.
+			lctx, cancel := context.WithTimeout(ctx, nodeListTimeout)
+			present, err = nodeSandboxes(lctx, nd)
+			cancel()
+		}
+		if err != nil {
+			if m.nodes.IsLocal(mb.ID) {
+				return err
+			}
+			m.log.Warn(what+": node unreachable; its sandboxes are left as they are", "node", mb.ID, "err", err)
+			continue
+		}
+		if err := fn(mb.ID, nd, present); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// nodeListTimeout bounds one node's List in the reconcilers.
+const nodeListTimeout = 15 * time.Second
+
+// rowNode is the node a row names; "" (rows from before nodes had names)
+// is the in-process node's.
+func (m *Manager) rowNode(sb *store.Sandbox) string {
+	if sb.Node == "" {
+		id, _ := m.nodes.Local()
+		return id
+	}
+	return sb.Node
+}
+
+func (m *Manager) recoverNode(ctx context.Context, nodeID string, nd node.Node, present map[string]node.Sandbox, rows []*store.Sandbox) error {
 	owned := map[string]bool{}
 	for _, sb := range rows {
-		if sb.Node != "" && sb.Node != info.ID {
-			owned[sb.ID] = true // another node's sandbox; not ours to judge
-			continue
+		if m.rowNode(sb) != nodeID {
+			continue // another node's sandbox; not this node's to judge
 		}
 		ns, ok := present[sb.ID]
 		switch {
@@ -66,15 +122,11 @@ func (m *Manager) Recover(ctx context.Context) error {
 	}
 	for id := range present {
 		if !owned[id] {
-			m.log.Info("deleting orphaned sandbox", "sandbox", id)
-			if err := m.node.Delete(ctx, id); err != nil {
-				m.log.Error("delete orphan", "sandbox", id, "err", err)
+			m.log.Info("deleting orphaned sandbox", "sandbox", id, "node", nodeID)
+			if err := nd.Delete(ctx, id); err != nil {
+				m.log.Error("delete orphan", "sandbox", id, "node", nodeID, "err", err)
 			}
 		}
-	}
-	if err := m.reconcileVolumes(ctx, true); err != nil {
-		// Not fatal: the periodic reconciler keeps retrying.
-		m.log.Error("recover volumes", "err", err)
 	}
 	return nil
 }
@@ -86,7 +138,7 @@ func (m *Manager) reapLost(ctx context.Context, sb *store.Sandbox, reason string
 		return
 	}
 	defer unlock()
-	derr := m.node.Delete(ctx, sb.ID)
+	derr := m.deleteOn(ctx, sb)
 	m.markKilled(ctx, sb, reason, derr)
 }
 
@@ -120,16 +172,14 @@ func (m *Manager) Run(ctx context.Context) {
 	// Sampling has its own loop: an agent slow to answer a metrics call
 	// must never hold up timeout enforcement.
 	r.Go(ctx, loop.Spec{Name: "sampler", Every: m.sampleEvery}, m.sampleAll)
-	r.Go(ctx, loop.Spec{Name: "heartbeat", Every: heartbeatInterval}, func(ctx context.Context) {
-		if err := m.heartbeat(ctx); err != nil && ctx.Err() == nil {
-			m.log.Error("node heartbeat", "err", err)
-		}
-	})
-	if exits, err := m.node.Exits(ctx); err != nil {
-		m.log.Error("node exit reports; exits are found by the periodic reconcile", "err", err)
-	} else if exits != nil {
-		go m.watchExits(ctx, exits)
+	if _, ok := m.nodes.Local(); ok {
+		r.Go(ctx, loop.Spec{Name: "heartbeat", Every: heartbeatInterval}, func(ctx context.Context) {
+			if err := m.heartbeat(ctx); err != nil && ctx.Err() == nil {
+				m.log.Error("node heartbeat", "err", err)
+			}
+		})
 	}
+	go m.runExits(ctx)
 	if w, ok := m.cfg.Disk.(DiskWatcher); ok {
 		r.Go(ctx, loop.Spec{Name: "disk-watch", Every: diskWatchInterval}, m.diskWatcher(w))
 	}
@@ -179,32 +229,28 @@ func (m *Manager) expire(ctx context.Context, id string, now time.Time) {
 	}
 }
 
-// reconcile reconciles the node (reconcileNode).
+// reconcile removes node leftovers of killed rows and kills rows whose
+// sandbox disappeared from its node (e.g. its agent crashed), node by node
+// (eachNode: an unreachable node is skipped, never taken as empty).
 func (m *Manager) reconcile(ctx context.Context) error {
-	info, err := m.nodeInfo(ctx)
-	if err != nil {
-		return err
-	}
-	return m.reconcileNode(ctx, info.ID)
-}
-
-// reconcileNode removes node leftovers of killed rows (among them those
-// the control plane gave up on while the node was lost) and kills rows
-// whose sandbox disappeared from the node (e.g. its agent crashed). Rows
-// of other nodes are not this node's to judge. It reaches the node
-// through m.node, which must be nodeID's.
-func (m *Manager) reconcileNode(ctx context.Context, nodeID string) error {
-	present, err := m.nodeSandboxes(ctx)
-	if err != nil {
-		return err
-	}
 	rows, err := m.store.ListSandboxes(ctx, store.SandboxFilter{States: []store.SandboxState{store.StateRunning, store.StatePaused, store.StateLost}})
 	if err != nil {
 		return err
 	}
+	err = m.eachNode(ctx, "reconcile", func(id string, nd node.Node, present map[string]node.Sandbox) error {
+		m.reconcileNode(ctx, id, nd, present, rows)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return m.reconcileVolumes(ctx, false)
+}
+
+func (m *Manager) reconcileNode(ctx context.Context, nodeID string, nd node.Node, present map[string]node.Sandbox, rows []*store.Sandbox) {
 	live := map[string]bool{}
 	for _, sb := range rows {
-		if sb.Node != "" && sb.Node != nodeID {
+		if m.rowNode(sb) != nodeID {
 			continue
 		}
 		live[sb.ID] = true
@@ -215,12 +261,13 @@ func (m *Manager) reconcileNode(ctx context.Context, nodeID string) error {
 			// Double-check under the lock so an in-flight kill is not misreported.
 			unlock, err := m.lock(ctx, sb.ID)
 			if err != nil {
-				return err
+				m.log.Error("reconcile", "sandbox", sb.ID, "err", err)
+				return
 			}
 			cur, err := m.store.GetSandbox(ctx, sb.ID)
 			if err == nil && (cur.State == store.StateRunning || cur.State == store.StatePaused) {
-				if again, err := m.node.Get(ctx, sb.ID); err != nil || again.State == runtime.StateStopped {
-					derr := m.node.Delete(ctx, sb.ID)
+				if again, err := nd.Get(ctx, sb.ID); errors.Is(err, node.ErrNotFound) || (err == nil && again.State == runtime.StateStopped) {
+					derr := nd.Delete(ctx, sb.ID)
 					m.markKilled(ctx, cur, reasonExited, derr)
 				}
 			}
@@ -232,20 +279,21 @@ func (m *Manager) reconcileNode(ctx context.Context, nodeID string) error {
 			continue
 		}
 		sb, err := m.store.GetSandbox(ctx, id)
-		if err == nil && sb.State.Live() {
+		if err == nil && sb.State.Live() && m.rowNode(sb) == nodeID {
 			continue // transitional state; its own operation owns it
 		}
-		if errors.Is(err, store.ErrNotFound) || (err == nil && !sb.State.Live()) {
-			m.log.Info("reconcile: deleting leftover", "sandbox", id)
-			_ = m.node.Delete(ctx, id)
+		// No row, a dead row, or a row that names another node (a create
+		// retried elsewhere after this node failed it).
+		if errors.Is(err, store.ErrNotFound) || err == nil {
+			m.log.Info("reconcile: deleting leftover", "sandbox", id, "node", nodeID)
+			_ = nd.Delete(ctx, id)
 		}
 	}
-	return m.reconcileVolumes(ctx, false)
 }
 
-// nodeSandboxes indexes what the node currently holds by sandbox ID.
-func (m *Manager) nodeSandboxes(ctx context.Context) (map[string]node.Sandbox, error) {
-	onNode, err := m.node.List(ctx)
+// nodeSandboxes indexes what a node currently holds by sandbox ID.
+func nodeSandboxes(ctx context.Context, nd node.Node) (map[string]node.Sandbox, error) {
+	onNode, err := nd.List(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -261,6 +309,65 @@ const (
 	reasonExited = "killed: the sandbox's process exited unexpectedly"
 	reasonOOM    = "killed: out of memory"
 )
+
+// runExits keeps one exit reader per node: the in-process node's from the
+// start, a remote node's from when it is first seen, again after its
+// stream ended (the connection dropped). Exits missed meanwhile are found
+// by the periodic reconcile.
+func (m *Manager) runExits(ctx context.Context) {
+	var mu sync.Mutex
+	watching := map[string]bool{}
+	scan := func() {
+		members, err := m.nodes.Members(ctx)
+		if err != nil {
+			m.log.Error("exit readers: list nodes", "err", err)
+			return
+		}
+		for _, mb := range members {
+			mu.Lock()
+			busy := watching[mb.ID]
+			mu.Unlock()
+			if busy {
+				continue
+			}
+			nd, err := m.nodes.Get(ctx, mb.ID)
+			var exits <-chan node.Exit
+			if err == nil {
+				exits, err = nd.Exits(ctx)
+			}
+			if err != nil {
+				m.log.Warn("node exit reports; exits are found by the periodic reconcile", "node", mb.ID, "err", err)
+				continue
+			}
+			if exits == nil {
+				continue // this node does not watch; the reconcile finds exits
+			}
+			mu.Lock()
+			watching[mb.ID] = true
+			mu.Unlock()
+			go func(id string) {
+				m.watchExits(ctx, exits)
+				mu.Lock()
+				delete(watching, id)
+				mu.Unlock()
+			}(mb.ID)
+		}
+	}
+	scan()
+	if !m.nodes.Remote() {
+		return // one in-process node: its one stream lasts as long as ctx
+	}
+	t := time.NewTicker(heartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			scan()
+		}
+	}
+}
 
 // watchExits marks sandboxes killed as soon as the node reports their
 // process gone, instead of at the next reconcile (up to 30 s later).
@@ -300,7 +407,7 @@ func (m *Manager) exited(ctx context.Context, e node.Exit) {
 	m.log.Warn("sandbox died", "sandbox", e.ID, "reason", reason)
 	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
-	derr := m.node.Delete(nctx, e.ID)
+	derr := m.deleteOn(nctx, sb)
 	m.markKilled(nctx, sb, reason, derr)
 	if IsStandby(sb) {
 		m.PoolTrigger("") // replace the standby now

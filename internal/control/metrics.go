@@ -72,7 +72,11 @@ func (m *Manager) sampleAll(ctx context.Context) {
 			defer func() { <-sem; wg.Done() }()
 			cctx, cancel := context.WithTimeout(ctx, sampleTimeout)
 			defer cancel()
-			if st, err := m.node.Stats(cctx, sb.ID, sb.EnvdToken); err == nil {
+			nd, err := m.nodeOf(cctx, sb)
+			if err != nil {
+				return
+			}
+			if st, err := nd.Stats(cctx, sb.ID, sb.EnvdToken); err == nil {
 				st.CPUCount = sb.CPUCount
 				m.samples.add(sb.ID, st)
 			}
@@ -90,7 +94,11 @@ func (m *Manager) MetricsHistory(ctx context.Context, id string) ([]node.Stats, 
 		return nil, err
 	}
 	if sb.State == store.StateRunning {
-		if st, err := m.node.Stats(ctx, id, sb.EnvdToken); err == nil {
+		nd, err := m.nodeOf(ctx, sb)
+		if err != nil {
+			return nil, err
+		}
+		if st, err := nd.Stats(ctx, id, sb.EnvdToken); err == nil {
 			st.CPUCount = sb.CPUCount
 			m.samples.add(id, st)
 		}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/nodeset"
 	"github.com/cubicle-dev/cubicle/internal/store"
 )
 
@@ -60,7 +61,7 @@ func (n enforcingNode) Info(ctx context.Context) (node.Info, error) {
 // node's policy; malformed ones are still refused by name.
 func TestDomainEntriesAcceptedWhenEnforced(t *testing.T) {
 	m, _, _ := newPoolManager(t)
-	m.node = enforcingNode{m.node}
+	m.nodes = nodeset.Single("local", enforcingNode{m.nodes.LocalNode()})
 	ctx := context.Background()
 	sb, err := m.Create(ctx, CreateOptions{TemplateID: "tpl", TeamID: store.DefaultTeamID, Timeout: time.Minute,
 		Network: store.Network{AllowOut: []string{"pypi.org", "*.npmjs.org"}, DenyOut: []string{"0.0.0.0/0"}}})

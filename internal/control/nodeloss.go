@@ -148,28 +148,31 @@ func (m *Manager) killLost(ctx context.Context, id, reason string) {
 // lost sandbox the node still has is back in the state the node reports
 // (running or paused, the two states a sandbox is lost from); one it no
 // longer has is killed; then the node's reconcile deletes what the
-// control plane killed meanwhile. It reaches the node through m.node (the
-// node set's client for nodeID once the control plane routes per node);
-// a node it cannot reach yet is left for a later pass.
+// control plane killed meanwhile. A node it cannot reach yet is left for
+// a later pass.
 func (m *Manager) nodeReturned(ctx context.Context, nodeID string, lost []*store.Sandbox) error {
-	info, err := m.nodeInfo(ctx)
+	nd, err := m.nodeFor(ctx, nodeID)
 	if err != nil {
 		return err
 	}
-	if info.ID != nodeID {
-		return nil
-	}
-	present, err := m.nodeSandboxes(ctx)
+	lctx, cancel := context.WithTimeout(ctx, nodeListTimeout)
+	present, err := nodeSandboxes(lctx, nd)
+	cancel()
 	if err != nil {
 		return err
 	}
 	for _, sb := range lost {
-		m.restoreLost(ctx, nodeID, sb.ID, present)
+		m.restoreLost(ctx, nodeID, nd, sb.ID, present)
 	}
-	return m.reconcileNode(ctx, nodeID)
+	rows, err := m.store.ListSandboxes(ctx, store.SandboxFilter{States: []store.SandboxState{store.StateRunning, store.StatePaused, store.StateLost}})
+	if err != nil {
+		return err
+	}
+	m.reconcileNode(ctx, nodeID, nd, present, rows)
+	return nil
 }
 
-func (m *Manager) restoreLost(ctx context.Context, nodeID, id string, present map[string]node.Sandbox) {
+func (m *Manager) restoreLost(ctx context.Context, nodeID string, nd node.Node, id string, present map[string]node.Sandbox) {
 	unlock, ok := m.lockSettled(ctx, id)
 	if !ok {
 		return
@@ -189,7 +192,7 @@ func (m *Manager) restoreLost(ctx context.Context, nodeID, id string, present ma
 	default:
 		// The node is back without it: it confirms nothing holds the
 		// volumes, so the attachments go too.
-		derr := m.node.Delete(ctx, id)
+		derr := nd.Delete(ctx, id)
 		m.markKilled(ctx, cur, fmt.Sprintf("killed: node %s returned without the sandbox", nodeID), derr)
 		return
 	}

@@ -205,7 +205,7 @@ func TestNodeLoss(t *testing.T) {
 			t.Fatal("the fake node dropped a sandbox the control plane never deleted")
 		}
 		beatAt(t, st, "local", time.Now())
-		if err := m.reconcileNode(ctx, "local"); err != nil {
+		if err := m.reconcile(ctx); err != nil {
 			t.Fatal(err)
 		}
 		for _, id := range append(ids[:2:2], vsb.ID) {

@@ -125,7 +125,7 @@ func (m *Manager) claim(ctx context.Context, o CreateOptions, tpl template.Templ
 	defer cancel()
 	fail := func(step string, err error) (*store.Sandbox, bool) {
 		m.log.Warn("warm-pool claim failed; booting instead", "sandbox", sb.ID, "step", step, "err", err)
-		derr := m.node.Delete(nctx, sb.ID)
+		derr := m.deleteOn(nctx, sb)
 		m.markKilled(nctx, sb, fmt.Sprintf("warm-pool claim failed at %s: %v", step, err), derr)
 		return nil, false
 	}
@@ -142,11 +142,15 @@ func (m *Manager) claim(ctx context.Context, o CreateOptions, tpl template.Templ
 	sb.StartedAt, sb.EndAt = now, now.Add(o.Timeout)
 	req := m.nodeRequest(sb, nil)
 	req.DefaultWorkdir = tpl.Workdir
-	if err := m.node.Reinit(nctx, sb.ID, req, oldToken); err != nil {
+	nd, err := m.nodeOf(nctx, sb)
+	if err != nil {
+		return fail("node", err)
+	}
+	if err := nd.Reinit(nctx, sb.ID, req, oldToken); err != nil {
 		return fail("agent re-init", err)
 	}
 	if p := m.policyFor(o.TeamID, o.Network); !samePolicy(p, oldPolicy) {
-		if err := m.node.UpdatePolicy(nctx, sb.ID, p); err != nil {
+		if err := nd.UpdatePolicy(nctx, sb.ID, p); err != nil {
 			return fail("network policy", err)
 		}
 	}

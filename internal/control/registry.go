@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/cubicle-dev/cubicle/internal/node"
-	"github.com/cubicle-dev/cubicle/internal/scheduler"
 	"github.com/cubicle-dev/cubicle/internal/store"
 )
 
@@ -16,10 +14,15 @@ import (
 // the scheduler's default lease TTL, so one missed beat loses nothing.
 const heartbeatInterval = 5 * time.Second
 
-// RegisterNode records the node in the store's registry from its Info
-// (registering again after a restart updates the row and keeps the
-// operator's cordon). serve calls it once at start; Run then heartbeats.
+// RegisterNode records the in-process node in the store's registry from
+// its Info (registering again after a restart updates the row and keeps
+// the operator's cordon). serve calls it once at start; Run then
+// heartbeats. A pure control plane has no in-process node: remote nodes
+// register themselves.
 func (m *Manager) RegisterNode(ctx context.Context) error {
+	if _, ok := m.nodes.Local(); !ok {
+		return nil
+	}
 	n, err := m.nodeRow(ctx)
 	if err != nil {
 		return err
@@ -32,11 +35,13 @@ func (m *Manager) RegisterNode(ctx context.Context) error {
 
 // nodeRow is what the in-process node reports, as a registry row.
 func (m *Manager) nodeRow(ctx context.Context) (*store.Node, error) {
-	info, err := m.nodeInfo(ctx)
+	id, _ := m.nodes.Local()
+	nd := m.nodes.LocalNode()
+	info, err := m.nodeInfo(ctx, nd, id)
 	if err != nil {
 		return nil, err
 	}
-	inv, err := m.node.AcceleratorInventory(ctx)
+	inv, err := nd.AcceleratorInventory(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("node accelerators: %w", err)
 	}
@@ -49,7 +54,7 @@ func (m *Manager) nodeRow(ctx context.Context) (*store.Node, error) {
 		accels = string(b)
 	}
 	return &store.Node{
-		ID: info.ID, Runtime: info.Runtime, Version: info.Version, VolumeDrivers: info.VolumeDrivers, Accelerators: accels,
+		ID: id, Runtime: info.Runtime, Version: info.Version, VolumeDrivers: info.VolumeDrivers, Accelerators: accels,
 		// Disk has no host size here: embedded disk admission is the disk
 		// budget (diskbudget), not the registry.
 		Capacity: store.Capacity{MilliCPU: int64(info.Capacity.CPUs) * 1000, MemoryMiB: int64(info.Capacity.MemoryBytes >> 20)},
@@ -70,26 +75,4 @@ func (m *Manager) heartbeat(ctx context.Context) error {
 		return m.store.RegisterNode(ctx, n)
 	}
 	return err
-}
-
-// schedulerNode is the node as the scheduler sees it: what it reports now
-// plus the operator's flags from the registry. A node with no row (never
-// registered: a Manager whose caller skipped RegisterNode) is schedulable,
-// as before the registry existed. Draining implies no new sandboxes.
-func (m *Manager) schedulerNode(ctx context.Context, info node.Info) (scheduler.Node, error) {
-	inv, err := m.node.AcceleratorInventory(ctx)
-	if err != nil {
-		return scheduler.Node{}, err
-	}
-	n := scheduler.Node{ID: info.ID, VolumeDrivers: info.VolumeDrivers, Accelerators: inv}
-	row, err := m.store.GetNode(ctx, info.ID)
-	switch {
-	case err == nil:
-		n.Cordoned = row.Cordoned || row.Draining
-		n.Labels = row.Labels
-		n.HeartbeatAge = max(time.Since(row.HeartbeatAt), 0)
-	case !errors.Is(err, store.ErrNotFound):
-		return scheduler.Node{}, fmt.Errorf("node registry: %w", err)
-	}
-	return n, nil
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/nodeset"
 	"github.com/cubicle-dev/cubicle/internal/secret"
 	"github.com/cubicle-dev/cubicle/internal/store"
 )
@@ -25,7 +26,7 @@ func (upstreamNode) CheckUpstream(context.Context, string) error { return nil }
 // secrets key and opened only for the node.
 func TestEgressProxyPasswordSealedAtRest(t *testing.T) {
 	m, fn, st := newPoolManager(t)
-	m.node = upstreamNode{fn}
+	m.nodes = nodeset.Single("local", upstreamNode{fn})
 	key := make([]byte, secret.KeySize)
 	sec, err := secret.New(st, key)
 	if err != nil {

@@ -89,7 +89,11 @@ func (m *Manager) snapshotLocked(ctx context.Context, sb *store.Sandbox, name st
 	if err != nil {
 		return nil, err
 	}
-	info, err := m.nodeInfo(ctx)
+	nd, err := m.nodeOf(ctx, sb)
+	if err != nil {
+		return nil, err
+	}
+	info, err := m.nodeInfo(ctx, nd, sb.Node)
 	if err != nil {
 		return nil, err
 	}
@@ -108,7 +112,7 @@ func (m *Manager) snapshotLocked(ctx context.Context, sb *store.Sandbox, name st
 	}()
 	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
 	defer cancel()
-	ns, err := m.node.Snapshot(nctx, sb.ID, sid)
+	ns, err := nd.Snapshot(nctx, sb.ID, sid)
 	if errors.Is(err, runtime.ErrSnapshotTooLarge) {
 		return nil, fmt.Errorf("sandbox '%s': %w; nothing was kept", sb.ID, err)
 	}
@@ -117,11 +121,11 @@ func (m *Manager) snapshotLocked(ctx context.Context, sb *store.Sandbox, name st
 	}
 	defer func() {
 		if err != nil {
-			_ = m.node.DeleteSnapshot(nctx, sid)
+			_ = nd.DeleteSnapshot(nctx, sid)
 		}
 	}()
 	sn := &store.Snapshot{
-		ID: sid, TeamID: sb.TeamID, SandboxID: sb.ID, SourceTemplateID: sb.TemplateID, Node: sb.Node,
+		ID: sid, TeamID: sb.TeamID, SandboxID: sb.ID, SourceTemplateID: sb.TemplateID, Node: m.rowNode(sb),
 		Kind: ns.Kind, Runtime: info.Runtime, Layers: append([]string{ns.Layer}, layers...), Checkpoint: ns.Checkpoint,
 		SizeBytes: ns.SizeBytes, Volumes: sb.Volumes, EnvVars: sb.EnvVars, DefaultUser: sb.DefaultUser,
 		AgentToken: sb.EnvdToken, Internal: internal,
@@ -350,11 +354,18 @@ func (m *Manager) Rollback(ctx context.Context, id, snapshotRef string) (err err
 	if sb.State != store.StateRunning && sb.State != store.StatePaused {
 		return fmt.Errorf("%w: sandbox '%s' is %s", ErrConflict, id, sb.State)
 	}
+	if on := info.Snapshot.Node; on != "" && on != m.rowNode(sb) {
+		return fmt.Errorf("%w: snapshot '%s' is kept on node %s and sandbox '%s' runs on node %s; a snapshot restores on its own node", ErrConflict, info.Snapshot.ID, on, id, m.rowNode(sb))
+	}
+	nd, err := m.nodeOf(ctx, sb)
+	if err != nil {
+		return err
+	}
 	restore, currentToken, err := m.restoreOf(ctx, &info.Snapshot, sb)
 	if err != nil {
 		return err
 	}
-	_, atts, err := m.resolveMounts(ctx, sb.TeamID, mountsOf(sb.Volumes))
+	_, atts, err := m.resolveMounts(ctx, sb.TeamID, mountsOf(sb.Volumes), nd, m.rowNode(sb))
 	if err != nil {
 		return err
 	}
@@ -369,12 +380,12 @@ func (m *Manager) Rollback(ctx context.Context, id, snapshotRef string) (err err
 	}
 	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
-	if err := m.node.Rebuild(nctx, id, req); errors.Is(err, node.ErrRebuildRefused) {
+	if err := nd.Rebuild(nctx, id, req); errors.Is(err, node.ErrRebuildRefused) {
 		_, _ = m.store.CompareAndSetState(nctx, id, []store.SandboxState{store.StateResuming}, prev)
 		return fmt.Errorf("rollback: %w", err)
 	} else if err != nil {
 		// The old root filesystem is gone: the sandbox cannot go back.
-		derr := m.node.Delete(nctx, id)
+		derr := nd.Delete(nctx, id)
 		m.markKilled(nctx, sb, "rollback failed: "+err.Error(), derr)
 		return fmt.Errorf("rollback: %w", err)
 	}
@@ -396,7 +407,11 @@ func (m *Manager) restoreOf(ctx context.Context, sn *store.Snapshot, sb *store.S
 	if sn.Kind != runtime.SnapshotMemory {
 		return "", "", nil
 	}
-	info, err := m.nodeInfo(ctx)
+	nd, err := m.nodeOf(ctx, sb)
+	if err != nil {
+		return "", "", err
+	}
+	info, err := m.nodeInfo(ctx, nd, sb.Node)
 	if err != nil {
 		return "", "", err
 	}
@@ -481,16 +496,16 @@ func (m *Manager) reconcileSnapshots(ctx context.Context) error {
 			}
 		}
 	}
-	info, err := m.nodeInfo(ctx)
-	if err != nil {
-		return err
-	}
 	known := map[string]bool{}
 	var bytes, count float64
 	for _, sn := range rows {
 		known[sn.ID] = true
-		if !sn.DeletedAt.IsZero() && len(sn.Layers) > 0 && !used[sn.Layers[0]] && sn.Node == info.ID {
-			if err := m.node.DeleteSnapshot(ctx, sn.ID); err != nil {
+		if !sn.DeletedAt.IsZero() && len(sn.Layers) > 0 && !used[sn.Layers[0]] {
+			nd, err := m.nodeFor(ctx, sn.Node)
+			if err == nil {
+				err = nd.DeleteSnapshot(ctx, sn.ID)
+			}
+			if err != nil {
 				m.log.Error("delete snapshot files", "snapshot", sn.ID, "err", err)
 				continue
 			}
@@ -505,15 +520,29 @@ func (m *Manager) reconcileSnapshots(ctx context.Context) error {
 		}
 	}
 	m.snapMetrics.set(count, bytes)
-	ids, err := m.node.Snapshots(ctx)
+	members, err := m.nodes.Members(ctx)
 	if err != nil {
 		return err
 	}
-	for _, id := range ids {
-		if !known[id] && !m.snapshotInFlight(id) {
-			m.log.Info("removing snapshot files no row references", "snapshot", id)
-			if err := m.node.DeleteSnapshot(ctx, id); err != nil {
+	for _, mb := range members {
+		nd, err := m.nodes.Get(ctx, mb.ID)
+		var ids []string
+		if err == nil {
+			ids, err = nd.Snapshots(ctx)
+		}
+		if err != nil {
+			if m.nodes.IsLocal(mb.ID) {
 				return err
+			}
+			m.log.Warn("snapshot files: node unreachable", "node", mb.ID, "err", err)
+			continue
+		}
+		for _, id := range ids {
+			if !known[id] && !m.snapshotInFlight(id) {
+				m.log.Info("removing snapshot files no row references", "snapshot", id, "node", mb.ID)
+				if err := nd.DeleteSnapshot(ctx, id); err != nil {
+					return err
+				}
 			}
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -234,16 +235,29 @@ func (m *Manager) revertDeleting(ctx context.Context, v *store.Volume) {
 	}
 }
 
-// resolveMounts validates requested mounts against the store and the node;
-// names resolve in the team's namespace only.
-func (m *Manager) resolveMounts(ctx context.Context, teamID string, req []VolumeMount) ([]store.VolumeMount, []node.VolumeAttachment, error) {
+// mountDrivers is the volume drivers the requested mounts need, for
+// placement (a node must have them all). Mounts that do not resolve are
+// left to resolveMounts, which names the error.
+func (m *Manager) mountDrivers(ctx context.Context, teamID string, req []VolumeMount) []string {
+	var out []string
+	for _, vm := range req {
+		if v, err := m.store.VolumeByName(ctx, teamID, vm.Name); err == nil && !slices.Contains(out, v.Driver) {
+			out = append(out, v.Driver)
+		}
+	}
+	return out
+}
+
+// resolveMounts validates requested mounts against the store and node nd
+// (called nodeID); names resolve in the team's namespace only.
+func (m *Manager) resolveMounts(ctx context.Context, teamID string, req []VolumeMount, nd node.Node, nodeID string) ([]store.VolumeMount, []node.VolumeAttachment, error) {
 	if len(req) == 0 {
 		return nil, nil, nil
 	}
 	if len(req) > MaxVolumeMounts {
 		return nil, nil, invalid("volumeMounts: at most %d allowed", MaxVolumeMounts)
 	}
-	info, err := m.nodeInfo(ctx)
+	info, err := m.nodeInfo(ctx, nd, nodeID)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -280,7 +294,7 @@ func (m *Manager) resolveMounts(ctx context.Context, teamID string, req []Volume
 			return nil, nil, fmt.Errorf("%w: volume '%s' is being deleted", ErrConflict, vm.Name)
 		}
 		if !drivers[v.Driver] {
-			return nil, nil, invalid("volumeMounts: volume '%s' uses driver %q, which node %s has no plugin for", vm.Name, v.Driver, info.ID)
+			return nil, nil, invalid("volumeMounts: volume '%s' uses driver %q, which node %s has no plugin for", vm.Name, v.Driver, nodeID)
 		}
 		mounts = append(mounts, store.VolumeMount{VolumeID: v.ID, Path: p, ReadOnly: vm.ReadOnly})
 		atts = append(atts, node.VolumeAttachment{VolumeID: v.ID, Driver: v.Driver, PrivateData: v.PrivateData, Path: p, ReadOnly: vm.ReadOnly})
@@ -324,6 +338,44 @@ func (m *Manager) dropAttachments(ctx context.Context, sb *store.Sandbox) {
 	}
 }
 
+// reconcileNodeRefs releases node nodeID's volume refs that nothing owns.
+func (m *Manager) reconcileNodeRefs(ctx context.Context, nodeID string, nd node.Node, refs []node.VolumeRef) []error {
+	var errs []error
+	for _, r := range refs {
+		switch r.Kind {
+		case node.HolderContent:
+			if m.nodes.IsLocal(nodeID) && m.leases.holds(r.VolumeID) {
+				continue
+			}
+			m.log.Info("reconcile: releasing stale volume-content attachment", "volume", r.VolumeID, "node", nodeID)
+			if err := nd.DetachVolume(ctx, r.Holder, r.VolumeID); err != nil {
+				errs = append(errs, err)
+			}
+		default:
+			unlock, err := m.lock(ctx, r.Holder)
+			if err != nil {
+				return append(errs, err)
+			}
+			sb, err := m.store.GetSandbox(ctx, r.Holder)
+			if err != nil && !errors.Is(err, store.ErrNotFound) {
+				unlock()
+				errs = append(errs, err)
+				continue
+			}
+			if err == nil && sb.State.Live() && m.rowNode(sb) == nodeID {
+				unlock()
+				continue
+			}
+			m.log.Info("reconcile: detaching volume of a dead sandbox", "volume", r.VolumeID, "sandbox", r.Holder, "node", nodeID)
+			if err := nd.Delete(ctx, r.Holder); err != nil {
+				errs = append(errs, err)
+			}
+			unlock()
+		}
+	}
+	return errs
+}
+
 // reconcileVolumes repairs drift between attachment rows, the node's
 // durable refs and volume rows left mid-operation. startup is true when
 // called by Recover: then no operation can be in flight.
@@ -334,16 +386,19 @@ func (m *Manager) reconcileVolumes(ctx context.Context, startup bool) error {
 	if err != nil {
 		return err
 	}
-	info, err := m.nodeInfo(ctx)
-	if err != nil {
-		return err
-	}
 	done := map[string]bool{}
 	for _, a := range atts {
-		if done[a.SandboxID] || (a.Node != "" && a.Node != info.ID) {
+		if done[a.SandboxID] {
 			continue
 		}
 		done[a.SandboxID] = true
+		nd, err := m.nodeFor(ctx, a.Node)
+		if err != nil {
+			// A node the set does not know (forgotten, or a remote row in
+			// embedded mode) is not ours to clean: its rows stay, guarding
+			// the volume, until the node confirms.
+			continue
+		}
 		unlock, err := m.lock(ctx, a.SandboxID)
 		if err != nil {
 			return errors.Join(append(errs, err)...)
@@ -356,8 +411,8 @@ func (m *Manager) reconcileVolumes(ctx context.Context, startup bool) error {
 			unlock()
 			continue
 		}
-		if err := m.node.Delete(ctx, a.SandboxID); err != nil {
-			errs = append(errs, fmt.Errorf("sandbox %s: %w", a.SandboxID, err))
+		if err := nd.Delete(ctx, a.SandboxID); err != nil {
+			errs = append(errs, fmt.Errorf("sandbox %s on node %s: %w", a.SandboxID, a.Node, err))
 			unlock()
 			continue
 		}
@@ -373,43 +428,28 @@ func (m *Manager) reconcileVolumes(ctx context.Context, startup bool) error {
 		m.dropAttachments(ctx, sb)
 		unlock()
 	}
-	// 2. Node refs nobody owns: sandboxes that are not live, content leases
-	// this process does not hold (left by a previous process).
-	refs, err := m.node.VolumeRefs(ctx)
+	// 2. Node refs nobody owns, node by node: sandboxes that are not
+	// live there, content leases this process does not hold (left by a
+	// previous process). An unreachable remote node is skipped.
+	members, err := m.nodes.Members(ctx)
 	if err != nil {
 		return errors.Join(append(errs, err)...)
 	}
-	for _, r := range refs {
-		switch r.Kind {
-		case node.HolderContent:
-			if m.leases.holds(r.VolumeID) {
-				continue
-			}
-			m.log.Info("reconcile: releasing stale volume-content attachment", "volume", r.VolumeID)
-			if err := m.node.DetachVolume(ctx, r.Holder, r.VolumeID); err != nil {
-				errs = append(errs, err)
-			}
-		default:
-			unlock, err := m.lock(ctx, r.Holder)
-			if err != nil {
-				return errors.Join(append(errs, err)...)
-			}
-			sb, err := m.store.GetSandbox(ctx, r.Holder)
-			if err != nil && !errors.Is(err, store.ErrNotFound) {
-				unlock()
-				errs = append(errs, err)
-				continue
-			}
-			if err == nil && sb.State.Live() {
-				unlock()
-				continue
-			}
-			m.log.Info("reconcile: detaching volume of a dead sandbox", "volume", r.VolumeID, "sandbox", r.Holder)
-			if err := m.node.Delete(ctx, r.Holder); err != nil {
-				errs = append(errs, err)
-			}
-			unlock()
+	for _, mb := range members {
+		nd, err := m.nodes.Get(ctx, mb.ID)
+		var refs []node.VolumeRef
+		if err == nil {
+			refs, err = nd.VolumeRefs(ctx)
 		}
+		if err != nil {
+			if m.nodes.IsLocal(mb.ID) {
+				errs = append(errs, err)
+			} else {
+				m.log.Warn("reconcile volumes: node unreachable", "node", mb.ID, "err", err)
+			}
+			continue
+		}
+		errs = append(errs, m.reconcileNodeRefs(ctx, mb.ID, nd, refs)...)
 	}
 	// 3. Volume rows left mid-create or mid-delete.
 	vs, err := m.store.ListVolumes(ctx)

@@ -19,14 +19,27 @@ import (
 // Client is the control plane's side: it opens tunnels to nodes. It is
 // safe for concurrent use.
 type Client struct {
-	cert   tls.Certificate
-	ca     *x509.Certificate
+	cert tls.Certificate
+	// getCert, when set, gives the certificate at each handshake (the
+	// control plane's is reissued while it runs).
+	getCert func() (*tls.Certificate, error)
+	ca      *x509.Certificate
 	dialer net.Dialer
 	// sessions lets a new tunnel resume the TLS session of an earlier one
 	// to the same node, skipping the certificate signatures. Resumption
 	// still runs VerifyConnection on both sides, so identities are checked
 	// as in a full handshake.
 	sessions tls.ClientSessionCache
+}
+
+// NewClientFunc is NewClient with the certificate read from get at each
+// handshake, so a reissued certificate is used without a new client.
+func NewClientFunc(get func() (*tls.Certificate, error), ca *x509.Certificate) (*Client, error) {
+	if get == nil || ca == nil {
+		return nil, errors.New("dataplane: a client needs the control plane's certificate and the cluster CA")
+	}
+	return &Client{getCert: get, ca: ca, dialer: net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second},
+		sessions: tls.NewLRUClientSessionCache(1024)}, nil
 }
 
 // NewClient makes a client presenting cert (the control plane's
@@ -57,6 +70,10 @@ func (c *Client) Dial(ctx context.Context, nodeID, dataAddr, sandboxID string, p
 		return nil, &NodeError{Node: nodeID, Addr: dataAddr, Err: err}
 	}
 	cfg := clusterpki.ControlPlaneClientConfig(c.cert, c.ca, nodeID)
+	if get := c.getCert; get != nil {
+		cfg.Certificates = nil
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return get() }
+	}
 	cfg.ClientSessionCache = c.sessions
 	// The session cache is keyed by ServerName: the node's identity, not
 	// the address that answered. No host name is checked (the config

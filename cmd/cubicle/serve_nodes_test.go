@@ -1,0 +1,38 @@
+package main
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/cubicle-dev/cubicle/internal/clusterpki"
+)
+
+// serve's node flags are checked before anything touches the host.
+func TestServeNodeFlags(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		o    serveOptions
+		want string // "" = accepted
+	}{
+		{"defaults", serveOptions{nodeID: "local", embeddedNode: true}, ""},
+		{"named node", serveOptions{nodeID: "edge-1", embeddedNode: true}, ""},
+		{"bad node id", serveOptions{nodeID: "Node_1", embeddedNode: true}, "--node-id"},
+		{"empty node id", serveOptions{nodeID: "", embeddedNode: true}, "--node-id"},
+		{"pure control plane without TLS", serveOptions{nodeID: "local"}, "needs TLS"},
+		{"pure control plane with TLS", serveOptions{nodeID: "local", tlsSelfSigned: true}, "--embedded-node=false"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := clusterFlags(&tc.o)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("got %v, want an error naming %q", err, tc.want)
+			}
+			if strings.HasPrefix(tc.name, "bad") && !errors.Is(err, clusterpki.ErrInvalidNodeID) {
+				t.Fatalf("not typed: %v", err)
+			}
+		})
+	}
+}
