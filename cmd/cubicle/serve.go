@@ -129,15 +129,15 @@ func serveCmd() *cobra.Command {
 func serve(ctx context.Context, o serveOptions) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	slog.SetDefault(log)
-	userns, pool, err := o.nodeHostOptions.prepare()
-	if err != nil {
-		return err
-	}
 	sched, err := scheduler.New(scheduler.Config{Strategy: scheduler.Strategy(o.schedule), LeaseTTL: o.replica.nodeLostAfter})
 	if err != nil {
 		return fmt.Errorf("--schedule: %w", err)
 	}
 	if err := clusterFlags(&o); err != nil {
+		return err
+	}
+	userns, pool, err := o.nodeHostOptions.prepare()
+	if err != nil {
 		return err
 	}
 	warmPools, err := parseWarmPools(o.warmPools)
@@ -281,6 +281,11 @@ func serve(ctx context.Context, o serveOptions) error {
 		CreateQueueWait: o.createWait, Logger: log, Registry: reg, Volumes: ctrlPlugins, VolumeMetrics: volMetrics, ContentIdle: o.contentIdle,
 		ReadyTimeout: o.readyTimeout, MaxSandboxCPU: o.maxCPU, MaxSandboxMemoryMB: o.maxMemoryMB, MaxSandboxDiskMB: o.maxDiskMB, Scheduler: sched,
 		Leaser: leaser, Locks: locks, NodeLostAfter: o.replica.nodeLostAfter, NodeLostGrace: o.replica.nodeLostGrace}, st, nil, tpls.catalog)
+	// Registered (its heartbeat renewed) before anything places a sandbox:
+	// after a long stop the old heartbeat would read as a lost node.
+	if err := mgr.RegisterNode(ctx); err != nil {
+		return err
+	}
 	tpls.catalog.SetProber(mgr)
 	tpls.catalog.OnReady(mgr.PoolTrigger)
 	if err := tpls.catalog.Start(ctx); err != nil {
@@ -302,10 +307,6 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err := mgr.Recover(rctx); err != nil {
 		cancel()
 		return fmt.Errorf("recover: %w", err)
-	}
-	if err := mgr.RegisterNode(rctx); err != nil {
-		cancel()
-		return err
 	}
 	cancel()
 	go mgr.Run(ctx)

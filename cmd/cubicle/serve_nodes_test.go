@@ -20,7 +20,7 @@ func TestServeNodeFlags(t *testing.T) {
 		{"bad node id", serveOptions{nodeID: "Node_1", embeddedNode: true}, "--node-id"},
 		{"empty node id", serveOptions{nodeID: "", embeddedNode: true}, "--node-id"},
 		{"pure control plane without TLS", serveOptions{nodeID: "local"}, "needs TLS"},
-		{"pure control plane with TLS", serveOptions{nodeID: "local", tlsSelfSigned: true}, "--embedded-node=false"},
+		{"pure control plane with TLS", serveOptions{nodeID: "local", tlsSelfSigned: true}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := clusterFlags(&tc.o)

@@ -219,11 +219,14 @@ func (m *Manager) schedulerNode(ctx context.Context, mb nodeset.Member, now time
 		if row != nil {
 			n.Cordoned = row.Cordoned || row.Draining
 			n.Labels = row.Labels
+			// Its own heartbeat keeps it fresh while this process runs;
+			// a stale one means the loops are stuck, and the node is lost.
+			n.HeartbeatAge = max(now.Sub(row.HeartbeatAt), 0)
 		}
 		return n, nil
 	}
 	r := mb.Row
-	n := scheduler.Node{ID: r.ID, Labels: r.Labels, Cordoned: r.Cordoned || r.Draining, HeartbeatAge: now.Sub(r.HeartbeatAt),
+	n := scheduler.Node{ID: r.ID, Labels: r.Labels, Cordoned: r.Cordoned || r.Draining, HeartbeatAge: max(now.Sub(r.HeartbeatAt), 0),
 		Capacity:      scheduler.Resources{MilliCPU: r.Capacity.MilliCPU, MemoryMiB: r.Capacity.MemoryMiB, DiskMiB: r.Capacity.DiskMiB},
 		VolumeDrivers: r.VolumeDrivers}
 	if r.Accelerators != "" {
