@@ -24,7 +24,7 @@ type Client struct {
 	// control plane's is reissued while it runs).
 	getCert func() (*tls.Certificate, error)
 	ca      *x509.Certificate
-	dialer net.Dialer
+	dialer  net.Dialer
 	// sessions lets a new tunnel resume the TLS session of an earlier one
 	// to the same node, skipping the certificate signatures. Resumption
 	// still runs VerifyConnection on both sides, so identities are checked
