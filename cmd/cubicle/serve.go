@@ -61,6 +61,7 @@ type serveOptions struct {
 	maxCPU, maxMemoryMB, maxDiskMB               int
 	volumeSizeMB, maxVolumeSizeMB                int
 	schedule                                     string
+	cpuOvercommit                                float64
 	diskReserve                                  string
 	maxImageBytes                                int64
 
@@ -101,6 +102,7 @@ func serveCmd() *cobra.Command {
 	f.IntVar(&o.diskSizeMB, "disk-size-mb", 1024, "disk size reported per sandbox in MiB")
 	f.IntVar(&o.maxSandboxes, "max-sandboxes", 0, "maximum live sandboxes (0 = unlimited); beyond it creates get 429")
 	f.StringVar(&o.schedule, "schedule", string(scheduler.Spread), "placement strategy across nodes: spread (the node with the most room left) or binpack (the fullest node that fits); cached template images, warm standbys and placement policies score on top (docs/cluster.md)")
+	f.Float64Var(&o.cpuOvercommit, "cpu-overcommit", 1, "with capacity reservations (remote nodes, or --reserve-capacity): a node admits sandboxes asking up to this many times its CPUs (1-100; memory is never overcommitted)")
 	f.IntVar(&o.maxSnapshots, "max-snapshots-per-team", 100, "snapshots one team may keep (0 = unlimited); beyond it snapshots get 429")
 	f.DurationVar(&o.maxTimeout, "max-timeout", 24*time.Hour, "maximum sandbox timeout")
 	f.IntVar(&o.maxCreates, "max-concurrent-creates", 32, "sandboxes that may be starting at once")
@@ -129,9 +131,9 @@ func serveCmd() *cobra.Command {
 func serve(ctx context.Context, o serveOptions) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	slog.SetDefault(log)
-	sched, err := scheduler.New(scheduler.Config{Strategy: scheduler.Strategy(o.schedule), LeaseTTL: o.replica.nodeLostAfter})
+	sched, err := scheduler.New(scheduler.Config{Strategy: scheduler.Strategy(o.schedule), CPUOvercommit: o.cpuOvercommit, LeaseTTL: o.replica.nodeLostAfter})
 	if err != nil {
-		return fmt.Errorf("--schedule: %w", err)
+		return fmt.Errorf("--schedule/--cpu-overcommit: %w", err)
 	}
 	if err := clusterFlags(&o); err != nil {
 		return err
