@@ -441,7 +441,8 @@ func serve(ctx context.Context, o serveOptions) error {
 	apiSrv := api.New(api.Config{Domain: o.domain, Logger: log, Registry: reg, Templates: tpls.api, Images: tpls.images,
 		MaxImageBytes: o.maxImageBytes, Secrets: secrets, Join: join}, mgr, st)
 	tpls.startCollector(ctx, apiSrv)
-	handler := proxy.New(proxy.Config{Domain: o.domain, Logger: log, Limits: o.conns.proxyLimits(budget), Registry: reg}, mgr, st, apiSrv)
+	var handler http.Handler = proxy.New(proxy.Config{Domain: o.domain, Logger: log, Limits: o.conns.proxyLimits(budget), Registry: reg}, mgr, st, apiSrv)
+	handler = nodeRegistry(handler, join, tpls.ociRegistry)
 
 	o.conns.listeners(budget, reg, &ln, &lnTLS)
 	srv := o.conns.server(handler)

@@ -36,6 +36,20 @@ func serveJoin(ctx context.Context, st store.Store, sealer clusterpki.Sealer, tl
 		}
 		return nil, nil // the listener's own certificate
 	}
+	// On the cluster's server name the control plane asks for a client
+	// certificate (nodes calling /nodes/* and reading /v2/). The TLS layer
+	// checks only that the client holds the key; the handlers check the
+	// chain and the node identity (ca.NodeID), so SDK clients on the
+	// public name are never asked for one.
+	base := tlsConfig.Clone()
+	tlsConfig.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+		if hello.ServerName != clusterpki.JoinServerName {
+			return nil, nil
+		}
+		c := base.Clone()
+		c.ClientAuth = tls.RequestClientCert
+		return c, nil
+	}
 	log.Info("node joins on", "path", nodejoin.Path, "ca_pin", clusterpki.Pin(ca.Cert))
 	return &nodejoin.Service{Store: st, CA: ca}, nil
 }
