@@ -39,7 +39,7 @@ type templateStack struct {
 	// cluster nodes (read-only, by digest: nodeRegistry).
 	ociRegistry *image.Registry
 	contexts    *contextstore.Store
-	closers          []func()
+	closers     []func()
 }
 
 // startCollector runs the catalog's garbage collector (idempotency keys,
