@@ -24,8 +24,13 @@ const AgentPort = 49983
 
 // CreateRequest is everything a node needs to start a sandbox.
 type CreateRequest struct {
-	ID          string
-	Layers      []string // read-only rootfs layers, top-most first
+	ID string
+	// Layers are read-only rootfs layers, top-most first: paths on the
+	// node's host, which only the embedded node shares with the control
+	// plane. Image is the same as a reference any node resolves
+	// (ImageSource); a request names one or the other.
+	Layers      []string
+	Image       Image
 	EnvdToken   string
 	EnvVars     map[string]string
 	DefaultUser string

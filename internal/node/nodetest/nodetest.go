@@ -29,6 +29,10 @@ type Options struct {
 	NewVolume func(t *testing.T) node.VolumeAttachment
 	// Snapshots: the node takes snapshots (its runtime can).
 	Snapshots bool
+	// Image, when set, is Layers' image as a reference the node resolves
+	// itself (its Info says PullsImages); unset, the node boots from
+	// layers only and refuses image references.
+	Image node.Image
 	// Timeout bounds each node call (default 60s).
 	Timeout time.Duration
 }
@@ -57,6 +61,7 @@ func Run(t *testing.T, newNode func(t *testing.T) node.Node, o Options) {
 		{"Volumes", s.volumes},
 		{"Accelerators", s.accelerators},
 		{"Exits", s.exits},
+		{"Images", s.images},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newNode(t)) })
 	}
@@ -539,5 +544,46 @@ func (s *suite) exits(t *testing.T, n node.Node) {
 	}
 	if got.State == runtime.StateRunning {
 		t.Fatalf("Get after the death: %+v, want not running", got)
+	}
+}
+
+// A create names layers or an image, never both. A node with an image
+// source (Info.Abilities.PullsImages) boots from an image reference as
+// from its layers; one without refuses the reference.
+func (s *suite) images(t *testing.T, n node.Node) {
+	ctx := s.ctx(t)
+	info, err := n.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Abilities.PullsImages != !s.o.Image.IsZero() {
+		t.Fatalf("Info.Abilities.PullsImages %v, want %v", info.Abilities.PullsImages, !s.o.Image.IsZero())
+	}
+	im := s.o.Image
+	if im.IsZero() {
+		im = node.Image{Name: "base"}
+	}
+	both := s.request(t)
+	both.Image = im
+	if _, err := n.Create(ctx, both); !errors.Is(err, node.ErrImageRequest) {
+		t.Fatalf("Create with layers and an image: %v, want node.ErrImageRequest", err)
+	}
+	byImage := s.request(t)
+	byImage.Layers, byImage.Image = nil, im
+	if s.o.Image.IsZero() {
+		if _, err := n.Create(ctx, byImage); !errors.Is(err, node.ErrImagesUnsupported) {
+			t.Fatalf("Create by image on a node without an image source: %v, want node.ErrImagesUnsupported", err)
+		}
+		if l, err := n.List(ctx); err != nil || len(l) != 0 {
+			t.Fatalf("refused creates left sandboxes: %v %v", l, err)
+		}
+		return
+	}
+	s.create(t, n, byImage)
+	if code := s.run(t, n, byImage, `test -x /bin/bash && id -un | grep -qx user`); code != 0 {
+		t.Fatalf("a sandbox booted by image reference: exit %d", code)
+	}
+	if err := n.Delete(ctx, byImage.ID); err != nil {
+		t.Fatal(err)
 	}
 }
