@@ -404,7 +404,8 @@ func serve(ctx context.Context, o serveOptions) error {
 	log.Info("data filesystem", "free_mib", ds.FreeBytes>>20, "promised_to_images_mib", ds.PromisedBytes>>20, "reserve_mib", ds.ReserveBytes>>20)
 	mgr := control.New(control.Config{Disk: disk, DefaultVolumeMB: o.volumeSizeMB, MaxVolumeMB: o.maxVolumeSizeMB, Sealer: secrets, MaxSandboxes: o.maxSandboxes, MaxSnapshotsPerTeam: o.maxSnapshots, MaxTimeout: o.maxTimeout, MaxConcurrentCreates: o.maxCreates,
 		CreateQueueWait: o.createWait, Logger: log, Registry: reg, Volumes: ctrlPlugins, VolumeMetrics: volMetrics, ContentIdle: o.contentIdle,
-		ReadyTimeout: o.readyTimeout, MaxSandboxCPU: o.maxCPU, MaxSandboxMemoryMB: o.maxMemoryMB, MaxSandboxDiskMB: o.maxDiskMB}, st, nd, tpls.catalog)
+		ReadyTimeout: o.readyTimeout, MaxSandboxCPU: o.maxCPU, MaxSandboxMemoryMB: o.maxMemoryMB, MaxSandboxDiskMB: o.maxDiskMB,
+		ImageDigest: tpls.imageDigest}, st, nd, tpls.catalog)
 	tpls.catalog.SetProber(mgr)
 	tpls.catalog.OnReady(mgr.PoolTrigger)
 	if err := tpls.catalog.Start(ctx); err != nil {

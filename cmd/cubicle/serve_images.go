@@ -7,6 +7,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/clusterpki"
 	"github.com/cubicle-dev/cubicle/internal/image"
+	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/nodejoin"
 )
 
@@ -27,4 +28,20 @@ func nodeRegistry(next http.Handler, join *nodejoin.Service, reg *image.Registry
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// imageDigest is a template image's reference ("repo:tag" in the image
+// store) as a node asks the registry for it: repository and manifest
+// digest (control.Config.ImageDigest).
+func (t *templateStack) imageDigest(ref string) (node.Image, error) {
+	norm, err := image.NormalizeRef(ref)
+	if err != nil {
+		return node.Image{}, err
+	}
+	d, err := t.images.Resolve(norm)
+	if err != nil {
+		return node.Image{}, err
+	}
+	repo := norm[:strings.LastIndex(norm, ":")]
+	return node.Image{Name: repo, Digest: d.Digest.String()}, nil
 }

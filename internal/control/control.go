@@ -71,6 +71,11 @@ type Config struct {
 	// Volumes routes driver names to controller plugins; nil = no volumes.
 	Volumes       VolumeRegistry
 	VolumeMetrics *VolumeMetrics // shared with the node; optional
+	// ImageDigest turns a template's image reference in the control
+	// plane's image store (Template.Image, "repo:tag") into what a node that
+	// pulls images asks the registry for (repository and manifest digest);
+	// nil = templates built here cannot boot on such a node.
+	ImageDigest func(ref string) (node.Image, error)
 	// ContentIdle is how long the volume-content API keeps a volume
 	// attached after its last request (default 30s).
 	ContentIdle time.Duration
@@ -141,6 +146,9 @@ type Manager struct {
 	pool        *poolMetrics
 	poolKick    chan struct{}
 	userCreates atomic.Int64 // user creates booting; the pool waits for them
+	// pullsImages: the node resolves image references itself (its Info at
+	// the last registration or heartbeat), so creates send CreateRequest.Image.
+	pullsImages atomic.Bool
 }
 
 // New builds a manager; call Recover before serving and Run in the background.
@@ -532,6 +540,12 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 			return nil, err
 		}
 	}
+	// Before the row: a node that cannot boot the template refuses it
+	// without leaving a sandbox behind.
+	boot, err := m.bootImage(tpl, o.snapshot != nil)
+	if err != nil {
+		return nil, err
+	}
 	// Stands in for the disk image until the node has made it.
 	releaseDisk, err := m.reserveDisk("sandbox/"+sb.ID, fmt.Sprintf("a %d MiB sandbox disk", sb.DiskSizeMB), sb.DiskSizeMB)
 	if err != nil {
@@ -550,6 +564,9 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
 	req := m.nodeRequest(sb, tpl.Layers)
+	if !boot.IsZero() {
+		req.Layers, req.Image = nil, boot
+	}
 	req.Volumes = attachments
 	req.Accelerators, req.AccelContract = accels, tpl.Accelerators
 	req.Restore, req.CurrentToken = restore, currentToken

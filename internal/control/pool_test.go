@@ -28,6 +28,8 @@ type fakeNode struct {
 	reinits   map[string]node.CreateRequest
 	policies  map[string]network.Policy
 	reinitErr error
+	// pulls: the node resolves image references (Info.Abilities.PullsImages).
+	pulls bool
 }
 
 func newFakeNode() *fakeNode {
@@ -35,7 +37,8 @@ func newFakeNode() *fakeNode {
 }
 
 func (f *fakeNode) Info(context.Context) (node.Info, error) {
-	return node.Info{ID: "local", Version: "test", Runtime: "fake", Capacity: node.Capacity{CPUs: 1, MemoryBytes: 1 << 30}}, nil
+	return node.Info{ID: "local", Version: "test", Runtime: "fake", Capacity: node.Capacity{CPUs: 1, MemoryBytes: 1 << 30},
+		Abilities: node.Abilities{PullsImages: f.pulls}}, nil
 }
 func (f *fakeNode) CheckUpstream(context.Context, string) error {
 	return &network.FieldError{Field: "egressProxy", Kind: network.ErrUpstream, Err: errors.New("this node runs no egress proxy to tunnel through")}

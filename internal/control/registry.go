@@ -36,6 +36,7 @@ func (m *Manager) nodeRow(ctx context.Context) (*store.Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	m.pullsImages.Store(info.Abilities.PullsImages)
 	inv, err := m.node.AcceleratorInventory(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("node accelerators: %w", err)

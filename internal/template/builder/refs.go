@@ -50,5 +50,5 @@ func (r *ImageRefs) Resolve(ctx context.Context, ref string) (template.Template,
 			return template.Template{}, err
 		}
 	}
-	return template.Template{ID: ref, Alias: ref, Layers: []string{dir}, CPUCount: r.CPUCount, MemoryMB: r.MemoryMB, DiskSizeMB: r.DiskSizeMB}, nil
+	return template.Template{ID: ref, Alias: ref, Layers: []string{dir}, Image: ref, CPUCount: r.CPUCount, MemoryMB: r.MemoryMB, DiskSizeMB: r.DiskSizeMB}, nil
 }

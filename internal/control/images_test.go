@@ -1,0 +1,98 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
+	"github.com/cubicle-dev/cubicle/internal/template"
+)
+
+// imageResolver gives every template layers on the control plane's host
+// and, by name, the image they came from.
+type imageResolver struct{}
+
+func (imageResolver) Resolve(_ context.Context, ref string) (template.Template, error) {
+	images := map[string]string{"builtin": "base", "built": "cubicle/built:b1", "none": ""}
+	im, ok := images[ref]
+	if !ok {
+		return template.Template{}, fmt.Errorf("%w: %s", template.ErrNotFound, ref)
+	}
+	return template.Template{ID: ref, Alias: ref, Layers: []string{"/cp/" + ref + "/rootfs"}, Image: im, CPUCount: 1, MemoryMB: 128}, nil
+}
+
+var builtDigest = "sha256:" + strings.Repeat("ab", 32)
+
+func newImageManager(t *testing.T, pulls bool) (*Manager, *fakeNode) {
+	t.Helper()
+	st, err := sqlite.Open(filepath.Join(t.TempDir(), "c.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	n := newFakeNode()
+	n.pulls = pulls
+	m := New(Config{ImageDigest: func(ref string) (node.Image, error) {
+		if ref != "cubicle/built:b1" {
+			return node.Image{}, fmt.Errorf("no image %s", ref)
+		}
+		return node.Image{Name: "cubicle/built", Digest: builtDigest}, nil
+	}}, st, n, imageResolver{})
+	if err := m.RegisterNode(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return m, n
+}
+
+// A node that resolves images itself gets image references, never the
+// control plane's paths: a built-in by name, a built template by digest.
+// A template without an image is refused before any row or node call.
+func TestCreateSendsImagesToPullingNode(t *testing.T) {
+	ctx := context.Background()
+	m, n := newImageManager(t, true)
+	for tpl, want := range map[string]node.Image{
+		"builtin": {Name: "base"},
+		"built":   {Name: "cubicle/built", Digest: builtDigest},
+	} {
+		sb, err := m.Create(ctx, CreateOptions{TemplateID: tpl, Timeout: time.Minute})
+		if err != nil {
+			t.Fatalf("%s: %v", tpl, err)
+		}
+		got := n.sbs[sb.ID]
+		if got.Image != want || got.Layers != nil {
+			t.Fatalf("%s: node got image %+v layers %v; want image %+v and no layers", tpl, got.Image, got.Layers, want)
+		}
+	}
+	before := n.count()
+	_, err := m.Create(ctx, CreateOptions{TemplateID: "none", Timeout: time.Minute})
+	if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "no image a node can pull") {
+		t.Fatalf("template without an image: %v, want ErrConflict", err)
+	}
+	if n.count() != before {
+		t.Fatal("a refused create reached the node")
+	}
+	if l, _ := m.store.ListSandboxes(ctx, store.SandboxFilter{}); len(l) != before {
+		t.Fatalf("a refused create left a row: %d rows", len(l))
+	}
+}
+
+// The embedded node shares the control plane's files: it gets the layers,
+// exactly as before image references existed.
+func TestCreateSendsLayersToEmbeddedNode(t *testing.T) {
+	m, n := newImageManager(t, false)
+	sb, err := m.Create(context.Background(), CreateOptions{TemplateID: "built", Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := n.sbs[sb.ID]
+	if !got.Image.IsZero() || len(got.Layers) != 1 || got.Layers[0] != "/cp/built/rootfs" {
+		t.Fatalf("embedded node got image %+v layers %v", got.Image, got.Layers)
+	}
+}
