@@ -1,6 +1,7 @@
 package control
 
 import (
+	"context"
 	"fmt"
 	"strings"
 
@@ -22,6 +23,21 @@ func (m *Manager) bootImage(tpl template.Template, fromSnapshot bool) (node.Imag
 		return node.Image{}, fmt.Errorf("%w: sandboxes from snapshots start only on the embedded node for now", ErrConflict)
 	}
 	return m.imageRef(tpl)
+}
+
+// prefetch has a node that pulls images fetch tpl's before a warm pool's
+// first standby, so the standbys (and the creates that claim them) never
+// wait on a pull; a cached image costs the node a stat. The embedded node
+// needs nothing.
+func (m *Manager) prefetch(ctx context.Context, tpl template.Template) error {
+	if !m.pullsImages.Load() {
+		return nil
+	}
+	im, err := m.imageRef(tpl)
+	if err != nil {
+		return err
+	}
+	return m.node.PullImage(ctx, im)
 }
 
 // imageRef is tpl's image as a node asks for it: a built-in by name, or

@@ -96,3 +96,47 @@ func TestCreateSendsLayersToEmbeddedNode(t *testing.T) {
 		t.Fatalf("embedded node got image %+v layers %v", got.Image, got.Layers)
 	}
 }
+
+// A warm pool on a node that pulls images has it fetch the template's
+// image once before the first standby; the standbys boot by reference.
+func TestPoolPrefetchesImage(t *testing.T) {
+	ctx := context.Background()
+	m, n, st := newPoolManager(t)
+	n.pulls = true
+	if err := m.RegisterNode(ctx); err != nil {
+		t.Fatal(err)
+	}
+	setPool(t, st, 2, "b1")
+	if err := m.reconcilePool(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ids := standbys(t, m, "b1")
+	if len(n.pulled) != 1 || n.pulled[0] != (node.Image{Name: "mini"}) || len(ids) != 2 {
+		t.Fatalf("pulled %v, %d standbys; want one pull of mini, then 2 standbys", n.pulled, len(ids))
+	}
+	for _, id := range ids {
+		if req := n.sbs[id]; req.Image != (node.Image{Name: "mini"}) || req.Layers != nil {
+			t.Fatalf("standby %s booted from %+v / %v", id, req.Image, req.Layers)
+		}
+	}
+	// Full: nothing to fetch again.
+	if err := m.reconcilePool(ctx); err != nil || len(n.pulled) != 1 {
+		t.Fatalf("a full pool pulled again: %v %v", n.pulled, err)
+	}
+}
+
+// The embedded node is never asked to pull.
+func TestPoolEmbeddedNoPrefetch(t *testing.T) {
+	ctx := context.Background()
+	m, n, st := newPoolManager(t)
+	if err := m.RegisterNode(ctx); err != nil {
+		t.Fatal(err)
+	}
+	setPool(t, st, 1, "b1")
+	if err := m.reconcilePool(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(n.pulled) != 0 || len(standbys(t, m, "b1")) != 1 {
+		t.Fatalf("embedded: pulled %v", n.pulled)
+	}
+}

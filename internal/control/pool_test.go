@@ -29,7 +29,8 @@ type fakeNode struct {
 	policies  map[string]network.Policy
 	reinitErr error
 	// pulls: the node resolves image references (Info.Abilities.PullsImages).
-	pulls bool
+	pulls  bool
+	pulled []node.Image // PullImage calls, in order
 }
 
 func newFakeNode() *fakeNode {
@@ -44,6 +45,15 @@ func (f *fakeNode) CheckUpstream(context.Context, string) error {
 	return &network.FieldError{Field: "egressProxy", Kind: network.ErrUpstream, Err: errors.New("this node runs no egress proxy to tunnel through")}
 }
 func (f *fakeNode) Exits(context.Context) (<-chan node.Exit, error) { return nil, nil }
+func (f *fakeNode) PullImage(_ context.Context, im node.Image) error {
+	if !f.pulls {
+		return node.ErrImagesUnsupported
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.pulled = append(f.pulled, im)
+	return nil
+}
 func (f *fakeNode) Create(_ context.Context, req node.CreateRequest) (node.Sandbox, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -117,7 +127,7 @@ func (r storeResolver) Resolve(ctx context.Context, ref string) (template.Templa
 	if err != nil {
 		return template.Template{}, fmt.Errorf("%w: %s", template.ErrNotFound, ref)
 	}
-	return template.Template{ID: t.ID, Alias: t.ID, Layers: []string{"/nonexistent"}, CPUCount: 1, MemoryMB: 128,
+	return template.Template{ID: t.ID, Alias: t.ID, Layers: []string{"/nonexistent"}, Image: "mini", CPUCount: 1, MemoryMB: 128,
 		BuildID: t.ReadyBuildID, PoolSize: t.PoolSize}, nil
 }
 

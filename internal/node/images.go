@@ -46,6 +46,15 @@ type ImageSource interface {
 	Cached(ctx context.Context) ([]Image, error)
 }
 
+// PullImage implements Node.
+func (l *Local) PullImage(ctx context.Context, image Image) error {
+	if image.IsZero() {
+		return fmt.Errorf("%w: no image named", ErrImageRequest)
+	}
+	_, err := l.layers(ctx, &CreateRequest{Image: image})
+	return err
+}
+
 // layers are req's rootfs layers: its own, or its image's through the
 // node's image source.
 func (l *Local) layers(ctx context.Context, req *CreateRequest) ([]string, error) {

@@ -99,7 +99,17 @@ type Node interface {
 	Snapshots
 	Volumes
 	Accelerators
+	Images
 	Events
+}
+
+// Images is the node's image cache.
+type Images interface {
+	// PullImage makes sure image is on the node, fetching it if need be,
+	// so that creates from it are cache hits (a warm pool prefetches its
+	// template's image before its first standby). ErrImagesUnsupported
+	// where Info says no Abilities.PullsImages.
+	PullImage(ctx context.Context, image Image) error
 }
 
 // Sandboxes is the sandbox lifecycle. Unknown IDs are ErrNotFound, except

@@ -548,8 +548,8 @@ func (s *suite) exits(t *testing.T, n node.Node) {
 }
 
 // A create names layers or an image, never both. A node with an image
-// source (Info.Abilities.PullsImages) boots from an image reference as
-// from its layers; one without refuses the reference.
+// source (Info.Abilities.PullsImages) pulls an image and boots from the
+// reference as from its layers; one without refuses the reference.
 func (s *suite) images(t *testing.T, n node.Node) {
 	ctx := s.ctx(t)
 	info, err := n.Info(ctx)
@@ -570,7 +570,13 @@ func (s *suite) images(t *testing.T, n node.Node) {
 	}
 	byImage := s.request(t)
 	byImage.Layers, byImage.Image = nil, im
+	if err := n.PullImage(ctx, node.Image{}); !errors.Is(err, node.ErrImageRequest) {
+		t.Fatalf("PullImage of no image: %v, want node.ErrImageRequest", err)
+	}
 	if s.o.Image.IsZero() {
+		if err := n.PullImage(ctx, im); !errors.Is(err, node.ErrImagesUnsupported) {
+			t.Fatalf("PullImage on a node without an image source: %v, want node.ErrImagesUnsupported", err)
+		}
 		if _, err := n.Create(ctx, byImage); !errors.Is(err, node.ErrImagesUnsupported) {
 			t.Fatalf("Create by image on a node without an image source: %v, want node.ErrImagesUnsupported", err)
 		}
@@ -578,6 +584,10 @@ func (s *suite) images(t *testing.T, n node.Node) {
 			t.Fatalf("refused creates left sandboxes: %v %v", l, err)
 		}
 		return
+	}
+	// A prefetch, then the create from it (a cache hit).
+	if err := n.PullImage(ctx, im); err != nil {
+		t.Fatalf("PullImage %v: %v", im, err)
 	}
 	s.create(t, n, byImage)
 	if code := s.run(t, n, byImage, `test -x /bin/bash && id -un | grep -qx user`); code != 0 {

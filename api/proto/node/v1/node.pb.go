@@ -3335,6 +3335,50 @@ func (x *AcceleratorEvent) GetReason() string {
 	return ""
 }
 
+type PullImageRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Image         *Image                 `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullImageRequest) Reset() {
+	*x = PullImageRequest{}
+	mi := &file_node_v1_node_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullImageRequest) ProtoMessage() {}
+
+func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
+func (*PullImageRequest) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *PullImageRequest) GetImage() *Image {
+	if x != nil {
+		return x.Image
+	}
+	return nil
+}
+
 type ExitsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -3343,7 +3387,7 @@ type ExitsRequest struct {
 
 func (x *ExitsRequest) Reset() {
 	*x = ExitsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[52]
+	mi := &file_node_v1_node_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3355,7 +3399,7 @@ func (x *ExitsRequest) String() string {
 func (*ExitsRequest) ProtoMessage() {}
 
 func (x *ExitsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[52]
+	mi := &file_node_v1_node_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3368,7 +3412,7 @@ func (x *ExitsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExitsRequest.ProtoReflect.Descriptor instead.
 func (*ExitsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{52}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{53}
 }
 
 // Exit is node.Exit.
@@ -3384,7 +3428,7 @@ type Exit struct {
 
 func (x *Exit) Reset() {
 	*x = Exit{}
-	mi := &file_node_v1_node_proto_msgTypes[53]
+	mi := &file_node_v1_node_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3396,7 +3440,7 @@ func (x *Exit) String() string {
 func (*Exit) ProtoMessage() {}
 
 func (x *Exit) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[53]
+	mi := &file_node_v1_node_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3409,7 +3453,7 @@ func (x *Exit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Exit.ProtoReflect.Descriptor instead.
 func (*Exit) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{53}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *Exit) GetId() string {
@@ -3453,7 +3497,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_node_v1_node_proto_msgTypes[54]
+	mi := &file_node_v1_node_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3465,7 +3509,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[54]
+	mi := &file_node_v1_node_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3478,7 +3522,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{54}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *Error) GetCode() uint32 {
@@ -3515,7 +3559,7 @@ type FieldErrorDetail struct {
 
 func (x *FieldErrorDetail) Reset() {
 	*x = FieldErrorDetail{}
-	mi := &file_node_v1_node_proto_msgTypes[55]
+	mi := &file_node_v1_node_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3527,7 +3571,7 @@ func (x *FieldErrorDetail) String() string {
 func (*FieldErrorDetail) ProtoMessage() {}
 
 func (x *FieldErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[55]
+	mi := &file_node_v1_node_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3540,7 +3584,7 @@ func (x *FieldErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FieldErrorDetail.ProtoReflect.Descriptor instead.
 func (*FieldErrorDetail) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{55}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *FieldErrorDetail) GetField() string {
@@ -3577,7 +3621,7 @@ type CompatErrorDetail struct {
 
 func (x *CompatErrorDetail) Reset() {
 	*x = CompatErrorDetail{}
-	mi := &file_node_v1_node_proto_msgTypes[56]
+	mi := &file_node_v1_node_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3589,7 +3633,7 @@ func (x *CompatErrorDetail) String() string {
 func (*CompatErrorDetail) ProtoMessage() {}
 
 func (x *CompatErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[56]
+	mi := &file_node_v1_node_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3602,7 +3646,7 @@ func (x *CompatErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompatErrorDetail.ProtoReflect.Descriptor instead.
 func (*CompatErrorDetail) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{56}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *CompatErrorDetail) GetStage() string {
@@ -3917,7 +3961,9 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\asandbox\x18\x04 \x01(\tR\asandbox\x12\x12\n" +
 	"\x04from\x18\x05 \x01(\tR\x04from\x12\x0e\n" +
 	"\x02to\x18\x06 \x01(\tR\x02to\x12\x16\n" +
-	"\x06reason\x18\a \x01(\tR\x06reason\"\x0e\n" +
+	"\x06reason\x18\a \x01(\tR\x06reason\"@\n" +
+	"\x10PullImageRequest\x12,\n" +
+	"\x05image\x18\x01 \x01(\v2\x16.cubicle.node.v1.ImageR\x05image\"\x0e\n" +
 	"\fExitsRequest\"f\n" +
 	"\x04Exit\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
@@ -3973,7 +4019,9 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x11EnableAccelerator\x12 .cubicle.node.v1.DeviceIDRequest\x1a\x17.cubicle.node.v1.Device\x12O\n" +
 	"\x12RecoverAccelerator\x12 .cubicle.node.v1.DeviceIDRequest\x1a\x17.cubicle.node.v1.Device\x12T\n" +
 	"\x10DenyAccelerators\x12(.cubicle.node.v1.DenyAcceleratorsRequest\x1a\x16.cubicle.node.v1.Empty\x12j\n" +
-	"\x11AcceleratorEvents\x12).cubicle.node.v1.AcceleratorEventsRequest\x1a*.cubicle.node.v1.AcceleratorEventsResponse2I\n" +
+	"\x11AcceleratorEvents\x12).cubicle.node.v1.AcceleratorEventsRequest\x1a*.cubicle.node.v1.AcceleratorEventsResponse2P\n" +
+	"\x06Images\x12F\n" +
+	"\tPullImage\x12!.cubicle.node.v1.PullImageRequest\x1a\x16.cubicle.node.v1.Empty2I\n" +
 	"\x06Events\x12?\n" +
 	"\x05Exits\x12\x1d.cubicle.node.v1.ExitsRequest\x1a\x15.cubicle.node.v1.Exit0\x01B9Z7github.com/cubicle-dev/cubicle/api/proto/node/v1;nodev1b\x06proto3"
 
@@ -3989,7 +4037,7 @@ func file_node_v1_node_proto_rawDescGZIP() []byte {
 	return file_node_v1_node_proto_rawDescData
 }
 
-var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 65)
+var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 66)
 var file_node_v1_node_proto_goTypes = []any{
 	(*InfoRequest)(nil),                  // 0: cubicle.node.v1.InfoRequest
 	(*NodeInfo)(nil),                     // 1: cubicle.node.v1.NodeInfo
@@ -4043,28 +4091,29 @@ var file_node_v1_node_proto_goTypes = []any{
 	(*AcceleratorRequest)(nil),           // 49: cubicle.node.v1.AcceleratorRequest
 	(*AcceleratorContract)(nil),          // 50: cubicle.node.v1.AcceleratorContract
 	(*AcceleratorEvent)(nil),             // 51: cubicle.node.v1.AcceleratorEvent
-	(*ExitsRequest)(nil),                 // 52: cubicle.node.v1.ExitsRequest
-	(*Exit)(nil),                         // 53: cubicle.node.v1.Exit
-	(*Error)(nil),                        // 54: cubicle.node.v1.Error
-	(*FieldErrorDetail)(nil),             // 55: cubicle.node.v1.FieldErrorDetail
-	(*CompatErrorDetail)(nil),            // 56: cubicle.node.v1.CompatErrorDetail
-	nil,                                  // 57: cubicle.node.v1.AcceleratorCounts.ByStateEntry
-	nil,                                  // 58: cubicle.node.v1.CreateRequest.EnvVarsEntry
-	nil,                                  // 59: cubicle.node.v1.Policy.RulesEntry
-	nil,                                  // 60: cubicle.node.v1.Rule.HeadersEntry
-	nil,                                  // 61: cubicle.node.v1.VolumeRef.MetadataEntry
-	nil,                                  // 62: cubicle.node.v1.Device.LabelsEntry
-	nil,                                  // 63: cubicle.node.v1.AcceleratorRequest.LabelsEntry
-	nil,                                  // 64: cubicle.node.v1.AcceleratorContract.LabelsEntry
-	(*timestamppb.Timestamp)(nil),        // 65: google.protobuf.Timestamp
+	(*PullImageRequest)(nil),             // 52: cubicle.node.v1.PullImageRequest
+	(*ExitsRequest)(nil),                 // 53: cubicle.node.v1.ExitsRequest
+	(*Exit)(nil),                         // 54: cubicle.node.v1.Exit
+	(*Error)(nil),                        // 55: cubicle.node.v1.Error
+	(*FieldErrorDetail)(nil),             // 56: cubicle.node.v1.FieldErrorDetail
+	(*CompatErrorDetail)(nil),            // 57: cubicle.node.v1.CompatErrorDetail
+	nil,                                  // 58: cubicle.node.v1.AcceleratorCounts.ByStateEntry
+	nil,                                  // 59: cubicle.node.v1.CreateRequest.EnvVarsEntry
+	nil,                                  // 60: cubicle.node.v1.Policy.RulesEntry
+	nil,                                  // 61: cubicle.node.v1.Rule.HeadersEntry
+	nil,                                  // 62: cubicle.node.v1.VolumeRef.MetadataEntry
+	nil,                                  // 63: cubicle.node.v1.Device.LabelsEntry
+	nil,                                  // 64: cubicle.node.v1.AcceleratorRequest.LabelsEntry
+	nil,                                  // 65: cubicle.node.v1.AcceleratorContract.LabelsEntry
+	(*timestamppb.Timestamp)(nil),        // 66: google.protobuf.Timestamp
 }
 var file_node_v1_node_proto_depIdxs = []int32{
 	3,  // 0: cubicle.node.v1.NodeInfo.abilities:type_name -> cubicle.node.v1.Abilities
 	4,  // 1: cubicle.node.v1.NodeInfo.accelerators:type_name -> cubicle.node.v1.AcceleratorCounts
 	5,  // 2: cubicle.node.v1.NodeInfo.capacity:type_name -> cubicle.node.v1.Capacity
 	2,  // 3: cubicle.node.v1.NodeInfo.images:type_name -> cubicle.node.v1.Image
-	57, // 4: cubicle.node.v1.AcceleratorCounts.by_state:type_name -> cubicle.node.v1.AcceleratorCounts.ByStateEntry
-	58, // 5: cubicle.node.v1.CreateRequest.env_vars:type_name -> cubicle.node.v1.CreateRequest.EnvVarsEntry
+	58, // 4: cubicle.node.v1.AcceleratorCounts.by_state:type_name -> cubicle.node.v1.AcceleratorCounts.ByStateEntry
+	59, // 5: cubicle.node.v1.CreateRequest.env_vars:type_name -> cubicle.node.v1.CreateRequest.EnvVarsEntry
 	18, // 6: cubicle.node.v1.CreateRequest.policy:type_name -> cubicle.node.v1.Policy
 	17, // 7: cubicle.node.v1.CreateRequest.mounts:type_name -> cubicle.node.v1.Mount
 	34, // 8: cubicle.node.v1.CreateRequest.volumes:type_name -> cubicle.node.v1.VolumeAttachment
@@ -4074,92 +4123,95 @@ var file_node_v1_node_proto_depIdxs = []int32{
 	8,  // 12: cubicle.node.v1.ResumeRequest.request:type_name -> cubicle.node.v1.CreateRequest
 	8,  // 13: cubicle.node.v1.RebuildRequest.request:type_name -> cubicle.node.v1.CreateRequest
 	11, // 14: cubicle.node.v1.ListResponse.sandboxes:type_name -> cubicle.node.v1.Sandbox
-	65, // 15: cubicle.node.v1.Stats.time:type_name -> google.protobuf.Timestamp
-	59, // 16: cubicle.node.v1.Policy.rules:type_name -> cubicle.node.v1.Policy.RulesEntry
+	66, // 15: cubicle.node.v1.Stats.time:type_name -> google.protobuf.Timestamp
+	60, // 16: cubicle.node.v1.Policy.rules:type_name -> cubicle.node.v1.Policy.RulesEntry
 	21, // 17: cubicle.node.v1.Policy.upstream:type_name -> cubicle.node.v1.Upstream
 	23, // 18: cubicle.node.v1.Policy.dns_servers:type_name -> cubicle.node.v1.DNSServers
 	20, // 19: cubicle.node.v1.Rules.rules:type_name -> cubicle.node.v1.Rule
-	60, // 20: cubicle.node.v1.Rule.headers:type_name -> cubicle.node.v1.Rule.HeadersEntry
+	61, // 20: cubicle.node.v1.Rule.headers:type_name -> cubicle.node.v1.Rule.HeadersEntry
 	22, // 21: cubicle.node.v1.Upstream.tls:type_name -> cubicle.node.v1.UpstreamTLS
 	8,  // 22: cubicle.node.v1.ReinitRequest.request:type_name -> cubicle.node.v1.CreateRequest
 	18, // 23: cubicle.node.v1.UpdatePolicyRequest.policy:type_name -> cubicle.node.v1.Policy
 	34, // 24: cubicle.node.v1.AttachVolumeRequest.attachment:type_name -> cubicle.node.v1.VolumeAttachment
-	61, // 25: cubicle.node.v1.VolumeRef.metadata:type_name -> cubicle.node.v1.VolumeRef.MetadataEntry
-	65, // 26: cubicle.node.v1.VolumeRef.updated_at:type_name -> google.protobuf.Timestamp
+	62, // 25: cubicle.node.v1.VolumeRef.metadata:type_name -> cubicle.node.v1.VolumeRef.MetadataEntry
+	66, // 26: cubicle.node.v1.VolumeRef.updated_at:type_name -> google.protobuf.Timestamp
 	39, // 27: cubicle.node.v1.VolumeRefsResponse.refs:type_name -> cubicle.node.v1.VolumeRef
 	48, // 28: cubicle.node.v1.AcceleratorInventoryResponse.devices:type_name -> cubicle.node.v1.Device
-	54, // 29: cubicle.node.v1.DenyAcceleratorsRequest.reason:type_name -> cubicle.node.v1.Error
+	55, // 29: cubicle.node.v1.DenyAcceleratorsRequest.reason:type_name -> cubicle.node.v1.Error
 	51, // 30: cubicle.node.v1.AcceleratorEventsResponse.events:type_name -> cubicle.node.v1.AcceleratorEvent
-	62, // 31: cubicle.node.v1.Device.labels:type_name -> cubicle.node.v1.Device.LabelsEntry
-	65, // 32: cubicle.node.v1.Device.since:type_name -> google.protobuf.Timestamp
-	63, // 33: cubicle.node.v1.AcceleratorRequest.labels:type_name -> cubicle.node.v1.AcceleratorRequest.LabelsEntry
-	64, // 34: cubicle.node.v1.AcceleratorContract.labels:type_name -> cubicle.node.v1.AcceleratorContract.LabelsEntry
-	65, // 35: cubicle.node.v1.AcceleratorEvent.time:type_name -> google.protobuf.Timestamp
-	65, // 36: cubicle.node.v1.Exit.at:type_name -> google.protobuf.Timestamp
-	19, // 37: cubicle.node.v1.Policy.RulesEntry.value:type_name -> cubicle.node.v1.Rules
-	0,  // 38: cubicle.node.v1.Info.Info:input_type -> cubicle.node.v1.InfoRequest
-	8,  // 39: cubicle.node.v1.Sandboxes.Create:input_type -> cubicle.node.v1.CreateRequest
-	7,  // 40: cubicle.node.v1.Sandboxes.Delete:input_type -> cubicle.node.v1.IDRequest
-	7,  // 41: cubicle.node.v1.Sandboxes.Pause:input_type -> cubicle.node.v1.IDRequest
-	9,  // 42: cubicle.node.v1.Sandboxes.Resume:input_type -> cubicle.node.v1.ResumeRequest
-	7,  // 43: cubicle.node.v1.Sandboxes.Stop:input_type -> cubicle.node.v1.IDRequest
-	10, // 44: cubicle.node.v1.Sandboxes.Rebuild:input_type -> cubicle.node.v1.RebuildRequest
-	7,  // 45: cubicle.node.v1.Sandboxes.Get:input_type -> cubicle.node.v1.IDRequest
-	12, // 46: cubicle.node.v1.Sandboxes.List:input_type -> cubicle.node.v1.ListRequest
-	14, // 47: cubicle.node.v1.Sandboxes.Stats:input_type -> cubicle.node.v1.StatsRequest
-	7,  // 48: cubicle.node.v1.Sandboxes.Logs:input_type -> cubicle.node.v1.IDRequest
-	24, // 49: cubicle.node.v1.Agent.Reinit:input_type -> cubicle.node.v1.ReinitRequest
-	25, // 50: cubicle.node.v1.Agent.Run:input_type -> cubicle.node.v1.RunRequest
-	27, // 51: cubicle.node.v1.Network.UpdatePolicy:input_type -> cubicle.node.v1.UpdatePolicyRequest
-	28, // 52: cubicle.node.v1.Network.CheckUpstream:input_type -> cubicle.node.v1.CheckUpstreamRequest
-	29, // 53: cubicle.node.v1.Snapshots.Snapshot:input_type -> cubicle.node.v1.SnapshotRequest
-	31, // 54: cubicle.node.v1.Snapshots.DeleteSnapshot:input_type -> cubicle.node.v1.DeleteSnapshotRequest
-	32, // 55: cubicle.node.v1.Snapshots.Snapshots:input_type -> cubicle.node.v1.ListSnapshotsRequest
-	35, // 56: cubicle.node.v1.Volumes.AttachVolume:input_type -> cubicle.node.v1.AttachVolumeRequest
-	37, // 57: cubicle.node.v1.Volumes.DetachVolume:input_type -> cubicle.node.v1.DetachVolumeRequest
-	38, // 58: cubicle.node.v1.Volumes.VolumeRefs:input_type -> cubicle.node.v1.VolumeRefsRequest
-	41, // 59: cubicle.node.v1.Accelerators.AcceleratorInventory:input_type -> cubicle.node.v1.AcceleratorInventoryRequest
-	43, // 60: cubicle.node.v1.Accelerators.Accelerator:input_type -> cubicle.node.v1.DeviceIDRequest
-	44, // 61: cubicle.node.v1.Accelerators.DisableAccelerator:input_type -> cubicle.node.v1.DisableAcceleratorRequest
-	43, // 62: cubicle.node.v1.Accelerators.EnableAccelerator:input_type -> cubicle.node.v1.DeviceIDRequest
-	43, // 63: cubicle.node.v1.Accelerators.RecoverAccelerator:input_type -> cubicle.node.v1.DeviceIDRequest
-	45, // 64: cubicle.node.v1.Accelerators.DenyAccelerators:input_type -> cubicle.node.v1.DenyAcceleratorsRequest
-	46, // 65: cubicle.node.v1.Accelerators.AcceleratorEvents:input_type -> cubicle.node.v1.AcceleratorEventsRequest
-	52, // 66: cubicle.node.v1.Events.Exits:input_type -> cubicle.node.v1.ExitsRequest
-	1,  // 67: cubicle.node.v1.Info.Info:output_type -> cubicle.node.v1.NodeInfo
-	11, // 68: cubicle.node.v1.Sandboxes.Create:output_type -> cubicle.node.v1.Sandbox
-	6,  // 69: cubicle.node.v1.Sandboxes.Delete:output_type -> cubicle.node.v1.Empty
-	6,  // 70: cubicle.node.v1.Sandboxes.Pause:output_type -> cubicle.node.v1.Empty
-	6,  // 71: cubicle.node.v1.Sandboxes.Resume:output_type -> cubicle.node.v1.Empty
-	6,  // 72: cubicle.node.v1.Sandboxes.Stop:output_type -> cubicle.node.v1.Empty
-	6,  // 73: cubicle.node.v1.Sandboxes.Rebuild:output_type -> cubicle.node.v1.Empty
-	11, // 74: cubicle.node.v1.Sandboxes.Get:output_type -> cubicle.node.v1.Sandbox
-	13, // 75: cubicle.node.v1.Sandboxes.List:output_type -> cubicle.node.v1.ListResponse
-	15, // 76: cubicle.node.v1.Sandboxes.Stats:output_type -> cubicle.node.v1.Stats
-	16, // 77: cubicle.node.v1.Sandboxes.Logs:output_type -> cubicle.node.v1.LogsResponse
-	6,  // 78: cubicle.node.v1.Agent.Reinit:output_type -> cubicle.node.v1.Empty
-	26, // 79: cubicle.node.v1.Agent.Run:output_type -> cubicle.node.v1.RunResponse
-	6,  // 80: cubicle.node.v1.Network.UpdatePolicy:output_type -> cubicle.node.v1.Empty
-	6,  // 81: cubicle.node.v1.Network.CheckUpstream:output_type -> cubicle.node.v1.Empty
-	30, // 82: cubicle.node.v1.Snapshots.Snapshot:output_type -> cubicle.node.v1.Snapshot
-	6,  // 83: cubicle.node.v1.Snapshots.DeleteSnapshot:output_type -> cubicle.node.v1.Empty
-	33, // 84: cubicle.node.v1.Snapshots.Snapshots:output_type -> cubicle.node.v1.ListSnapshotsResponse
-	36, // 85: cubicle.node.v1.Volumes.AttachVolume:output_type -> cubicle.node.v1.AttachVolumeResponse
-	6,  // 86: cubicle.node.v1.Volumes.DetachVolume:output_type -> cubicle.node.v1.Empty
-	40, // 87: cubicle.node.v1.Volumes.VolumeRefs:output_type -> cubicle.node.v1.VolumeRefsResponse
-	42, // 88: cubicle.node.v1.Accelerators.AcceleratorInventory:output_type -> cubicle.node.v1.AcceleratorInventoryResponse
-	48, // 89: cubicle.node.v1.Accelerators.Accelerator:output_type -> cubicle.node.v1.Device
-	48, // 90: cubicle.node.v1.Accelerators.DisableAccelerator:output_type -> cubicle.node.v1.Device
-	48, // 91: cubicle.node.v1.Accelerators.EnableAccelerator:output_type -> cubicle.node.v1.Device
-	48, // 92: cubicle.node.v1.Accelerators.RecoverAccelerator:output_type -> cubicle.node.v1.Device
-	6,  // 93: cubicle.node.v1.Accelerators.DenyAccelerators:output_type -> cubicle.node.v1.Empty
-	47, // 94: cubicle.node.v1.Accelerators.AcceleratorEvents:output_type -> cubicle.node.v1.AcceleratorEventsResponse
-	53, // 95: cubicle.node.v1.Events.Exits:output_type -> cubicle.node.v1.Exit
-	67, // [67:96] is the sub-list for method output_type
-	38, // [38:67] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	63, // 31: cubicle.node.v1.Device.labels:type_name -> cubicle.node.v1.Device.LabelsEntry
+	66, // 32: cubicle.node.v1.Device.since:type_name -> google.protobuf.Timestamp
+	64, // 33: cubicle.node.v1.AcceleratorRequest.labels:type_name -> cubicle.node.v1.AcceleratorRequest.LabelsEntry
+	65, // 34: cubicle.node.v1.AcceleratorContract.labels:type_name -> cubicle.node.v1.AcceleratorContract.LabelsEntry
+	66, // 35: cubicle.node.v1.AcceleratorEvent.time:type_name -> google.protobuf.Timestamp
+	2,  // 36: cubicle.node.v1.PullImageRequest.image:type_name -> cubicle.node.v1.Image
+	66, // 37: cubicle.node.v1.Exit.at:type_name -> google.protobuf.Timestamp
+	19, // 38: cubicle.node.v1.Policy.RulesEntry.value:type_name -> cubicle.node.v1.Rules
+	0,  // 39: cubicle.node.v1.Info.Info:input_type -> cubicle.node.v1.InfoRequest
+	8,  // 40: cubicle.node.v1.Sandboxes.Create:input_type -> cubicle.node.v1.CreateRequest
+	7,  // 41: cubicle.node.v1.Sandboxes.Delete:input_type -> cubicle.node.v1.IDRequest
+	7,  // 42: cubicle.node.v1.Sandboxes.Pause:input_type -> cubicle.node.v1.IDRequest
+	9,  // 43: cubicle.node.v1.Sandboxes.Resume:input_type -> cubicle.node.v1.ResumeRequest
+	7,  // 44: cubicle.node.v1.Sandboxes.Stop:input_type -> cubicle.node.v1.IDRequest
+	10, // 45: cubicle.node.v1.Sandboxes.Rebuild:input_type -> cubicle.node.v1.RebuildRequest
+	7,  // 46: cubicle.node.v1.Sandboxes.Get:input_type -> cubicle.node.v1.IDRequest
+	12, // 47: cubicle.node.v1.Sandboxes.List:input_type -> cubicle.node.v1.ListRequest
+	14, // 48: cubicle.node.v1.Sandboxes.Stats:input_type -> cubicle.node.v1.StatsRequest
+	7,  // 49: cubicle.node.v1.Sandboxes.Logs:input_type -> cubicle.node.v1.IDRequest
+	24, // 50: cubicle.node.v1.Agent.Reinit:input_type -> cubicle.node.v1.ReinitRequest
+	25, // 51: cubicle.node.v1.Agent.Run:input_type -> cubicle.node.v1.RunRequest
+	27, // 52: cubicle.node.v1.Network.UpdatePolicy:input_type -> cubicle.node.v1.UpdatePolicyRequest
+	28, // 53: cubicle.node.v1.Network.CheckUpstream:input_type -> cubicle.node.v1.CheckUpstreamRequest
+	29, // 54: cubicle.node.v1.Snapshots.Snapshot:input_type -> cubicle.node.v1.SnapshotRequest
+	31, // 55: cubicle.node.v1.Snapshots.DeleteSnapshot:input_type -> cubicle.node.v1.DeleteSnapshotRequest
+	32, // 56: cubicle.node.v1.Snapshots.Snapshots:input_type -> cubicle.node.v1.ListSnapshotsRequest
+	35, // 57: cubicle.node.v1.Volumes.AttachVolume:input_type -> cubicle.node.v1.AttachVolumeRequest
+	37, // 58: cubicle.node.v1.Volumes.DetachVolume:input_type -> cubicle.node.v1.DetachVolumeRequest
+	38, // 59: cubicle.node.v1.Volumes.VolumeRefs:input_type -> cubicle.node.v1.VolumeRefsRequest
+	41, // 60: cubicle.node.v1.Accelerators.AcceleratorInventory:input_type -> cubicle.node.v1.AcceleratorInventoryRequest
+	43, // 61: cubicle.node.v1.Accelerators.Accelerator:input_type -> cubicle.node.v1.DeviceIDRequest
+	44, // 62: cubicle.node.v1.Accelerators.DisableAccelerator:input_type -> cubicle.node.v1.DisableAcceleratorRequest
+	43, // 63: cubicle.node.v1.Accelerators.EnableAccelerator:input_type -> cubicle.node.v1.DeviceIDRequest
+	43, // 64: cubicle.node.v1.Accelerators.RecoverAccelerator:input_type -> cubicle.node.v1.DeviceIDRequest
+	45, // 65: cubicle.node.v1.Accelerators.DenyAccelerators:input_type -> cubicle.node.v1.DenyAcceleratorsRequest
+	46, // 66: cubicle.node.v1.Accelerators.AcceleratorEvents:input_type -> cubicle.node.v1.AcceleratorEventsRequest
+	52, // 67: cubicle.node.v1.Images.PullImage:input_type -> cubicle.node.v1.PullImageRequest
+	53, // 68: cubicle.node.v1.Events.Exits:input_type -> cubicle.node.v1.ExitsRequest
+	1,  // 69: cubicle.node.v1.Info.Info:output_type -> cubicle.node.v1.NodeInfo
+	11, // 70: cubicle.node.v1.Sandboxes.Create:output_type -> cubicle.node.v1.Sandbox
+	6,  // 71: cubicle.node.v1.Sandboxes.Delete:output_type -> cubicle.node.v1.Empty
+	6,  // 72: cubicle.node.v1.Sandboxes.Pause:output_type -> cubicle.node.v1.Empty
+	6,  // 73: cubicle.node.v1.Sandboxes.Resume:output_type -> cubicle.node.v1.Empty
+	6,  // 74: cubicle.node.v1.Sandboxes.Stop:output_type -> cubicle.node.v1.Empty
+	6,  // 75: cubicle.node.v1.Sandboxes.Rebuild:output_type -> cubicle.node.v1.Empty
+	11, // 76: cubicle.node.v1.Sandboxes.Get:output_type -> cubicle.node.v1.Sandbox
+	13, // 77: cubicle.node.v1.Sandboxes.List:output_type -> cubicle.node.v1.ListResponse
+	15, // 78: cubicle.node.v1.Sandboxes.Stats:output_type -> cubicle.node.v1.Stats
+	16, // 79: cubicle.node.v1.Sandboxes.Logs:output_type -> cubicle.node.v1.LogsResponse
+	6,  // 80: cubicle.node.v1.Agent.Reinit:output_type -> cubicle.node.v1.Empty
+	26, // 81: cubicle.node.v1.Agent.Run:output_type -> cubicle.node.v1.RunResponse
+	6,  // 82: cubicle.node.v1.Network.UpdatePolicy:output_type -> cubicle.node.v1.Empty
+	6,  // 83: cubicle.node.v1.Network.CheckUpstream:output_type -> cubicle.node.v1.Empty
+	30, // 84: cubicle.node.v1.Snapshots.Snapshot:output_type -> cubicle.node.v1.Snapshot
+	6,  // 85: cubicle.node.v1.Snapshots.DeleteSnapshot:output_type -> cubicle.node.v1.Empty
+	33, // 86: cubicle.node.v1.Snapshots.Snapshots:output_type -> cubicle.node.v1.ListSnapshotsResponse
+	36, // 87: cubicle.node.v1.Volumes.AttachVolume:output_type -> cubicle.node.v1.AttachVolumeResponse
+	6,  // 88: cubicle.node.v1.Volumes.DetachVolume:output_type -> cubicle.node.v1.Empty
+	40, // 89: cubicle.node.v1.Volumes.VolumeRefs:output_type -> cubicle.node.v1.VolumeRefsResponse
+	42, // 90: cubicle.node.v1.Accelerators.AcceleratorInventory:output_type -> cubicle.node.v1.AcceleratorInventoryResponse
+	48, // 91: cubicle.node.v1.Accelerators.Accelerator:output_type -> cubicle.node.v1.Device
+	48, // 92: cubicle.node.v1.Accelerators.DisableAccelerator:output_type -> cubicle.node.v1.Device
+	48, // 93: cubicle.node.v1.Accelerators.EnableAccelerator:output_type -> cubicle.node.v1.Device
+	48, // 94: cubicle.node.v1.Accelerators.RecoverAccelerator:output_type -> cubicle.node.v1.Device
+	6,  // 95: cubicle.node.v1.Accelerators.DenyAccelerators:output_type -> cubicle.node.v1.Empty
+	47, // 96: cubicle.node.v1.Accelerators.AcceleratorEvents:output_type -> cubicle.node.v1.AcceleratorEventsResponse
+	6,  // 97: cubicle.node.v1.Images.PullImage:output_type -> cubicle.node.v1.Empty
+	54, // 98: cubicle.node.v1.Events.Exits:output_type -> cubicle.node.v1.Exit
+	69, // [69:99] is the sub-list for method output_type
+	39, // [39:69] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_node_v1_node_proto_init() }
@@ -4173,9 +4225,9 @@ func file_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_v1_node_proto_rawDesc), len(file_node_v1_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   65,
+			NumMessages:   66,
 			NumExtensions: 0,
-			NumServices:   8,
+			NumServices:   9,
 		},
 		GoTypes:           file_node_v1_node_proto_goTypes,
 		DependencyIndexes: file_node_v1_node_proto_depIdxs,
