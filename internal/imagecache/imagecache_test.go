@@ -25,6 +25,10 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/clusterpki"
 	"github.com/cubicle-dev/cubicle/internal/image"
 	"github.com/cubicle-dev/cubicle/internal/imagecache"
+	"github.com/cubicle-dev/cubicle/internal/network"
+	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/node/nodegrpc/nodegrpctest"
+	"github.com/cubicle-dev/cubicle/internal/node/nodetest/localnode"
 	"github.com/cubicle-dev/cubicle/internal/secret"
 	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
 	"github.com/cubicle-dev/cubicle/internal/testenv"
@@ -33,6 +37,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
+
+// TestMain removes the agent binary localnode builds.
+func TestMain(m *testing.M) { localnode.Main(m) }
 
 // cluster is a control plane's registry served to nodes the way serve
 // does: TLS with the control plane's certificate, client certificates
@@ -394,5 +401,61 @@ func TestInvalidRef(t *testing.T) {
 	}
 	if n := c.requests.Load(); n != 0 {
 		t.Fatalf("invalid refs made %d requests", n)
+	}
+}
+
+// A node that does not share the control plane's files (a real Local with
+// the cache as its image source, behind the gRPC client) prefetches a
+// template's image from the registry, reports it cached, and boots a
+// sandbox from the reference with no further request.
+func TestNodeBootsPulledImage(t *testing.T) {
+	testenv.RequireRoot(t, "runc, netns, unpacking")
+	c := newCluster(t)
+	if err := c.store.ImportRootfs("cubicle/mini:b1", filepath.Join(localnode.ImagesDir(), "mini", "rootfs")); err != nil {
+		t.Fatal(err)
+	}
+	desc, err := c.store.Resolve("cubicle/mini:b1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	im := node.Image{Name: "cubicle/mini", Digest: desc.Digest.String()}
+	cache, _ := newCache(t, c, c.nodeTLS(t, "node-f"))
+	l, _ := localnode.NewWith(t, &imagecache.Source{Cache: cache, ImagesDir: localnode.ImagesDir()})
+	n := nodegrpctest.Pipe(t, l)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	if err := n.PullImage(ctx, im); err != nil {
+		t.Fatalf("prefetch: %v", err)
+	}
+	info, err := n.Info(ctx)
+	if err != nil || !info.Abilities.PullsImages || len(info.Images) != 1 || info.Images[0] != im {
+		t.Fatalf("Info after the pull: images %v pulls %v, %v", info.Images, info.Abilities.PullsImages, err)
+	}
+	before := c.requests.Load()
+	req := node.CreateRequest{ID: "pulled" + localnode.RandHex(t, 6), Image: im, EnvdToken: localnode.RandHex(t, 8), DefaultUser: "user",
+		CPUCount: 1, MemoryMB: 256, DiskSizeMB: 256, Policy: network.Policy{}}
+	if _, err := n.Create(ctx, req); err != nil {
+		t.Fatalf("create from the pulled image: %v", err)
+	}
+	defer n.Delete(context.Background(), req.ID)
+	code, err := n.Run(ctx, req.ID, req.EnvdToken, "user", "test -x /bin/bash && id -un | grep -qx user")
+	if err != nil || code != 0 {
+		t.Fatalf("run in the sandbox: %d %v", code, err)
+	}
+	if got := c.requests.Load() - before; got != 0 {
+		t.Fatalf("a create from a cached image made %d registry requests", got)
+	}
+	if err := n.Delete(ctx, req.ID); err != nil {
+		t.Fatal(err)
+	}
+	// An image the registry does not have: the create fails, leaving nothing.
+	bad := req
+	bad.ID, bad.Image.Digest = "missing"+localnode.RandHex(t, 6), "sha256:"+strings.Repeat("0", 64)
+	if _, err := n.Create(ctx, bad); !errors.Is(err, imagecache.ErrPull) {
+		t.Fatalf("create from an unknown digest: %v, want imagecache.ErrPull", err)
+	}
+	if sbs, err := n.List(ctx); err != nil || len(sbs) != 0 {
+		t.Fatalf("left after a failed pull: %v %v", sbs, err)
 	}
 }

@@ -68,8 +68,8 @@ func Main(m *testing.M) {
 	os.Exit(code)
 }
 
-// imagesDir holds the built-in images (mini among them).
-func imagesDir() string {
+// ImagesDir holds the built-in images (mini among them).
+func ImagesDir() string {
 	if d := os.Getenv("CUBICLE_IMAGES_DIR"); d != "" {
 		return d
 	}
@@ -82,7 +82,7 @@ var Image = node.Image{Name: "mini"}
 // Layers are the mini image every sandbox boots from (bash, a user).
 func Layers(t testing.TB) []string {
 	t.Helper()
-	d := imagesDir()
+	d := ImagesDir()
 	root := filepath.Join(d, "mini", "rootfs")
 	if _, err := os.Stat(filepath.Join(root, "bin", "bash")); err != nil {
 		t.Fatalf("mini image missing under %s (run scripts/install or scripts/build-rootfs): %v", d, err)
@@ -103,6 +103,17 @@ func RandHex(t testing.TB, n int) string {
 // cgroup parent and data dirs; everything goes when the test ends.
 func New(t testing.TB) (*node.Local, *local.Plugin) {
 	t.Helper()
+	return NewWith(t, nil)
+}
+
+// NewWith is New with images resolved by images (nil: the built-ins in
+// the images dir).
+func NewWith(t testing.TB, images node.ImageSource) (*node.Local, *local.Plugin) {
+	t.Helper()
+	if images == nil {
+		// Built-ins only: registry pulls are imagecache's own tests.
+		images = &imagecache.Source{ImagesDir: ImagesDir()}
+	}
 	testenv.RequireRoot(t, "runc, netns, nftables, mounts")
 	bin := testenv.LookPath(t, "runc")
 	agent := buildAgent(t)
@@ -157,8 +168,7 @@ func New(t testing.TB) (*node.Local, *local.Plugin) {
 		VolumeDrivers: []string{"local"},
 		SnapshotDir:   filepath.Join(base, "snapshots"),
 		TokenDir:      filepath.Join(base, "tokens"),
-		// Built-ins only: registry pulls are imagecache's own tests.
-		Images: &imagecache.Source{ImagesDir: imagesDir()},
+		Images:        images,
 	})
 	t.Cleanup(func() {
 		ctx := context.Background()
