@@ -457,6 +457,12 @@ func (m *Manager) OpenVolume(ctx context.Context, id, tok string) (string, func(
 	if v.State != store.VolumeReady {
 		return "", nil, fmt.Errorf("%w: volume '%s' is being deleted", ErrConflict, id)
 	}
+	if m.pullsImages.Load() {
+		// The content API reads the node's mount of the volume on this
+		// host; a node that pulls its images does not share this host's
+		// files, so its mount is not here.
+		return "", nil, fmt.Errorf("%w: volume '%s': file access works only on the embedded node for now (this server's node does not share its files)", ErrConflict, id)
+	}
 	return m.leases.acquire(ctx, v)
 }
 
