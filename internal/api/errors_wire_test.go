@@ -20,7 +20,7 @@ import (
 func TestNodeErrorsSurviveTheWire(t *testing.T) {
 	for _, s := range []error{
 		node.ErrNotFound, node.ErrAgentTimeout, node.ErrSnapshotUnsupported, node.ErrRebuildRefused, node.ErrNoExit, node.ErrVolumeDriver,
-		node.ErrImageRequest, node.ErrImagesUnsupported,
+		node.ErrImageRequest, node.ErrImagesUnsupported, node.ErrSnapshotNotFound,
 		imagecache.ErrInvalidRef, imagecache.ErrDigestMismatch, imagecache.ErrPull, imagecache.ErrUnknownImage, imagecache.ErrNoRegistry,
 		runtime.ErrNotFound, runtime.ErrAlreadyExists, runtime.ErrNotRunning, runtime.ErrNotPaused, runtime.ErrUnsupported, runtime.ErrSnapshotTooLarge,
 		network.ErrNotFound, network.ErrPoolExhausted, network.ErrInvalidPolicy, network.ErrInvalidID, network.ErrExists,

@@ -3,13 +3,19 @@ package node
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 )
 
 var (
-	// ErrImageRequest: a create names both an image and layers.
+	// ErrImageRequest: a create names its root file system more than one
+	// way (layers and an image, a checkpoint path and a snapshot ID) or a
+	// restore that is not its top snapshot.
 	ErrImageRequest = errdefs.NewReason(errdefs.ErrInvalidArgument, "node_image_request", "node: a create names an image or layers, not both")
+	// ErrSnapshotNotFound: a snapshot ID the node has no files for.
+	ErrSnapshotNotFound = errdefs.NewReason(errdefs.ErrNotFound, "node_snapshot_not_found", "node: no such snapshot on this node")
 	// ErrImagesUnsupported: the node has no image source (Info's
 	// Abilities.PullsImages is false): it boots from layers only.
 	ErrImagesUnsupported = errdefs.NewReason(errdefs.ErrFailedPrecondition, "node_images_unsupported", "node: this node boots from layers, not image references")
@@ -53,6 +59,54 @@ func (l *Local) PullImage(ctx context.Context, image Image) error {
 	}
 	_, err := l.layers(ctx, &CreateRequest{Image: image})
 	return err
+}
+
+// rootfs is req's root file system on this node: its layers (its
+// snapshots' above its own or its image's) and the checkpoint it
+// continues from, if any.
+func (l *Local) rootfs(ctx context.Context, req *CreateRequest) (layers []string, restore string, err error) {
+	base, err := l.layers(ctx, req)
+	if err != nil {
+		return nil, "", err
+	}
+	if len(req.SnapshotLayers) == 0 && req.RestoreSnapshot == "" {
+		return base, req.Restore, nil
+	}
+	if req.Restore != "" {
+		return nil, "", fmt.Errorf("%w (a checkpoint path and snapshot %q)", ErrImageRequest, req.RestoreSnapshot)
+	}
+	if req.RestoreSnapshot != "" && (len(req.SnapshotLayers) == 0 || req.SnapshotLayers[0] != req.RestoreSnapshot) {
+		return nil, "", fmt.Errorf("%w (restore snapshot %q is not the top snapshot layer)", ErrImageRequest, req.RestoreSnapshot)
+	}
+	for _, id := range req.SnapshotLayers {
+		dir, err := l.snapshotPath(id, "rootfs")
+		if err != nil {
+			return nil, "", err
+		}
+		layers = append(layers, dir)
+	}
+	if req.RestoreSnapshot != "" {
+		if restore, err = l.snapshotPath(req.RestoreSnapshot, "checkpoint"); err != nil {
+			return nil, "", err
+		}
+	}
+	return append(layers, base...), restore, nil
+}
+
+// snapshotPath is part (rootfs, checkpoint) of snapshot id in the node's
+// snapshot dir, which the node's runtime wrote there (Snapshot).
+func (l *Local) snapshotPath(id, part string) (string, error) {
+	if _, err := l.snapshotter(); err != nil {
+		return "", err
+	}
+	if !snapshotIDRe.MatchString(id) {
+		return "", fmt.Errorf("%w: snapshot id %q", ErrSnapshotNotFound, id)
+	}
+	p := filepath.Join(l.cfg.SnapshotDir, id, part)
+	if fi, err := os.Stat(p); err != nil || !fi.IsDir() {
+		return "", fmt.Errorf("%w: %s (no %s)", ErrSnapshotNotFound, id, part)
+	}
+	return p, nil
 }
 
 // layers are req's rootfs layers: its own, or its image's through the

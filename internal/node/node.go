@@ -59,6 +59,15 @@ type CreateRequest struct {
 	// Restore is a memory snapshot's checkpoint the sandbox continues
 	// from (Layers then start with that snapshot's layer).
 	Restore string
+	// SnapshotLayers and RestoreSnapshot are Layers' and Restore's
+	// node-local forms, by snapshot ID (Snapshots lists them), for a
+	// control plane that does not share the node's files: the layers of
+	// those snapshots, top-most first, go above Layers or Image (a sandbox
+	// from a snapshot of a sandbox from a snapshot needs both), and the
+	// sandbox continues from RestoreSnapshot's memory, which must then be
+	// SnapshotLayers[0]. Restore and RestoreSnapshot exclude each other.
+	SnapshotLayers  []string
+	RestoreSnapshot string
 	// CurrentToken is the access token a restored agent already holds
 	// (the snapshot source's); it authorises the first /init.
 	CurrentToken string

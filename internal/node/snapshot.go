@@ -183,12 +183,12 @@ func (l *Local) baseMounts(id string) []runtime.Mount {
 // runtimeSpec is the runtime half of req. It fills req.EnvVars with the
 // CA variables, so callers pass the request on to initAgent afterwards.
 func (l *Local) runtimeSpec(ctx context.Context, req *CreateRequest, netns string, mounts []runtime.Mount, devices []runtime.Device) (runtime.Spec, error) {
-	layers, err := l.layers(ctx, req)
+	layers, restore, err := l.rootfs(ctx, req)
 	if err != nil {
 		return runtime.Spec{}, err
 	}
 	var files []runtime.File
-	if l.cfg.CACerts != nil && req.Restore == "" {
+	if l.cfg.CACerts != nil && restore == "" {
 		seed, err := l.cfg.CACerts.SandboxFiles(layers)
 		if err != nil {
 			return runtime.Spec{}, err
@@ -206,7 +206,7 @@ func (l *Local) runtimeSpec(ctx context.Context, req *CreateRequest, netns strin
 		ID:        req.ID,
 		Files:     files,
 		Layers:    layers,
-		Restore:   req.Restore,
+		Restore:   restore,
 		Hostname:  "cubicle",
 		Args:      []string{AgentPathInSandbox, "-port", strconv.Itoa(AgentPort), "-token-file", AgentTokenInSandbox},
 		Env:       []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},

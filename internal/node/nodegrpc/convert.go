@@ -100,6 +100,7 @@ func createToProto(r node.CreateRequest) *nodev1.CreateRequest {
 		Policy:   policyToProto(r.Policy),
 		StartCmd: r.StartCmd, StartUser: r.StartUser, StartWorkdir: r.StartWorkdir, DefaultWorkdir: r.DefaultWorkdir,
 		Restore: r.Restore, CurrentToken: r.CurrentToken, Image: imageToProto(r.Image),
+		SnapshotLayers: r.SnapshotLayers, RestoreSnapshot: r.RestoreSnapshot,
 	}
 	for _, m := range r.Mounts {
 		p.Mounts = append(p.Mounts, &nodev1.Mount{Source: m.Source, Destination: m.Destination, ReadOnly: m.ReadOnly})
@@ -131,7 +132,7 @@ func createFromProto(p *nodev1.CreateRequest) node.CreateRequest {
 		DiskSizeMB: int(p.GetDiskSizeMb()), Policy: policyFromProto(p.GetPolicy()),
 		StartCmd: p.GetStartCmd(), StartUser: p.GetStartUser(), StartWorkdir: p.GetStartWorkdir(),
 		DefaultWorkdir: p.GetDefaultWorkdir(), Restore: p.GetRestore(), CurrentToken: p.GetCurrentToken(),
-		Image: imageFromProto(p.GetImage()),
+		Image: imageFromProto(p.GetImage()), SnapshotLayers: p.GetSnapshotLayers(), RestoreSnapshot: p.GetRestoreSnapshot(),
 	}
 	for _, m := range p.GetMounts() {
 		r.Mounts = append(r.Mounts, runtime.Mount{Source: m.GetSource(), Destination: m.GetDestination(), ReadOnly: m.GetReadOnly()})

@@ -386,6 +386,31 @@ func (s *suite) snapshots(t *testing.T, n node.Node) {
 		t.Fatalf("after Rebuild: exit %d, want the snapshot's file", c)
 	}
 
+	// The same by snapshot ID, which the node resolves in its own
+	// snapshot dir (over its image where it pulls images).
+	byID := s.request(t)
+	byID.SnapshotLayers = []string{snapID}
+	if !s.o.Image.IsZero() {
+		byID.Layers, byID.Image = nil, s.o.Image
+	}
+	missing := byID
+	missing.SnapshotLayers = []string{newID(t)}
+	if _, err := n.Create(ctx, missing); !errors.Is(err, node.ErrSnapshotNotFound) {
+		t.Fatalf("Create from an unknown snapshot ID: %v, want node.ErrSnapshotNotFound", err)
+	}
+	notTop := byID
+	notTop.RestoreSnapshot = newID(t)
+	if _, err := n.Create(ctx, notTop); !errors.Is(err, node.ErrImageRequest) {
+		t.Fatalf("Create restoring a snapshot that is not its top layer: %v, want node.ErrImageRequest", err)
+	}
+	s.create(t, n, byID)
+	if c := s.run(t, n, byID, `test "$(cat /home/user/f)" = from-snapshot`); c != 0 {
+		t.Fatalf("created from snapshot ID %s: exit %d, want the snapshot's file", snapID, c)
+	}
+	if err := n.Delete(ctx, byID.ID); err != nil {
+		t.Fatal(err)
+	}
+
 	if err := n.DeleteSnapshot(ctx, snapID); err != nil {
 		t.Fatalf("DeleteSnapshot: %v", err)
 	}

@@ -488,29 +488,31 @@ func (x *IDRequest) GetId() string {
 
 // CreateRequest is node.CreateRequest.
 type CreateRequest struct {
-	state          protoimpl.MessageState `protogen:"open.v1"`
-	Id             string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Layers         []string               `protobuf:"bytes,2,rep,name=layers,proto3" json:"layers,omitempty"` // host paths, top-most first
-	EnvdToken      string                 `protobuf:"bytes,3,opt,name=envd_token,json=envdToken,proto3" json:"envd_token,omitempty"`
-	EnvVars        map[string]string      `protobuf:"bytes,4,rep,name=env_vars,json=envVars,proto3" json:"env_vars,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	DefaultUser    string                 `protobuf:"bytes,5,opt,name=default_user,json=defaultUser,proto3" json:"default_user,omitempty"`
-	CpuCount       int64                  `protobuf:"varint,6,opt,name=cpu_count,json=cpuCount,proto3" json:"cpu_count,omitempty"`
-	MemoryMb       int64                  `protobuf:"varint,7,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
-	DiskSizeMb     int64                  `protobuf:"varint,8,opt,name=disk_size_mb,json=diskSizeMb,proto3" json:"disk_size_mb,omitempty"`
-	Policy         *Policy                `protobuf:"bytes,9,opt,name=policy,proto3" json:"policy,omitempty"`
-	Mounts         []*Mount               `protobuf:"bytes,10,rep,name=mounts,proto3" json:"mounts,omitempty"`
-	Volumes        []*VolumeAttachment    `protobuf:"bytes,11,rep,name=volumes,proto3" json:"volumes,omitempty"`
-	StartCmd       string                 `protobuf:"bytes,12,opt,name=start_cmd,json=startCmd,proto3" json:"start_cmd,omitempty"`
-	StartUser      string                 `protobuf:"bytes,13,opt,name=start_user,json=startUser,proto3" json:"start_user,omitempty"`
-	StartWorkdir   string                 `protobuf:"bytes,14,opt,name=start_workdir,json=startWorkdir,proto3" json:"start_workdir,omitempty"`
-	DefaultWorkdir string                 `protobuf:"bytes,15,opt,name=default_workdir,json=defaultWorkdir,proto3" json:"default_workdir,omitempty"`
-	Accelerators   []*AcceleratorRequest  `protobuf:"bytes,16,rep,name=accelerators,proto3" json:"accelerators,omitempty"`
-	AccelContract  *AcceleratorContract   `protobuf:"bytes,17,opt,name=accel_contract,json=accelContract,proto3" json:"accel_contract,omitempty"` // unset: none
-	Restore        string                 `protobuf:"bytes,18,opt,name=restore,proto3" json:"restore,omitempty"`                                  // host path of a checkpoint
-	CurrentToken   string                 `protobuf:"bytes,19,opt,name=current_token,json=currentToken,proto3" json:"current_token,omitempty"`
-	Image          *Image                 `protobuf:"bytes,20,opt,name=image,proto3" json:"image,omitempty"` // unset: layers
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Id              string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Layers          []string               `protobuf:"bytes,2,rep,name=layers,proto3" json:"layers,omitempty"` // host paths, top-most first
+	EnvdToken       string                 `protobuf:"bytes,3,opt,name=envd_token,json=envdToken,proto3" json:"envd_token,omitempty"`
+	EnvVars         map[string]string      `protobuf:"bytes,4,rep,name=env_vars,json=envVars,proto3" json:"env_vars,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	DefaultUser     string                 `protobuf:"bytes,5,opt,name=default_user,json=defaultUser,proto3" json:"default_user,omitempty"`
+	CpuCount        int64                  `protobuf:"varint,6,opt,name=cpu_count,json=cpuCount,proto3" json:"cpu_count,omitempty"`
+	MemoryMb        int64                  `protobuf:"varint,7,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
+	DiskSizeMb      int64                  `protobuf:"varint,8,opt,name=disk_size_mb,json=diskSizeMb,proto3" json:"disk_size_mb,omitempty"`
+	Policy          *Policy                `protobuf:"bytes,9,opt,name=policy,proto3" json:"policy,omitempty"`
+	Mounts          []*Mount               `protobuf:"bytes,10,rep,name=mounts,proto3" json:"mounts,omitempty"`
+	Volumes         []*VolumeAttachment    `protobuf:"bytes,11,rep,name=volumes,proto3" json:"volumes,omitempty"`
+	StartCmd        string                 `protobuf:"bytes,12,opt,name=start_cmd,json=startCmd,proto3" json:"start_cmd,omitempty"`
+	StartUser       string                 `protobuf:"bytes,13,opt,name=start_user,json=startUser,proto3" json:"start_user,omitempty"`
+	StartWorkdir    string                 `protobuf:"bytes,14,opt,name=start_workdir,json=startWorkdir,proto3" json:"start_workdir,omitempty"`
+	DefaultWorkdir  string                 `protobuf:"bytes,15,opt,name=default_workdir,json=defaultWorkdir,proto3" json:"default_workdir,omitempty"`
+	Accelerators    []*AcceleratorRequest  `protobuf:"bytes,16,rep,name=accelerators,proto3" json:"accelerators,omitempty"`
+	AccelContract   *AcceleratorContract   `protobuf:"bytes,17,opt,name=accel_contract,json=accelContract,proto3" json:"accel_contract,omitempty"` // unset: none
+	Restore         string                 `protobuf:"bytes,18,opt,name=restore,proto3" json:"restore,omitempty"`                                  // host path of a checkpoint
+	CurrentToken    string                 `protobuf:"bytes,19,opt,name=current_token,json=currentToken,proto3" json:"current_token,omitempty"`
+	Image           *Image                 `protobuf:"bytes,20,opt,name=image,proto3" json:"image,omitempty"`                                            // unset: layers
+	SnapshotLayers  []string               `protobuf:"bytes,21,rep,name=snapshot_layers,json=snapshotLayers,proto3" json:"snapshot_layers,omitempty"`    // snapshot IDs on the node, top-most first
+	RestoreSnapshot string                 `protobuf:"bytes,22,opt,name=restore_snapshot,json=restoreSnapshot,proto3" json:"restore_snapshot,omitempty"` // memory snapshot ID on the node
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *CreateRequest) Reset() {
@@ -681,6 +683,20 @@ func (x *CreateRequest) GetImage() *Image {
 		return x.Image
 	}
 	return nil
+}
+
+func (x *CreateRequest) GetSnapshotLayers() []string {
+	if x != nil {
+		return x.SnapshotLayers
+	}
+	return nil
+}
+
+func (x *CreateRequest) GetRestoreSnapshot() string {
+	if x != nil {
+		return x.RestoreSnapshot
+	}
+	return ""
 }
 
 type ResumeRequest struct {
@@ -3711,7 +3727,7 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x02 \x01(\x04R\vmemoryBytes\"\a\n" +
 	"\x05Empty\"\x1b\n" +
 	"\tIDRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\x84\a\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xd8\a\n" +
 	"\rCreateRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06layers\x18\x02 \x03(\tR\x06layers\x12\x1d\n" +
@@ -3736,7 +3752,9 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x0eaccel_contract\x18\x11 \x01(\v2$.cubicle.node.v1.AcceleratorContractR\raccelContract\x12\x18\n" +
 	"\arestore\x18\x12 \x01(\tR\arestore\x12#\n" +
 	"\rcurrent_token\x18\x13 \x01(\tR\fcurrentToken\x12,\n" +
-	"\x05image\x18\x14 \x01(\v2\x16.cubicle.node.v1.ImageR\x05image\x1a:\n" +
+	"\x05image\x18\x14 \x01(\v2\x16.cubicle.node.v1.ImageR\x05image\x12'\n" +
+	"\x0fsnapshot_layers\x18\x15 \x03(\tR\x0esnapshotLayers\x12)\n" +
+	"\x10restore_snapshot\x18\x16 \x01(\tR\x0frestoreSnapshot\x1a:\n" +
 	"\fEnvVarsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Y\n" +
