@@ -164,3 +164,30 @@ func TestVolumeContentRefusedOnPullingNode(t *testing.T) {
 		}
 	}
 }
+
+// A snapshot's layers are recorded as paths: rolling back a sandbox on a
+// node that does not share the control plane's files is a clear 409, and
+// the sandbox is left as it was.
+func TestRollbackRefusedOnPullingNode(t *testing.T) {
+	ctx := context.Background()
+	m, _ := newImageManager(t, true)
+	sb, err := m.Create(ctx, CreateOptions{TemplateID: "builtin", Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sn := &store.Snapshot{ID: "snap_x", TeamID: sb.TeamID, SandboxID: sb.ID, SourceTemplateID: "builtin", Node: sb.Node,
+		Kind: "filesystem", Runtime: "fake", Layers: []string{"/node/snap_x/rootfs", "/cp/builtin/rootfs"}}
+	tpl := &store.Template{ID: "snap_x", TeamID: sb.TeamID, PrimaryName: "snap_x", Names: []string{"snap_x"},
+		ReadyBuildID: "bld_x", LatestBuildID: "bld_x", BuildStatus: store.BuildReady, BuildCount: 1}
+	b := &store.TemplateBuild{ID: "bld_x", TemplateID: "snap_x", Status: store.BuildReady, Rootfs: "/node/snap_x/rootfs:/cp/builtin/rootfs"}
+	if err := m.store.CreateSnapshot(ctx, sn, tpl, b, 0); err != nil {
+		t.Fatal(err)
+	}
+	err = m.Rollback(ctx, sb.ID, "snap_x")
+	if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "embedded node") {
+		t.Fatalf("rollback on a pulling node: %v, want ErrConflict", err)
+	}
+	if got, err := m.store.GetSandbox(ctx, sb.ID); err != nil || got.State != store.StateRunning {
+		t.Fatalf("after the refused rollback: %+v %v", got, err)
+	}
+}

@@ -341,6 +341,11 @@ func (m *Manager) Rollback(ctx context.Context, id, snapshotRef string) (err err
 	if sb.State != store.StateRunning && sb.State != store.StatePaused {
 		return fmt.Errorf("%w: sandbox '%s' is %s", ErrConflict, id, sb.State)
 	}
+	if m.pullsImages.Load() {
+		// The snapshot's layers are recorded as paths, which a node that
+		// does not share the control plane's files cannot use.
+		return fmt.Errorf("%w: sandbox '%s': rollback works only on the embedded node for now", ErrConflict, id)
+	}
 	restore, currentToken, err := m.restoreOf(ctx, &info.Snapshot, sb)
 	if err != nil {
 		return err
