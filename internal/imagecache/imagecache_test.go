@@ -459,3 +459,25 @@ func TestNodeBootsPulledImage(t *testing.T) {
 		t.Fatalf("left after a failed pull: %v %v", sbs, err)
 	}
 }
+
+// The node's source takes its join's control-plane URL: https only, port
+// 443 by default, the cache under the images dir.
+func TestNewSource(t *testing.T) {
+	dir := t.TempDir()
+	cfg := &tls.Config{}
+	for url, ok := range map[string]bool{
+		"https://cp.example:7443": true, "https://cp.example": true, "https://[::1]:8443/": true,
+		"http://cp.example": false, "cp.example:443": false, "https://cp.example/api": false, "https://": false,
+	} {
+		s, err := imagecache.NewSource(url, cfg, dir)
+		if (err == nil) != ok {
+			t.Errorf("%q: %v, want ok=%v", url, err, ok)
+		}
+		if err == nil && s.ImagesDir != dir {
+			t.Errorf("%q: images dir %q", url, s.ImagesDir)
+		}
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "cache")); err != nil || !fi.IsDir() {
+		t.Fatalf("cache dir: %v", err)
+	}
+}

@@ -2,8 +2,12 @@ package imagecache
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
+	"path/filepath"
 	"regexp"
 
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
@@ -69,4 +73,24 @@ func (s *Source) Cached(context.Context) ([]node.Image, error) {
 		out[i] = node.Image{Name: r.Repository, Digest: r.Digest}
 	}
 	return out, nil
+}
+
+// NewSource is a node's image source as `cubicle node run` makes it: the
+// registry at the control-plane URL of its join (https only; port 443
+// when none), the node's client TLS configuration, the built-ins in
+// imagesDir and the cache in imagesDir/cache.
+func NewSource(controlPlaneURL string, tlsConfig *tls.Config, imagesDir string) (*Source, error) {
+	u, err := url.Parse(controlPlaneURL)
+	if err != nil || u.Scheme != "https" || u.Host == "" || (u.Path != "" && u.Path != "/") {
+		return nil, fmt.Errorf("imagecache: control-plane URL %q: want https://host[:port]", controlPlaneURL)
+	}
+	host := u.Host
+	if u.Port() == "" {
+		host = net.JoinHostPort(u.Hostname(), "443")
+	}
+	c, err := New(Config{Registry: host, TLS: tlsConfig, Dir: filepath.Join(imagesDir, "cache")})
+	if err != nil {
+		return nil, err
+	}
+	return &Source{Cache: c, ImagesDir: imagesDir}, nil
 }
