@@ -23,6 +23,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/image"
@@ -77,6 +78,10 @@ type Config struct {
 	TLS *tls.Config
 	// Dir holds <hex digest>/rootfs and <hex digest>/ref.json (root-only).
 	Dir string
+	// PullTimeout bounds one pull, fetch and unpack (default 15 minutes):
+	// a stalled registry fails the pull instead of holding every create
+	// of that image.
+	PullTimeout time.Duration
 }
 
 // Cache is safe for concurrent use; concurrent first uses of one image
@@ -98,6 +103,9 @@ type pull struct {
 func New(cfg Config) (*Cache, error) {
 	if cfg.Registry == "" || cfg.TLS == nil || cfg.Dir == "" {
 		return nil, errors.New("imagecache: Registry, TLS and Dir are required")
+	}
+	if cfg.PullTimeout == 0 {
+		cfg.PullTimeout = 15 * time.Minute
 	}
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, err
@@ -129,7 +137,9 @@ func (c *Cache) Rootfs(ctx context.Context, r Ref) (string, error) {
 		go func() {
 			// Detached from the first caller: a second caller may still
 			// be waiting when the first gives up.
-			p.err = c.pull(context.WithoutCancel(ctx), r, d)
+			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.PullTimeout)
+			p.err = c.pull(pctx, r, d)
+			cancel()
 			c.mu.Lock()
 			delete(c.pulling, r.Digest)
 			c.mu.Unlock()

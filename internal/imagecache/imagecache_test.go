@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -479,5 +480,47 @@ func TestNewSource(t *testing.T) {
 	}
 	if fi, err := os.Stat(filepath.Join(dir, "cache")); err != nil || !fi.IsDir() {
 		t.Fatalf("cache dir: %v", err)
+	}
+}
+
+// A registry that never answers fails the pull once PullTimeout passes,
+// rather than holding every create of the image; nothing is kept.
+func TestStalledRegistryFailsThePull(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var mu sync.Mutex
+	var held []net.Conn
+	defer func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c) // accepted, never answered
+			mu.Unlock()
+		}
+	}()
+	dir := filepath.Join(t.TempDir(), "cache")
+	cache, err := imagecache.New(imagecache.Config{Registry: ln.Addr().String(), TLS: &tls.Config{}, Dir: dir, PullTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := imagecache.Ref{Repository: "cubicle/x", Digest: "sha256:" + strings.Repeat("1", 64)}
+	if _, err := cache.Rootfs(context.Background(), ref); !errors.Is(err, imagecache.ErrPull) {
+		t.Fatalf("stalled registry: %v, want ErrPull", err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("a failed pull left %d entries", len(ents))
 	}
 }
