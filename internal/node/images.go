@@ -13,7 +13,7 @@ var (
 	// ErrImageRequest: a create names its root file system more than one
 	// way (layers and an image, a checkpoint path and a snapshot ID) or a
 	// restore that is not its top snapshot.
-	ErrImageRequest = errdefs.NewReason(errdefs.ErrInvalidArgument, "node_image_request", "node: a create names an image or layers, not both")
+	ErrImageRequest = errdefs.NewReason(errdefs.ErrInvalidArgument, "node_image_request", "node: a create names its root file system more than one way")
 	// ErrSnapshotNotFound: a snapshot ID the node has no files for.
 	ErrSnapshotNotFound = errdefs.NewReason(errdefs.ErrNotFound, "node_snapshot_not_found", "node: no such snapshot on this node")
 	// ErrImagesUnsupported: the node has no image source (Info's
