@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,11 +33,13 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/clusterpki"
 	"github.com/cubicle-dev/cubicle/internal/control"
 	"github.com/cubicle-dev/cubicle/internal/dataplane"
+	"github.com/cubicle-dev/cubicle/internal/imagecache"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/node/nodegrpc"
 	"github.com/cubicle-dev/cubicle/internal/nodeclient"
 	"github.com/cubicle-dev/cubicle/internal/nodejoin"
 	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/internal/template/builder"
 )
 
 // nodeHeartbeatInterval is how often a node agent renews its lease: a third
@@ -223,12 +226,19 @@ func nodeRun(ctx context.Context, o nodeRunOptions) error {
 	}
 	defer dataLn.Close()
 
+	// Template images come from the control plane's registry, by digest,
+	// with this node's identity (docs/cluster.md, images across nodes).
+	images, err := imagecache.NewSource(id.info.ControlPlane, cp.TLSConfig(), o.imagesDir)
+	if err != nil {
+		return err
+	}
 	reg := prometheus.NewRegistry()
 	nh, err := startNodeHost(ctx, &o.nodeHostOptions, userns, pool, nodeHostConfig{
 		ID: id.info.NodeID, Volumes: vc, Registry: reg, VolumeMetrics: control.NewVolumeMetrics(reg), Logger: log,
 		// The control plane gives a secret only for a sandbox of this node
 		// whose own rules name it.
 		Secrets: cp.Secret,
+		Images:  images,
 	})
 	if err != nil {
 		return err
@@ -311,11 +321,24 @@ func (a *nodeAgent) status(ctx context.Context) (nodeclient.Status, error) {
 		Address: a.address, DataAddress: a.dataAddress, Runtime: info.Runtime, Version: info.Version,
 		Capacity: store.Capacity{MilliCPU: int64(info.Capacity.CPUs) * 1000, MemoryMiB: int64(info.Capacity.MemoryBytes >> 20),
 			DiskMiB: int64(hostResources(a.dataDir).diskMB)},
-		VolumeDrivers: info.VolumeDrivers, Accelerators: inv, Templates: cachedImages(a.imagesDir),
+		VolumeDrivers: info.VolumeDrivers, Accelerators: inv, Templates: nodeTemplates(a.imagesDir, info.Images),
 	}, nil
 }
 
 // cachedImages lists the images the node has unpacked (<dir>/<name>/rootfs).
+// nodeTemplates are the templates whose images this node holds: the
+// built-ins in its images dir and the registry images it has pulled (the
+// scheduler's "image cached" score).
+func nodeTemplates(dir string, pulled []node.Image) []string {
+	out := cachedImages(dir)
+	for _, im := range pulled {
+		if id, ok := builder.TemplateOfRepository(im.Name); ok && !slices.Contains(out, id) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
 func cachedImages(dir string) []string {
 	ents, err := os.ReadDir(dir)
 	if err != nil {

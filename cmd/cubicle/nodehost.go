@@ -124,6 +124,10 @@ type nodeHostConfig struct {
 	Registry      *prometheus.Registry
 	VolumeMetrics *control.VolumeMetrics
 	Logger        *slog.Logger
+	// Images resolves image references (a node agent pulls from the
+	// control plane's registry); nil: the embedded node, which is given
+	// layer paths on its own host.
+	Images node.ImageSource
 }
 
 // nodeHost is everything a node runs sandboxes with: the runtime, lxcfs,
@@ -261,6 +265,7 @@ func startNodeHost(ctx context.Context, o *nodeHostOptions, userns bool, pool ne
 		SnapshotDir: filepath.Join(o.dataDir, "snapshots"),
 		TokenDir:    filepath.Join(o.dataDir, "node", "tokens"),
 		HoldInit:    holdInitFromEnv(),
+		Images:      cfg.Images,
 	})
 	if err != nil {
 		return nil, err

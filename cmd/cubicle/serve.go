@@ -282,7 +282,8 @@ func serve(ctx context.Context, o serveOptions) error {
 	mgr := control.New(control.Config{Nodes: nodeSet(st, o.nodeID, nd, cp), Reserve: o.reserveCapacity, Disk: disk, DefaultVolumeMB: o.volumeSizeMB, MaxVolumeMB: o.maxVolumeSizeMB, Sealer: secrets, MaxSandboxes: o.maxSandboxes, MaxSnapshotsPerTeam: o.maxSnapshots, MaxTimeout: o.maxTimeout, MaxConcurrentCreates: o.maxCreates,
 		CreateQueueWait: o.createWait, Logger: log, Registry: reg, Volumes: ctrlPlugins, VolumeMetrics: volMetrics, ContentIdle: o.contentIdle,
 		ReadyTimeout: o.readyTimeout, MaxSandboxCPU: o.maxCPU, MaxSandboxMemoryMB: o.maxMemoryMB, MaxSandboxDiskMB: o.maxDiskMB, Scheduler: sched,
-		Leaser: leaser, Locks: locks, NodeLostAfter: o.replica.nodeLostAfter, NodeLostGrace: o.replica.nodeLostGrace}, st, nil, tpls.catalog)
+		Leaser: leaser, Locks: locks, NodeLostAfter: o.replica.nodeLostAfter, NodeLostGrace: o.replica.nodeLostGrace,
+		ImageDigest: tpls.imageDigest}, st, nil, tpls.catalog)
 	// Registered (its heartbeat renewed) before anything places a sandbox:
 	// after a long stop the old heartbeat would read as a lost node.
 	if err := mgr.RegisterNode(ctx); err != nil {
@@ -323,7 +324,8 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err != nil {
 		return err
 	}
-	handler := proxy.New(proxy.Config{Domain: o.domain, Logger: log, Limits: o.conns.proxyLimits(budget), Registry: reg, Nodes: routes}, mgr, st, apiSrv)
+	var handler http.Handler = proxy.New(proxy.Config{Domain: o.domain, Logger: log, Limits: o.conns.proxyLimits(budget), Registry: reg, Nodes: routes}, mgr, st, apiSrv)
+	handler = nodeRegistry(handler, join, tpls.ociRegistry)
 
 	o.conns.listeners(budget, reg, &ln, &lnTLS)
 	srv := o.conns.server(handler)

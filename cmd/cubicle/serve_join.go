@@ -46,8 +46,9 @@ func serveJoin(ctx context.Context, st store.Store, sealer clusterpki.Sealer, tl
 	}
 	// On the cluster server name only, a client certificate from the
 	// cluster CA is asked for (verified if given): the node calls
-	// (/nodes/register...) are authenticated by it, and joins, which have
-	// none yet, still pass. SDK clients on the API's name are never asked.
+	// (/nodes/register...) and registry reads (/v2/) are authenticated by
+	// it, and joins, which have none yet, still pass. SDK clients on the
+	// API's name are never asked.
 	roots := x509.NewCertPool()
 	roots.AddCert(ca.Cert)
 	base := tlsConfig.Clone()

@@ -35,8 +35,11 @@ type templateStack struct {
 	registry string // host:port of the local registry
 	// registryPassword is the registry's (user "cubicle"), for BuildKit.
 	registryPassword string
-	contexts         *contextstore.Store
-	closers          []func()
+	// ociRegistry is the same registry, which serve also offers to
+	// cluster nodes (read-only, by digest: nodeRegistry).
+	ociRegistry *image.Registry
+	contexts    *contextstore.Store
+	closers     []func()
 }
 
 // startCollector runs the catalog's garbage collector (idempotency keys,
@@ -71,6 +74,7 @@ func setupTemplates(ctx context.Context, o serveOptions, st store.Store, netm *n
 	ocireg := image.NewRegistry(imgs)
 	ts.registryPassword = rand.Text()
 	ocireg.RequireBasicAuth("cubicle", ts.registryPassword)
+	ts.ociRegistry = ocireg
 	rsrv := &http.Server{Handler: ocireg, ReadHeaderTimeout: 30 * time.Second}
 	go rsrv.Serve(ln)
 	ts.closers = append(ts.closers, func() { rsrv.Close() })

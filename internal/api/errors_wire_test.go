@@ -9,6 +9,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/accel"
 	"github.com/cubicle-dev/cubicle/internal/control"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/imagecache"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
@@ -21,6 +22,8 @@ import (
 func TestNodeErrorsSurviveTheWire(t *testing.T) {
 	for _, s := range []error{
 		node.ErrNotFound, node.ErrAgentTimeout, node.ErrSnapshotUnsupported, node.ErrRebuildRefused, node.ErrNoExit, node.ErrVolumeDriver,
+		node.ErrImageRequest, node.ErrImagesUnsupported, node.ErrSnapshotNotFound,
+		imagecache.ErrInvalidRef, imagecache.ErrDigestMismatch, imagecache.ErrPull, imagecache.ErrUnknownImage, imagecache.ErrNoRegistry,
 		runtime.ErrNotFound, runtime.ErrAlreadyExists, runtime.ErrNotRunning, runtime.ErrNotPaused, runtime.ErrUnsupported, runtime.ErrSnapshotTooLarge,
 		network.ErrNotFound, network.ErrPoolExhausted, network.ErrInvalidPolicy, network.ErrInvalidID, network.ErrExists,
 		network.ErrRules, network.ErrUpstream, network.ErrDomainName, network.ErrDomainNotEnforced,

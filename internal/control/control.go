@@ -74,6 +74,11 @@ type Config struct {
 	// Volumes routes driver names to controller plugins; nil = no volumes.
 	Volumes       VolumeRegistry
 	VolumeMetrics *VolumeMetrics // shared with the node; optional
+	// ImageDigest turns a template's image reference in the control
+	// plane's image store (Template.Image, "repo:tag") into what a node that
+	// pulls images asks the registry for (repository and manifest digest);
+	// nil = templates built here cannot boot on such a node.
+	ImageDigest func(ref string) (node.Image, error)
 	// ContentIdle is how long the volume-content API keeps a volume
 	// attached after its last request (default 30s).
 	ContentIdle time.Duration
@@ -174,6 +179,9 @@ type Manager struct {
 	poolKick    chan struct{}
 	userCreates atomic.Int64 // user creates booting; the pool waits for them
 	allocatable sync.Map     // node ID → scheduler.Resources this replica last wrote to the ledger
+	// pulls caches, per node ID, whether the node resolves image
+	// references itself (pullsImages).
+	pulls sync.Map
 }
 
 // New builds a manager; call Recover before serving and Run in the
@@ -641,6 +649,12 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 			return nil, err
 		}
 	}
+	// Before the row: a node that cannot boot the template refuses it
+	// without leaving a sandbox behind.
+	boot, err := m.bootImage(ctx, pl.nodeID, pl.node, tpl, o.snapshot != nil)
+	if err != nil {
+		return nil, err
+	}
 	// Stands in for the disk image until the node has made it.
 	releaseDisk, err := m.reserveDisk("sandbox/"+sb.ID, fmt.Sprintf("a %d MiB sandbox disk", sb.DiskSizeMB), sb.DiskSizeMB)
 	if err != nil {
@@ -664,6 +678,9 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 	}
 	defer unlock()
 	req := m.nodeRequest(sb, tpl.Layers)
+	if !boot.IsZero() {
+		req.Layers, req.Image = nil, boot
+	}
 	req.Volumes = attachments
 	req.Accelerators, req.AccelContract = accels, tpl.Accelerators
 	req.Restore, req.CurrentToken = restore, currentToken

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/accel"
@@ -228,7 +229,7 @@ func (m *Manager) schedulerNode(ctx context.Context, mb nodeset.Member, now time
 	r := mb.Row
 	n := scheduler.Node{ID: r.ID, Labels: r.Labels, Cordoned: r.Cordoned || r.Draining, HeartbeatAge: max(now.Sub(r.HeartbeatAt), 0),
 		Capacity:      scheduler.Resources{MilliCPU: r.Capacity.MilliCPU, MemoryMiB: r.Capacity.MemoryMiB, DiskMiB: r.Capacity.DiskMiB},
-		VolumeDrivers: r.VolumeDrivers}
+		VolumeDrivers: r.VolumeDrivers, Templates: slices.Clone(r.Templates)}
 	if r.Accelerators != "" {
 		if err := json.Unmarshal([]byte(r.Accelerators), &n.Accelerators); err != nil {
 			return scheduler.Node{}, fmt.Errorf("node %s: accelerator inventory: %w", r.ID, err)

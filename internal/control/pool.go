@@ -264,6 +264,13 @@ func (m *Manager) reconcilePool(ctx context.Context) error {
 		if tgt.tpl.BuildID == "" {
 			continue
 		}
+		if len(keep[id]) < tgt.size {
+			if err := m.prefetch(ctx, tgt.tpl); err != nil {
+				// Its standbys would fail the same way; other templates go on.
+				m.log.Warn("warm pool not filled: the node cannot pull the template's image", "template", id, "err", err)
+				continue
+			}
+		}
 		for n := len(keep[id]); n < tgt.size; n++ {
 			// User creates come first: stop filling while any is booting.
 			if ctx.Err() != nil || m.userCreates.Load() > 0 {

@@ -28,6 +28,9 @@ type fakeNode struct {
 	reinits   map[string]node.CreateRequest
 	policies  map[string]network.Policy
 	reinitErr error
+	// pulls: the node resolves image references (Info.Abilities.PullsImages).
+	pulls  bool
+	pulled []node.Image // PullImage calls, in order
 }
 
 func newFakeNode() *fakeNode {
@@ -35,12 +38,22 @@ func newFakeNode() *fakeNode {
 }
 
 func (f *fakeNode) Info(context.Context) (node.Info, error) {
-	return node.Info{ID: "local", Version: "test", Runtime: "fake", Capacity: node.Capacity{CPUs: 1, MemoryBytes: 1 << 30}}, nil
+	return node.Info{ID: "local", Version: "test", Runtime: "fake", Capacity: node.Capacity{CPUs: 1, MemoryBytes: 1 << 30},
+		Abilities: node.Abilities{PullsImages: f.pulls}}, nil
 }
 func (f *fakeNode) CheckUpstream(context.Context, string) error {
 	return &network.FieldError{Field: "egressProxy", Kind: network.ErrUpstream, Err: errors.New("this node runs no egress proxy to tunnel through")}
 }
 func (f *fakeNode) Exits(context.Context) (<-chan node.Exit, error) { return nil, nil }
+func (f *fakeNode) PullImage(_ context.Context, im node.Image) error {
+	if !f.pulls {
+		return node.ErrImagesUnsupported
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.pulled = append(f.pulled, im)
+	return nil
+}
 func (f *fakeNode) Create(_ context.Context, req node.CreateRequest) (node.Sandbox, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -114,7 +127,7 @@ func (r storeResolver) Resolve(ctx context.Context, ref string) (template.Templa
 	if err != nil {
 		return template.Template{}, fmt.Errorf("%w: %s", template.ErrNotFound, ref)
 	}
-	return template.Template{ID: t.ID, Alias: t.ID, Layers: []string{"/nonexistent"}, CPUCount: 1, MemoryMB: 128,
+	return template.Template{ID: t.ID, Alias: t.ID, Layers: []string{"/nonexistent"}, Image: "mini", CPUCount: 1, MemoryMB: 128,
 		BuildID: t.ReadyBuildID, PoolSize: t.PoolSize}, nil
 }
 

@@ -361,6 +361,13 @@ func (m *Manager) Rollback(ctx context.Context, id, snapshotRef string) (err err
 	if err != nil {
 		return err
 	}
+	if pulls, err := m.pullsImages(ctx, m.rowNode(sb), nd); err != nil {
+		return err
+	} else if pulls {
+		// The snapshot's layers are recorded as paths, which a node that
+		// does not share the control plane's files cannot use.
+		return fmt.Errorf("%w: sandbox '%s': rollback works only on a node that shares the control plane's files for now", ErrConflict, id)
+	}
 	restore, currentToken, err := m.restoreOf(ctx, &info.Snapshot, sb)
 	if err != nil {
 		return err

@@ -93,6 +93,11 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		writeErr(w, regError{http.StatusUnauthorized, "UNAUTHORIZED", "authentication required"})
 		return
 	}
+	r.route(w, req)
+}
+
+// route serves an authorised request.
+func (r *Registry) route(w http.ResponseWriter, req *http.Request) {
 	p := req.URL.Path
 	if p == "/v2" || p == "/v2/" {
 		w.Header().Set("Content-Type", "application/json")

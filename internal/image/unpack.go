@@ -39,6 +39,13 @@ func UnpackImage(img v1.Image, dest string) error {
 	if err != nil {
 		return err
 	}
+	return UnpackLayers(layers, dest)
+}
+
+// UnpackLayers is UnpackImage for layers held apart from their image
+// (bottom-most first): a node's image cache applies the blobs it pulled
+// and verified itself.
+func UnpackLayers(layers []v1.Layer, dest string) error {
 	return replaceDir(dest, func(tmp string) error {
 		for i, l := range layers {
 			rc, err := l.Uncompressed()

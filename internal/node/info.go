@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"fmt"
 	goruntime "runtime"
 
 	"golang.org/x/sys/unix"
@@ -26,6 +27,9 @@ type Info struct {
 	// Accelerators counts the node's devices by state (nil: none).
 	Accelerators map[accel.State]int `json:"accelerators,omitempty"`
 	Capacity     Capacity            `json:"capacity"`
+	// Images are the registry images the node has cached (the scheduler's
+	// "image cached" score; the register body's templates).
+	Images []Image `json:"images,omitempty"`
 }
 
 // Abilities are what a node can do beyond what every node does.
@@ -40,6 +44,9 @@ type Abilities struct {
 	// EgressProxy: the node tunnels through a policy's upstream proxy
 	// (CheckUpstream says whether a given address may be used).
 	EgressProxy bool `json:"egressProxy"`
+	// PullsImages: the node resolves CreateRequest.Image itself (it has an
+	// image source); otherwise it boots from CreateRequest.Layers only.
+	PullsImages bool `json:"pullsImages"`
 }
 
 // Capacity is the host's size, before any sandbox's share.
@@ -71,6 +78,7 @@ func (l *Local) Info(ctx context.Context) (Info, error) {
 		Abilities: Abilities{
 			Snapshots: snapErr == nil, MemorySnapshots: l.memorySnapshots(),
 			EnforcesDomains: ok && de.EnforcesDomains(), EgressProxy: upstream,
+			PullsImages: l.cfg.Images != nil,
 		},
 		VolumeDrivers: append([]string(nil), l.cfg.VolumeDrivers...),
 		Capacity:      c,
@@ -79,6 +87,11 @@ func (l *Local) Info(ctx context.Context) (Info, error) {
 		info.Accelerators = map[accel.State]int{}
 		for _, d := range l.cfg.Accel.Inventory() {
 			info.Accelerators[d.State]++
+		}
+	}
+	if l.cfg.Images != nil {
+		if info.Images, err = l.cfg.Images.Cached(ctx); err != nil {
+			return Info{}, fmt.Errorf("node: cached images: %w", err)
 		}
 	}
 	return info, nil

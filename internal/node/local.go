@@ -71,6 +71,10 @@ type LocalConfig struct {
 	// the control plane re-sends /init when PUT /network adds rules. Once in,
 	// it stays: it lets the node read TLS only for hosts that have rules.
 	EgressCA *cacerts.Set
+	// Images, when set, resolves CreateRequest.Image (a node that is not
+	// on the control plane's host: imagecache); nil = the node boots from
+	// CreateRequest.Layers only, as the embedded node does.
+	Images ImageSource
 	// SnapshotDir keeps snapshots' layers and memory images (root-only);
 	// "" = this node takes no snapshots.
 	SnapshotDir string
@@ -266,7 +270,7 @@ func (l *Local) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err e
 			mounts = append(mounts, runtime.Mount{Source: hp, Destination: va.Path, ReadOnly: va.ReadOnly})
 		}
 	}
-	spec, err := l.runtimeSpec(&req, ep.NetNSPath, mounts, devices)
+	spec, err := l.runtimeSpec(ctx, &req, ep.NetNSPath, mounts, devices)
 	if err != nil {
 		return Sandbox{}, err
 	}

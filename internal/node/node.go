@@ -24,8 +24,13 @@ const AgentPort = 49983
 
 // CreateRequest is everything a node needs to start a sandbox.
 type CreateRequest struct {
-	ID          string
-	Layers      []string // read-only rootfs layers, top-most first
+	ID string
+	// Layers are read-only rootfs layers, top-most first: paths on the
+	// node's host, which only the embedded node shares with the control
+	// plane. Image is the same as a reference any node resolves
+	// (ImageSource); a request names one or the other.
+	Layers      []string
+	Image       Image
 	EnvdToken   string
 	EnvVars     map[string]string
 	DefaultUser string
@@ -54,6 +59,15 @@ type CreateRequest struct {
 	// Restore is a memory snapshot's checkpoint the sandbox continues
 	// from (Layers then start with that snapshot's layer).
 	Restore string
+	// SnapshotLayers and RestoreSnapshot are Layers' and Restore's
+	// node-local forms, by snapshot ID (Snapshots lists them), for a
+	// control plane that does not share the node's files: the layers of
+	// those snapshots, top-most first, go above Layers or Image (a sandbox
+	// from a snapshot of a sandbox from a snapshot needs both), and the
+	// sandbox continues from RestoreSnapshot's memory, which must then be
+	// SnapshotLayers[0]. Restore and RestoreSnapshot exclude each other.
+	SnapshotLayers  []string
+	RestoreSnapshot string
 	// CurrentToken is the access token a restored agent already holds
 	// (the snapshot source's); it authorises the first /init.
 	CurrentToken string
@@ -94,7 +108,17 @@ type Node interface {
 	Snapshots
 	Volumes
 	Accelerators
+	Images
 	Events
+}
+
+// Images is the node's image cache.
+type Images interface {
+	// PullImage makes sure image is on the node, fetching it if need be,
+	// so that creates from it are cache hits (a warm pool prefetches its
+	// template's image before its first standby). ErrImagesUnsupported
+	// where Info says no Abilities.PullsImages.
+	PullImage(ctx context.Context, image Image) error
 }
 
 // Sandboxes is the sandbox lifecycle. Unknown IDs are ErrNotFound, except

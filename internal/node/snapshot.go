@@ -116,7 +116,7 @@ func (l *Local) Stop(ctx context.Context, id string) error {
 }
 
 // Rebuild replaces a sandbox's runtime half with one booted (or, with
-// req.Restore, restored) from req.Layers, keeping its network endpoint,
+// req.Restore, restored) from req's layers or image, keeping its network endpoint,
 // volume attachments and ID (rollback). The agent is initialised with
 // req's token.
 func (l *Local) Rebuild(ctx context.Context, id string, req CreateRequest) error {
@@ -142,7 +142,7 @@ func (l *Local) Rebuild(ctx context.Context, id string, req CreateRequest) error
 		}
 		mounts = append(mounts, runtime.Mount{Source: hp, Destination: va.Path, ReadOnly: va.ReadOnly})
 	}
-	spec, err := l.runtimeSpec(&req, ep.NetNSPath, mounts, nil)
+	spec, err := l.runtimeSpec(ctx, &req, ep.NetNSPath, mounts, nil)
 	if err != nil {
 		return refused(err)
 	}
@@ -182,10 +182,14 @@ func (l *Local) baseMounts(id string) []runtime.Mount {
 
 // runtimeSpec is the runtime half of req. It fills req.EnvVars with the
 // CA variables, so callers pass the request on to initAgent afterwards.
-func (l *Local) runtimeSpec(req *CreateRequest, netns string, mounts []runtime.Mount, devices []runtime.Device) (runtime.Spec, error) {
+func (l *Local) runtimeSpec(ctx context.Context, req *CreateRequest, netns string, mounts []runtime.Mount, devices []runtime.Device) (runtime.Spec, error) {
+	layers, restore, err := l.rootfs(ctx, req)
+	if err != nil {
+		return runtime.Spec{}, err
+	}
 	var files []runtime.File
-	if l.cfg.CACerts != nil && req.Restore == "" {
-		seed, err := l.cfg.CACerts.SandboxFiles(req.Layers)
+	if l.cfg.CACerts != nil && restore == "" {
+		seed, err := l.cfg.CACerts.SandboxFiles(layers)
 		if err != nil {
 			return runtime.Spec{}, err
 		}
@@ -201,8 +205,8 @@ func (l *Local) runtimeSpec(req *CreateRequest, netns string, mounts []runtime.M
 	return runtime.Spec{
 		ID:        req.ID,
 		Files:     files,
-		Layers:    req.Layers,
-		Restore:   req.Restore,
+		Layers:    layers,
+		Restore:   restore,
 		Hostname:  "cubicle",
 		Args:      []string{AgentPathInSandbox, "-port", strconv.Itoa(AgentPort), "-token-file", AgentTokenInSandbox},
 		Env:       []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},

@@ -143,7 +143,13 @@ var ErrNotRegistered = errors.New("node not registered")
 type Client struct {
 	base string
 	http *http.Client
+	tls  *tls.Config
 }
+
+// TLSConfig is the configuration the client reaches the control plane
+// with (the node's certificate, the control plane's identity checked), for
+// the node's other calls to it: image pulls from its registry.
+func (c *Client) TLSConfig() *tls.Config { return c.tls.Clone() }
 
 // NewClient calls the control plane at controlPlane (the https URL from
 // node.json). cert returns the node's current certificate at each
@@ -171,6 +177,7 @@ func NewClient(controlPlane string, ca *x509.Certificate, cert func() (*tls.Cert
 		},
 	}
 	return &Client{
+		tls:  conf,
 		base: strings.TrimSuffix(u.String(), "/"),
 		http: &http.Client{
 			Timeout: 30 * time.Second,

@@ -33,7 +33,13 @@ type Template struct {
 	RunAs    string // "" = the default user
 	Workdir  string
 	BuildID  string // the build the layers come from (warm pools compare it)
-	PoolSize int    // warm-pool standbys the template keeps (0 = no pool)
+	// Image is what the layers were unpacked from, for a node that does not
+	// share the control plane's files: a built-in image's name (no "/" or
+	// ":"), or a reference in the control plane's image store ("repo:tag").
+	// "" when there is none (a probe of an unfinished build, a build that
+	// only re-used another template's rootfs).
+	Image    string
+	PoolSize int // warm-pool standbys the template keeps (0 = no pool)
 	// Accelerators is the template's compatibility contract (nil = CPU-only).
 	Accelerators *accel.Contract
 }
@@ -112,7 +118,7 @@ func (im *Images) Resolve(_ context.Context, ref string) (Template, error) {
 		}
 	}
 	return Template{
-		ID: name, Alias: alias, Layers: layers,
+		ID: name, Alias: alias, Layers: layers, Image: name,
 		CPUCount: im.CPUCount, MemoryMB: im.MemoryMB, DiskSizeMB: im.DiskSizeMB,
 	}, nil
 }

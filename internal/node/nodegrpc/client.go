@@ -30,6 +30,7 @@ type Client struct {
 	vol   nodev1.VolumesClient
 	acc   nodev1.AcceleratorsClient
 	ev    nodev1.EventsClient
+	img   nodev1.ImagesClient
 	// opts raise gRPC's 4 MiB receive limit to MaxMessageSize on every
 	// call, so a connection made without them still reads a full Logs reply.
 	opts []grpc.CallOption
@@ -43,7 +44,7 @@ func NewClient(cc grpc.ClientConnInterface) *Client {
 	return &Client{
 		info: nodev1.NewInfoClient(cc), sb: nodev1.NewSandboxesClient(cc), agent: nodev1.NewAgentClient(cc),
 		net: nodev1.NewNetworkClient(cc), snap: nodev1.NewSnapshotsClient(cc), vol: nodev1.NewVolumesClient(cc),
-		acc: nodev1.NewAcceleratorsClient(cc), ev: nodev1.NewEventsClient(cc),
+		acc: nodev1.NewAcceleratorsClient(cc), ev: nodev1.NewEventsClient(cc), img: nodev1.NewImagesClient(cc),
 		opts: []grpc.CallOption{grpc.MaxCallRecvMsgSize(MaxMessageSize), grpc.MaxCallSendMsgSize(MaxMessageSize)},
 	}
 }
@@ -172,6 +173,12 @@ func (c *Client) Snapshots(ctx context.Context) ([]string, error) {
 		return nil, fromStatus(err)
 	}
 	return p.GetSnapshotIds(), nil
+}
+
+// PullImage implements node.Node.
+func (c *Client) PullImage(ctx context.Context, image node.Image) error {
+	_, err := c.img.PullImage(ctx, &nodev1.PullImageRequest{Image: imageToProto(image)}, c.opts...)
+	return fromStatus(err)
 }
 
 func (c *Client) AttachVolume(ctx context.Context, holder string, v node.VolumeAttachment) (string, error) {

@@ -40,6 +40,7 @@ func infoToProto(i node.Info) *nodev1.NodeInfo {
 		Abilities: &nodev1.Abilities{
 			Snapshots: i.Abilities.Snapshots, MemorySnapshots: i.Abilities.MemorySnapshots,
 			EnforcesDomains: i.Abilities.EnforcesDomains, EgressProxy: i.Abilities.EgressProxy,
+			PullsImages: i.Abilities.PullsImages,
 		},
 		VolumeDrivers: i.VolumeDrivers,
 		Capacity:      &nodev1.Capacity{Cpus: int64(i.Capacity.CPUs), MemoryBytes: i.Capacity.MemoryBytes},
@@ -50,7 +51,22 @@ func infoToProto(i node.Info) *nodev1.NodeInfo {
 			p.Accelerators.ByState[string(s)] = int64(n)
 		}
 	}
+	for _, im := range i.Images {
+		p.Images = append(p.Images, &nodev1.Image{Name: im.Name, Digest: im.Digest})
+	}
 	return p
+}
+
+// imageToProto: an unset message is the zero Image (a create by layers).
+func imageToProto(i node.Image) *nodev1.Image {
+	if i.IsZero() {
+		return nil
+	}
+	return &nodev1.Image{Name: i.Name, Digest: i.Digest}
+}
+
+func imageFromProto(p *nodev1.Image) node.Image {
+	return node.Image{Name: p.GetName(), Digest: p.GetDigest()}
 }
 
 func infoFromProto(p *nodev1.NodeInfo) node.Info {
@@ -60,6 +76,7 @@ func infoFromProto(p *nodev1.NodeInfo) node.Info {
 		Abilities: node.Abilities{
 			Snapshots: a.GetSnapshots(), MemorySnapshots: a.GetMemorySnapshots(),
 			EnforcesDomains: a.GetEnforcesDomains(), EgressProxy: a.GetEgressProxy(),
+			PullsImages: a.GetPullsImages(),
 		},
 		VolumeDrivers: p.GetVolumeDrivers(),
 		Capacity:      node.Capacity{CPUs: int(c.GetCpus()), MemoryBytes: c.GetMemoryBytes()},
@@ -70,6 +87,9 @@ func infoFromProto(p *nodev1.NodeInfo) node.Info {
 			i.Accelerators[accel.State(s)] = int(n)
 		}
 	}
+	for _, im := range p.GetImages() {
+		i.Images = append(i.Images, imageFromProto(im))
+	}
 	return i
 }
 
@@ -79,7 +99,8 @@ func createToProto(r node.CreateRequest) *nodev1.CreateRequest {
 		CpuCount: int64(r.CPUCount), MemoryMb: int64(r.MemoryMB), DiskSizeMb: int64(r.DiskSizeMB),
 		Policy:   policyToProto(r.Policy),
 		StartCmd: r.StartCmd, StartUser: r.StartUser, StartWorkdir: r.StartWorkdir, DefaultWorkdir: r.DefaultWorkdir,
-		Restore: r.Restore, CurrentToken: r.CurrentToken,
+		Restore: r.Restore, CurrentToken: r.CurrentToken, Image: imageToProto(r.Image),
+		SnapshotLayers: r.SnapshotLayers, RestoreSnapshot: r.RestoreSnapshot,
 	}
 	for _, m := range r.Mounts {
 		p.Mounts = append(p.Mounts, &nodev1.Mount{Source: m.Source, Destination: m.Destination, ReadOnly: m.ReadOnly})
@@ -111,6 +132,7 @@ func createFromProto(p *nodev1.CreateRequest) node.CreateRequest {
 		DiskSizeMB: int(p.GetDiskSizeMb()), Policy: policyFromProto(p.GetPolicy()),
 		StartCmd: p.GetStartCmd(), StartUser: p.GetStartUser(), StartWorkdir: p.GetStartWorkdir(),
 		DefaultWorkdir: p.GetDefaultWorkdir(), Restore: p.GetRestore(), CurrentToken: p.GetCurrentToken(),
+		Image: imageFromProto(p.GetImage()), SnapshotLayers: p.GetSnapshotLayers(), RestoreSnapshot: p.GetRestoreSnapshot(),
 	}
 	for _, m := range p.GetMounts() {
 		r.Mounts = append(r.Mounts, runtime.Mount{Source: m.GetSource(), Destination: m.GetDestination(), ReadOnly: m.GetReadOnly()})

@@ -55,6 +55,16 @@ func Register(s grpc.ServiceRegistrar, n node.Node) {
 	nodev1.RegisterVolumesServer(s, &volumesServer{n: n})
 	nodev1.RegisterAcceleratorsServer(s, &acceleratorsServer{n: n})
 	nodev1.RegisterEventsServer(s, &eventsServer{n: n})
+	nodev1.RegisterImagesServer(s, &imagesServer{n: n})
+}
+
+type imagesServer struct {
+	nodev1.UnimplementedImagesServer
+	n node.Node
+}
+
+func (s *imagesServer) PullImage(ctx context.Context, r *nodev1.PullImageRequest) (*nodev1.Empty, error) {
+	return done(s.n.PullImage(ctx, imageFromProto(r.GetImage())))
 }
 
 var empty = &nodev1.Empty{}

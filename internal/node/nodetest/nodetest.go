@@ -29,6 +29,10 @@ type Options struct {
 	NewVolume func(t *testing.T) node.VolumeAttachment
 	// Snapshots: the node takes snapshots (its runtime can).
 	Snapshots bool
+	// Image, when set, is Layers' image as a reference the node resolves
+	// itself (its Info says PullsImages); unset, the node boots from
+	// layers only and refuses image references.
+	Image node.Image
 	// Timeout bounds each node call (default 60s).
 	Timeout time.Duration
 }
@@ -57,6 +61,7 @@ func Run(t *testing.T, newNode func(t *testing.T) node.Node, o Options) {
 		{"Volumes", s.volumes},
 		{"Accelerators", s.accelerators},
 		{"Exits", s.exits},
+		{"Images", s.images},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newNode(t)) })
 	}
@@ -381,6 +386,31 @@ func (s *suite) snapshots(t *testing.T, n node.Node) {
 		t.Fatalf("after Rebuild: exit %d, want the snapshot's file", c)
 	}
 
+	// The same by snapshot ID, which the node resolves in its own
+	// snapshot dir (over its image where it pulls images).
+	byID := s.request(t)
+	byID.SnapshotLayers = []string{snapID}
+	if !s.o.Image.IsZero() {
+		byID.Layers, byID.Image = nil, s.o.Image
+	}
+	missing := byID
+	missing.SnapshotLayers = []string{newID(t)}
+	if _, err := n.Create(ctx, missing); !errors.Is(err, node.ErrSnapshotNotFound) {
+		t.Fatalf("Create from an unknown snapshot ID: %v, want node.ErrSnapshotNotFound", err)
+	}
+	notTop := byID
+	notTop.RestoreSnapshot = newID(t)
+	if _, err := n.Create(ctx, notTop); !errors.Is(err, node.ErrImageRequest) {
+		t.Fatalf("Create restoring a snapshot that is not its top layer: %v, want node.ErrImageRequest", err)
+	}
+	s.create(t, n, byID)
+	if c := s.run(t, n, byID, `test "$(cat /home/user/f)" = from-snapshot`); c != 0 {
+		t.Fatalf("created from snapshot ID %s: exit %d, want the snapshot's file", snapID, c)
+	}
+	if err := n.Delete(ctx, byID.ID); err != nil {
+		t.Fatal(err)
+	}
+
 	if err := n.DeleteSnapshot(ctx, snapID); err != nil {
 		t.Fatalf("DeleteSnapshot: %v", err)
 	}
@@ -539,5 +569,56 @@ func (s *suite) exits(t *testing.T, n node.Node) {
 	}
 	if got.State == runtime.StateRunning {
 		t.Fatalf("Get after the death: %+v, want not running", got)
+	}
+}
+
+// A create names layers or an image, never both. A node with an image
+// source (Info.Abilities.PullsImages) pulls an image and boots from the
+// reference as from its layers; one without refuses the reference.
+func (s *suite) images(t *testing.T, n node.Node) {
+	ctx := s.ctx(t)
+	info, err := n.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Abilities.PullsImages != !s.o.Image.IsZero() {
+		t.Fatalf("Info.Abilities.PullsImages %v, want %v", info.Abilities.PullsImages, !s.o.Image.IsZero())
+	}
+	im := s.o.Image
+	if im.IsZero() {
+		im = node.Image{Name: "base"}
+	}
+	both := s.request(t)
+	both.Image = im
+	if _, err := n.Create(ctx, both); !errors.Is(err, node.ErrImageRequest) {
+		t.Fatalf("Create with layers and an image: %v, want node.ErrImageRequest", err)
+	}
+	byImage := s.request(t)
+	byImage.Layers, byImage.Image = nil, im
+	if err := n.PullImage(ctx, node.Image{}); !errors.Is(err, node.ErrImageRequest) {
+		t.Fatalf("PullImage of no image: %v, want node.ErrImageRequest", err)
+	}
+	if s.o.Image.IsZero() {
+		if err := n.PullImage(ctx, im); !errors.Is(err, node.ErrImagesUnsupported) {
+			t.Fatalf("PullImage on a node without an image source: %v, want node.ErrImagesUnsupported", err)
+		}
+		if _, err := n.Create(ctx, byImage); !errors.Is(err, node.ErrImagesUnsupported) {
+			t.Fatalf("Create by image on a node without an image source: %v, want node.ErrImagesUnsupported", err)
+		}
+		if l, err := n.List(ctx); err != nil || len(l) != 0 {
+			t.Fatalf("refused creates left sandboxes: %v %v", l, err)
+		}
+		return
+	}
+	// A prefetch, then the create from it (a cache hit).
+	if err := n.PullImage(ctx, im); err != nil {
+		t.Fatalf("PullImage %v: %v", im, err)
+	}
+	s.create(t, n, byImage)
+	if code := s.run(t, n, byImage, `test -x /bin/bash && id -un | grep -qx user`); code != 0 {
+		t.Fatalf("a sandbox booted by image reference: exit %d", code)
+	}
+	if err := n.Delete(ctx, byImage.ID); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -245,7 +245,7 @@ func (b *Builder) withSteps(ctx context.Context, job catalog.Job, dest string, l
 			return catalog.Output{}, &catalog.BuildError{Step: "base", Err: fmt.Errorf("unpack build context %s: %v", h, err)}
 		}
 	}
-	push := fmt.Sprintf("%s/cubicle/%s:%s", b.cfg.Registry, job.TemplateID, job.BuildID)
+	push := fmt.Sprintf("%s/%s:%s", b.cfg.Registry, ImageRepository(job.TemplateID), job.BuildID)
 	secrets := map[string][]byte{}
 	if r := job.Start.FromImageRegistry; r != nil && r.Username != "" {
 		secrets["registry-username"], secrets["registry-password"] = []byte(r.Username), []byte(r.Password)

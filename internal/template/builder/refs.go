@@ -50,5 +50,21 @@ func (r *ImageRefs) Resolve(ctx context.Context, ref string) (template.Template,
 			return template.Template{}, err
 		}
 	}
-	return template.Template{ID: ref, Alias: ref, Layers: []string{dir}, CPUCount: r.CPUCount, MemoryMB: r.MemoryMB, DiskSizeMB: r.DiskSizeMB}, nil
+	return template.Template{ID: ref, Alias: ref, Layers: []string{dir}, Image: ref, CPUCount: r.CPUCount, MemoryMB: r.MemoryMB, DiskSizeMB: r.DiskSizeMB}, nil
+}
+
+// ImageRepository is the repository a template's builds are pushed to in
+// the control plane's image store (tagged with the build ID). Nodes cache
+// images by it and digest, and report them in node.Info.Images.
+func ImageRepository(templateID string) string { return "cubicle/" + templateID }
+
+// TemplateOfRepository is ImageRepository's inverse: the template whose
+// builds repository holds (for the scheduler's "image cached" score from
+// a node's cached images), false for any other repository.
+func TemplateOfRepository(repository string) (string, bool) {
+	id, ok := strings.CutPrefix(repository, "cubicle/")
+	if !ok || id == "" || strings.Contains(id, "/") {
+		return "", false
+	}
+	return id, true
 }

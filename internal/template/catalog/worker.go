@@ -345,7 +345,11 @@ func (c *Catalog) resolve(ctx context.Context, caller Caller, ref string) (templ
 	if err != nil {
 		return template.Template{}, err
 	}
-	return template.Template{ID: t.ID, Alias: name, Layers: template.Layers(b.Rootfs), CPUCount: b.CPUCount, MemoryMB: b.MemoryMB,
+	img := b.Image
+	if img == "" && b.ID == "bld_"+t.ID {
+		img = t.ID // a seeded built-in: the node's own images dir has it
+	}
+	return template.Template{ID: t.ID, Alias: name, Layers: template.Layers(b.Rootfs), Image: img, CPUCount: b.CPUCount, MemoryMB: b.MemoryMB,
 		DiskSizeMB: b.DiskSizeMB, StartCmd: t.StartCmd, ReadyCmd: t.ReadyCmd, RunAs: t.RunAs, Workdir: t.Workdir, BuildID: b.ID, PoolSize: t.PoolSize,
 		Accelerators: contract}, nil
 }

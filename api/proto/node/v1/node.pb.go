@@ -89,6 +89,7 @@ type NodeInfo struct {
 	// has an accelerator manager.
 	Accelerators  *AcceleratorCounts `protobuf:"bytes,6,opt,name=accelerators,proto3" json:"accelerators,omitempty"`
 	Capacity      *Capacity          `protobuf:"bytes,7,opt,name=capacity,proto3" json:"capacity,omitempty"`
+	Images        []*Image           `protobuf:"bytes,8,rep,name=images,proto3" json:"images,omitempty"` // cached images (node.Info.Images)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -172,19 +173,81 @@ func (x *NodeInfo) GetCapacity() *Capacity {
 	return nil
 }
 
+func (x *NodeInfo) GetImages() []*Image {
+	if x != nil {
+		return x.Images
+	}
+	return nil
+}
+
+// Image is node.Image: what a sandbox boots from, as a reference the node
+// resolves itself (a built-in image by name, or a registry image by digest).
+type Image struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Digest        string                 `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"` // "sha256:<hex>"; empty for a built-in image
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Image) Reset() {
+	*x = Image{}
+	mi := &file_node_v1_node_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Image) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Image) ProtoMessage() {}
+
+func (x *Image) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Image.ProtoReflect.Descriptor instead.
+func (*Image) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Image) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Image) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
 type Abilities struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Snapshots       bool                   `protobuf:"varint,1,opt,name=snapshots,proto3" json:"snapshots,omitempty"`
 	MemorySnapshots bool                   `protobuf:"varint,2,opt,name=memory_snapshots,json=memorySnapshots,proto3" json:"memory_snapshots,omitempty"`
 	EnforcesDomains bool                   `protobuf:"varint,3,opt,name=enforces_domains,json=enforcesDomains,proto3" json:"enforces_domains,omitempty"`
 	EgressProxy     bool                   `protobuf:"varint,4,opt,name=egress_proxy,json=egressProxy,proto3" json:"egress_proxy,omitempty"`
+	PullsImages     bool                   `protobuf:"varint,5,opt,name=pulls_images,json=pullsImages,proto3" json:"pulls_images,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Abilities) Reset() {
 	*x = Abilities{}
-	mi := &file_node_v1_node_proto_msgTypes[2]
+	mi := &file_node_v1_node_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -196,7 +259,7 @@ func (x *Abilities) String() string {
 func (*Abilities) ProtoMessage() {}
 
 func (x *Abilities) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[2]
+	mi := &file_node_v1_node_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -209,7 +272,7 @@ func (x *Abilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Abilities.ProtoReflect.Descriptor instead.
 func (*Abilities) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{2}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Abilities) GetSnapshots() bool {
@@ -240,6 +303,13 @@ func (x *Abilities) GetEgressProxy() bool {
 	return false
 }
 
+func (x *Abilities) GetPullsImages() bool {
+	if x != nil {
+		return x.PullsImages
+	}
+	return false
+}
+
 type AcceleratorCounts struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ByState       map[string]int64       `protobuf:"bytes,1,rep,name=by_state,json=byState,proto3" json:"by_state,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"` // accel.State -> count
@@ -249,7 +319,7 @@ type AcceleratorCounts struct {
 
 func (x *AcceleratorCounts) Reset() {
 	*x = AcceleratorCounts{}
-	mi := &file_node_v1_node_proto_msgTypes[3]
+	mi := &file_node_v1_node_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -261,7 +331,7 @@ func (x *AcceleratorCounts) String() string {
 func (*AcceleratorCounts) ProtoMessage() {}
 
 func (x *AcceleratorCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[3]
+	mi := &file_node_v1_node_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -274,7 +344,7 @@ func (x *AcceleratorCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcceleratorCounts.ProtoReflect.Descriptor instead.
 func (*AcceleratorCounts) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{3}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *AcceleratorCounts) GetByState() map[string]int64 {
@@ -294,7 +364,7 @@ type Capacity struct {
 
 func (x *Capacity) Reset() {
 	*x = Capacity{}
-	mi := &file_node_v1_node_proto_msgTypes[4]
+	mi := &file_node_v1_node_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -306,7 +376,7 @@ func (x *Capacity) String() string {
 func (*Capacity) ProtoMessage() {}
 
 func (x *Capacity) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[4]
+	mi := &file_node_v1_node_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -319,7 +389,7 @@ func (x *Capacity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capacity.ProtoReflect.Descriptor instead.
 func (*Capacity) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{4}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Capacity) GetCpus() int64 {
@@ -344,7 +414,7 @@ type Empty struct {
 
 func (x *Empty) Reset() {
 	*x = Empty{}
-	mi := &file_node_v1_node_proto_msgTypes[5]
+	mi := &file_node_v1_node_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -356,7 +426,7 @@ func (x *Empty) String() string {
 func (*Empty) ProtoMessage() {}
 
 func (x *Empty) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[5]
+	mi := &file_node_v1_node_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -369,7 +439,7 @@ func (x *Empty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Empty.ProtoReflect.Descriptor instead.
 func (*Empty) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{5}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{6}
 }
 
 type IDRequest struct {
@@ -381,7 +451,7 @@ type IDRequest struct {
 
 func (x *IDRequest) Reset() {
 	*x = IDRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[6]
+	mi := &file_node_v1_node_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -393,7 +463,7 @@ func (x *IDRequest) String() string {
 func (*IDRequest) ProtoMessage() {}
 
 func (x *IDRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[6]
+	mi := &file_node_v1_node_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -406,7 +476,7 @@ func (x *IDRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IDRequest.ProtoReflect.Descriptor instead.
 func (*IDRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{6}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *IDRequest) GetId() string {
@@ -418,33 +488,36 @@ func (x *IDRequest) GetId() string {
 
 // CreateRequest is node.CreateRequest.
 type CreateRequest struct {
-	state          protoimpl.MessageState `protogen:"open.v1"`
-	Id             string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Layers         []string               `protobuf:"bytes,2,rep,name=layers,proto3" json:"layers,omitempty"` // host paths, top-most first
-	EnvdToken      string                 `protobuf:"bytes,3,opt,name=envd_token,json=envdToken,proto3" json:"envd_token,omitempty"`
-	EnvVars        map[string]string      `protobuf:"bytes,4,rep,name=env_vars,json=envVars,proto3" json:"env_vars,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	DefaultUser    string                 `protobuf:"bytes,5,opt,name=default_user,json=defaultUser,proto3" json:"default_user,omitempty"`
-	CpuCount       int64                  `protobuf:"varint,6,opt,name=cpu_count,json=cpuCount,proto3" json:"cpu_count,omitempty"`
-	MemoryMb       int64                  `protobuf:"varint,7,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
-	DiskSizeMb     int64                  `protobuf:"varint,8,opt,name=disk_size_mb,json=diskSizeMb,proto3" json:"disk_size_mb,omitempty"`
-	Policy         *Policy                `protobuf:"bytes,9,opt,name=policy,proto3" json:"policy,omitempty"`
-	Mounts         []*Mount               `protobuf:"bytes,10,rep,name=mounts,proto3" json:"mounts,omitempty"`
-	Volumes        []*VolumeAttachment    `protobuf:"bytes,11,rep,name=volumes,proto3" json:"volumes,omitempty"`
-	StartCmd       string                 `protobuf:"bytes,12,opt,name=start_cmd,json=startCmd,proto3" json:"start_cmd,omitempty"`
-	StartUser      string                 `protobuf:"bytes,13,opt,name=start_user,json=startUser,proto3" json:"start_user,omitempty"`
-	StartWorkdir   string                 `protobuf:"bytes,14,opt,name=start_workdir,json=startWorkdir,proto3" json:"start_workdir,omitempty"`
-	DefaultWorkdir string                 `protobuf:"bytes,15,opt,name=default_workdir,json=defaultWorkdir,proto3" json:"default_workdir,omitempty"`
-	Accelerators   []*AcceleratorRequest  `protobuf:"bytes,16,rep,name=accelerators,proto3" json:"accelerators,omitempty"`
-	AccelContract  *AcceleratorContract   `protobuf:"bytes,17,opt,name=accel_contract,json=accelContract,proto3" json:"accel_contract,omitempty"` // unset: none
-	Restore        string                 `protobuf:"bytes,18,opt,name=restore,proto3" json:"restore,omitempty"`                                  // host path of a checkpoint
-	CurrentToken   string                 `protobuf:"bytes,19,opt,name=current_token,json=currentToken,proto3" json:"current_token,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Id              string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Layers          []string               `protobuf:"bytes,2,rep,name=layers,proto3" json:"layers,omitempty"` // host paths, top-most first
+	EnvdToken       string                 `protobuf:"bytes,3,opt,name=envd_token,json=envdToken,proto3" json:"envd_token,omitempty"`
+	EnvVars         map[string]string      `protobuf:"bytes,4,rep,name=env_vars,json=envVars,proto3" json:"env_vars,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	DefaultUser     string                 `protobuf:"bytes,5,opt,name=default_user,json=defaultUser,proto3" json:"default_user,omitempty"`
+	CpuCount        int64                  `protobuf:"varint,6,opt,name=cpu_count,json=cpuCount,proto3" json:"cpu_count,omitempty"`
+	MemoryMb        int64                  `protobuf:"varint,7,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
+	DiskSizeMb      int64                  `protobuf:"varint,8,opt,name=disk_size_mb,json=diskSizeMb,proto3" json:"disk_size_mb,omitempty"`
+	Policy          *Policy                `protobuf:"bytes,9,opt,name=policy,proto3" json:"policy,omitempty"`
+	Mounts          []*Mount               `protobuf:"bytes,10,rep,name=mounts,proto3" json:"mounts,omitempty"`
+	Volumes         []*VolumeAttachment    `protobuf:"bytes,11,rep,name=volumes,proto3" json:"volumes,omitempty"`
+	StartCmd        string                 `protobuf:"bytes,12,opt,name=start_cmd,json=startCmd,proto3" json:"start_cmd,omitempty"`
+	StartUser       string                 `protobuf:"bytes,13,opt,name=start_user,json=startUser,proto3" json:"start_user,omitempty"`
+	StartWorkdir    string                 `protobuf:"bytes,14,opt,name=start_workdir,json=startWorkdir,proto3" json:"start_workdir,omitempty"`
+	DefaultWorkdir  string                 `protobuf:"bytes,15,opt,name=default_workdir,json=defaultWorkdir,proto3" json:"default_workdir,omitempty"`
+	Accelerators    []*AcceleratorRequest  `protobuf:"bytes,16,rep,name=accelerators,proto3" json:"accelerators,omitempty"`
+	AccelContract   *AcceleratorContract   `protobuf:"bytes,17,opt,name=accel_contract,json=accelContract,proto3" json:"accel_contract,omitempty"` // unset: none
+	Restore         string                 `protobuf:"bytes,18,opt,name=restore,proto3" json:"restore,omitempty"`                                  // host path of a checkpoint
+	CurrentToken    string                 `protobuf:"bytes,19,opt,name=current_token,json=currentToken,proto3" json:"current_token,omitempty"`
+	Image           *Image                 `protobuf:"bytes,20,opt,name=image,proto3" json:"image,omitempty"`                                            // unset: layers
+	SnapshotLayers  []string               `protobuf:"bytes,21,rep,name=snapshot_layers,json=snapshotLayers,proto3" json:"snapshot_layers,omitempty"`    // snapshot IDs on the node, top-most first
+	RestoreSnapshot string                 `protobuf:"bytes,22,opt,name=restore_snapshot,json=restoreSnapshot,proto3" json:"restore_snapshot,omitempty"` // memory snapshot ID on the node
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[7]
+	mi := &file_node_v1_node_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -456,7 +529,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[7]
+	mi := &file_node_v1_node_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -469,7 +542,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{7}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CreateRequest) GetId() string {
@@ -605,6 +678,27 @@ func (x *CreateRequest) GetCurrentToken() string {
 	return ""
 }
 
+func (x *CreateRequest) GetImage() *Image {
+	if x != nil {
+		return x.Image
+	}
+	return nil
+}
+
+func (x *CreateRequest) GetSnapshotLayers() []string {
+	if x != nil {
+		return x.SnapshotLayers
+	}
+	return nil
+}
+
+func (x *CreateRequest) GetRestoreSnapshot() string {
+	if x != nil {
+		return x.RestoreSnapshot
+	}
+	return ""
+}
+
 type ResumeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -615,7 +709,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[8]
+	mi := &file_node_v1_node_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -627,7 +721,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[8]
+	mi := &file_node_v1_node_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -640,7 +734,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{8}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ResumeRequest) GetId() string {
@@ -667,7 +761,7 @@ type RebuildRequest struct {
 
 func (x *RebuildRequest) Reset() {
 	*x = RebuildRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[9]
+	mi := &file_node_v1_node_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -679,7 +773,7 @@ func (x *RebuildRequest) String() string {
 func (*RebuildRequest) ProtoMessage() {}
 
 func (x *RebuildRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[9]
+	mi := &file_node_v1_node_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -692,7 +786,7 @@ func (x *RebuildRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebuildRequest.ProtoReflect.Descriptor instead.
 func (*RebuildRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{9}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RebuildRequest) GetId() string {
@@ -722,7 +816,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_node_v1_node_proto_msgTypes[10]
+	mi := &file_node_v1_node_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -734,7 +828,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[10]
+	mi := &file_node_v1_node_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -747,7 +841,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{10}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Sandbox) GetId() string {
@@ -786,7 +880,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[11]
+	mi := &file_node_v1_node_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -798,7 +892,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[11]
+	mi := &file_node_v1_node_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -811,7 +905,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{11}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{12}
 }
 
 type ListResponse struct {
@@ -823,7 +917,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[12]
+	mi := &file_node_v1_node_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -835,7 +929,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[12]
+	mi := &file_node_v1_node_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -848,7 +942,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{12}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -868,7 +962,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[13]
+	mi := &file_node_v1_node_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -880,7 +974,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[13]
+	mi := &file_node_v1_node_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -893,7 +987,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{13}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StatsRequest) GetId() string {
@@ -927,7 +1021,7 @@ type Stats struct {
 
 func (x *Stats) Reset() {
 	*x = Stats{}
-	mi := &file_node_v1_node_proto_msgTypes[14]
+	mi := &file_node_v1_node_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -939,7 +1033,7 @@ func (x *Stats) String() string {
 func (*Stats) ProtoMessage() {}
 
 func (x *Stats) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[14]
+	mi := &file_node_v1_node_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -952,7 +1046,7 @@ func (x *Stats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stats.ProtoReflect.Descriptor instead.
 func (*Stats) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{14}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Stats) GetTime() *timestamppb.Timestamp {
@@ -1020,7 +1114,7 @@ type LogsResponse struct {
 
 func (x *LogsResponse) Reset() {
 	*x = LogsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[15]
+	mi := &file_node_v1_node_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1032,7 +1126,7 @@ func (x *LogsResponse) String() string {
 func (*LogsResponse) ProtoMessage() {}
 
 func (x *LogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[15]
+	mi := &file_node_v1_node_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1045,7 +1139,7 @@ func (x *LogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsResponse.ProtoReflect.Descriptor instead.
 func (*LogsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{15}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *LogsResponse) GetData() []byte {
@@ -1067,7 +1161,7 @@ type Mount struct {
 
 func (x *Mount) Reset() {
 	*x = Mount{}
-	mi := &file_node_v1_node_proto_msgTypes[16]
+	mi := &file_node_v1_node_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1079,7 +1173,7 @@ func (x *Mount) String() string {
 func (*Mount) ProtoMessage() {}
 
 func (x *Mount) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[16]
+	mi := &file_node_v1_node_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1092,7 +1186,7 @@ func (x *Mount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Mount.ProtoReflect.Descriptor instead.
 func (*Mount) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{16}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Mount) GetSource() string {
@@ -1133,7 +1227,7 @@ type Policy struct {
 
 func (x *Policy) Reset() {
 	*x = Policy{}
-	mi := &file_node_v1_node_proto_msgTypes[17]
+	mi := &file_node_v1_node_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1145,7 +1239,7 @@ func (x *Policy) String() string {
 func (*Policy) ProtoMessage() {}
 
 func (x *Policy) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[17]
+	mi := &file_node_v1_node_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1158,7 +1252,7 @@ func (x *Policy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Policy.ProtoReflect.Descriptor instead.
 func (*Policy) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{17}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Policy) GetAllowInternet() bool {
@@ -1212,7 +1306,7 @@ type Rules struct {
 
 func (x *Rules) Reset() {
 	*x = Rules{}
-	mi := &file_node_v1_node_proto_msgTypes[18]
+	mi := &file_node_v1_node_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1224,7 +1318,7 @@ func (x *Rules) String() string {
 func (*Rules) ProtoMessage() {}
 
 func (x *Rules) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[18]
+	mi := &file_node_v1_node_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1237,7 +1331,7 @@ func (x *Rules) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rules.ProtoReflect.Descriptor instead.
 func (*Rules) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{18}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Rules) GetRules() []*Rule {
@@ -1256,7 +1350,7 @@ type Rule struct {
 
 func (x *Rule) Reset() {
 	*x = Rule{}
-	mi := &file_node_v1_node_proto_msgTypes[19]
+	mi := &file_node_v1_node_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1268,7 +1362,7 @@ func (x *Rule) String() string {
 func (*Rule) ProtoMessage() {}
 
 func (x *Rule) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[19]
+	mi := &file_node_v1_node_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1281,7 +1375,7 @@ func (x *Rule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rule.ProtoReflect.Descriptor instead.
 func (*Rule) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{19}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Rule) GetHeaders() map[string]string {
@@ -1303,7 +1397,7 @@ type Upstream struct {
 
 func (x *Upstream) Reset() {
 	*x = Upstream{}
-	mi := &file_node_v1_node_proto_msgTypes[20]
+	mi := &file_node_v1_node_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1315,7 +1409,7 @@ func (x *Upstream) String() string {
 func (*Upstream) ProtoMessage() {}
 
 func (x *Upstream) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[20]
+	mi := &file_node_v1_node_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1328,7 +1422,7 @@ func (x *Upstream) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Upstream.ProtoReflect.Descriptor instead.
 func (*Upstream) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{20}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Upstream) GetAddress() string {
@@ -1369,7 +1463,7 @@ type UpstreamTLS struct {
 
 func (x *UpstreamTLS) Reset() {
 	*x = UpstreamTLS{}
-	mi := &file_node_v1_node_proto_msgTypes[21]
+	mi := &file_node_v1_node_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1381,7 +1475,7 @@ func (x *UpstreamTLS) String() string {
 func (*UpstreamTLS) ProtoMessage() {}
 
 func (x *UpstreamTLS) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[21]
+	mi := &file_node_v1_node_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1394,7 +1488,7 @@ func (x *UpstreamTLS) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpstreamTLS.ProtoReflect.Descriptor instead.
 func (*UpstreamTLS) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{21}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *UpstreamTLS) GetServerName() string {
@@ -1420,7 +1514,7 @@ type DNSServers struct {
 
 func (x *DNSServers) Reset() {
 	*x = DNSServers{}
-	mi := &file_node_v1_node_proto_msgTypes[22]
+	mi := &file_node_v1_node_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1432,7 +1526,7 @@ func (x *DNSServers) String() string {
 func (*DNSServers) ProtoMessage() {}
 
 func (x *DNSServers) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[22]
+	mi := &file_node_v1_node_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1445,7 +1539,7 @@ func (x *DNSServers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DNSServers.ProtoReflect.Descriptor instead.
 func (*DNSServers) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{22}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DNSServers) GetServers() []string {
@@ -1466,7 +1560,7 @@ type ReinitRequest struct {
 
 func (x *ReinitRequest) Reset() {
 	*x = ReinitRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[23]
+	mi := &file_node_v1_node_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1478,7 +1572,7 @@ func (x *ReinitRequest) String() string {
 func (*ReinitRequest) ProtoMessage() {}
 
 func (x *ReinitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[23]
+	mi := &file_node_v1_node_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1491,7 +1585,7 @@ func (x *ReinitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReinitRequest.ProtoReflect.Descriptor instead.
 func (*ReinitRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{23}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReinitRequest) GetId() string {
@@ -1527,7 +1621,7 @@ type RunRequest struct {
 
 func (x *RunRequest) Reset() {
 	*x = RunRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[24]
+	mi := &file_node_v1_node_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1539,7 +1633,7 @@ func (x *RunRequest) String() string {
 func (*RunRequest) ProtoMessage() {}
 
 func (x *RunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[24]
+	mi := &file_node_v1_node_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1552,7 +1646,7 @@ func (x *RunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunRequest.ProtoReflect.Descriptor instead.
 func (*RunRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{24}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RunRequest) GetId() string {
@@ -1592,7 +1686,7 @@ type RunResponse struct {
 
 func (x *RunResponse) Reset() {
 	*x = RunResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[25]
+	mi := &file_node_v1_node_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1604,7 +1698,7 @@ func (x *RunResponse) String() string {
 func (*RunResponse) ProtoMessage() {}
 
 func (x *RunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[25]
+	mi := &file_node_v1_node_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1617,7 +1711,7 @@ func (x *RunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResponse.ProtoReflect.Descriptor instead.
 func (*RunResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{25}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RunResponse) GetExitCode() int64 {
@@ -1637,7 +1731,7 @@ type UpdatePolicyRequest struct {
 
 func (x *UpdatePolicyRequest) Reset() {
 	*x = UpdatePolicyRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[26]
+	mi := &file_node_v1_node_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1649,7 +1743,7 @@ func (x *UpdatePolicyRequest) String() string {
 func (*UpdatePolicyRequest) ProtoMessage() {}
 
 func (x *UpdatePolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[26]
+	mi := &file_node_v1_node_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1662,7 +1756,7 @@ func (x *UpdatePolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePolicyRequest.ProtoReflect.Descriptor instead.
 func (*UpdatePolicyRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{26}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *UpdatePolicyRequest) GetId() string {
@@ -1688,7 +1782,7 @@ type CheckUpstreamRequest struct {
 
 func (x *CheckUpstreamRequest) Reset() {
 	*x = CheckUpstreamRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[27]
+	mi := &file_node_v1_node_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1700,7 +1794,7 @@ func (x *CheckUpstreamRequest) String() string {
 func (*CheckUpstreamRequest) ProtoMessage() {}
 
 func (x *CheckUpstreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[27]
+	mi := &file_node_v1_node_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1713,7 +1807,7 @@ func (x *CheckUpstreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckUpstreamRequest.ProtoReflect.Descriptor instead.
 func (*CheckUpstreamRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{27}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CheckUpstreamRequest) GetAddress() string {
@@ -1733,7 +1827,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[28]
+	mi := &file_node_v1_node_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1745,7 +1839,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[28]
+	mi := &file_node_v1_node_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1758,7 +1852,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{28}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SnapshotRequest) GetId() string {
@@ -1789,7 +1883,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_node_v1_node_proto_msgTypes[29]
+	mi := &file_node_v1_node_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1801,7 +1895,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[29]
+	mi := &file_node_v1_node_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1814,7 +1908,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{29}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Snapshot) GetId() string {
@@ -1861,7 +1955,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[30]
+	mi := &file_node_v1_node_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1873,7 +1967,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[30]
+	mi := &file_node_v1_node_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1886,7 +1980,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{30}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *DeleteSnapshotRequest) GetSnapshotId() string {
@@ -1904,7 +1998,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[31]
+	mi := &file_node_v1_node_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1916,7 +2010,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[31]
+	mi := &file_node_v1_node_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1929,7 +2023,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{31}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{32}
 }
 
 type ListSnapshotsResponse struct {
@@ -1941,7 +2035,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[32]
+	mi := &file_node_v1_node_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1953,7 +2047,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[32]
+	mi := &file_node_v1_node_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1966,7 +2060,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{32}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshotIds() []string {
@@ -1990,7 +2084,7 @@ type VolumeAttachment struct {
 
 func (x *VolumeAttachment) Reset() {
 	*x = VolumeAttachment{}
-	mi := &file_node_v1_node_proto_msgTypes[33]
+	mi := &file_node_v1_node_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2002,7 +2096,7 @@ func (x *VolumeAttachment) String() string {
 func (*VolumeAttachment) ProtoMessage() {}
 
 func (x *VolumeAttachment) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[33]
+	mi := &file_node_v1_node_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2015,7 +2109,7 @@ func (x *VolumeAttachment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeAttachment.ProtoReflect.Descriptor instead.
 func (*VolumeAttachment) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{33}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *VolumeAttachment) GetVolumeId() string {
@@ -2063,7 +2157,7 @@ type AttachVolumeRequest struct {
 
 func (x *AttachVolumeRequest) Reset() {
 	*x = AttachVolumeRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[34]
+	mi := &file_node_v1_node_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2075,7 +2169,7 @@ func (x *AttachVolumeRequest) String() string {
 func (*AttachVolumeRequest) ProtoMessage() {}
 
 func (x *AttachVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[34]
+	mi := &file_node_v1_node_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2088,7 +2182,7 @@ func (x *AttachVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachVolumeRequest.ProtoReflect.Descriptor instead.
 func (*AttachVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{34}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *AttachVolumeRequest) GetHolder() string {
@@ -2114,7 +2208,7 @@ type AttachVolumeResponse struct {
 
 func (x *AttachVolumeResponse) Reset() {
 	*x = AttachVolumeResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[35]
+	mi := &file_node_v1_node_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2126,7 +2220,7 @@ func (x *AttachVolumeResponse) String() string {
 func (*AttachVolumeResponse) ProtoMessage() {}
 
 func (x *AttachVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[35]
+	mi := &file_node_v1_node_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2139,7 +2233,7 @@ func (x *AttachVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachVolumeResponse.ProtoReflect.Descriptor instead.
 func (*AttachVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{35}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *AttachVolumeResponse) GetHostPath() string {
@@ -2159,7 +2253,7 @@ type DetachVolumeRequest struct {
 
 func (x *DetachVolumeRequest) Reset() {
 	*x = DetachVolumeRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[36]
+	mi := &file_node_v1_node_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2171,7 +2265,7 @@ func (x *DetachVolumeRequest) String() string {
 func (*DetachVolumeRequest) ProtoMessage() {}
 
 func (x *DetachVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[36]
+	mi := &file_node_v1_node_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2184,7 +2278,7 @@ func (x *DetachVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DetachVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{36}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DetachVolumeRequest) GetHolder() string {
@@ -2209,7 +2303,7 @@ type VolumeRefsRequest struct {
 
 func (x *VolumeRefsRequest) Reset() {
 	*x = VolumeRefsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[37]
+	mi := &file_node_v1_node_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2221,7 +2315,7 @@ func (x *VolumeRefsRequest) String() string {
 func (*VolumeRefsRequest) ProtoMessage() {}
 
 func (x *VolumeRefsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[37]
+	mi := &file_node_v1_node_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2234,7 +2328,7 @@ func (x *VolumeRefsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeRefsRequest.ProtoReflect.Descriptor instead.
 func (*VolumeRefsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{37}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{38}
 }
 
 // VolumeRef is node.VolumeRef.
@@ -2256,7 +2350,7 @@ type VolumeRef struct {
 
 func (x *VolumeRef) Reset() {
 	*x = VolumeRef{}
-	mi := &file_node_v1_node_proto_msgTypes[38]
+	mi := &file_node_v1_node_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2268,7 +2362,7 @@ func (x *VolumeRef) String() string {
 func (*VolumeRef) ProtoMessage() {}
 
 func (x *VolumeRef) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[38]
+	mi := &file_node_v1_node_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2281,7 +2375,7 @@ func (x *VolumeRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeRef.ProtoReflect.Descriptor instead.
 func (*VolumeRef) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{38}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *VolumeRef) GetVolumeId() string {
@@ -2363,7 +2457,7 @@ type VolumeRefsResponse struct {
 
 func (x *VolumeRefsResponse) Reset() {
 	*x = VolumeRefsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[39]
+	mi := &file_node_v1_node_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2375,7 +2469,7 @@ func (x *VolumeRefsResponse) String() string {
 func (*VolumeRefsResponse) ProtoMessage() {}
 
 func (x *VolumeRefsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[39]
+	mi := &file_node_v1_node_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2388,7 +2482,7 @@ func (x *VolumeRefsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeRefsResponse.ProtoReflect.Descriptor instead.
 func (*VolumeRefsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{39}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *VolumeRefsResponse) GetRefs() []*VolumeRef {
@@ -2406,7 +2500,7 @@ type AcceleratorInventoryRequest struct {
 
 func (x *AcceleratorInventoryRequest) Reset() {
 	*x = AcceleratorInventoryRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[40]
+	mi := &file_node_v1_node_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2418,7 +2512,7 @@ func (x *AcceleratorInventoryRequest) String() string {
 func (*AcceleratorInventoryRequest) ProtoMessage() {}
 
 func (x *AcceleratorInventoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[40]
+	mi := &file_node_v1_node_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2431,7 +2525,7 @@ func (x *AcceleratorInventoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcceleratorInventoryRequest.ProtoReflect.Descriptor instead.
 func (*AcceleratorInventoryRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{40}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{41}
 }
 
 type AcceleratorInventoryResponse struct {
@@ -2443,7 +2537,7 @@ type AcceleratorInventoryResponse struct {
 
 func (x *AcceleratorInventoryResponse) Reset() {
 	*x = AcceleratorInventoryResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[41]
+	mi := &file_node_v1_node_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2455,7 +2549,7 @@ func (x *AcceleratorInventoryResponse) String() string {
 func (*AcceleratorInventoryResponse) ProtoMessage() {}
 
 func (x *AcceleratorInventoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[41]
+	mi := &file_node_v1_node_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2468,7 +2562,7 @@ func (x *AcceleratorInventoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcceleratorInventoryResponse.ProtoReflect.Descriptor instead.
 func (*AcceleratorInventoryResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{41}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *AcceleratorInventoryResponse) GetDevices() []*Device {
@@ -2488,7 +2582,7 @@ type DeviceIDRequest struct {
 
 func (x *DeviceIDRequest) Reset() {
 	*x = DeviceIDRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[42]
+	mi := &file_node_v1_node_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2500,7 +2594,7 @@ func (x *DeviceIDRequest) String() string {
 func (*DeviceIDRequest) ProtoMessage() {}
 
 func (x *DeviceIDRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[42]
+	mi := &file_node_v1_node_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2513,7 +2607,7 @@ func (x *DeviceIDRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceIDRequest.ProtoReflect.Descriptor instead.
 func (*DeviceIDRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{42}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DeviceIDRequest) GetId() string {
@@ -2533,7 +2627,7 @@ type DisableAcceleratorRequest struct {
 
 func (x *DisableAcceleratorRequest) Reset() {
 	*x = DisableAcceleratorRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[43]
+	mi := &file_node_v1_node_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2545,7 +2639,7 @@ func (x *DisableAcceleratorRequest) String() string {
 func (*DisableAcceleratorRequest) ProtoMessage() {}
 
 func (x *DisableAcceleratorRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[43]
+	mi := &file_node_v1_node_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2558,7 +2652,7 @@ func (x *DisableAcceleratorRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DisableAcceleratorRequest.ProtoReflect.Descriptor instead.
 func (*DisableAcceleratorRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{43}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *DisableAcceleratorRequest) GetId() string {
@@ -2587,7 +2681,7 @@ type DenyAcceleratorsRequest struct {
 
 func (x *DenyAcceleratorsRequest) Reset() {
 	*x = DenyAcceleratorsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[44]
+	mi := &file_node_v1_node_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2599,7 +2693,7 @@ func (x *DenyAcceleratorsRequest) String() string {
 func (*DenyAcceleratorsRequest) ProtoMessage() {}
 
 func (x *DenyAcceleratorsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[44]
+	mi := &file_node_v1_node_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2612,7 +2706,7 @@ func (x *DenyAcceleratorsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DenyAcceleratorsRequest.ProtoReflect.Descriptor instead.
 func (*DenyAcceleratorsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{44}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *DenyAcceleratorsRequest) GetSandboxId() string {
@@ -2638,7 +2732,7 @@ type AcceleratorEventsRequest struct {
 
 func (x *AcceleratorEventsRequest) Reset() {
 	*x = AcceleratorEventsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[45]
+	mi := &file_node_v1_node_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2650,7 +2744,7 @@ func (x *AcceleratorEventsRequest) String() string {
 func (*AcceleratorEventsRequest) ProtoMessage() {}
 
 func (x *AcceleratorEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[45]
+	mi := &file_node_v1_node_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2663,7 +2757,7 @@ func (x *AcceleratorEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcceleratorEventsRequest.ProtoReflect.Descriptor instead.
 func (*AcceleratorEventsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{45}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *AcceleratorEventsRequest) GetLimit() int64 {
@@ -2682,7 +2776,7 @@ type AcceleratorEventsResponse struct {
 
 func (x *AcceleratorEventsResponse) Reset() {
 	*x = AcceleratorEventsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[46]
+	mi := &file_node_v1_node_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2694,7 +2788,7 @@ func (x *AcceleratorEventsResponse) String() string {
 func (*AcceleratorEventsResponse) ProtoMessage() {}
 
 func (x *AcceleratorEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[46]
+	mi := &file_node_v1_node_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2707,7 +2801,7 @@ func (x *AcceleratorEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcceleratorEventsResponse.ProtoReflect.Descriptor instead.
 func (*AcceleratorEventsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{46}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *AcceleratorEventsResponse) GetEvents() []*AcceleratorEvent {
@@ -2749,7 +2843,7 @@ type Device struct {
 
 func (x *Device) Reset() {
 	*x = Device{}
-	mi := &file_node_v1_node_proto_msgTypes[47]
+	mi := &file_node_v1_node_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2761,7 +2855,7 @@ func (x *Device) String() string {
 func (*Device) ProtoMessage() {}
 
 func (x *Device) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[47]
+	mi := &file_node_v1_node_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2774,7 +2868,7 @@ func (x *Device) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Device.ProtoReflect.Descriptor instead.
 func (*Device) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{47}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *Device) GetId() string {
@@ -2953,7 +3047,7 @@ type AcceleratorRequest struct {
 
 func (x *AcceleratorRequest) Reset() {
 	*x = AcceleratorRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[48]
+	mi := &file_node_v1_node_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2965,7 +3059,7 @@ func (x *AcceleratorRequest) String() string {
 func (*AcceleratorRequest) ProtoMessage() {}
 
 func (x *AcceleratorRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[48]
+	mi := &file_node_v1_node_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2978,7 +3072,7 @@ func (x *AcceleratorRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcceleratorRequest.ProtoReflect.Descriptor instead.
 func (*AcceleratorRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{48}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *AcceleratorRequest) GetClass() string {
@@ -3045,7 +3139,7 @@ type AcceleratorContract struct {
 
 func (x *AcceleratorContract) Reset() {
 	*x = AcceleratorContract{}
-	mi := &file_node_v1_node_proto_msgTypes[49]
+	mi := &file_node_v1_node_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3057,7 +3151,7 @@ func (x *AcceleratorContract) String() string {
 func (*AcceleratorContract) ProtoMessage() {}
 
 func (x *AcceleratorContract) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[49]
+	mi := &file_node_v1_node_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3070,7 +3164,7 @@ func (x *AcceleratorContract) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcceleratorContract.ProtoReflect.Descriptor instead.
 func (*AcceleratorContract) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{49}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *AcceleratorContract) GetClass() string {
@@ -3180,7 +3274,7 @@ type AcceleratorEvent struct {
 
 func (x *AcceleratorEvent) Reset() {
 	*x = AcceleratorEvent{}
-	mi := &file_node_v1_node_proto_msgTypes[50]
+	mi := &file_node_v1_node_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3192,7 +3286,7 @@ func (x *AcceleratorEvent) String() string {
 func (*AcceleratorEvent) ProtoMessage() {}
 
 func (x *AcceleratorEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[50]
+	mi := &file_node_v1_node_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3205,7 +3299,7 @@ func (x *AcceleratorEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcceleratorEvent.ProtoReflect.Descriptor instead.
 func (*AcceleratorEvent) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{50}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *AcceleratorEvent) GetTime() *timestamppb.Timestamp {
@@ -3257,6 +3351,50 @@ func (x *AcceleratorEvent) GetReason() string {
 	return ""
 }
 
+type PullImageRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Image         *Image                 `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullImageRequest) Reset() {
+	*x = PullImageRequest{}
+	mi := &file_node_v1_node_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullImageRequest) ProtoMessage() {}
+
+func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
+func (*PullImageRequest) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *PullImageRequest) GetImage() *Image {
+	if x != nil {
+		return x.Image
+	}
+	return nil
+}
+
 type ExitsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -3265,7 +3403,7 @@ type ExitsRequest struct {
 
 func (x *ExitsRequest) Reset() {
 	*x = ExitsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[51]
+	mi := &file_node_v1_node_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3277,7 +3415,7 @@ func (x *ExitsRequest) String() string {
 func (*ExitsRequest) ProtoMessage() {}
 
 func (x *ExitsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[51]
+	mi := &file_node_v1_node_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3290,7 +3428,7 @@ func (x *ExitsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExitsRequest.ProtoReflect.Descriptor instead.
 func (*ExitsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{51}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{53}
 }
 
 // Exit is node.Exit.
@@ -3306,7 +3444,7 @@ type Exit struct {
 
 func (x *Exit) Reset() {
 	*x = Exit{}
-	mi := &file_node_v1_node_proto_msgTypes[52]
+	mi := &file_node_v1_node_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3318,7 +3456,7 @@ func (x *Exit) String() string {
 func (*Exit) ProtoMessage() {}
 
 func (x *Exit) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[52]
+	mi := &file_node_v1_node_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3331,7 +3469,7 @@ func (x *Exit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Exit.ProtoReflect.Descriptor instead.
 func (*Exit) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{52}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *Exit) GetId() string {
@@ -3375,7 +3513,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_node_v1_node_proto_msgTypes[53]
+	mi := &file_node_v1_node_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3387,7 +3525,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[53]
+	mi := &file_node_v1_node_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3400,7 +3538,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{53}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *Error) GetCode() uint32 {
@@ -3437,7 +3575,7 @@ type FieldErrorDetail struct {
 
 func (x *FieldErrorDetail) Reset() {
 	*x = FieldErrorDetail{}
-	mi := &file_node_v1_node_proto_msgTypes[54]
+	mi := &file_node_v1_node_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3449,7 +3587,7 @@ func (x *FieldErrorDetail) String() string {
 func (*FieldErrorDetail) ProtoMessage() {}
 
 func (x *FieldErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[54]
+	mi := &file_node_v1_node_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3462,7 +3600,7 @@ func (x *FieldErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FieldErrorDetail.ProtoReflect.Descriptor instead.
 func (*FieldErrorDetail) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{54}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *FieldErrorDetail) GetField() string {
@@ -3499,7 +3637,7 @@ type CompatErrorDetail struct {
 
 func (x *CompatErrorDetail) Reset() {
 	*x = CompatErrorDetail{}
-	mi := &file_node_v1_node_proto_msgTypes[55]
+	mi := &file_node_v1_node_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3511,7 +3649,7 @@ func (x *CompatErrorDetail) String() string {
 func (*CompatErrorDetail) ProtoMessage() {}
 
 func (x *CompatErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[55]
+	mi := &file_node_v1_node_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3524,7 +3662,7 @@ func (x *CompatErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompatErrorDetail.ProtoReflect.Descriptor instead.
 func (*CompatErrorDetail) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{55}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *CompatErrorDetail) GetStage() string {
@@ -3560,7 +3698,7 @@ var File_node_v1_node_proto protoreflect.FileDescriptor
 const file_node_v1_node_proto_rawDesc = "" +
 	"\n" +
 	"\x12node/v1/node.proto\x12\x0fcubicle.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\r\n" +
-	"\vInfoRequest\"\xae\x02\n" +
+	"\vInfoRequest\"\xde\x02\n" +
 	"\bNodeInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x18\n" +
@@ -3568,12 +3706,17 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\tabilities\x18\x04 \x01(\v2\x1a.cubicle.node.v1.AbilitiesR\tabilities\x12%\n" +
 	"\x0evolume_drivers\x18\x05 \x03(\tR\rvolumeDrivers\x12F\n" +
 	"\faccelerators\x18\x06 \x01(\v2\".cubicle.node.v1.AcceleratorCountsR\faccelerators\x125\n" +
-	"\bcapacity\x18\a \x01(\v2\x19.cubicle.node.v1.CapacityR\bcapacity\"\xa2\x01\n" +
+	"\bcapacity\x18\a \x01(\v2\x19.cubicle.node.v1.CapacityR\bcapacity\x12.\n" +
+	"\x06images\x18\b \x03(\v2\x16.cubicle.node.v1.ImageR\x06images\"3\n" +
+	"\x05Image\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06digest\x18\x02 \x01(\tR\x06digest\"\xc5\x01\n" +
 	"\tAbilities\x12\x1c\n" +
 	"\tsnapshots\x18\x01 \x01(\bR\tsnapshots\x12)\n" +
 	"\x10memory_snapshots\x18\x02 \x01(\bR\x0fmemorySnapshots\x12)\n" +
 	"\x10enforces_domains\x18\x03 \x01(\bR\x0fenforcesDomains\x12!\n" +
-	"\fegress_proxy\x18\x04 \x01(\bR\vegressProxy\"\x9b\x01\n" +
+	"\fegress_proxy\x18\x04 \x01(\bR\vegressProxy\x12!\n" +
+	"\fpulls_images\x18\x05 \x01(\bR\vpullsImages\"\x9b\x01\n" +
 	"\x11AcceleratorCounts\x12J\n" +
 	"\bby_state\x18\x01 \x03(\v2/.cubicle.node.v1.AcceleratorCounts.ByStateEntryR\abyState\x1a:\n" +
 	"\fByStateEntry\x12\x10\n" +
@@ -3584,7 +3727,7 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x02 \x01(\x04R\vmemoryBytes\"\a\n" +
 	"\x05Empty\"\x1b\n" +
 	"\tIDRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\xd6\x06\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xd8\a\n" +
 	"\rCreateRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06layers\x18\x02 \x03(\tR\x06layers\x12\x1d\n" +
@@ -3608,7 +3751,10 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\faccelerators\x18\x10 \x03(\v2#.cubicle.node.v1.AcceleratorRequestR\faccelerators\x12K\n" +
 	"\x0eaccel_contract\x18\x11 \x01(\v2$.cubicle.node.v1.AcceleratorContractR\raccelContract\x12\x18\n" +
 	"\arestore\x18\x12 \x01(\tR\arestore\x12#\n" +
-	"\rcurrent_token\x18\x13 \x01(\tR\fcurrentToken\x1a:\n" +
+	"\rcurrent_token\x18\x13 \x01(\tR\fcurrentToken\x12,\n" +
+	"\x05image\x18\x14 \x01(\v2\x16.cubicle.node.v1.ImageR\x05image\x12'\n" +
+	"\x0fsnapshot_layers\x18\x15 \x03(\tR\x0esnapshotLayers\x12)\n" +
+	"\x10restore_snapshot\x18\x16 \x01(\tR\x0frestoreSnapshot\x1a:\n" +
 	"\fEnvVarsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Y\n" +
@@ -3833,7 +3979,9 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\asandbox\x18\x04 \x01(\tR\asandbox\x12\x12\n" +
 	"\x04from\x18\x05 \x01(\tR\x04from\x12\x0e\n" +
 	"\x02to\x18\x06 \x01(\tR\x02to\x12\x16\n" +
-	"\x06reason\x18\a \x01(\tR\x06reason\"\x0e\n" +
+	"\x06reason\x18\a \x01(\tR\x06reason\"@\n" +
+	"\x10PullImageRequest\x12,\n" +
+	"\x05image\x18\x01 \x01(\v2\x16.cubicle.node.v1.ImageR\x05image\"\x0e\n" +
 	"\fExitsRequest\"f\n" +
 	"\x04Exit\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
@@ -3889,7 +4037,9 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x11EnableAccelerator\x12 .cubicle.node.v1.DeviceIDRequest\x1a\x17.cubicle.node.v1.Device\x12O\n" +
 	"\x12RecoverAccelerator\x12 .cubicle.node.v1.DeviceIDRequest\x1a\x17.cubicle.node.v1.Device\x12T\n" +
 	"\x10DenyAccelerators\x12(.cubicle.node.v1.DenyAcceleratorsRequest\x1a\x16.cubicle.node.v1.Empty\x12j\n" +
-	"\x11AcceleratorEvents\x12).cubicle.node.v1.AcceleratorEventsRequest\x1a*.cubicle.node.v1.AcceleratorEventsResponse2I\n" +
+	"\x11AcceleratorEvents\x12).cubicle.node.v1.AcceleratorEventsRequest\x1a*.cubicle.node.v1.AcceleratorEventsResponse2P\n" +
+	"\x06Images\x12F\n" +
+	"\tPullImage\x12!.cubicle.node.v1.PullImageRequest\x1a\x16.cubicle.node.v1.Empty2I\n" +
 	"\x06Events\x12?\n" +
 	"\x05Exits\x12\x1d.cubicle.node.v1.ExitsRequest\x1a\x15.cubicle.node.v1.Exit0\x01B9Z7github.com/cubicle-dev/cubicle/api/proto/node/v1;nodev1b\x06proto3"
 
@@ -3905,174 +4055,181 @@ func file_node_v1_node_proto_rawDescGZIP() []byte {
 	return file_node_v1_node_proto_rawDescData
 }
 
-var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 64)
+var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 66)
 var file_node_v1_node_proto_goTypes = []any{
 	(*InfoRequest)(nil),                  // 0: cubicle.node.v1.InfoRequest
 	(*NodeInfo)(nil),                     // 1: cubicle.node.v1.NodeInfo
-	(*Abilities)(nil),                    // 2: cubicle.node.v1.Abilities
-	(*AcceleratorCounts)(nil),            // 3: cubicle.node.v1.AcceleratorCounts
-	(*Capacity)(nil),                     // 4: cubicle.node.v1.Capacity
-	(*Empty)(nil),                        // 5: cubicle.node.v1.Empty
-	(*IDRequest)(nil),                    // 6: cubicle.node.v1.IDRequest
-	(*CreateRequest)(nil),                // 7: cubicle.node.v1.CreateRequest
-	(*ResumeRequest)(nil),                // 8: cubicle.node.v1.ResumeRequest
-	(*RebuildRequest)(nil),               // 9: cubicle.node.v1.RebuildRequest
-	(*Sandbox)(nil),                      // 10: cubicle.node.v1.Sandbox
-	(*ListRequest)(nil),                  // 11: cubicle.node.v1.ListRequest
-	(*ListResponse)(nil),                 // 12: cubicle.node.v1.ListResponse
-	(*StatsRequest)(nil),                 // 13: cubicle.node.v1.StatsRequest
-	(*Stats)(nil),                        // 14: cubicle.node.v1.Stats
-	(*LogsResponse)(nil),                 // 15: cubicle.node.v1.LogsResponse
-	(*Mount)(nil),                        // 16: cubicle.node.v1.Mount
-	(*Policy)(nil),                       // 17: cubicle.node.v1.Policy
-	(*Rules)(nil),                        // 18: cubicle.node.v1.Rules
-	(*Rule)(nil),                         // 19: cubicle.node.v1.Rule
-	(*Upstream)(nil),                     // 20: cubicle.node.v1.Upstream
-	(*UpstreamTLS)(nil),                  // 21: cubicle.node.v1.UpstreamTLS
-	(*DNSServers)(nil),                   // 22: cubicle.node.v1.DNSServers
-	(*ReinitRequest)(nil),                // 23: cubicle.node.v1.ReinitRequest
-	(*RunRequest)(nil),                   // 24: cubicle.node.v1.RunRequest
-	(*RunResponse)(nil),                  // 25: cubicle.node.v1.RunResponse
-	(*UpdatePolicyRequest)(nil),          // 26: cubicle.node.v1.UpdatePolicyRequest
-	(*CheckUpstreamRequest)(nil),         // 27: cubicle.node.v1.CheckUpstreamRequest
-	(*SnapshotRequest)(nil),              // 28: cubicle.node.v1.SnapshotRequest
-	(*Snapshot)(nil),                     // 29: cubicle.node.v1.Snapshot
-	(*DeleteSnapshotRequest)(nil),        // 30: cubicle.node.v1.DeleteSnapshotRequest
-	(*ListSnapshotsRequest)(nil),         // 31: cubicle.node.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),        // 32: cubicle.node.v1.ListSnapshotsResponse
-	(*VolumeAttachment)(nil),             // 33: cubicle.node.v1.VolumeAttachment
-	(*AttachVolumeRequest)(nil),          // 34: cubicle.node.v1.AttachVolumeRequest
-	(*AttachVolumeResponse)(nil),         // 35: cubicle.node.v1.AttachVolumeResponse
-	(*DetachVolumeRequest)(nil),          // 36: cubicle.node.v1.DetachVolumeRequest
-	(*VolumeRefsRequest)(nil),            // 37: cubicle.node.v1.VolumeRefsRequest
-	(*VolumeRef)(nil),                    // 38: cubicle.node.v1.VolumeRef
-	(*VolumeRefsResponse)(nil),           // 39: cubicle.node.v1.VolumeRefsResponse
-	(*AcceleratorInventoryRequest)(nil),  // 40: cubicle.node.v1.AcceleratorInventoryRequest
-	(*AcceleratorInventoryResponse)(nil), // 41: cubicle.node.v1.AcceleratorInventoryResponse
-	(*DeviceIDRequest)(nil),              // 42: cubicle.node.v1.DeviceIDRequest
-	(*DisableAcceleratorRequest)(nil),    // 43: cubicle.node.v1.DisableAcceleratorRequest
-	(*DenyAcceleratorsRequest)(nil),      // 44: cubicle.node.v1.DenyAcceleratorsRequest
-	(*AcceleratorEventsRequest)(nil),     // 45: cubicle.node.v1.AcceleratorEventsRequest
-	(*AcceleratorEventsResponse)(nil),    // 46: cubicle.node.v1.AcceleratorEventsResponse
-	(*Device)(nil),                       // 47: cubicle.node.v1.Device
-	(*AcceleratorRequest)(nil),           // 48: cubicle.node.v1.AcceleratorRequest
-	(*AcceleratorContract)(nil),          // 49: cubicle.node.v1.AcceleratorContract
-	(*AcceleratorEvent)(nil),             // 50: cubicle.node.v1.AcceleratorEvent
-	(*ExitsRequest)(nil),                 // 51: cubicle.node.v1.ExitsRequest
-	(*Exit)(nil),                         // 52: cubicle.node.v1.Exit
-	(*Error)(nil),                        // 53: cubicle.node.v1.Error
-	(*FieldErrorDetail)(nil),             // 54: cubicle.node.v1.FieldErrorDetail
-	(*CompatErrorDetail)(nil),            // 55: cubicle.node.v1.CompatErrorDetail
-	nil,                                  // 56: cubicle.node.v1.AcceleratorCounts.ByStateEntry
-	nil,                                  // 57: cubicle.node.v1.CreateRequest.EnvVarsEntry
-	nil,                                  // 58: cubicle.node.v1.Policy.RulesEntry
-	nil,                                  // 59: cubicle.node.v1.Rule.HeadersEntry
-	nil,                                  // 60: cubicle.node.v1.VolumeRef.MetadataEntry
-	nil,                                  // 61: cubicle.node.v1.Device.LabelsEntry
-	nil,                                  // 62: cubicle.node.v1.AcceleratorRequest.LabelsEntry
-	nil,                                  // 63: cubicle.node.v1.AcceleratorContract.LabelsEntry
-	(*timestamppb.Timestamp)(nil),        // 64: google.protobuf.Timestamp
+	(*Image)(nil),                        // 2: cubicle.node.v1.Image
+	(*Abilities)(nil),                    // 3: cubicle.node.v1.Abilities
+	(*AcceleratorCounts)(nil),            // 4: cubicle.node.v1.AcceleratorCounts
+	(*Capacity)(nil),                     // 5: cubicle.node.v1.Capacity
+	(*Empty)(nil),                        // 6: cubicle.node.v1.Empty
+	(*IDRequest)(nil),                    // 7: cubicle.node.v1.IDRequest
+	(*CreateRequest)(nil),                // 8: cubicle.node.v1.CreateRequest
+	(*ResumeRequest)(nil),                // 9: cubicle.node.v1.ResumeRequest
+	(*RebuildRequest)(nil),               // 10: cubicle.node.v1.RebuildRequest
+	(*Sandbox)(nil),                      // 11: cubicle.node.v1.Sandbox
+	(*ListRequest)(nil),                  // 12: cubicle.node.v1.ListRequest
+	(*ListResponse)(nil),                 // 13: cubicle.node.v1.ListResponse
+	(*StatsRequest)(nil),                 // 14: cubicle.node.v1.StatsRequest
+	(*Stats)(nil),                        // 15: cubicle.node.v1.Stats
+	(*LogsResponse)(nil),                 // 16: cubicle.node.v1.LogsResponse
+	(*Mount)(nil),                        // 17: cubicle.node.v1.Mount
+	(*Policy)(nil),                       // 18: cubicle.node.v1.Policy
+	(*Rules)(nil),                        // 19: cubicle.node.v1.Rules
+	(*Rule)(nil),                         // 20: cubicle.node.v1.Rule
+	(*Upstream)(nil),                     // 21: cubicle.node.v1.Upstream
+	(*UpstreamTLS)(nil),                  // 22: cubicle.node.v1.UpstreamTLS
+	(*DNSServers)(nil),                   // 23: cubicle.node.v1.DNSServers
+	(*ReinitRequest)(nil),                // 24: cubicle.node.v1.ReinitRequest
+	(*RunRequest)(nil),                   // 25: cubicle.node.v1.RunRequest
+	(*RunResponse)(nil),                  // 26: cubicle.node.v1.RunResponse
+	(*UpdatePolicyRequest)(nil),          // 27: cubicle.node.v1.UpdatePolicyRequest
+	(*CheckUpstreamRequest)(nil),         // 28: cubicle.node.v1.CheckUpstreamRequest
+	(*SnapshotRequest)(nil),              // 29: cubicle.node.v1.SnapshotRequest
+	(*Snapshot)(nil),                     // 30: cubicle.node.v1.Snapshot
+	(*DeleteSnapshotRequest)(nil),        // 31: cubicle.node.v1.DeleteSnapshotRequest
+	(*ListSnapshotsRequest)(nil),         // 32: cubicle.node.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),        // 33: cubicle.node.v1.ListSnapshotsResponse
+	(*VolumeAttachment)(nil),             // 34: cubicle.node.v1.VolumeAttachment
+	(*AttachVolumeRequest)(nil),          // 35: cubicle.node.v1.AttachVolumeRequest
+	(*AttachVolumeResponse)(nil),         // 36: cubicle.node.v1.AttachVolumeResponse
+	(*DetachVolumeRequest)(nil),          // 37: cubicle.node.v1.DetachVolumeRequest
+	(*VolumeRefsRequest)(nil),            // 38: cubicle.node.v1.VolumeRefsRequest
+	(*VolumeRef)(nil),                    // 39: cubicle.node.v1.VolumeRef
+	(*VolumeRefsResponse)(nil),           // 40: cubicle.node.v1.VolumeRefsResponse
+	(*AcceleratorInventoryRequest)(nil),  // 41: cubicle.node.v1.AcceleratorInventoryRequest
+	(*AcceleratorInventoryResponse)(nil), // 42: cubicle.node.v1.AcceleratorInventoryResponse
+	(*DeviceIDRequest)(nil),              // 43: cubicle.node.v1.DeviceIDRequest
+	(*DisableAcceleratorRequest)(nil),    // 44: cubicle.node.v1.DisableAcceleratorRequest
+	(*DenyAcceleratorsRequest)(nil),      // 45: cubicle.node.v1.DenyAcceleratorsRequest
+	(*AcceleratorEventsRequest)(nil),     // 46: cubicle.node.v1.AcceleratorEventsRequest
+	(*AcceleratorEventsResponse)(nil),    // 47: cubicle.node.v1.AcceleratorEventsResponse
+	(*Device)(nil),                       // 48: cubicle.node.v1.Device
+	(*AcceleratorRequest)(nil),           // 49: cubicle.node.v1.AcceleratorRequest
+	(*AcceleratorContract)(nil),          // 50: cubicle.node.v1.AcceleratorContract
+	(*AcceleratorEvent)(nil),             // 51: cubicle.node.v1.AcceleratorEvent
+	(*PullImageRequest)(nil),             // 52: cubicle.node.v1.PullImageRequest
+	(*ExitsRequest)(nil),                 // 53: cubicle.node.v1.ExitsRequest
+	(*Exit)(nil),                         // 54: cubicle.node.v1.Exit
+	(*Error)(nil),                        // 55: cubicle.node.v1.Error
+	(*FieldErrorDetail)(nil),             // 56: cubicle.node.v1.FieldErrorDetail
+	(*CompatErrorDetail)(nil),            // 57: cubicle.node.v1.CompatErrorDetail
+	nil,                                  // 58: cubicle.node.v1.AcceleratorCounts.ByStateEntry
+	nil,                                  // 59: cubicle.node.v1.CreateRequest.EnvVarsEntry
+	nil,                                  // 60: cubicle.node.v1.Policy.RulesEntry
+	nil,                                  // 61: cubicle.node.v1.Rule.HeadersEntry
+	nil,                                  // 62: cubicle.node.v1.VolumeRef.MetadataEntry
+	nil,                                  // 63: cubicle.node.v1.Device.LabelsEntry
+	nil,                                  // 64: cubicle.node.v1.AcceleratorRequest.LabelsEntry
+	nil,                                  // 65: cubicle.node.v1.AcceleratorContract.LabelsEntry
+	(*timestamppb.Timestamp)(nil),        // 66: google.protobuf.Timestamp
 }
 var file_node_v1_node_proto_depIdxs = []int32{
-	2,  // 0: cubicle.node.v1.NodeInfo.abilities:type_name -> cubicle.node.v1.Abilities
-	3,  // 1: cubicle.node.v1.NodeInfo.accelerators:type_name -> cubicle.node.v1.AcceleratorCounts
-	4,  // 2: cubicle.node.v1.NodeInfo.capacity:type_name -> cubicle.node.v1.Capacity
-	56, // 3: cubicle.node.v1.AcceleratorCounts.by_state:type_name -> cubicle.node.v1.AcceleratorCounts.ByStateEntry
-	57, // 4: cubicle.node.v1.CreateRequest.env_vars:type_name -> cubicle.node.v1.CreateRequest.EnvVarsEntry
-	17, // 5: cubicle.node.v1.CreateRequest.policy:type_name -> cubicle.node.v1.Policy
-	16, // 6: cubicle.node.v1.CreateRequest.mounts:type_name -> cubicle.node.v1.Mount
-	33, // 7: cubicle.node.v1.CreateRequest.volumes:type_name -> cubicle.node.v1.VolumeAttachment
-	48, // 8: cubicle.node.v1.CreateRequest.accelerators:type_name -> cubicle.node.v1.AcceleratorRequest
-	49, // 9: cubicle.node.v1.CreateRequest.accel_contract:type_name -> cubicle.node.v1.AcceleratorContract
-	7,  // 10: cubicle.node.v1.ResumeRequest.request:type_name -> cubicle.node.v1.CreateRequest
-	7,  // 11: cubicle.node.v1.RebuildRequest.request:type_name -> cubicle.node.v1.CreateRequest
-	10, // 12: cubicle.node.v1.ListResponse.sandboxes:type_name -> cubicle.node.v1.Sandbox
-	64, // 13: cubicle.node.v1.Stats.time:type_name -> google.protobuf.Timestamp
-	58, // 14: cubicle.node.v1.Policy.rules:type_name -> cubicle.node.v1.Policy.RulesEntry
-	20, // 15: cubicle.node.v1.Policy.upstream:type_name -> cubicle.node.v1.Upstream
-	22, // 16: cubicle.node.v1.Policy.dns_servers:type_name -> cubicle.node.v1.DNSServers
-	19, // 17: cubicle.node.v1.Rules.rules:type_name -> cubicle.node.v1.Rule
-	59, // 18: cubicle.node.v1.Rule.headers:type_name -> cubicle.node.v1.Rule.HeadersEntry
-	21, // 19: cubicle.node.v1.Upstream.tls:type_name -> cubicle.node.v1.UpstreamTLS
-	7,  // 20: cubicle.node.v1.ReinitRequest.request:type_name -> cubicle.node.v1.CreateRequest
-	17, // 21: cubicle.node.v1.UpdatePolicyRequest.policy:type_name -> cubicle.node.v1.Policy
-	33, // 22: cubicle.node.v1.AttachVolumeRequest.attachment:type_name -> cubicle.node.v1.VolumeAttachment
-	60, // 23: cubicle.node.v1.VolumeRef.metadata:type_name -> cubicle.node.v1.VolumeRef.MetadataEntry
-	64, // 24: cubicle.node.v1.VolumeRef.updated_at:type_name -> google.protobuf.Timestamp
-	38, // 25: cubicle.node.v1.VolumeRefsResponse.refs:type_name -> cubicle.node.v1.VolumeRef
-	47, // 26: cubicle.node.v1.AcceleratorInventoryResponse.devices:type_name -> cubicle.node.v1.Device
-	53, // 27: cubicle.node.v1.DenyAcceleratorsRequest.reason:type_name -> cubicle.node.v1.Error
-	50, // 28: cubicle.node.v1.AcceleratorEventsResponse.events:type_name -> cubicle.node.v1.AcceleratorEvent
-	61, // 29: cubicle.node.v1.Device.labels:type_name -> cubicle.node.v1.Device.LabelsEntry
-	64, // 30: cubicle.node.v1.Device.since:type_name -> google.protobuf.Timestamp
-	62, // 31: cubicle.node.v1.AcceleratorRequest.labels:type_name -> cubicle.node.v1.AcceleratorRequest.LabelsEntry
-	63, // 32: cubicle.node.v1.AcceleratorContract.labels:type_name -> cubicle.node.v1.AcceleratorContract.LabelsEntry
-	64, // 33: cubicle.node.v1.AcceleratorEvent.time:type_name -> google.protobuf.Timestamp
-	64, // 34: cubicle.node.v1.Exit.at:type_name -> google.protobuf.Timestamp
-	18, // 35: cubicle.node.v1.Policy.RulesEntry.value:type_name -> cubicle.node.v1.Rules
-	0,  // 36: cubicle.node.v1.Info.Info:input_type -> cubicle.node.v1.InfoRequest
-	7,  // 37: cubicle.node.v1.Sandboxes.Create:input_type -> cubicle.node.v1.CreateRequest
-	6,  // 38: cubicle.node.v1.Sandboxes.Delete:input_type -> cubicle.node.v1.IDRequest
-	6,  // 39: cubicle.node.v1.Sandboxes.Pause:input_type -> cubicle.node.v1.IDRequest
-	8,  // 40: cubicle.node.v1.Sandboxes.Resume:input_type -> cubicle.node.v1.ResumeRequest
-	6,  // 41: cubicle.node.v1.Sandboxes.Stop:input_type -> cubicle.node.v1.IDRequest
-	9,  // 42: cubicle.node.v1.Sandboxes.Rebuild:input_type -> cubicle.node.v1.RebuildRequest
-	6,  // 43: cubicle.node.v1.Sandboxes.Get:input_type -> cubicle.node.v1.IDRequest
-	11, // 44: cubicle.node.v1.Sandboxes.List:input_type -> cubicle.node.v1.ListRequest
-	13, // 45: cubicle.node.v1.Sandboxes.Stats:input_type -> cubicle.node.v1.StatsRequest
-	6,  // 46: cubicle.node.v1.Sandboxes.Logs:input_type -> cubicle.node.v1.IDRequest
-	23, // 47: cubicle.node.v1.Agent.Reinit:input_type -> cubicle.node.v1.ReinitRequest
-	24, // 48: cubicle.node.v1.Agent.Run:input_type -> cubicle.node.v1.RunRequest
-	26, // 49: cubicle.node.v1.Network.UpdatePolicy:input_type -> cubicle.node.v1.UpdatePolicyRequest
-	27, // 50: cubicle.node.v1.Network.CheckUpstream:input_type -> cubicle.node.v1.CheckUpstreamRequest
-	28, // 51: cubicle.node.v1.Snapshots.Snapshot:input_type -> cubicle.node.v1.SnapshotRequest
-	30, // 52: cubicle.node.v1.Snapshots.DeleteSnapshot:input_type -> cubicle.node.v1.DeleteSnapshotRequest
-	31, // 53: cubicle.node.v1.Snapshots.Snapshots:input_type -> cubicle.node.v1.ListSnapshotsRequest
-	34, // 54: cubicle.node.v1.Volumes.AttachVolume:input_type -> cubicle.node.v1.AttachVolumeRequest
-	36, // 55: cubicle.node.v1.Volumes.DetachVolume:input_type -> cubicle.node.v1.DetachVolumeRequest
-	37, // 56: cubicle.node.v1.Volumes.VolumeRefs:input_type -> cubicle.node.v1.VolumeRefsRequest
-	40, // 57: cubicle.node.v1.Accelerators.AcceleratorInventory:input_type -> cubicle.node.v1.AcceleratorInventoryRequest
-	42, // 58: cubicle.node.v1.Accelerators.Accelerator:input_type -> cubicle.node.v1.DeviceIDRequest
-	43, // 59: cubicle.node.v1.Accelerators.DisableAccelerator:input_type -> cubicle.node.v1.DisableAcceleratorRequest
-	42, // 60: cubicle.node.v1.Accelerators.EnableAccelerator:input_type -> cubicle.node.v1.DeviceIDRequest
-	42, // 61: cubicle.node.v1.Accelerators.RecoverAccelerator:input_type -> cubicle.node.v1.DeviceIDRequest
-	44, // 62: cubicle.node.v1.Accelerators.DenyAccelerators:input_type -> cubicle.node.v1.DenyAcceleratorsRequest
-	45, // 63: cubicle.node.v1.Accelerators.AcceleratorEvents:input_type -> cubicle.node.v1.AcceleratorEventsRequest
-	51, // 64: cubicle.node.v1.Events.Exits:input_type -> cubicle.node.v1.ExitsRequest
-	1,  // 65: cubicle.node.v1.Info.Info:output_type -> cubicle.node.v1.NodeInfo
-	10, // 66: cubicle.node.v1.Sandboxes.Create:output_type -> cubicle.node.v1.Sandbox
-	5,  // 67: cubicle.node.v1.Sandboxes.Delete:output_type -> cubicle.node.v1.Empty
-	5,  // 68: cubicle.node.v1.Sandboxes.Pause:output_type -> cubicle.node.v1.Empty
-	5,  // 69: cubicle.node.v1.Sandboxes.Resume:output_type -> cubicle.node.v1.Empty
-	5,  // 70: cubicle.node.v1.Sandboxes.Stop:output_type -> cubicle.node.v1.Empty
-	5,  // 71: cubicle.node.v1.Sandboxes.Rebuild:output_type -> cubicle.node.v1.Empty
-	10, // 72: cubicle.node.v1.Sandboxes.Get:output_type -> cubicle.node.v1.Sandbox
-	12, // 73: cubicle.node.v1.Sandboxes.List:output_type -> cubicle.node.v1.ListResponse
-	14, // 74: cubicle.node.v1.Sandboxes.Stats:output_type -> cubicle.node.v1.Stats
-	15, // 75: cubicle.node.v1.Sandboxes.Logs:output_type -> cubicle.node.v1.LogsResponse
-	5,  // 76: cubicle.node.v1.Agent.Reinit:output_type -> cubicle.node.v1.Empty
-	25, // 77: cubicle.node.v1.Agent.Run:output_type -> cubicle.node.v1.RunResponse
-	5,  // 78: cubicle.node.v1.Network.UpdatePolicy:output_type -> cubicle.node.v1.Empty
-	5,  // 79: cubicle.node.v1.Network.CheckUpstream:output_type -> cubicle.node.v1.Empty
-	29, // 80: cubicle.node.v1.Snapshots.Snapshot:output_type -> cubicle.node.v1.Snapshot
-	5,  // 81: cubicle.node.v1.Snapshots.DeleteSnapshot:output_type -> cubicle.node.v1.Empty
-	32, // 82: cubicle.node.v1.Snapshots.Snapshots:output_type -> cubicle.node.v1.ListSnapshotsResponse
-	35, // 83: cubicle.node.v1.Volumes.AttachVolume:output_type -> cubicle.node.v1.AttachVolumeResponse
-	5,  // 84: cubicle.node.v1.Volumes.DetachVolume:output_type -> cubicle.node.v1.Empty
-	39, // 85: cubicle.node.v1.Volumes.VolumeRefs:output_type -> cubicle.node.v1.VolumeRefsResponse
-	41, // 86: cubicle.node.v1.Accelerators.AcceleratorInventory:output_type -> cubicle.node.v1.AcceleratorInventoryResponse
-	47, // 87: cubicle.node.v1.Accelerators.Accelerator:output_type -> cubicle.node.v1.Device
-	47, // 88: cubicle.node.v1.Accelerators.DisableAccelerator:output_type -> cubicle.node.v1.Device
-	47, // 89: cubicle.node.v1.Accelerators.EnableAccelerator:output_type -> cubicle.node.v1.Device
-	47, // 90: cubicle.node.v1.Accelerators.RecoverAccelerator:output_type -> cubicle.node.v1.Device
-	5,  // 91: cubicle.node.v1.Accelerators.DenyAccelerators:output_type -> cubicle.node.v1.Empty
-	46, // 92: cubicle.node.v1.Accelerators.AcceleratorEvents:output_type -> cubicle.node.v1.AcceleratorEventsResponse
-	52, // 93: cubicle.node.v1.Events.Exits:output_type -> cubicle.node.v1.Exit
-	65, // [65:94] is the sub-list for method output_type
-	36, // [36:65] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	3,  // 0: cubicle.node.v1.NodeInfo.abilities:type_name -> cubicle.node.v1.Abilities
+	4,  // 1: cubicle.node.v1.NodeInfo.accelerators:type_name -> cubicle.node.v1.AcceleratorCounts
+	5,  // 2: cubicle.node.v1.NodeInfo.capacity:type_name -> cubicle.node.v1.Capacity
+	2,  // 3: cubicle.node.v1.NodeInfo.images:type_name -> cubicle.node.v1.Image
+	58, // 4: cubicle.node.v1.AcceleratorCounts.by_state:type_name -> cubicle.node.v1.AcceleratorCounts.ByStateEntry
+	59, // 5: cubicle.node.v1.CreateRequest.env_vars:type_name -> cubicle.node.v1.CreateRequest.EnvVarsEntry
+	18, // 6: cubicle.node.v1.CreateRequest.policy:type_name -> cubicle.node.v1.Policy
+	17, // 7: cubicle.node.v1.CreateRequest.mounts:type_name -> cubicle.node.v1.Mount
+	34, // 8: cubicle.node.v1.CreateRequest.volumes:type_name -> cubicle.node.v1.VolumeAttachment
+	49, // 9: cubicle.node.v1.CreateRequest.accelerators:type_name -> cubicle.node.v1.AcceleratorRequest
+	50, // 10: cubicle.node.v1.CreateRequest.accel_contract:type_name -> cubicle.node.v1.AcceleratorContract
+	2,  // 11: cubicle.node.v1.CreateRequest.image:type_name -> cubicle.node.v1.Image
+	8,  // 12: cubicle.node.v1.ResumeRequest.request:type_name -> cubicle.node.v1.CreateRequest
+	8,  // 13: cubicle.node.v1.RebuildRequest.request:type_name -> cubicle.node.v1.CreateRequest
+	11, // 14: cubicle.node.v1.ListResponse.sandboxes:type_name -> cubicle.node.v1.Sandbox
+	66, // 15: cubicle.node.v1.Stats.time:type_name -> google.protobuf.Timestamp
+	60, // 16: cubicle.node.v1.Policy.rules:type_name -> cubicle.node.v1.Policy.RulesEntry
+	21, // 17: cubicle.node.v1.Policy.upstream:type_name -> cubicle.node.v1.Upstream
+	23, // 18: cubicle.node.v1.Policy.dns_servers:type_name -> cubicle.node.v1.DNSServers
+	20, // 19: cubicle.node.v1.Rules.rules:type_name -> cubicle.node.v1.Rule
+	61, // 20: cubicle.node.v1.Rule.headers:type_name -> cubicle.node.v1.Rule.HeadersEntry
+	22, // 21: cubicle.node.v1.Upstream.tls:type_name -> cubicle.node.v1.UpstreamTLS
+	8,  // 22: cubicle.node.v1.ReinitRequest.request:type_name -> cubicle.node.v1.CreateRequest
+	18, // 23: cubicle.node.v1.UpdatePolicyRequest.policy:type_name -> cubicle.node.v1.Policy
+	34, // 24: cubicle.node.v1.AttachVolumeRequest.attachment:type_name -> cubicle.node.v1.VolumeAttachment
+	62, // 25: cubicle.node.v1.VolumeRef.metadata:type_name -> cubicle.node.v1.VolumeRef.MetadataEntry
+	66, // 26: cubicle.node.v1.VolumeRef.updated_at:type_name -> google.protobuf.Timestamp
+	39, // 27: cubicle.node.v1.VolumeRefsResponse.refs:type_name -> cubicle.node.v1.VolumeRef
+	48, // 28: cubicle.node.v1.AcceleratorInventoryResponse.devices:type_name -> cubicle.node.v1.Device
+	55, // 29: cubicle.node.v1.DenyAcceleratorsRequest.reason:type_name -> cubicle.node.v1.Error
+	51, // 30: cubicle.node.v1.AcceleratorEventsResponse.events:type_name -> cubicle.node.v1.AcceleratorEvent
+	63, // 31: cubicle.node.v1.Device.labels:type_name -> cubicle.node.v1.Device.LabelsEntry
+	66, // 32: cubicle.node.v1.Device.since:type_name -> google.protobuf.Timestamp
+	64, // 33: cubicle.node.v1.AcceleratorRequest.labels:type_name -> cubicle.node.v1.AcceleratorRequest.LabelsEntry
+	65, // 34: cubicle.node.v1.AcceleratorContract.labels:type_name -> cubicle.node.v1.AcceleratorContract.LabelsEntry
+	66, // 35: cubicle.node.v1.AcceleratorEvent.time:type_name -> google.protobuf.Timestamp
+	2,  // 36: cubicle.node.v1.PullImageRequest.image:type_name -> cubicle.node.v1.Image
+	66, // 37: cubicle.node.v1.Exit.at:type_name -> google.protobuf.Timestamp
+	19, // 38: cubicle.node.v1.Policy.RulesEntry.value:type_name -> cubicle.node.v1.Rules
+	0,  // 39: cubicle.node.v1.Info.Info:input_type -> cubicle.node.v1.InfoRequest
+	8,  // 40: cubicle.node.v1.Sandboxes.Create:input_type -> cubicle.node.v1.CreateRequest
+	7,  // 41: cubicle.node.v1.Sandboxes.Delete:input_type -> cubicle.node.v1.IDRequest
+	7,  // 42: cubicle.node.v1.Sandboxes.Pause:input_type -> cubicle.node.v1.IDRequest
+	9,  // 43: cubicle.node.v1.Sandboxes.Resume:input_type -> cubicle.node.v1.ResumeRequest
+	7,  // 44: cubicle.node.v1.Sandboxes.Stop:input_type -> cubicle.node.v1.IDRequest
+	10, // 45: cubicle.node.v1.Sandboxes.Rebuild:input_type -> cubicle.node.v1.RebuildRequest
+	7,  // 46: cubicle.node.v1.Sandboxes.Get:input_type -> cubicle.node.v1.IDRequest
+	12, // 47: cubicle.node.v1.Sandboxes.List:input_type -> cubicle.node.v1.ListRequest
+	14, // 48: cubicle.node.v1.Sandboxes.Stats:input_type -> cubicle.node.v1.StatsRequest
+	7,  // 49: cubicle.node.v1.Sandboxes.Logs:input_type -> cubicle.node.v1.IDRequest
+	24, // 50: cubicle.node.v1.Agent.Reinit:input_type -> cubicle.node.v1.ReinitRequest
+	25, // 51: cubicle.node.v1.Agent.Run:input_type -> cubicle.node.v1.RunRequest
+	27, // 52: cubicle.node.v1.Network.UpdatePolicy:input_type -> cubicle.node.v1.UpdatePolicyRequest
+	28, // 53: cubicle.node.v1.Network.CheckUpstream:input_type -> cubicle.node.v1.CheckUpstreamRequest
+	29, // 54: cubicle.node.v1.Snapshots.Snapshot:input_type -> cubicle.node.v1.SnapshotRequest
+	31, // 55: cubicle.node.v1.Snapshots.DeleteSnapshot:input_type -> cubicle.node.v1.DeleteSnapshotRequest
+	32, // 56: cubicle.node.v1.Snapshots.Snapshots:input_type -> cubicle.node.v1.ListSnapshotsRequest
+	35, // 57: cubicle.node.v1.Volumes.AttachVolume:input_type -> cubicle.node.v1.AttachVolumeRequest
+	37, // 58: cubicle.node.v1.Volumes.DetachVolume:input_type -> cubicle.node.v1.DetachVolumeRequest
+	38, // 59: cubicle.node.v1.Volumes.VolumeRefs:input_type -> cubicle.node.v1.VolumeRefsRequest
+	41, // 60: cubicle.node.v1.Accelerators.AcceleratorInventory:input_type -> cubicle.node.v1.AcceleratorInventoryRequest
+	43, // 61: cubicle.node.v1.Accelerators.Accelerator:input_type -> cubicle.node.v1.DeviceIDRequest
+	44, // 62: cubicle.node.v1.Accelerators.DisableAccelerator:input_type -> cubicle.node.v1.DisableAcceleratorRequest
+	43, // 63: cubicle.node.v1.Accelerators.EnableAccelerator:input_type -> cubicle.node.v1.DeviceIDRequest
+	43, // 64: cubicle.node.v1.Accelerators.RecoverAccelerator:input_type -> cubicle.node.v1.DeviceIDRequest
+	45, // 65: cubicle.node.v1.Accelerators.DenyAccelerators:input_type -> cubicle.node.v1.DenyAcceleratorsRequest
+	46, // 66: cubicle.node.v1.Accelerators.AcceleratorEvents:input_type -> cubicle.node.v1.AcceleratorEventsRequest
+	52, // 67: cubicle.node.v1.Images.PullImage:input_type -> cubicle.node.v1.PullImageRequest
+	53, // 68: cubicle.node.v1.Events.Exits:input_type -> cubicle.node.v1.ExitsRequest
+	1,  // 69: cubicle.node.v1.Info.Info:output_type -> cubicle.node.v1.NodeInfo
+	11, // 70: cubicle.node.v1.Sandboxes.Create:output_type -> cubicle.node.v1.Sandbox
+	6,  // 71: cubicle.node.v1.Sandboxes.Delete:output_type -> cubicle.node.v1.Empty
+	6,  // 72: cubicle.node.v1.Sandboxes.Pause:output_type -> cubicle.node.v1.Empty
+	6,  // 73: cubicle.node.v1.Sandboxes.Resume:output_type -> cubicle.node.v1.Empty
+	6,  // 74: cubicle.node.v1.Sandboxes.Stop:output_type -> cubicle.node.v1.Empty
+	6,  // 75: cubicle.node.v1.Sandboxes.Rebuild:output_type -> cubicle.node.v1.Empty
+	11, // 76: cubicle.node.v1.Sandboxes.Get:output_type -> cubicle.node.v1.Sandbox
+	13, // 77: cubicle.node.v1.Sandboxes.List:output_type -> cubicle.node.v1.ListResponse
+	15, // 78: cubicle.node.v1.Sandboxes.Stats:output_type -> cubicle.node.v1.Stats
+	16, // 79: cubicle.node.v1.Sandboxes.Logs:output_type -> cubicle.node.v1.LogsResponse
+	6,  // 80: cubicle.node.v1.Agent.Reinit:output_type -> cubicle.node.v1.Empty
+	26, // 81: cubicle.node.v1.Agent.Run:output_type -> cubicle.node.v1.RunResponse
+	6,  // 82: cubicle.node.v1.Network.UpdatePolicy:output_type -> cubicle.node.v1.Empty
+	6,  // 83: cubicle.node.v1.Network.CheckUpstream:output_type -> cubicle.node.v1.Empty
+	30, // 84: cubicle.node.v1.Snapshots.Snapshot:output_type -> cubicle.node.v1.Snapshot
+	6,  // 85: cubicle.node.v1.Snapshots.DeleteSnapshot:output_type -> cubicle.node.v1.Empty
+	33, // 86: cubicle.node.v1.Snapshots.Snapshots:output_type -> cubicle.node.v1.ListSnapshotsResponse
+	36, // 87: cubicle.node.v1.Volumes.AttachVolume:output_type -> cubicle.node.v1.AttachVolumeResponse
+	6,  // 88: cubicle.node.v1.Volumes.DetachVolume:output_type -> cubicle.node.v1.Empty
+	40, // 89: cubicle.node.v1.Volumes.VolumeRefs:output_type -> cubicle.node.v1.VolumeRefsResponse
+	42, // 90: cubicle.node.v1.Accelerators.AcceleratorInventory:output_type -> cubicle.node.v1.AcceleratorInventoryResponse
+	48, // 91: cubicle.node.v1.Accelerators.Accelerator:output_type -> cubicle.node.v1.Device
+	48, // 92: cubicle.node.v1.Accelerators.DisableAccelerator:output_type -> cubicle.node.v1.Device
+	48, // 93: cubicle.node.v1.Accelerators.EnableAccelerator:output_type -> cubicle.node.v1.Device
+	48, // 94: cubicle.node.v1.Accelerators.RecoverAccelerator:output_type -> cubicle.node.v1.Device
+	6,  // 95: cubicle.node.v1.Accelerators.DenyAccelerators:output_type -> cubicle.node.v1.Empty
+	47, // 96: cubicle.node.v1.Accelerators.AcceleratorEvents:output_type -> cubicle.node.v1.AcceleratorEventsResponse
+	6,  // 97: cubicle.node.v1.Images.PullImage:output_type -> cubicle.node.v1.Empty
+	54, // 98: cubicle.node.v1.Events.Exits:output_type -> cubicle.node.v1.Exit
+	69, // [69:99] is the sub-list for method output_type
+	39, // [39:69] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_node_v1_node_proto_init() }
@@ -4086,9 +4243,9 @@ func file_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_v1_node_proto_rawDesc), len(file_node_v1_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   64,
+			NumMessages:   66,
 			NumExtensions: 0,
-			NumServices:   8,
+			NumServices:   9,
 		},
 		GoTypes:           file_node_v1_node_proto_goTypes,
 		DependencyIndexes: file_node_v1_node_proto_depIdxs,

@@ -20,6 +20,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/cubicle-dev/cubicle/internal/imagecache"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/node/nodetest"
@@ -67,13 +68,21 @@ func Main(m *testing.M) {
 	os.Exit(code)
 }
 
+// ImagesDir holds the built-in images (mini among them).
+func ImagesDir() string {
+	if d := os.Getenv("CUBICLE_IMAGES_DIR"); d != "" {
+		return d
+	}
+	return "/var/lib/cubicle/images"
+}
+
+// Image is the mini image as a reference (a built-in, by name).
+var Image = node.Image{Name: "mini"}
+
 // Layers are the mini image every sandbox boots from (bash, a user).
 func Layers(t testing.TB) []string {
 	t.Helper()
-	d := os.Getenv("CUBICLE_IMAGES_DIR")
-	if d == "" {
-		d = "/var/lib/cubicle/images"
-	}
+	d := ImagesDir()
 	root := filepath.Join(d, "mini", "rootfs")
 	if _, err := os.Stat(filepath.Join(root, "bin", "bash")); err != nil {
 		t.Fatalf("mini image missing under %s (run scripts/install or scripts/build-rootfs): %v", d, err)
@@ -94,6 +103,17 @@ func RandHex(t testing.TB, n int) string {
 // cgroup parent and data dirs; everything goes when the test ends.
 func New(t testing.TB) (*node.Local, *local.Plugin) {
 	t.Helper()
+	return NewWith(t, nil)
+}
+
+// NewWith is New with images resolved by images (nil: the built-ins in
+// the images dir).
+func NewWith(t testing.TB, images node.ImageSource) (*node.Local, *local.Plugin) {
+	t.Helper()
+	if images == nil {
+		// Built-ins only: registry pulls are imagecache's own tests.
+		images = &imagecache.Source{ImagesDir: ImagesDir()}
+	}
 	testenv.RequireRoot(t, "runc, netns, nftables, mounts")
 	bin := testenv.LookPath(t, "runc")
 	agent := buildAgent(t)
@@ -148,6 +168,7 @@ func New(t testing.TB) (*node.Local, *local.Plugin) {
 		VolumeDrivers: []string{"local"},
 		SnapshotDir:   filepath.Join(base, "snapshots"),
 		TokenDir:      filepath.Join(base, "tokens"),
+		Images:        images,
 	})
 	t.Cleanup(func() {
 		ctx := context.Background()
@@ -207,6 +228,7 @@ func Conformance(t *testing.T, wrap func(t *testing.T, l *node.Local) node.Node)
 	}, nodetest.Options{
 		Layers:    Layers(t),
 		Snapshots: true,
+		Image:     Image,
 		NewVolume: func(t *testing.T) node.VolumeAttachment { return NewVolume(t, plugin) },
 	})
 }

@@ -1,0 +1,193 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
+	"github.com/cubicle-dev/cubicle/internal/template"
+)
+
+// imageResolver gives every template layers on the control plane's host
+// and, by name, the image they came from.
+type imageResolver struct{}
+
+func (imageResolver) Resolve(_ context.Context, ref string) (template.Template, error) {
+	images := map[string]string{"builtin": "base", "built": "cubicle/built:b1", "none": ""}
+	im, ok := images[ref]
+	if !ok {
+		return template.Template{}, fmt.Errorf("%w: %s", template.ErrNotFound, ref)
+	}
+	return template.Template{ID: ref, Alias: ref, Layers: []string{"/cp/" + ref + "/rootfs"}, Image: im, CPUCount: 1, MemoryMB: 128}, nil
+}
+
+var builtDigest = "sha256:" + strings.Repeat("ab", 32)
+
+func newImageManager(t *testing.T, pulls bool) (*Manager, *fakeNode) {
+	t.Helper()
+	st, err := sqlite.Open(filepath.Join(t.TempDir(), "c.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	n := newFakeNode()
+	n.pulls = pulls
+	m := New(Config{ImageDigest: func(ref string) (node.Image, error) {
+		if ref != "cubicle/built:b1" {
+			return node.Image{}, fmt.Errorf("no image %s", ref)
+		}
+		return node.Image{Name: "cubicle/built", Digest: builtDigest}, nil
+	}}, st, n, imageResolver{})
+	if err := m.RegisterNode(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return m, n
+}
+
+// A node that resolves images itself gets image references, never the
+// control plane's paths: a built-in by name, a built template by digest.
+// A template without an image is refused before any row or node call.
+func TestCreateSendsImagesToPullingNode(t *testing.T) {
+	ctx := context.Background()
+	m, n := newImageManager(t, true)
+	for tpl, want := range map[string]node.Image{
+		"builtin": {Name: "base"},
+		"built":   {Name: "cubicle/built", Digest: builtDigest},
+	} {
+		sb, err := m.Create(ctx, CreateOptions{TemplateID: tpl, Timeout: time.Minute})
+		if err != nil {
+			t.Fatalf("%s: %v", tpl, err)
+		}
+		got := n.sbs[sb.ID]
+		if got.Image != want || got.Layers != nil {
+			t.Fatalf("%s: node got image %+v layers %v; want image %+v and no layers", tpl, got.Image, got.Layers, want)
+		}
+	}
+	before := n.count()
+	_, err := m.Create(ctx, CreateOptions{TemplateID: "none", Timeout: time.Minute})
+	if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "no image a node can pull") {
+		t.Fatalf("template without an image: %v, want ErrConflict", err)
+	}
+	if n.count() != before {
+		t.Fatal("a refused create reached the node")
+	}
+	if l, _ := m.store.ListSandboxes(ctx, store.SandboxFilter{}); len(l) != before {
+		t.Fatalf("a refused create left a row: %d rows", len(l))
+	}
+}
+
+// The embedded node shares the control plane's files: it gets the layers,
+// exactly as before image references existed.
+func TestCreateSendsLayersToEmbeddedNode(t *testing.T) {
+	m, n := newImageManager(t, false)
+	sb, err := m.Create(context.Background(), CreateOptions{TemplateID: "built", Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := n.sbs[sb.ID]
+	if !got.Image.IsZero() || len(got.Layers) != 1 || got.Layers[0] != "/cp/built/rootfs" {
+		t.Fatalf("embedded node got image %+v layers %v", got.Image, got.Layers)
+	}
+}
+
+// A warm pool on a node that pulls images has it fetch the template's
+// image once before the first standby; the standbys boot by reference.
+func TestPoolPrefetchesImage(t *testing.T) {
+	ctx := context.Background()
+	m, n, st := newPoolManager(t)
+	n.pulls = true
+	if err := m.RegisterNode(ctx); err != nil {
+		t.Fatal(err)
+	}
+	setPool(t, st, 2, "b1")
+	if err := m.reconcilePool(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ids := standbys(t, m, "b1")
+	if len(n.pulled) != 1 || n.pulled[0] != (node.Image{Name: "mini"}) || len(ids) != 2 {
+		t.Fatalf("pulled %v, %d standbys; want one pull of mini, then 2 standbys", n.pulled, len(ids))
+	}
+	for _, id := range ids {
+		if req := n.sbs[id]; req.Image != (node.Image{Name: "mini"}) || req.Layers != nil {
+			t.Fatalf("standby %s booted from %+v / %v", id, req.Image, req.Layers)
+		}
+	}
+	// Full: nothing to fetch again.
+	if err := m.reconcilePool(ctx); err != nil || len(n.pulled) != 1 {
+		t.Fatalf("a full pool pulled again: %v %v", n.pulled, err)
+	}
+}
+
+// The embedded node is never asked to pull.
+func TestPoolEmbeddedNoPrefetch(t *testing.T) {
+	ctx := context.Background()
+	m, n, st := newPoolManager(t)
+	if err := m.RegisterNode(ctx); err != nil {
+		t.Fatal(err)
+	}
+	setPool(t, st, 1, "b1")
+	if err := m.reconcilePool(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(n.pulled) != 0 || len(standbys(t, m, "b1")) != 1 {
+		t.Fatalf("embedded: pulled %v", n.pulled)
+	}
+}
+
+// The volume-content API reads a volume where the node mounted it: on a
+// node that does not share the control plane's files it is a clear 409,
+// after the token check, and the node is never asked to attach.
+func TestVolumeContentRefusedOnPullingNode(t *testing.T) {
+	ctx := context.Background()
+	for _, pulls := range []bool{true, false} {
+		m, _ := newImageManager(t, pulls)
+		v := &store.Volume{ID: "vol1", TeamID: store.DefaultTeamID, Name: "v", Driver: "local", State: store.VolumeReady, Token: "tok"}
+		if err := m.store.CreateVolume(ctx, v); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := m.OpenVolume(ctx, "vol1", "wrong"); !errors.Is(err, ErrUnauthorized) {
+			t.Fatalf("pulls=%v, wrong token: %v", pulls, err)
+		}
+		_, _, err := m.OpenVolume(ctx, "vol1", "tok")
+		if pulls != errors.Is(err, ErrConflict) {
+			t.Fatalf("pulls=%v: %v (ErrConflict only for a pulling node)", pulls, err)
+		}
+		if !pulls && (err == nil || !strings.Contains(err.Error(), "no volumes")) {
+			t.Fatalf("embedded: %v, want the node's own attach answer", err)
+		}
+	}
+}
+
+// A snapshot's layers are recorded as paths: rolling back a sandbox on a
+// node that does not share the control plane's files is a clear 409, and
+// the sandbox is left as it was.
+func TestRollbackRefusedOnPullingNode(t *testing.T) {
+	ctx := context.Background()
+	m, _ := newImageManager(t, true)
+	sb, err := m.Create(ctx, CreateOptions{TemplateID: "builtin", Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sn := &store.Snapshot{ID: "snap_x", TeamID: sb.TeamID, SandboxID: sb.ID, SourceTemplateID: "builtin", Node: sb.Node,
+		Kind: "filesystem", Runtime: "fake", Layers: []string{"/node/snap_x/rootfs", "/cp/builtin/rootfs"}}
+	tpl := &store.Template{ID: "snap_x", TeamID: sb.TeamID, PrimaryName: "snap_x", Names: []string{"snap_x"},
+		ReadyBuildID: "bld_x", LatestBuildID: "bld_x", BuildStatus: store.BuildReady, BuildCount: 1}
+	b := &store.TemplateBuild{ID: "bld_x", TemplateID: "snap_x", Status: store.BuildReady, Rootfs: "/node/snap_x/rootfs:/cp/builtin/rootfs"}
+	if err := m.store.CreateSnapshot(ctx, sn, tpl, b, 0); err != nil {
+		t.Fatal(err)
+	}
+	err = m.Rollback(ctx, sb.ID, "snap_x")
+	if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "embedded node") {
+		t.Fatalf("rollback on a pulling node: %v, want ErrConflict", err)
+	}
+	if got, err := m.store.GetSandbox(ctx, sb.ID); err != nil || got.State != store.StateRunning {
+		t.Fatalf("after the refused rollback: %+v %v", got, err)
+	}
+}

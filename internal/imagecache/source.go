@@ -1,0 +1,96 @@
+package imagecache
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/template"
+)
+
+// ErrUnknownImage: a built-in image the node's images dir does not hold.
+var (
+	ErrUnknownImage = errdefs.NewReason(errdefs.ErrNotFound, "image_unknown", "imagecache: no such built-in image on this node")
+	// ErrNoRegistry: a registry image on a node that has no registry to pull from.
+	ErrNoRegistry = errdefs.NewReason(errdefs.ErrFailedPrecondition, "image_no_registry", "imagecache: this node has no registry to pull from")
+)
+
+var builtinRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,127}$`)
+
+// Source is a remote node's node.ImageSource: built-in images (a Name
+// without a Digest) from the node's own images dir, laid out as the
+// embedded node's (template.ImageLayers), and registry images through the
+// cache (nil: built-ins only, and ErrNoRegistry for the rest).
+type Source struct {
+	Cache     *Cache
+	ImagesDir string
+}
+
+var _ node.ImageSource = (*Source)(nil)
+
+// Layers implements node.ImageSource.
+func (s *Source) Layers(ctx context.Context, im node.Image) ([]string, error) {
+	if im.Digest == "" {
+		if !builtinRE.MatchString(im.Name) {
+			return nil, fmt.Errorf("%w: built-in image %q", ErrInvalidRef, im.Name)
+		}
+		layers := template.ImageLayers(s.ImagesDir, im.Name)
+		for _, l := range layers {
+			if fi, err := os.Stat(l); err != nil || !fi.IsDir() {
+				return nil, fmt.Errorf("%w: %s (%s)", ErrUnknownImage, im.Name, l)
+			}
+		}
+		return layers, nil
+	}
+	if s.Cache == nil {
+		return nil, fmt.Errorf("%w: %s", ErrNoRegistry, im)
+	}
+	root, err := s.Cache.Rootfs(ctx, Ref{Repository: im.Name, Digest: im.Digest})
+	if err != nil {
+		return nil, err
+	}
+	return []string{root}, nil
+}
+
+// Cached implements node.ImageSource.
+func (s *Source) Cached(context.Context) ([]node.Image, error) {
+	if s.Cache == nil {
+		return nil, nil
+	}
+	refs, err := s.Cache.Cached()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]node.Image, len(refs))
+	for i, r := range refs {
+		out[i] = node.Image{Name: r.Repository, Digest: r.Digest}
+	}
+	return out, nil
+}
+
+// NewSource is a node's image source as `cubicle node run` makes it: the
+// registry at the control-plane URL of its join (https only; port 443
+// when none), the node's client TLS configuration, the built-ins in
+// imagesDir and the cache in imagesDir/cache.
+func NewSource(controlPlaneURL string, tlsConfig *tls.Config, imagesDir string) (*Source, error) {
+	u, err := url.Parse(controlPlaneURL)
+	if err != nil || u.Scheme != "https" || u.Host == "" || (u.Path != "" && u.Path != "/") {
+		return nil, fmt.Errorf("imagecache: control-plane URL %q: want https://host[:port]", controlPlaneURL)
+	}
+	host := u.Host
+	if u.Port() == "" {
+		host = net.JoinHostPort(u.Hostname(), "443")
+	}
+	c, err := New(Config{Registry: host, TLS: tlsConfig, Dir: filepath.Join(imagesDir, "cache")})
+	if err != nil {
+		return nil, err
+	}
+	return &Source{Cache: c, ImagesDir: imagesDir}, nil
+}
