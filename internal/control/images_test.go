@@ -141,29 +141,6 @@ func TestPoolEmbeddedNoPrefetch(t *testing.T) {
 	}
 }
 
-// The volume-content API reads a volume where the node mounted it: on a
-// node that does not share the control plane's files it is a clear 409,
-// after the token check, and the node is never asked to attach.
-func TestVolumeContentRefusedOnPullingNode(t *testing.T) {
-	ctx := context.Background()
-	for _, pulls := range []bool{true, false} {
-		m, _ := newImageManager(t, pulls)
-		v := &store.Volume{ID: "vol1", TeamID: store.DefaultTeamID, Name: "v", Driver: "local", State: store.VolumeReady, Token: "tok"}
-		if err := m.store.CreateVolume(ctx, v); err != nil {
-			t.Fatal(err)
-		}
-		if _, _, err := m.OpenVolume(ctx, "vol1", "wrong"); !errors.Is(err, ErrUnauthorized) {
-			t.Fatalf("pulls=%v, wrong token: %v", pulls, err)
-		}
-		_, _, err := m.OpenVolume(ctx, "vol1", "tok")
-		if pulls != errors.Is(err, ErrConflict) {
-			t.Fatalf("pulls=%v: %v (ErrConflict only for a pulling node)", pulls, err)
-		}
-		if !pulls && (err == nil || !strings.Contains(err.Error(), "no volumes")) {
-			t.Fatalf("embedded: %v, want the node's own attach answer", err)
-		}
-	}
-}
 
 // A snapshot's layers are recorded as paths: rolling back a sandbox on a
 // node that does not share the control plane's files is a clear 409, and

@@ -366,7 +366,7 @@ func (m *Manager) Rollback(ctx context.Context, id, snapshotRef string) (err err
 	} else if pulls {
 		// The snapshot's layers are recorded as paths, which a node that
 		// does not share the control plane's files cannot use.
-		return fmt.Errorf("%w: sandbox '%s': rollback works only on a node that shares the control plane's files for now", ErrConflict, id)
+		return fmt.Errorf("%w: sandbox '%s': rollback works only on the embedded node for now (a node that pulls its images has no snapshot paths of this host)", ErrConflict, id)
 	}
 	restore, currentToken, err := m.restoreOf(ctx, &info.Snapshot, sb)
 	if err != nil {

@@ -331,6 +331,11 @@ func (l *Linux) recover(br netlink.Link) error {
 		l.endpoints[id] = ep
 	}
 	links, err := netlink.LinkList()
+	// A dump that raced a link change elsewhere on the host is
+	// incomplete: ask again (bounded) rather than judge from part of it.
+	for i := 0; i < 5 && errors.Is(err, netlink.ErrDumpInterrupted); i++ {
+		links, err = netlink.LinkList()
+	}
 	if err != nil {
 		return fmt.Errorf("network: list links: %w", err)
 	}

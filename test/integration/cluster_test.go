@@ -5,17 +5,22 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/internal/store/postgres"
 	"github.com/cubicle-dev/cubicle/internal/store/postgres/pgtest"
 )
 
@@ -91,21 +96,22 @@ func (l *testLAN) machine(name string) (string, netip.Addr) {
 
 // cluster is a throwaway PostgreSQL, control-plane replicas (`cubicle serve
 // --store postgres://… --embedded-node=false`) and nodes (`cubicle node
-// run`), each node in its own network namespace on a testLAN.
+// run`), each node in its own network namespace on a testLAN, as separate
+// machines would be.
 type cluster struct {
-	t        testing.TB
-	pg       *pgtest.Server
+	t        *testing.T
 	dsn      string
+	st       *postgres.Store
 	lan      *testLAN
-	domain   string
 	secrets  string // the secrets key every replica shares
+	cp       string // https URL nodes join and call: the load balancer's
+	lb       *tcpBalancer
 	replicas []*server
 	nodes    []*clusterNode
-	cpPort   int
 }
 
-// clusterNode is one `cubicle node run` in its own namespace. It reuses the
-// server struct for its data dir, cgroup parent and leak checks.
+// clusterNode is one `cubicle node run` in its own namespace. It reuses
+// the server struct for its data dir, cgroup parent and leak checks.
 type clusterNode struct {
 	*server
 	ID   string
@@ -113,37 +119,179 @@ type clusterNode struct {
 	Addr netip.Addr
 }
 
-func startPG(t testing.TB) (*pgtest.Server, string) {
+const clusterDomain = "cubicle.test"
+
+// startCluster starts replicas control-plane replicas and nodes nodes.
+// replicaArgs go to every replica.
+func startCluster(t *testing.T, replicas, nodes int, replicaArgs ...string) *cluster {
 	t.Helper()
-	pg := pgtest.StartT(t)
-	dsn, err := pg.NewDatabase(context.Background())
+	ctx := context.Background()
+	c := &cluster{t: t, lan: newTestLAN(t)}
+	var err error
+	if c.dsn, err = pgtest.StartT(t).NewDatabase(ctx); err != nil {
+		t.Fatal(err)
+	}
+	keyDir := t.TempDir()
+	c.secrets = filepath.Join(keyDir, "secrets.key")
+	// Nodes first: clean-ups run last-registered first, so the replicas'
+	// (which kill every sandbox through the API) run before the nodes go.
+	for i := range nodes {
+		c.nodes = append(c.nodes, c.newNode(fmt.Sprintf("node-%c", 'a'+i)))
+	}
+	var backends []string
+	for range replicas {
+		tlsAddr := freeListenAddr(t) // the LAN reaches it through the balancer
+		args := append([]string{"--store", c.dsn, "--embedded-node=false", "--tls-self-signed", "--domain", clusterDomain,
+			"--listen-tls", tlsAddr, "--secrets-key", c.secrets, "--buildkitd", "off"}, replicaArgs...)
+		s := newServer(t, nil, args...)
+		s.start()
+		c.replicas = append(c.replicas, s)
+		backends = append(backends, tlsAddr)
+	}
+	// Nodes reach the control plane through a TCP balancer (TLS passes
+	// through), as behind any load balancer: a dead replica is skipped.
+	c.lb = startBalancer(t, c.lan.gw.String()+":0", backends)
+	c.cp = "https://" + c.lb.addr
+	if c.st, err = postgres.Open(ctx, c.dsn); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.st.Close() })
+	for _, n := range c.nodes {
+		c.join(n)
+		c.startNode(n)
+	}
+	for _, n := range c.nodes {
+		c.waitNode(n, func(r *store.Node) bool { return r.Address != "" })
+	}
+	return c
+}
+
+// newNode prepares a node: its namespace, data dir and clean-up.
+func (c *cluster) newNode(id string) *clusterNode {
+	t := c.t
+	ns, addr := c.lan.machine(id)
+	data, err := os.MkdirTemp("/var/tmp", "cubicle-it-node-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	return pg, dsn
+	b := make([]byte, 3)
+	rand.Read(b)
+	sfx := hex.EncodeToString(b)
+	n := &clusterNode{ID: id, NS: ns, Addr: addr, server: &server{t: t, DataDir: data, Bridge: "cbk" + sfx, Cgroup: "cubicle-it-k" + sfx, seen: map[string]bool{}}}
+	n.args = []string{"node", "run", "--data-dir", data, "--listen", addr.String() + ":7443", "--data-listen", addr.String() + ":7444",
+		"--images-dir", imagesDir(t), "--bridge", n.Bridge, "--pool", freePool(), "--cgroup-parent", n.Cgroup,
+		"--agent-bin", filepath.Join(binDir, "cubicle-agent"), "--lxcfs=false", "--host-firewall", "off"}
+	t.Cleanup(func() {
+		c.stopNode(n, syscall.SIGTERM)
+		leaks := n.sandboxLeftovers()
+		n.forceClean()
+		unmountUnder(n.DataDir)
+		unmountUnder(filepath.Join("/run/cubicle", n.Bridge))
+		os.RemoveAll(filepath.Join("/run/cubicle", n.Bridge))
+		os.RemoveAll(n.DataDir)
+		if len(leaks) > 0 {
+			t.Errorf("node %s left sandboxes behind:\n  %s", id, strings.Join(leaks, "\n  "))
+		}
+		if t.Failed() && n.logs != nil {
+			t.Logf("node %s logs:\n%s", id, n.logs)
+		}
+	})
+	return n
 }
 
-// cubicleCLI runs the cubicle binary and returns its combined output.
-func cubicleCLI(args ...string) (string, error) {
-	out, err := exec.Command(filepath.Join(binDir, "cubicle"), args...).CombinedOutput()
-	return string(out), err
-}
-
-// nodeRows reads `cubicle node list -o json` through the store.
-func (c *cluster) nodeRows() []map[string]any {
-	c.t.Helper()
-	out, err := exec.Command(filepath.Join(binDir, "cubicle"), "node", "list", "--store", c.dsn, "--json").Output()
+// join runs `cubicle node join` in the node's namespace with a fresh token.
+func (c *cluster) join(n *clusterNode) {
+	t := c.t
+	t.Helper()
+	out, err := cubicleCLI("node", "token", "create", "--store", c.dsn, "--secrets-key", c.secrets, "--label", "zone="+n.ID)
 	if err != nil {
-		c.t.Fatalf("node list: %v", err)
+		t.Fatalf("token create: %v\n%s", err, out)
 	}
-	var rows []map[string]any
-	if err := json.Unmarshal(out, &rows); err != nil {
-		c.t.Fatalf("node list: %v: %s", err, out)
+	var tok, pin string
+	for _, l := range strings.Split(out, "\n") {
+		if v, ok := strings.CutPrefix(l, "token: "); ok {
+			tok = v
+		}
+		if v, ok := strings.CutPrefix(l, "ca-pin: "); ok {
+			pin = v
+		}
 	}
-	return rows
+	cmd := exec.Command("ip", "netns", "exec", n.NS, filepath.Join(binDir, "cubicle"), "node", "join", "--control-plane", c.cp,
+		"--token", tok, "--ca-pin", pin, "--node-id", n.ID, "--data-dir", n.DataDir, "--address", n.Addr.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("join %s: %v\n%s", n.ID, err, out)
+	}
 }
 
-// kill9 SIGKILLs a node or replica process (sandboxes stay, as on a crash).
+// startNode starts (or restarts) `cubicle node run` in the node's namespace.
+func (c *cluster) startNode(n *clusterNode) {
+	n.logs = &bytes.Buffer{}
+	n.cmd = exec.Command("ip", append([]string{"netns", "exec", n.NS, filepath.Join(binDir, "cubicle")}, n.args...)...)
+	n.cmd.Stdout, n.cmd.Stderr = n.logs, n.logs
+	if err := n.cmd.Start(); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+func (c *cluster) stopNode(n *clusterNode, sig syscall.Signal) {
+	if n.cmd == nil || n.cmd.Process == nil {
+		return
+	}
+	n.cmd.Process.Signal(sig)
+	done := make(chan struct{})
+	go func() { n.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		n.cmd.Process.Kill()
+		<-done
+	}
+	n.cmd = nil
+}
+
+// waitNode waits (bounded) until the node's registry row satisfies ok.
+func (c *cluster) waitNode(n *clusterNode, ok func(*store.Node) bool) {
+	c.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		if r, err := c.st.GetNode(context.Background(), n.ID); err == nil && ok(r) {
+			return
+		}
+		if n.cmd != nil && n.cmd.ProcessState != nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	c.t.Fatalf("node %s: registry row never as wanted; logs:\n%s", n.ID, n.logs)
+}
+
+// row is a sandbox's row in the cluster's store.
+func (c *cluster) row(id string) *store.Sandbox {
+	c.t.Helper()
+	sb, err := c.st.GetSandbox(context.Background(), id)
+	if err != nil {
+		c.t.Fatalf("sandbox %s: %v", id, err)
+	}
+	return sb
+}
+
+// waitState waits (bounded) until sandbox id is in state want.
+func (c *cluster) waitState(id string, want store.SandboxState, max time.Duration) {
+	c.t.Helper()
+	deadline := time.Now().Add(max)
+	var last store.SandboxState
+	for time.Now().Before(deadline) {
+		if sb, err := c.st.GetSandbox(context.Background(), id); err == nil {
+			if last = sb.State; last == want {
+				return
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	c.t.Fatalf("sandbox %s: state %s after %s, want %s", id, last, max, want)
+}
+
+// kill9 SIGKILLs a replica (sandboxes stay, as on a crash).
 func kill9(s *server) {
 	if s.cmd == nil || s.cmd.Process == nil {
 		return
@@ -153,4 +301,91 @@ func kill9(s *server) {
 	s.cmd = nil
 }
 
-var _, _ = bytes.NewReader, time.Second
+// cubicleCLI runs the cubicle binary and returns its combined output.
+func cubicleCLI(args ...string) (string, error) {
+	out, err := exec.Command(filepath.Join(binDir, "cubicle"), args...).CombinedOutput()
+	return string(out), err
+}
+
+// memTotalMiB is the host's memory as a node reports it (sysinfo).
+func memTotalMiB(t *testing.T) int64 {
+	var si syscall.Sysinfo_t
+	if err := syscall.Sysinfo(&si); err != nil {
+		t.Fatal(err)
+	}
+	return int64(si.Totalram) * int64(si.Unit) >> 20
+}
+
+// tcpBalancer passes TCP connections to the first backend that answers,
+// starting from the next one each time (round robin with failover).
+type tcpBalancer struct {
+	addr     string
+	backends []string
+	next     atomic.Int64
+}
+
+func startBalancer(t *testing.T, listen string, backends []string) *tcpBalancer {
+	t.Helper()
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &tcpBalancer{addr: ln.Addr().String(), backends: backends}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	conns := map[net.Conn]bool{}
+	track := func(c net.Conn, on bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		if on {
+			conns[c] = true
+		} else {
+			delete(conns, c)
+		}
+	}
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer in.Close()
+				start := int(b.next.Add(1))
+				var out net.Conn
+				for i := range b.backends {
+					if out, err = net.DialTimeout("tcp", b.backends[(start+i)%len(b.backends)], 2*time.Second); err == nil {
+						break
+					}
+				}
+				if out == nil {
+					return
+				}
+				defer out.Close()
+				track(in, true)
+				track(out, true)
+				defer track(in, false)
+				defer track(out, false)
+				done := make(chan struct{}, 2)
+				go func() { io.Copy(out, in); out.(*net.TCPConn).CloseWrite(); done <- struct{}{} }()
+				go func() { io.Copy(in, out); in.(*net.TCPConn).CloseWrite(); done <- struct{}{} }()
+				<-done
+				<-done
+			}()
+		}
+	}()
+	return b
+}

@@ -1,0 +1,257 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/cubicle-dev/cubicle/internal/store"
+)
+
+// TestCluster runs a cluster as three machines would: PostgreSQL, two
+// control-plane replicas behind a TCP balancer, and three `cubicle node
+// run` agents, each in its own network namespace. It checks placement
+// without overselling, routing of the API and the data plane across
+// replicas and nodes, node loss (SIGKILL, then a cut link) and its repair,
+// and the failover of the leased loops when a replica dies.
+func TestCluster(t *testing.T) {
+	// Room for exactly ten sandboxes per node, by memory (CPU is
+	// overcommitted enough not to bind).
+	perSandbox := memTotalMiB(t) / 10
+	c := startCluster(t, 2, 3, "--cpu-count", "1", "--cpu-overcommit", "10", "--memory-mb", fmt.Sprint(perSandbox),
+		"--node-lost-after", "12s", "--lease-poll", "500ms")
+	r0, r1 := c.replicas[0], c.replicas[1]
+
+	t.Run("50 creates on room for 30", func(t *testing.T) {
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var ids []string
+		codes := map[int]int{}
+		var badRetry []string
+		for i := range 50 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s := c.replicas[i%2]
+				st, h, body, err := post(s, "/sandboxes", map[string]any{"templateID": "base", "timeout": 600})
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					codes[-1]++
+					return
+				}
+				codes[st]++
+				switch st {
+				case http.StatusCreated:
+					var cr created
+					json.Unmarshal(body, &cr)
+					ids = append(ids, cr.SandboxID)
+					s.seen[cr.SandboxID] = true
+				case http.StatusTooManyRequests:
+					if h.Get("Retry-After") == "" {
+						badRetry = append(badRetry, string(body))
+					}
+				default:
+					badRetry = append(badRetry, fmt.Sprintf("%d %s", st, body))
+				}
+			}()
+		}
+		wg.Wait()
+		if codes[http.StatusCreated] != 30 || codes[http.StatusTooManyRequests] != 20 || len(badRetry) > 0 {
+			t.Fatalf("statuses %v (want 30×201, 20×429 with Retry-After); odd answers: %v", codes, badRetry)
+		}
+		perNode := map[string]int{}
+		for _, id := range ids {
+			perNode[c.row(id).Node]++
+		}
+		for _, n := range c.nodes {
+			if perNode[n.ID] != 10 {
+				t.Fatalf("sandboxes per node %v: want 10 on each (room for 10 each)", perNode)
+			}
+		}
+		for i, id := range ids {
+			if st := c.replicas[i%2].do("DELETE", "/sandboxes/"+id, nil, nil); st != http.StatusNoContent {
+				t.Fatalf("kill %s: %d", id, st)
+			}
+		}
+	})
+
+	// one creates sandboxes through r0 until one lands on node (bounded).
+	one := func(t *testing.T, node string) created {
+		t.Helper()
+		var extra []string
+		defer func() {
+			for _, id := range extra {
+				r0.do("DELETE", "/sandboxes/"+id, nil, nil)
+			}
+		}()
+		for range 6 {
+			cr := r0.create(map[string]any{"templateID": "base", "timeout": 600})
+			if c.row(cr.SandboxID).Node == node {
+				return cr
+			}
+			extra = append(extra, cr.SandboxID)
+		}
+		t.Fatalf("no sandbox landed on %s in 6 creates", node)
+		return created{}
+	}
+
+	t.Run("API and data plane across replicas and nodes", func(t *testing.T) {
+		for _, n := range c.nodes {
+			sb := one(t, n.ID)
+			// Created through r0, used through r1: the proxy tunnels to the
+			// node's data plane.
+			if out := r1.mustRun(sb, "echo hello from $(hostname)"); !strings.HasPrefix(out, "hello from") {
+				t.Fatalf("run on %s through the other replica: %q", n.ID, out)
+			}
+			if n.ID != "node-a" {
+				r0.do("DELETE", "/sandboxes/"+sb.SandboxID, nil, nil)
+				continue
+			}
+			// 100 MB each way through the tunnel, byte-exact.
+			big := filepath.Join(t.TempDir(), "big")
+			data := make([]byte, 100<<20)
+			for i := range data {
+				data[i] = byte(i * 7 % 251)
+			}
+			if err := os.WriteFile(big, data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			want := sha256.Sum256(data)
+			r1.upload(t, sb, big, "/tmp/up")
+			if out := r1.mustRun(sb, "sha256sum /tmp/up | cut -d' ' -f1"); strings.TrimSpace(out) != hex.EncodeToString(want[:]) {
+				t.Fatalf("uploaded file's hash in the sandbox: %q", out)
+			}
+			req, _ := http.NewRequest("GET", r0.URL+"/files?path=/tmp/up&username=user", nil)
+			resp, err := r0.envdClient(sb).Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := sha256.New()
+			nb, _ := io.Copy(h, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || !bytes.Equal(h.Sum(nil), want[:]) {
+				t.Fatalf("download: status %d, %d bytes, hash mismatch", resp.StatusCode, nb)
+			}
+			r0.do("DELETE", "/sandboxes/"+sb.SandboxID, nil, nil)
+		}
+	})
+
+	t.Run("SIGKILL a node: lost, avoided, re-adopted", func(t *testing.T) {
+		n := c.nodes[2]
+		sb := one(t, n.ID)
+		r0.mustRun(sb, "echo kept > /tmp/state")
+		c.stopNode(n, 9)
+		c.waitState(sb.SandboxID, store.StateLost, 60*time.Second)
+		for range 4 {
+			cr := r1.create(map[string]any{"templateID": "base", "timeout": 600})
+			if on := c.row(cr.SandboxID).Node; on == n.ID {
+				t.Fatalf("a create went to the lost node %s", on)
+			}
+			r1.do("DELETE", "/sandboxes/"+cr.SandboxID, nil, nil)
+		}
+		c.startNode(n)
+		c.waitState(sb.SandboxID, store.StateRunning, 60*time.Second)
+		if out := r1.mustRun(sb, "cat /tmp/state"); out != "kept\n" {
+			t.Fatalf("re-adopted sandbox: %q", out)
+		}
+		r0.do("DELETE", "/sandboxes/"+sb.SandboxID, nil, nil)
+	})
+
+	t.Run("cut a node's link, then restore it", func(t *testing.T) {
+		n := c.nodes[1]
+		sb := one(t, n.ID)
+		mustIP(t, "-n", n.NS, "link", "set", "eth0", "down")
+		c.waitState(sb.SandboxID, store.StateLost, 60*time.Second)
+		mustIP(t, "-n", n.NS, "link", "set", "eth0", "up")
+		mustIP(t, "-n", n.NS, "route", "replace", "default", "via", c.lan.gw.String())
+		c.waitState(sb.SandboxID, store.StateRunning, 60*time.Second)
+		if out := r0.mustRun(sb, "echo back"); out != "back\n" {
+			t.Fatalf("after the link came back: %q", out)
+		}
+		r0.do("DELETE", "/sandboxes/"+sb.SandboxID, nil, nil)
+	})
+
+	t.Run("SIGKILL the replica holding the reaper: the other reaps", func(t *testing.T) {
+		holder := c.leaseHolder(t, "loop/reaper")
+		var dead, alive *server
+		for _, s := range c.replicas {
+			if s.cmd != nil && s.cmd.Process.Pid == holder {
+				dead = s
+			} else {
+				alive = s
+			}
+		}
+		if dead == nil {
+			t.Fatalf("no replica holds the reaper's lease (holder pid %d)", holder)
+		}
+		kill9(dead)
+		cr := alive.create(map[string]any{"templateID": "base", "timeout": 3})
+		c.waitState(cr.SandboxID, store.StateKilled, 30*time.Second)
+		if st := alive.do("GET", "/sandboxes/"+cr.SandboxID, nil, nil); st != http.StatusNotFound {
+			t.Fatalf("reaped sandbox: GET %d, want 404", st)
+		}
+	})
+}
+
+// post sends a JSON request without failing the test (for goroutines).
+func post(s *server, path string, body any) (int, http.Header, []byte, error) {
+	b, _ := json.Marshal(body)
+	req, _ := http.NewRequest("POST", s.URL+path, bytes.NewReader(b))
+	req.Header.Set("X-API-Key", s.Key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, raw, nil
+}
+
+// leaseHolder is the PID of the replica holding a leased loop's lease:
+// its connection's application_name names the holder (host/pid/random).
+func (c *cluster) leaseHolder(t *testing.T, lease string) int {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, c.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		var app string
+		err := conn.QueryRow(ctx, `SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+			WHERE l.locktype = 'advisory' AND l.granted AND a.application_name LIKE '%' || $1`, " "+lease).Scan(&app)
+		if err == nil {
+			// "cubicle <host>/<pid>/<random> <lease>"
+			f := strings.Fields(app)
+			if len(f) == 3 {
+				parts := strings.Split(f[1], "/")
+				if len(parts) >= 2 {
+					var pid int
+					fmt.Sscan(parts[len(parts)-2], &pid)
+					return pid
+				}
+			}
+			t.Fatalf("lease connection %q: not cubicle <holder> <lease>", app)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("nobody holds %s", lease)
+	return 0
+}
