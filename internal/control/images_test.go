@@ -141,7 +141,6 @@ func TestPoolEmbeddedNoPrefetch(t *testing.T) {
 	}
 }
 
-
 // A snapshot's layers are recorded as paths: rolling back a sandbox on a
 // node that does not share the control plane's files is a clear 409, and
 // the sandbox is left as it was.
