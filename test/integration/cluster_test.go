@@ -199,7 +199,8 @@ func (c *cluster) newNode(id string) *clusterNode {
 	return n
 }
 
-// join runs `cubicle node join` in the node's namespace with a fresh token.
+// join runs `cubicle node join` in the node's network namespace with a
+// fresh token.
 func (c *cluster) join(n *clusterNode) {
 	t := c.t
 	t.Helper()
@@ -216,7 +217,7 @@ func (c *cluster) join(n *clusterNode) {
 			pin = v
 		}
 	}
-	cmd := exec.Command("ip", "netns", "exec", n.NS, filepath.Join(binDir, "cubicle"), "node", "join", "--control-plane", c.cp,
+	cmd := exec.Command("nsenter", "--net=/run/netns/"+n.NS, filepath.Join(binDir, "cubicle"), "node", "join", "--control-plane", c.cp,
 		"--token", tok, "--ca-pin", pin, "--node-id", n.ID, "--data-dir", n.DataDir, "--address", n.Addr.String())
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("join %s: %v\n%s", n.ID, err, out)
@@ -226,7 +227,9 @@ func (c *cluster) join(n *clusterNode) {
 // startNode starts (or restarts) `cubicle node run` in the node's namespace.
 func (c *cluster) startNode(n *clusterNode) {
 	n.logs = &bytes.Buffer{}
-	n.cmd = exec.Command("ip", append([]string{"netns", "exec", n.NS, filepath.Join(binDir, "cubicle")}, n.args...)...)
+	// nsenter enters the network namespace only: `ip netns exec` would
+	// also mount a fresh /sys, hiding the cgroup hierarchies from runc.
+	n.cmd = exec.Command("nsenter", append([]string{"--net=/run/netns/" + n.NS, filepath.Join(binDir, "cubicle")}, n.args...)...)
 	n.cmd.Stdout, n.cmd.Stderr = n.logs, n.logs
 	if err := n.cmd.Start(); err != nil {
 		c.t.Fatal(err)
