@@ -536,8 +536,13 @@ func loadVolumeConfig(o serveOptions) (volumeConfig, error) {
 			vc.controller[i].Root = local.Root
 		}
 	}
-	if err := volume.CheckAligned(vc.controller, vc.node.Plugins); err != nil {
-		return vc, fmt.Errorf("volume plugins: --volume-config and --node-config must register the same driver names: %w", err)
+	// A pure control plane has no node of its own to align with: each
+	// remote node reports its drivers, and the scheduler places a sandbox
+	// only where its volumes' drivers are.
+	if o.embeddedNode {
+		if err := volume.CheckAligned(vc.controller, vc.node.Plugins); err != nil {
+			return vc, fmt.Errorf("volume plugins: --volume-config and --node-config must register the same driver names: %w", err)
+		}
 	}
 	return vc, nil
 }

@@ -281,7 +281,10 @@ func (m *Manager) createElsewhere(ctx context.Context, o CreateOptions, tpl temp
 	pr.exclude = map[string]bool{first.nodeID: true}
 	second, err := m.place(ctx, o, tpl, pr)
 	if err != nil {
-		if errors.Is(err, scheduler.ErrNoFit) {
+		// No other node can take it (no room, no device, or none meets
+		// the accelerator contract): the first node's answer stands.
+		var compat *accel.CompatError
+		if errors.Is(err, scheduler.ErrNoFit) || errors.Is(err, accel.ErrNoCapacity) || errors.As(err, &compat) {
 			return first, node.Sandbox{}, firstErr
 		}
 		return first, node.Sandbox{}, fmt.Errorf("on node %s: %w; placing again: %w", first.nodeID, firstErr, err)

@@ -18,7 +18,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/cubicle-dev/cubicle/internal/accel/acceltest"
 	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/internal/volume/s3/s3test"
 )
 
 // TestCluster runs a cluster as three machines would: PostgreSQL, two
@@ -31,8 +33,44 @@ func TestCluster(t *testing.T) {
 	// Room for exactly ten sandboxes per node, by memory (CPU is
 	// overcommitted enough not to bind).
 	perSandbox := memTotalMiB(t) / 10
-	c := startCluster(t, 2, 3, "--cpu-count", "1", "--cpu-overcommit", "10", "--memory-mb", fmt.Sprint(perSandbox),
-		"--node-lost-after", "12s", "--lease-poll", "500ms")
+	// node-c alone has a (fake) GPU.
+	acceltest.Skip(t)
+	gpu := acceltest.NewHost(t, acceltest.GPU{Addr: gpuAddr, VendorID: "0x10de", DeviceID: "0x2330", Class: "0x030200", NUMA: 0,
+		IOMMUGroup: 12, Driver: "nvidia", Minor: 0, Model: "NVIDIA H100 80GB HBM3", MemoryMB: 81559, UUID: "GPU-11111111-2222-3333-4444-555555555555"})
+	for d := gpu.Root; d != "/" && d != "." && d != filepath.Clean(os.TempDir()); d = filepath.Dir(d) {
+		os.Chmod(d, 0o755)
+	}
+	// Volumes are on S3 (versitygw), which every node reaches over the LAN
+	// through a balancer in front of its loopback port.
+	gw := requireS3(t)
+	lan := newTestLAN(t)
+	s3lb := startBalancer(t, lan.gw.String()+":0", []string{strings.TrimPrefix(gw.Endpoint, "http://")})
+	stateDir := t.TempDir()
+	nodeEnv := append(gw.Env(), "CUBICLE_S3_ENDPOINT=http://"+s3lb.addr, "CUBICLE_S3_STATE_DIR="+filepath.Join(stateDir, "nodes"))
+	plugin := filepath.Join(binDir, "cubicle-volume-s3")
+	volCfg := filepath.Join(stateDir, "control.yaml")
+	os.WriteFile(volCfg, []byte(fmt.Sprintf("volume_plugins:\n  - name: s3\n    type: binary\n    binary_path: %s\n  - name: local\n    type: local\n", plugin)), 0o644)
+	var bases []string
+	t.Cleanup(func() {
+		for _, b := range bases {
+			s3test.CleanupMounts(t, b)
+		}
+	})
+	c := startCluster(t, 2, 3, clusterOptions{
+		lan:        lan,
+		replicaEnv: append(gw.Env(), "CUBICLE_S3_STATE_DIR="+filepath.Join(stateDir, "cp")),
+		nodeEnv:    nodeEnv,
+		nodeConfig: func(data string) string {
+			base := filepath.Join(data, "volume-mounts")
+			bases = append(bases, base)
+			return fmt.Sprintf("[storage]\n  volume_plugin_base_dir = %q\n[[storage.volume_plugins]]\n  name = \"s3\"\n  type = \"binary\"\n  binary_path = %q\n[[storage.volume_plugins]]\n  name = \"local\"\n  type = \"local\"\n", base, plugin)
+		},
+		replica: []string{"--volume-config", volCfg, "--cpu-count", "1", "--cpu-overcommit", "10", "--memory-mb", fmt.Sprint(perSandbox),
+			"--node-lost-after", "12s", "--lease-poll", "500ms"},
+		node: map[int][]string{2: {"--accel-sysfs", gpu.Sysfs, "--accel-dev", gpu.Dev, "--accel-proc", gpu.Proc,
+			"--nvidia-smi", filepath.Join(gpu.Bin, "nvidia-smi"), "--accel-lib-dir", gpu.Lib, "--accel-bin-dir", gpu.Bin,
+			"--accel-release-timeout", "3s"}},
+	})
 	r0, r1 := c.replicas[0], c.replicas[1]
 
 	t.Run("50 creates on room for 30", func(t *testing.T) {
@@ -147,6 +185,67 @@ func TestCluster(t *testing.T) {
 				t.Fatalf("download: status %d, %d bytes, hash mismatch", resp.StatusCode, nb)
 			}
 			r0.do("DELETE", "/sandboxes/"+sb.SandboxID, nil, nil)
+		}
+	})
+
+	t.Run("GPU requests land on the node with the GPU", func(t *testing.T) {
+		gpuReq := map[string]any{"templateID": "base", "accelerators": []map[string]any{{"class": "gpu", "count": 1}}}
+		sb := r1.create(gpuReq)
+		if on := c.row(sb.SandboxID).Node; on != "node-c" {
+			t.Fatalf("GPU sandbox on %s, want node-c (the only one with a GPU)", on)
+		}
+		if out := r0.mustRun(sb, "echo vis=$NVIDIA_VISIBLE_DEVICES"); !strings.Contains(out, "vis=GPU-11111111") {
+			t.Fatalf("GPU sandbox env: %q", out)
+		}
+		// The cluster's only GPU is taken: no capacity; a contract no node
+		// can meet is 400 naming the layer.
+		errShape(t, r0, "POST", "/v2/sandboxes", gpuReq, http.StatusTooManyRequests)
+		errShape(t, r0, "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "accelerators": []map[string]any{{"class": "gpu", "count": 1, "labels": map[string]string{"vendor": "amd"}}}}, http.StatusBadRequest)
+		errShape(t, r1, "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "accelerators": []map[string]any{{"class": "tpu", "count": 1}}}, http.StatusBadRequest)
+		r0.do("DELETE", "/sandboxes/"+sb.SandboxID, nil, nil)
+	})
+
+	t.Run("a volume used on two nodes", func(t *testing.T) {
+		v := r0.createVolume(t, map[string]any{"name": "shared-" + c.lan.suffix})
+		if v.Driver != "s3" {
+			t.Fatalf("volume driver %q, want s3 (the shared backend)", v.Driver)
+		}
+		mount := map[string]any{"templateID": "base", "timeout": 600, "volumeMounts": []any{map[string]any{"name": v.VolumeID, "path": "/data"}}}
+		onNode := func(node string) created {
+			var extra []string
+			defer func() {
+				for _, id := range extra {
+					r0.do("DELETE", "/sandboxes/"+id, nil, nil)
+				}
+			}()
+			for range 6 {
+				cr := r0.create(mount)
+				if c.row(cr.SandboxID).Node == node {
+					return cr
+				}
+				extra = append(extra, cr.SandboxID)
+			}
+			t.Fatalf("no sandbox with the volume landed on %s", node)
+			return created{}
+		}
+		a, b := onNode("node-a"), onNode("node-b")
+		if got := r1.volume(t, v.VolumeID); len(got.Attachments) != 2 {
+			t.Fatalf("attachments across two nodes: %+v", got.Attachments)
+		}
+		r0.mustRun(a, "echo from-a > /data/a")
+		waitFor(t, "node-b's sandbox sees node-a's write", 30*time.Second, func() (bool, string) {
+			out, _, _, _ := r1.run(b, "cat /data/a 2>&1")
+			return out == "from-a\n", out
+		})
+		errShape(t, r1, "DELETE", "/volumes/"+v.VolumeID, nil, http.StatusConflict)
+		r0.do("DELETE", "/sandboxes/"+a.SandboxID, nil, nil)
+		errShape(t, r0, "DELETE", "/volumes/"+v.VolumeID, nil, http.StatusConflict)
+		r1.do("DELETE", "/sandboxes/"+b.SandboxID, nil, nil)
+		if got := r0.volume(t, v.VolumeID); len(got.Attachments) != 0 {
+			t.Fatalf("attachments after both kills: %+v", got.Attachments)
+		}
+		if st := r0.do("DELETE", "/volumes/"+v.VolumeID, nil, nil); st != http.StatusNoContent {
+			t.Fatalf("delete the volume once no node holds it: %d", st)
 		}
 	})
 

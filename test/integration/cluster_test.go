@@ -121,12 +121,29 @@ type clusterNode struct {
 
 const clusterDomain = "cubicle.test"
 
+// clusterOptions are extra arguments: replica's go to every replica,
+// node[i] to the i-th node.
+type clusterOptions struct {
+	replica []string
+	node    map[int][]string
+	// lan, when set, is the LAN to use (made first by a caller that
+	// needs its address); env is added to every node's and replica's.
+	lan        *testLAN
+	replicaEnv []string
+	nodeEnv    []string
+	// nodeConfig, when set, writes node i's --node-config TOML given its
+	// data dir.
+	nodeConfig func(dataDir string) string
+}
+
 // startCluster starts replicas control-plane replicas and nodes nodes.
-// replicaArgs go to every replica.
-func startCluster(t *testing.T, replicas, nodes int, replicaArgs ...string) *cluster {
+func startCluster(t *testing.T, replicas, nodes int, o clusterOptions) *cluster {
 	t.Helper()
 	ctx := context.Background()
-	c := &cluster{t: t, lan: newTestLAN(t)}
+	c := &cluster{t: t, lan: o.lan}
+	if c.lan == nil {
+		c.lan = newTestLAN(t)
+	}
 	var err error
 	if c.dsn, err = pgtest.StartT(t).NewDatabase(ctx); err != nil {
 		t.Fatal(err)
@@ -136,14 +153,24 @@ func startCluster(t *testing.T, replicas, nodes int, replicaArgs ...string) *clu
 	// Nodes first: clean-ups run last-registered first, so the replicas'
 	// (which kill every sandbox through the API) run before the nodes go.
 	for i := range nodes {
-		c.nodes = append(c.nodes, c.newNode(fmt.Sprintf("node-%c", 'a'+i)))
+		n := c.newNode(fmt.Sprintf("node-%c", 'a'+i))
+		n.args = append(n.args, o.node[i]...)
+		n.env = o.nodeEnv
+		if o.nodeConfig != nil {
+			cfg := filepath.Join(n.DataDir, "node.toml")
+			if err := os.WriteFile(cfg, []byte(o.nodeConfig(n.DataDir)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			n.args = append(n.args, "--node-config", cfg)
+		}
+		c.nodes = append(c.nodes, n)
 	}
 	var backends []string
 	for range replicas {
 		tlsAddr := freeListenAddr(t) // the LAN reaches it through the balancer
 		args := append([]string{"--store", c.dsn, "--embedded-node=false", "--tls-self-signed", "--domain", clusterDomain,
-			"--listen-tls", tlsAddr, "--secrets-key", c.secrets, "--buildkitd", "off"}, replicaArgs...)
-		s := newServer(t, nil, args...)
+			"--listen-tls", tlsAddr, "--secrets-key", c.secrets, "--buildkitd", "off"}, o.replica...)
+		s := newServer(t, o.replicaEnv, args...)
 		s.start()
 		c.replicas = append(c.replicas, s)
 		backends = append(backends, tlsAddr)
@@ -230,6 +257,7 @@ func (c *cluster) startNode(n *clusterNode) {
 	// nsenter enters the network namespace only: `ip netns exec` would
 	// also mount a fresh /sys, hiding the cgroup hierarchies from runc.
 	n.cmd = exec.Command("nsenter", append([]string{"--net=/run/netns/" + n.NS, filepath.Join(binDir, "cubicle")}, n.args...)...)
+	n.cmd.Env = append(os.Environ(), n.env...)
 	n.cmd.Stdout, n.cmd.Stderr = n.logs, n.logs
 	if err := n.cmd.Start(); err != nil {
 		c.t.Fatal(err)
