@@ -144,6 +144,12 @@ func (s *Store) forgetNodeTx(ctx context.Context, id string) error {
 	if _, err := tx.ExecContext(ctx, `DELETE FROM node_allocatable WHERE node_id=?`, id); err != nil {
 		return err
 	}
+	// The operator declares the node dead: the volume references of its
+	// (killed) sandboxes, kept until the node confirmed the detach, go now,
+	// so the volumes' delete guard no longer counts them (the volume seed).
+	if _, err := tx.ExecContext(ctx, `DELETE FROM volume_attachments WHERE node=?`, id); err != nil {
+		return err
+	}
 	return tx.Commit()
 }
 

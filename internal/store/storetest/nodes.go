@@ -103,6 +103,12 @@ func testNodeForget(t *testing.T, s store.Store) {
 	}
 	now := time.Now()
 	a, b := sample("aaaaaaaaaaaaaaaaaaaa", now), sample("bbbbbbbbbbbbbbbbbbbb", now)
+	// a holds a volume on the node: its reference outlives its kill until
+	// the node confirms, or the operator forgets the node.
+	if err := s.CreateVolume(ctx, &store.Volume{ID: "fv", Name: "fv", Driver: "local", State: store.VolumeReady}); err != nil {
+		t.Fatal(err)
+	}
+	a.Volumes = []store.VolumeMount{{VolumeID: "fv", Path: "/data"}}
 	for _, sb := range []*store.Sandbox{a, b} {
 		if err := s.CreateSandbox(ctx, sb); err != nil {
 			t.Fatal(err)
@@ -124,8 +130,14 @@ func testNodeForget(t *testing.T, s store.Store) {
 			t.Fatal(err)
 		}
 	}
+	if atts, err := s.ListVolumeAttachments(ctx, "fv", ""); err != nil || len(atts) != 1 {
+		t.Fatalf("a killed sandbox's reference before the forget: %v %v", atts, err)
+	}
 	if err := s.ForgetNode(ctx, "local"); err != nil {
 		t.Fatalf("forget a node with only killed sandboxes: %v", err)
+	}
+	if atts, err := s.ListVolumeAttachments(ctx, "fv", ""); err != nil || len(atts) != 0 {
+		t.Fatalf("a forgotten node's volume references remain: %v %v", atts, err)
 	}
 	if _, err := s.GetNode(ctx, "local"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("forgotten node still reads: %v", err)
