@@ -31,42 +31,47 @@ import (
 
 var binDir, imagesDir string
 
+// TestMain only stops what the benchmark started: `go test ./...` (make
+// test) runs no benchmark, so it builds nothing and starts nothing.
 func TestMain(m *testing.M) {
-	if os.Geteuid() != 0 {
-		fmt.Println("bench/cluster needs root (runc, netns, nftables)")
-		if testenv.CI() {
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	imagesDir = os.Getenv("CUBICLE_IMAGES_DIR")
-	if imagesDir == "" {
-		imagesDir = "/var/lib/cubicle/images"
-	}
-	dir, err := os.MkdirTemp("/var/tmp", "cubicle-bench-bin-")
-	if err != nil {
-		panic(err)
-	}
-	binDir = dir
-	for _, bin := range []struct{ out, pkg, cgo string }{
-		{"cubicle", "github.com/cubicle-dev/cubicle/cmd/cubicle", ""},
-		{"cubicle-agent", "github.com/cubicle-dev/cubicle/cmd/cubicle-agent", "CGO_ENABLED=0"},
-	} {
-		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, bin.out), bin.pkg)
-		cmd.Env = os.Environ()
-		if bin.cgo != "" {
-			cmd.Env = append(cmd.Env, bin.cgo)
-		}
-		cmd.Stderr = os.Stderr
-		if err := cmd.Run(); err != nil {
-			fmt.Println("build", bin.pkg, err)
-			os.RemoveAll(dir)
-			os.Exit(1)
-		}
-	}
 	code := pgtest.Main(m)
-	os.RemoveAll(dir)
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
 	os.Exit(code)
+}
+
+var buildOnce sync.Once
+
+// build compiles cubicle and cubicle-agent into a temp dir, once.
+func build(b *testing.B) {
+	b.Helper()
+	var err error
+	buildOnce.Do(func() {
+		if binDir, err = os.MkdirTemp("/var/tmp", "cubicle-bench-bin-"); err != nil {
+			return
+		}
+		for _, bin := range []struct{ out, pkg, env string }{
+			{"cubicle", "github.com/cubicle-dev/cubicle/cmd/cubicle", ""},
+			{"cubicle-agent", "github.com/cubicle-dev/cubicle/cmd/cubicle-agent", "CGO_ENABLED=0"},
+		} {
+			cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, bin.out), bin.pkg)
+			cmd.Env = os.Environ()
+			if bin.env != "" {
+				cmd.Env = append(cmd.Env, bin.env)
+			}
+			if out, berr := cmd.CombinedOutput(); berr != nil {
+				err = fmt.Errorf("build %s: %v\n%s", bin.pkg, berr, out)
+				return
+			}
+		}
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, serr := os.Stat(filepath.Join(binDir, "cubicle-agent")); serr != nil {
+		b.Fatal("an earlier build failed")
+	}
 }
 
 // newCluster starts a pure control plane on a fresh PostgreSQL database
@@ -120,19 +125,28 @@ func newCluster(b *testing.B) *api {
 	return nil
 }
 
+// sample is one create → first command: the whole, and its two hops.
+type sample struct {
+	total   time.Duration
+	create  time.Duration // POST /sandboxes until its answer
+	command time.Duration // the process Start of `true` until its stream ends
+}
+
 // firstCommand creates a base sandbox and runs `true` in it through the
-// proxy (what the e2b SDK's create + commands.run does), returning the
-// time from the create request to the end of the command's stream. The
-// sandbox is killed afterwards, outside the measured time.
-func firstCommand(ctx context.Context, a *api) (time.Duration, error) {
+// proxy (what the e2b SDK's create + commands.run does), timing the create
+// request and the command's stream. The sandbox is killed afterwards,
+// outside the measured time.
+func firstCommand(ctx context.Context, a *api) (sample, error) {
+	var zero sample
 	t0 := time.Now()
 	var sb struct {
 		SandboxID       string `json:"sandboxID"`
 		EnvdAccessToken string `json:"envdAccessToken"`
 	}
 	if _, err := a.do(ctx, "POST", "/sandboxes", map[string]any{"templateID": "base", "timeout": 300}, &sb); err != nil {
-		return 0, err
+		return zero, err
 	}
+	t1 := time.Now()
 	a.host.mu.Lock()
 	a.host.seen[sb.SandboxID] = true
 	a.host.mu.Unlock()
@@ -145,7 +159,7 @@ func firstCommand(ctx context.Context, a *api) (time.Duration, error) {
 		Stdin:   &stdin,
 	}))
 	if err != nil {
-		return 0, err
+		return zero, err
 	}
 	defer stream.Close()
 	code := int32(-1)
@@ -155,12 +169,13 @@ func firstCommand(ctx context.Context, a *api) (time.Duration, error) {
 		}
 	}
 	if err := stream.Err(); err != nil {
-		return 0, err
+		return zero, err
 	}
 	if code != 0 {
-		return 0, fmt.Errorf("true exited %d", code)
+		return zero, fmt.Errorf("true exited %d", code)
 	}
-	return time.Since(t0), nil
+	t2 := time.Now()
+	return sample{total: t2.Sub(t0), create: t1.Sub(t0), command: t2.Sub(t1)}, nil
 }
 
 // envdHeaders adds the routing and auth headers the SDK sends to envd.
@@ -178,7 +193,7 @@ func (h envdHeaders) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 // round runs c first commands at once on a and appends their times.
-func round(ctx context.Context, a *api, c int, into *[]time.Duration) error {
+func round(ctx context.Context, a *api, c int, into *[]sample) error {
 	var mu sync.Mutex
 	var firstErr error
 	var wg sync.WaitGroup
@@ -202,9 +217,19 @@ func round(ctx context.Context, a *api, c int, into *[]time.Duration) error {
 	return firstErr
 }
 
-func quantile(s []time.Duration, p float64) time.Duration {
-	return s[int(p*float64(len(s)-1))]
+// quantile is the p-quantile of one field of the samples.
+func quantile(s []sample, field func(sample) time.Duration, p float64) time.Duration {
+	d := make([]time.Duration, len(s))
+	for i, x := range s {
+		d[i] = field(x)
+	}
+	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
+	return d[int(p*float64(len(d)-1))]
 }
+
+func total(s sample) time.Duration   { return s.total }
+func create(s sample) time.Duration  { return s.create }
+func command(s sample) time.Duration { return s.command }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }
 
@@ -214,12 +239,17 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float
 // prints p50/p95/p99 of both and the p50 ratio cluster/embedded.
 func BenchmarkClusterFirstCommand(b *testing.B) {
 	testenv.RequireRoot(b, "runc, netns, nftables")
+	imagesDir = os.Getenv("CUBICLE_IMAGES_DIR")
+	if imagesDir == "" {
+		imagesDir = "/var/lib/cubicle/images"
+	}
 	for _, bin := range []string{"runc", "nft", "ip"} {
 		testenv.LookPath(b, bin)
 	}
 	if _, err := os.Stat(filepath.Join(imagesDir, "base", "rootfs", "bin", "bash")); err != nil {
 		b.Fatalf("base image missing under %s (scripts/install): %v", imagesDir, err)
 	}
+	build(b)
 	embedded := newAPI(b, "embedded", "", true)
 	cluster := newCluster(b)
 	ctx := context.Background()
@@ -232,7 +262,7 @@ func BenchmarkClusterFirstCommand(b *testing.B) {
 	}
 	for _, c := range []int{1, 10} {
 		b.Run(fmt.Sprintf("c=%d", c), func(b *testing.B) {
-			var emb, clu []time.Duration
+			var emb, clu []sample
 			for len(emb) < b.N || len(clu) < b.N {
 				n := min(c, b.N-min(len(emb), len(clu)))
 				if err := round(ctx, embedded, n, &emb); err != nil {
@@ -242,19 +272,18 @@ func BenchmarkClusterFirstCommand(b *testing.B) {
 					b.Fatalf("cluster: %v", err)
 				}
 			}
-			sort.Slice(emb, func(i, j int) bool { return emb[i] < emb[j] })
-			sort.Slice(clu, func(i, j int) bool { return clu[i] < clu[j] })
-			ratio := float64(quantile(clu, 0.5)) / float64(quantile(emb, 0.5))
+			ratio := float64(quantile(clu, total, 0.5)) / float64(quantile(emb, total, 0.5))
 			b.ReportMetric(ratio, "p50-ratio")
-			if b.N < c {
+			if b.N < max(c, 2) {
 				return // the framework's probe run
 			}
 			for _, side := range []struct {
 				name string
-				s    []time.Duration
+				s    []sample
 			}{{"embedded", emb}, {"cluster", clu}} {
-				fmt.Printf("c=%-3d %-9s n=%3d  p50 %9s  p95 %9s  p99 %9s\n", c, side.name, len(side.s),
-					ms(quantile(side.s, 0.5)), ms(quantile(side.s, 0.95)), ms(quantile(side.s, 0.99)))
+				fmt.Printf("c=%-3d %-9s n=%3d  p50 %9s  p95 %9s  p99 %9s   (p50 create %9s, first command %9s)\n", c, side.name, len(side.s),
+					ms(quantile(side.s, total, 0.5)), ms(quantile(side.s, total, 0.95)), ms(quantile(side.s, total, 0.99)),
+					ms(quantile(side.s, create, 0.5)), ms(quantile(side.s, command, 0.5)))
 			}
 			fmt.Printf("c=%-3d p50 ratio cluster/embedded: %.2fx\n", c, ratio)
 		})
