@@ -109,6 +109,13 @@ bench-scheduler:
 bench-dataplane:
 	$(GO) test -run '^$$' -bench DataPlane -benchtime 300x ./bench/dataplane/
 
+# Create → first command through a pure control plane on PostgreSQL and a
+# `cubicle node run` vs embedded serve, same run (root, runc, PostgreSQL).
+BENCH_CLUSTER_N ?= 50
+.PHONY: bench-cluster
+bench-cluster:
+	CUBICLE_IMAGES_DIR=$${CUBICLE_IMAGES_DIR:-$(DATA_DIR)/images} $(GO) test -count=1 -run '^$$' -bench ClusterFirstCommand -benchtime $(BENCH_CLUSTER_N)x -timeout 30m ./bench/cluster/
+
 proto:
 	scripts/gen-proto
 

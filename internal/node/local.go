@@ -496,6 +496,20 @@ func (l *Local) Get(ctx context.Context, id string) (Sandbox, error) {
 	return Sandbox{ID: id, Addr: ep.Addr, State: info.State, Pid: info.Pid}, nil
 }
 
+// Address is the address of sandbox id on the node's bridge, read from
+// the network's endpoints alone: the data plane looks it up once per
+// tunnel, and Get's runtime query (`runc state`, a process: about 5 ms
+// here) would be most of a tunnel's cost. The endpoint exists from Create
+// to Delete, so an unknown ID is ErrNotFound as with Get; the sandbox's
+// state is not read (a dial to one that is not running fails on its own).
+func (l *Local) Address(ctx context.Context, id string) (netip.Addr, error) {
+	ep, err := l.cfg.Network.Get(ctx, id)
+	if err != nil {
+		return netip.Addr{}, l.notFound(err)
+	}
+	return ep.Addr, nil
+}
+
 // List joins runtime and network views; a sandbox missing either half is
 // still listed (with what is known) so recovery can clean it up.
 func (l *Local) List(ctx context.Context) ([]Sandbox, error) {

@@ -24,6 +24,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/node/nodetest"
+	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/runtime/oci"
 	"github.com/cubicle-dev/cubicle/internal/testenv"
 	"github.com/cubicle-dev/cubicle/internal/volume"
@@ -110,6 +111,19 @@ func New(t testing.TB) (*node.Local, *local.Plugin) {
 // the images dir).
 func NewWith(t testing.TB, images node.ImageSource) (*node.Local, *local.Plugin) {
 	t.Helper()
+	return newLocal(t, images, nil)
+}
+
+// NewWithRuntime is New with the node's runc driver wrapped by wrap (a
+// test that counts the node's runtime calls). A wrapper that embeds the
+// driver hides its optional abilities (runtime.Snapshotter...) from the node.
+func NewWithRuntime(t testing.TB, wrap func(runtime.Driver) runtime.Driver) (*node.Local, *local.Plugin) {
+	t.Helper()
+	return newLocal(t, nil, wrap)
+}
+
+func newLocal(t testing.TB, images node.ImageSource, wrap func(runtime.Driver) runtime.Driver) (*node.Local, *local.Plugin) {
+	t.Helper()
 	if images == nil {
 		// Built-ins only: registry pulls are imagecache's own tests.
 		images = &imagecache.Source{ImagesDir: ImagesDir()}
@@ -156,8 +170,12 @@ func NewWith(t testing.TB, images node.ImageSource) (*node.Local, *local.Plugin)
 		t.Fatal(err)
 	}
 	plugin := local.New(filepath.Join(base, "volumes-data"))
+	var rt runtime.Driver = drv
+	if wrap != nil {
+		rt = wrap(drv)
+	}
 	n, err := node.NewLocal(node.LocalConfig{
-		ID: "nodetest-" + tag, Runtime: drv, Network: netm, AgentBin: agent, SandboxDir: filepath.Join(base, "sandboxes"),
+		ID: "nodetest-" + tag, Runtime: rt, Network: netm, AgentBin: agent, SandboxDir: filepath.Join(base, "sandboxes"),
 		VolumeDir: filepath.Join(base, "volume-refs"), VolumeBaseDir: filepath.Join(base, "volume-mounts"),
 		VolumePlugin: func(d string) (volume.Node, error) {
 			if d != "local" {
