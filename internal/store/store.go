@@ -154,6 +154,13 @@ type Sandbox struct {
 	// Layers are the rootfs layers the sandbox runs on, top-most first
 	// (nil for rows from before snapshots: its template's ready build).
 	Layers []string
+	// Image and SnapshotLayers are Layers by reference, for a node that
+	// does not share the control plane's files: the image it boots from
+	// (a built-in's name, or repository@sha256:… in the control plane's
+	// registry; "" for rows from before references) and the snapshots
+	// stacked above it by ID, top-most first.
+	Image          string
+	SnapshotLayers []string
 	// PauseMemory: a timeout pause (AutoPause) keeps memory; false makes
 	// it a filesystem pause (e2b's autoPauseMemory: false).
 	PauseMemory bool
@@ -506,7 +513,11 @@ type Snapshot struct {
 	// top-most (the snapshot's own layer) first.
 	Layers     []string
 	Checkpoint string // memory image dir ("" for filesystem snapshots)
-	SizeBytes  int64
+	// Image and SnapshotLayers are Layers by reference (Sandbox's):
+	// SnapshotLayers starts with the snapshot's own ID.
+	Image          string
+	SnapshotLayers []string
+	SizeBytes      int64
 	// Volumes are the source's mounts: IDs, paths, read-only flags; never
 	// volume data or plugin private data.
 	Volumes     []VolumeMount

@@ -12,7 +12,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/store"
 )
 
-const snapshotCols = `id, team_id, sandbox_id, source_template_id, node, kind, runtime, layers, checkpoint, size_bytes, volumes, env_vars, default_user, agent_token, internal, created_at, deleted_at`
+const snapshotCols = `id, team_id, sandbox_id, source_template_id, node, kind, runtime, layers, checkpoint, size_bytes, volumes, env_vars, default_user, agent_token, internal, created_at, deleted_at, image, snapshot_layers`
 
 // layerSep joins Snapshot.Layers: overlayfs' lowerdir separator, which no
 // layer path holds.
@@ -56,9 +56,10 @@ func (s *Store) createSnapshotTx(ctx context.Context, sn *store.Snapshot, t *sto
 	if err := insertTemplate(ctx, tx, t, b); err != nil {
 		return err
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO snapshots(`+snapshotCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	if _, err := tx.ExecContext(ctx, `INSERT INTO snapshots(`+snapshotCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sn.ID, sn.TeamID, sn.SandboxID, sn.SourceTemplateID, sn.Node, sn.Kind, sn.Runtime, strings.Join(sn.Layers, layerSep),
-		sn.Checkpoint, sn.SizeBytes, string(vols), string(env), sn.DefaultUser, sn.AgentToken, sn.Internal, ts(sn.CreatedAt), ts(sn.DeletedAt)); err != nil {
+		sn.Checkpoint, sn.SizeBytes, string(vols), string(env), sn.DefaultUser, sn.AgentToken, sn.Internal, ts(sn.CreatedAt), ts(sn.DeletedAt),
+		sn.Image, strings.Join(sn.SnapshotLayers, layerSep)); err != nil {
 		if s.d.IsConstraint(err) {
 			return fmt.Errorf("%w: snapshot %s exists", store.ErrConflict, sn.ID)
 		}
@@ -76,10 +77,10 @@ func emptyMounts(v []store.VolumeMount) []store.VolumeMount {
 
 func scanSnapshot(row scanner) (*store.Snapshot, error) {
 	var sn store.Snapshot
-	var layers, vols, env string
+	var layers, snapLayers, vols, env string
 	var created, deleted int64
 	if err := row.Scan(&sn.ID, &sn.TeamID, &sn.SandboxID, &sn.SourceTemplateID, &sn.Node, &sn.Kind, &sn.Runtime, &layers,
-		&sn.Checkpoint, &sn.SizeBytes, &vols, &env, &sn.DefaultUser, &sn.AgentToken, &sn.Internal, &created, &deleted); err != nil {
+		&sn.Checkpoint, &sn.SizeBytes, &vols, &env, &sn.DefaultUser, &sn.AgentToken, &sn.Internal, &created, &deleted, &sn.Image, &snapLayers); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil, store.ErrNotFound
 		}
@@ -87,6 +88,9 @@ func scanSnapshot(row scanner) (*store.Snapshot, error) {
 	}
 	if layers != "" {
 		sn.Layers = strings.Split(layers, layerSep)
+	}
+	if snapLayers != "" {
+		sn.SnapshotLayers = strings.Split(snapLayers, layerSep)
 	}
 	if err := json.Unmarshal([]byte(vols), &sn.Volumes); err != nil {
 		return nil, fmt.Errorf("snapshot %s volumes: %w", sn.ID, err)
