@@ -651,9 +651,17 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 	}
 	// Before the row: a node that cannot boot the template refuses it
 	// without leaving a sandbox behind.
-	boot, err := m.bootImage(ctx, pl.nodeID, pl.node, tpl, o.snapshot != nil)
+	boot, err := m.bootImage(ctx, pl.nodeID, pl.node, tpl, o.snapshot)
 	if err != nil {
 		return nil, err
+	}
+	// The row names what it boots from by reference too, so its snapshots
+	// (and a rollback) can be named to a node that does not share files.
+	if !boot.IsZero() {
+		sb.Image = boot.String()
+	}
+	if o.snapshot != nil {
+		sb.SnapshotLayers = o.snapshot.SnapshotLayers
 	}
 	// Stands in for the disk image until the node has made it.
 	releaseDisk, err := m.reserveDisk("sandbox/"+sb.ID, fmt.Sprintf("a %d MiB sandbox disk", sb.DiskSizeMB), sb.DiskSizeMB)
@@ -678,12 +686,12 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 	}
 	defer unlock()
 	req := m.nodeRequest(sb, tpl.Layers)
-	if !boot.IsZero() {
-		req.Layers, req.Image = nil, boot
-	}
 	req.Volumes = attachments
 	req.Accelerators, req.AccelContract = accels, tpl.Accelerators
 	req.Restore, req.CurrentToken = restore, currentToken
+	if !boot.IsZero() {
+		byReference(&req, boot, sb.SnapshotLayers, o.snapshot != nil && o.snapshot.Kind == runtime.SnapshotMemory)
+	}
 	req.StartCmd, req.StartUser, req.StartWorkdir, req.DefaultWorkdir = tpl.StartCmd, sb.DefaultUser, tpl.Workdir, tpl.Workdir
 	placed, err := pl.node.Create(nctx, req)
 	if err != nil && retryable(err) && len(attachments) == 0 {

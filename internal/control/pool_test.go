@@ -31,6 +31,8 @@ type fakeNode struct {
 	// pulls: the node resolves image references (Info.Abilities.PullsImages).
 	pulls  bool
 	pulled []node.Image // PullImage calls, in order
+	// snapKind: the kind of snapshot the node takes ("" = none).
+	snapKind string
 }
 
 func newFakeNode() *fakeNode {
@@ -318,14 +320,31 @@ func TestPoolConcurrentClaims(t *testing.T) {
 	}
 }
 
-func (f *fakeNode) Snapshot(context.Context, string, string) (node.Snapshot, error) {
-	return node.Snapshot{}, node.ErrSnapshotUnsupported
+// Snapshot takes a snapshot of kind f.snapKind into the node's own
+// snapshot dir; with no kind the node has no snapshots.
+func (f *fakeNode) Snapshot(_ context.Context, _, sid string) (node.Snapshot, error) {
+	if f.snapKind == "" {
+		return node.Snapshot{}, node.ErrSnapshotUnsupported
+	}
+	sn := node.Snapshot{ID: sid, Kind: f.snapKind, Layer: "/node/snapshots/" + sid + "/rootfs", SizeBytes: 1}
+	if f.snapKind == runtime.SnapshotMemory {
+		sn.Checkpoint = "/node/snapshots/" + sid + "/checkpoint"
+	}
+	return sn, nil
 }
 func (f *fakeNode) DeleteSnapshot(context.Context, string) error { return nil }
 func (f *fakeNode) Snapshots(context.Context) ([]string, error)  { return nil, nil }
 func (f *fakeNode) Stop(context.Context, string) error           { return node.ErrSnapshotUnsupported }
-func (f *fakeNode) Rebuild(context.Context, string, node.CreateRequest) error {
-	return node.ErrSnapshotUnsupported
+
+// Rebuild records the request when the node has snapshots.
+func (f *fakeNode) Rebuild(_ context.Context, id string, req node.CreateRequest) error {
+	if f.snapKind == "" {
+		return node.ErrSnapshotUnsupported
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.sbs[id] = req
+	return nil
 }
 
 // noAccelerators is the Accelerators service of a node without any.

@@ -127,6 +127,7 @@ func (m *Manager) snapshotLocked(ctx context.Context, sb *store.Sandbox, name st
 	sn := &store.Snapshot{
 		ID: sid, TeamID: sb.TeamID, SandboxID: sb.ID, SourceTemplateID: sb.TemplateID, Node: m.rowNode(sb),
 		Kind: ns.Kind, Runtime: info.Runtime, Layers: append([]string{ns.Layer}, layers...), Checkpoint: ns.Checkpoint,
+		Image: sb.Image, SnapshotLayers: append([]string{sid}, sb.SnapshotLayers...),
 		SizeBytes: ns.SizeBytes, Volumes: sb.Volumes, EnvVars: sb.EnvVars, DefaultUser: sb.DefaultUser,
 		AgentToken: sb.EnvdToken, Internal: internal,
 	}
@@ -361,12 +362,16 @@ func (m *Manager) Rollback(ctx context.Context, id, snapshotRef string) (err err
 	if err != nil {
 		return err
 	}
+	// A node that does not share the control plane's files gets the
+	// snapshot's chain by reference (its files are in the node's own
+	// snapshot dir: the snapshot was taken there).
+	var boot node.Image
 	if pulls, err := m.pullsImages(ctx, m.rowNode(sb), nd); err != nil {
 		return err
 	} else if pulls {
-		// The snapshot's layers are recorded as paths, which a node that
-		// does not share the control plane's files cannot use.
-		return fmt.Errorf("%w: sandbox '%s': rollback works only on a node that shares the control plane's files for now", ErrConflict, id)
+		if boot, err = snapshotImage(&info.Snapshot, m.rowNode(sb)); err != nil {
+			return err
+		}
 	}
 	restore, currentToken, err := m.restoreOf(ctx, &info.Snapshot, sb)
 	if err != nil {
@@ -382,6 +387,9 @@ func (m *Manager) Rollback(ctx context.Context, id, snapshotRef string) (err err
 	}
 	req := m.nodeRequest(sb, info.Layers)
 	req.Volumes, req.Restore, req.CurrentToken = atts, restore, currentToken
+	if !boot.IsZero() {
+		byReference(&req, boot, info.SnapshotLayers, info.Kind == runtime.SnapshotMemory)
+	}
 	if t, err := m.store.GetTemplate(ctx, info.ID); err == nil {
 		req.StartCmd, req.StartUser, req.StartWorkdir, req.DefaultWorkdir = t.StartCmd, sb.DefaultUser, t.Workdir, t.Workdir
 	}
@@ -397,6 +405,7 @@ func (m *Manager) Rollback(ctx context.Context, id, snapshotRef string) (err err
 		return fmt.Errorf("rollback: %w", err)
 	}
 	sb.Layers, sb.State = info.Layers, store.StateRunning
+	sb.Image, sb.SnapshotLayers = info.Image, info.SnapshotLayers
 	if prev == store.StatePaused {
 		sb.EndAt = time.Now().UTC().Add(DefaultTimeout)
 	}
@@ -490,10 +499,15 @@ func (m *Manager) reconcileSnapshots(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// In use: by path (the embedded node) or by snapshot ID (a node that
+	// pulls images; its rows name the chain by reference).
 	used := map[string]bool{}
 	for _, sb := range live {
 		for _, l := range sb.Layers {
 			used[l] = true
+		}
+		for _, id := range sb.SnapshotLayers {
+			used[id] = true
 		}
 	}
 	for _, sn := range rows {
@@ -501,13 +515,16 @@ func (m *Manager) reconcileSnapshots(ctx context.Context) error {
 			for _, l := range sn.Layers {
 				used[l] = true
 			}
+			for _, id := range sn.SnapshotLayers {
+				used[id] = true
+			}
 		}
 	}
 	known := map[string]bool{}
 	var bytes, count float64
 	for _, sn := range rows {
 		known[sn.ID] = true
-		if !sn.DeletedAt.IsZero() && len(sn.Layers) > 0 && !used[sn.Layers[0]] {
+		if !sn.DeletedAt.IsZero() && len(sn.Layers) > 0 && !used[sn.Layers[0]] && !used[sn.ID] {
 			nd, err := m.nodeFor(ctx, sn.Node)
 			if err == nil {
 				err = nd.DeleteSnapshot(ctx, sn.ID)
