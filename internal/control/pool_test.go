@@ -334,7 +334,13 @@ func (f *fakeNode) Snapshot(_ context.Context, _, sid string) (node.Snapshot, er
 }
 func (f *fakeNode) DeleteSnapshot(context.Context, string) error { return nil }
 func (f *fakeNode) Snapshots(context.Context) ([]string, error)  { return nil, nil }
-func (f *fakeNode) Stop(context.Context, string) error           { return node.ErrSnapshotUnsupported }
+func (f *fakeNode) PushSnapshot(context.Context, string, []node.SnapshotObject) ([]node.SnapshotObject, error) {
+	return nil, node.ErrSnapshotUnsupported
+}
+func (f *fakeNode) FetchSnapshot(context.Context, string, []node.SnapshotObject) error {
+	return node.ErrSnapshotUnsupported
+}
+func (f *fakeNode) Stop(context.Context, string) error { return node.ErrSnapshotUnsupported }
 
 // Rebuild records the request when the node has snapshots.
 func (f *fakeNode) Rebuild(_ context.Context, id string, req node.CreateRequest) error {

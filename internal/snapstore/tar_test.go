@@ -23,7 +23,9 @@ func TestUnpackRefusesHostilePackages(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := func(name string) *tar.Header { return &tar.Header{Name: name, Typeflag: tar.TypeDir, Mode: 0o755} }
-	file := func(name string) *tar.Header { return &tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o644, Size: 1} }
+	file := func(name string) *tar.Header {
+		return &tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o644, Size: 1}
+	}
 	cases := map[string][]*tar.Header{
 		"dotdot":            {dir("./"), file("../victim")},
 		"absolute":          {dir("./"), file(victim)},
