@@ -499,6 +499,14 @@ type TemplateStore interface {
 	DeleteIdempotencyBefore(ctx context.Context, t time.Time) (int, error)
 }
 
+// SnapshotObject is one part ("rootfs", "checkpoint") of a snapshot's
+// package in the snapshot store, with the digest a fetch must match.
+type SnapshotObject struct {
+	Part   string `json:"part"`
+	Digest string `json:"digest"`
+	Size   int64  `json:"size"`
+}
+
 // Snapshot is a captured sandbox. Its ID is also the ID of the template
 // row that creates sandboxes from it.
 type Snapshot struct {
@@ -517,7 +525,11 @@ type Snapshot struct {
 	// SnapshotLayers starts with the snapshot's own ID.
 	Image          string
 	SnapshotLayers []string
-	SizeBytes      int64
+	// Package is the snapshot's own layer (and memory image) in the
+	// snapshot store, for a restore on another node; nil when it was not
+	// uploaded (no store configured, or the upload failed).
+	Package   []SnapshotObject
+	SizeBytes int64
 	// Volumes are the source's mounts: IDs, paths, read-only flags; never
 	// volume data or plugin private data.
 	Volumes     []VolumeMount

@@ -17,7 +17,8 @@ func snapshotRows(id, team, sandbox, name string, internal bool) (*store.Snapsho
 		Runtime: "runc", Layers: []string{"/snap/" + id + "/rootfs", "/images/base/rootfs"}, SizeBytes: 42,
 		Volumes: []store.VolumeMount{{VolumeID: "v1", Path: "/mnt/v", ReadOnly: true}}, EnvVars: map[string]string{"K": "v"},
 		DefaultUser: "user", AgentToken: "tok", Internal: internal,
-		Image: "cubicle/tpl@sha256:" + strings.Repeat("ab", 32), SnapshotLayers: []string{id, "snap_parent"}}
+		Image: "cubicle/tpl@sha256:" + strings.Repeat("ab", 32), SnapshotLayers: []string{id, "snap_parent"},
+		Package: []store.SnapshotObject{{Part: "rootfs", Digest: "sha256:" + strings.Repeat("cd", 32), Size: 1234}}}
 	t := &store.Template{ID: id, TeamID: team, PrimaryName: name, Names: []string{name}, BuildStatus: store.BuildReady,
 		ReadyBuildID: bid, LatestBuildID: bid, BuildCount: 1}
 	b := &store.TemplateBuild{ID: bid, TemplateID: id, Status: store.BuildReady, Rootfs: "/snap/" + id + "/rootfs:/images/base/rootfs"}
@@ -41,6 +42,9 @@ func testSnapshots(t *testing.T, s store.Store) {
 	// The chain by reference, for nodes that do not share the files.
 	if got.Image != sn.Image || fmt.Sprint(got.SnapshotLayers) != "[snap_1 snap_parent]" {
 		t.Fatalf("references: image %q snapshot layers %v", got.Image, got.SnapshotLayers)
+	}
+	if len(got.Package) != 1 || got.Package[0] != sn.Package[0] {
+		t.Fatalf("package: %+v", got.Package)
 	}
 	if l, err := s.ListSnapshots(ctx, store.SnapshotFilter{TeamID: "t1"}); err != nil || len(l) != 1 || l[0].Image != sn.Image || len(l[0].SnapshotLayers) != 2 {
 		t.Fatalf("listed references: %+v %v", l, err)
