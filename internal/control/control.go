@@ -79,6 +79,10 @@ type Config struct {
 	// pulls images asks the registry for (repository and manifest digest);
 	// nil = templates built here cannot boot on such a node.
 	ImageDigest func(ref string) (node.Image, error)
+	// SnapshotStore keeps snapshot packages for restores on another node
+	// (serve --snapshot-store; nil: snapshots restore only on their own
+	// node). Nodes get presigned URLs from it, never credentials.
+	SnapshotStore SnapshotStore
 	// ContentIdle is how long the volume-content API keeps a volume
 	// attached after its last request (default 30s).
 	ContentIdle time.Duration
@@ -592,12 +596,15 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 		return nil, err
 	}
 	pr := placeRequest{sandboxID: NewID(), accels: accels, drivers: m.mountDrivers(ctx, o.TeamID, o.VolumeMounts)}
-	if o.snapshot != nil {
-		pr.pin = o.snapshot.Node // its files are on that node
+	if sn := o.snapshot; sn != nil {
+		pr.pin = sn.Node // its files are on that node...
+		// ...unless its chain is in the snapshot store, for a node that
+		// pulls images.
+		pr.movable = m.movable(ctx, sn) == nil
 	}
 	pl, err := m.place(ctx, o, tpl, pr)
 	if err != nil {
-		return nil, err
+		return nil, m.pinnedError(ctx, o.snapshot, err)
 	}
 	rowMade := false
 	defer func() {
@@ -646,6 +653,12 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 	var restore, currentToken string
 	if o.snapshot != nil {
 		if restore, currentToken, err = m.restoreOf(ctx, o.snapshot, sb); err != nil {
+			return nil, err
+		}
+	}
+	if sn := o.snapshot; sn != nil && pl.nodeID != sn.Node {
+		// Placed off the snapshot's node: the node fetches the chain first.
+		if err := m.fetchChain(ctx, pl.node, pl.nodeID, sn); err != nil {
 			return nil, err
 		}
 	}

@@ -124,10 +124,21 @@ func (m *Manager) snapshotLocked(ctx context.Context, sb *store.Sandbox, name st
 			_ = nd.DeleteSnapshot(nctx, sid)
 		}
 	}()
+	var pkg []store.SnapshotObject
+	if m.cfg.SnapshotStore != nil && !internal {
+		// Uploaded before the row is written, so a row with a package
+		// always has its objects. A failed upload keeps the snapshot,
+		// restorable on its own node only (the event says why).
+		if pkg, err = m.pushPackage(nctx, nd, sb, ns); err != nil {
+			m.log.Warn("snapshot upload failed; it restores on its own node only", "snapshot", sid, "err", err)
+			m.event(ctx, sb.ID, "snapshot-upload-failed", "warn", "snapshot %s was not uploaded to the snapshot store: %v", sid, err)
+			pkg, err = nil, nil
+		}
+	}
 	sn := &store.Snapshot{
 		ID: sid, TeamID: sb.TeamID, SandboxID: sb.ID, SourceTemplateID: sb.TemplateID, Node: m.rowNode(sb),
 		Kind: ns.Kind, Runtime: info.Runtime, Layers: append([]string{ns.Layer}, layers...), Checkpoint: ns.Checkpoint,
-		Image: sb.Image, SnapshotLayers: append([]string{sid}, sb.SnapshotLayers...),
+		Image: sb.Image, SnapshotLayers: append([]string{sid}, sb.SnapshotLayers...), Package: pkg,
 		SizeBytes: ns.SizeBytes, Volumes: sb.Volumes, EnvVars: sb.EnvVars, DefaultUser: sb.DefaultUser,
 		AgentToken: sb.EnvdToken, Internal: internal,
 	}
@@ -355,12 +366,23 @@ func (m *Manager) Rollback(ctx context.Context, id, snapshotRef string) (err err
 	if sb.State != store.StateRunning && sb.State != store.StatePaused {
 		return fmt.Errorf("%w: sandbox '%s' is %s", ErrConflict, id, sb.State)
 	}
-	if on := info.Snapshot.Node; on != "" && on != m.rowNode(sb) {
-		return fmt.Errorf("%w: snapshot '%s' is kept on node %s and sandbox '%s' runs on node %s; a snapshot restores on its own node", ErrConflict, info.Snapshot.ID, on, id, m.rowNode(sb))
-	}
 	nd, err := m.nodeOf(ctx, sb)
 	if err != nil {
 		return err
+	}
+	if on := info.Snapshot.Node; on != "" && on != m.rowNode(sb) {
+		// Its files are on another node: fetched from the snapshot store
+		// by a node that boots by reference, else refused.
+		why := m.movable(ctx, &info.Snapshot)
+		if why == nil && !m.pullsOK(ctx, m.rowNode(sb)) {
+			why = fmt.Errorf("node %s boots from the control plane's paths, not by reference", m.rowNode(sb))
+		}
+		if why != nil {
+			return fmt.Errorf("%w: snapshot '%s' is kept on node %s and sandbox '%s' runs on node %s: %v", ErrConflict, info.Snapshot.ID, on, id, m.rowNode(sb), why)
+		}
+		if err := m.fetchChain(ctx, nd, m.rowNode(sb), &info.Snapshot); err != nil {
+			return err
+		}
 	}
 	// A node that does not share the control plane's files gets the
 	// snapshot's chain by reference (its files are in the node's own
@@ -532,6 +554,13 @@ func (m *Manager) reconcileSnapshots(ctx context.Context) error {
 			if err != nil {
 				m.log.Error("delete snapshot files", "snapshot", sn.ID, "err", err)
 				continue
+			}
+			if len(sn.Package) > 0 && m.cfg.SnapshotStore != nil {
+				// Before the row: a package whose delete failed is retried.
+				if err := m.cfg.SnapshotStore.Delete(ctx, sn.ID); err != nil {
+					m.log.Error("delete snapshot package", "snapshot", sn.ID, "err", err)
+					continue
+				}
 			}
 			if err := m.store.PurgeSnapshot(ctx, sn.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 				return err
