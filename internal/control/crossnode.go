@@ -128,6 +128,9 @@ func (m *Manager) fetchChain(ctx context.Context, nd node.Node, nodeID string, s
 // pushPackage uploads a new snapshot's own layer (and memory image) from
 // its node through presigned PUT URLs; the digests go in its row.
 func (m *Manager) pushPackage(ctx context.Context, nd node.Node, sb *store.Sandbox, ns node.Snapshot) ([]store.SnapshotObject, error) {
+	if sb.Image == "" {
+		return nil, nil // booted from paths: no other node could use it
+	}
 	if why, err := m.pinReason(ctx, &store.Snapshot{ID: ns.ID, Node: m.rowNode(sb), Volumes: sb.Volumes}); err != nil || why != "" {
 		return nil, err // pinned: nothing to upload
 	}
