@@ -106,9 +106,7 @@ func Fetch(ctx context.Context, hc *http.Client, snapDir string, sources []Objec
 			return err
 		}
 	}
-	if err := os.Chmod(stage, 0o755); err != nil {
-		return err
-	}
+	// 0700 like the dir the node's own snapshot makes.
 	return os.Rename(stage, snapDir)
 }
 
