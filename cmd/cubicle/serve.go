@@ -139,6 +139,12 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err != nil {
 		return fmt.Errorf("--schedule/--cpu-overcommit: %w", err)
 	}
+	// Before anything touches the host: a bad store URL or missing
+	// credentials stop serve at once.
+	snaps, err := snapshotStore(o.snapshotStore, os.Getenv)
+	if err != nil {
+		return err
+	}
 	if err := clusterFlags(&o); err != nil {
 		return err
 	}
@@ -279,10 +285,6 @@ func serve(ctx context.Context, o serveOptions) error {
 		return fmt.Errorf("data filesystem: %w", err)
 	}
 	log.Info("data filesystem", "free_mib", ds.FreeBytes>>20, "promised_to_images_mib", ds.PromisedBytes>>20, "reserve_mib", ds.ReserveBytes>>20)
-	snaps, err := snapshotStore(o.snapshotStore, os.Getenv)
-	if err != nil {
-		return err
-	}
 	join, cp, err := serveJoin(ctx, st, secrets, tlsConfig, log)
 	if err != nil {
 		return fmt.Errorf("cluster CA: %w", err)
