@@ -52,6 +52,7 @@ func snapshotDir(t *testing.T, parent, id string) string {
 	}
 	must(os.MkdirAll(filepath.Join(rootfs, "home/user/deep"), 0o755))
 	must(os.WriteFile(filepath.Join(rootfs, "home/user/deep/data.txt"), []byte("hello from node a\n"), 0o640))
+	must(unix.Setxattr(filepath.Join(rootfs, "home/user/deep/data.txt"), "user.note", []byte("kept"), 0))
 	must(os.Link(filepath.Join(rootfs, "home/user/deep/data.txt"), filepath.Join(rootfs, "home/user/hard")))
 	must(os.Symlink("/etc/shadow", filepath.Join(rootfs, "home/user/escape")))
 	must(unix.Mknod(filepath.Join(rootfs, "home/removed"), unix.S_IFCHR, 0))
@@ -101,10 +102,14 @@ func TestPushFetchRoundTrip(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(rootfs, "home/user/deep/data.txt")); err != nil || string(b) != "hello from node a\n" {
 		t.Fatalf("file: %q %v", b, err)
 	}
+	v := make([]byte, 8)
 	a, _ := os.Stat(filepath.Join(rootfs, "home/user/deep/data.txt"))
 	h, _ := os.Stat(filepath.Join(rootfs, "home/user/hard"))
 	if !os.SameFile(a, h) || a.Mode().Perm() != 0o640 {
 		t.Fatalf("hard link or mode lost: %v %v", a.Mode(), h)
+	}
+	if n, err := unix.Getxattr(filepath.Join(rootfs, "home/user/deep/data.txt"), "user.note", v); err != nil || string(v[:n]) != "kept" {
+		t.Fatalf("user xattr: %q %v", v[:n], err)
 	}
 	if l, err := os.Readlink(filepath.Join(rootfs, "home/user/escape")); err != nil || l != "/etc/shadow" {
 		t.Fatalf("symlink: %q %v", l, err)
@@ -112,7 +117,6 @@ func TestPushFetchRoundTrip(t *testing.T) {
 	if fi, err := os.Lstat(filepath.Join(rootfs, "home/removed")); err != nil || fi.Mode()&os.ModeCharDevice == 0 || fi.Sys().(*syscall.Stat_t).Rdev != 0 {
 		t.Fatalf("whiteout: %v %v", fi, err)
 	}
-	v := make([]byte, 8)
 	if n, err := unix.Getxattr(filepath.Join(rootfs, "opaque"), "trusted.overlay.opaque", v); err != nil || string(v[:n]) != "y" {
 		t.Fatalf("opaque: %q %v", v[:n], err)
 	}

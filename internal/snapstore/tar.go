@@ -80,7 +80,9 @@ func pack(dir string, w io.Writer) error {
 				links[key] = hdr.Name
 			}
 		}
-		if fi.Mode()&fs.ModeSymlink == 0 {
+		if fi.IsDir() || hdr.Typeflag == tar.TypeReg {
+			// Only these carry kept xattrs (whiteouts and FIFOs cannot be
+			// opened to set them again).
 			if hdr.PAXRecords, err = xattrs(p); err != nil {
 				return err
 			}
@@ -180,7 +182,8 @@ func unpack(r io.Reader, dst string) error {
 			return fmt.Errorf("%w: the part's root is not a directory", ErrBadPackage)
 		}
 		for k := range hdr.PAXRecords {
-			if x, ok := strings.CutPrefix(k, xattrPAX); ok && !keptXattr(x) {
+			x, ok := strings.CutPrefix(k, xattrPAX)
+			if ok && (!keptXattr(x) || (hdr.Typeflag != tar.TypeDir && hdr.Typeflag != tar.TypeReg)) {
 				return fmt.Errorf("%w: %q: xattr %s", ErrBadPackage, hdr.Name, x)
 			}
 		}

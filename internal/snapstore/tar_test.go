@@ -37,6 +37,7 @@ func TestUnpackRefusesHostilePackages(t *testing.T) {
 		"block device":      {dir("./"), {Name: "sda", Typeflag: tar.TypeBlock, Mode: 0o666, Devmajor: 8}},
 		"xattr":             {dir("./"), {Name: "f", Typeflag: tar.TypeReg, Mode: 0o644, Size: 1, PAXRecords: map[string]string{xattrPAX + "trusted.overlay.origin": "x"}}},
 		"twice":             {dir("./"), file("f"), file("f")},
+		"xattr on a fifo":   {dir("./"), {Name: "p", Typeflag: tar.TypeFifo, Mode: 0o644, PAXRecords: map[string]string{xattrPAX + "user.x": "x"}}},
 	}
 	for name, hdrs := range cases {
 		var buf bytes.Buffer
