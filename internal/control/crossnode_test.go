@@ -1,6 +1,7 @@
 package control
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/minio/minio-go/v7"
 
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/nodeset"
@@ -167,5 +170,40 @@ func TestCrossNodeWithoutStoreNamesTheFlag(t *testing.T) {
 	err = c.m.Rollback(ctx, sb.ID, sn.ID)
 	if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "--snapshot-store") {
 		t.Fatalf("rollback across nodes: %v, want ErrConflict naming the flag", err)
+	}
+}
+
+// A package replaced in the bucket behind the control plane's back fails
+// the fetch (digest mismatch): the create is refused before any row is
+// written, and the other node keeps nothing of it.
+func TestCrossNodeFetchRefusesReplacedPackage(t *testing.T) {
+	ctx := context.Background()
+	c, gw := newSnapCluster(t, true)
+	src := c.create(t)
+	sn, err := c.m.Snapshot(ctx, src.ID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := gw.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	evil := []byte("not the package")
+	if _, err := cl.PutObject(ctx, gw.Bucket, sn.ID+"/rootfs.tar", bytes.NewReader(evil), int64(len(evil)), minio.PutObjectOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.st.SetNodeFlags(ctx, src.Node, true, false); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := c.st.ListSandboxes(ctx, store.SandboxFilter{})
+	_, err = c.m.Create(ctx, CreateOptions{TemplateID: sn.ID, Timeout: time.Minute})
+	if !errors.Is(err, snapstore.ErrDigestMismatch) {
+		t.Fatalf("create from a replaced package: %v, want ErrDigestMismatch", err)
+	}
+	if after, _ := c.st.ListSandboxes(ctx, store.SandboxFilter{}); len(after) != len(before) {
+		t.Fatalf("a refused create left a row: %d rows, had %d", len(after), len(before))
+	}
+	if ents, _ := os.ReadDir(c.nodes[other(src.Node)].snapDir); len(ents) != 0 {
+		t.Fatalf("the other node kept %v", ents)
 	}
 }
