@@ -73,6 +73,9 @@ type serveOptions struct {
 	nodeID          string
 	embeddedNode    bool
 	reserveCapacity bool
+	// snapshotStore is --snapshot-store: s3://… for restores on other
+	// nodes, or "" (snapshots stay on their node).
+	snapshotStore string
 }
 
 func serveCmd() *cobra.Command {
@@ -123,6 +126,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&o.nodeID, "node-id", "local", "ID of the in-process node (a DNS label; sandbox, snapshot and volume rows record it)")
 	f.BoolVar(&o.embeddedNode, "embedded-node", true, "run a node in this process; false: a pure control plane driving only remote nodes (`cubicle node run`), which needs TLS")
 	f.BoolVar(&o.reserveCapacity, "reserve-capacity", false, "reserve each sandbox's CPUs and memory on its node in the store's capacity ledger, refusing creates (429) past the node's size, even with only the in-process node (always on while remote nodes are registered)")
+	f.StringVar(&o.snapshotStore, "snapshot-store", "", "s3://BUCKET?endpoint=URL&region=R[&prefix=P/][&pathStyle=true]: upload snapshots there so a sandbox from one (or a rollback) can start on another node; credentials from "+envSnapAccessKey+"/"+envSnapSecretKey+" (or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY); nodes only get presigned URLs. Default: snapshots restore on their own node only")
 	o.nodeHostOptions.flags(f)
 	o.conns.flags(f)
 	return cmd
@@ -134,6 +138,12 @@ func serve(ctx context.Context, o serveOptions) error {
 	sched, err := scheduler.New(scheduler.Config{Strategy: scheduler.Strategy(o.schedule), CPUOvercommit: o.cpuOvercommit, LeaseTTL: o.replica.nodeLostAfter})
 	if err != nil {
 		return fmt.Errorf("--schedule/--cpu-overcommit: %w", err)
+	}
+	// Before anything touches the host: a bad store URL or missing
+	// credentials stop serve at once.
+	snaps, err := snapshotStore(o.snapshotStore, os.Getenv)
+	if err != nil {
+		return err
 	}
 	if err := clusterFlags(&o); err != nil {
 		return err
@@ -283,7 +293,7 @@ func serve(ctx context.Context, o serveOptions) error {
 		CreateQueueWait: o.createWait, Logger: log, Registry: reg, Volumes: ctrlPlugins, VolumeMetrics: volMetrics, ContentIdle: o.contentIdle,
 		ReadyTimeout: o.readyTimeout, MaxSandboxCPU: o.maxCPU, MaxSandboxMemoryMB: o.maxMemoryMB, MaxSandboxDiskMB: o.maxDiskMB, Scheduler: sched,
 		Leaser: leaser, Locks: locks, NodeLostAfter: o.replica.nodeLostAfter, NodeLostGrace: o.replica.nodeLostGrace,
-		ImageDigest: tpls.imageDigest}, st, nil, tpls.catalog)
+		ImageDigest: tpls.imageDigest, SnapshotStore: snaps}, st, nil, tpls.catalog)
 	// Registered (its heartbeat renewed) before anything places a sandbox:
 	// after a long stop the old heartbeat would read as a lost node.
 	if err := mgr.RegisterNode(ctx); err != nil {

@@ -79,6 +79,10 @@ type Config struct {
 	// pulls images asks the registry for (repository and manifest digest);
 	// nil = templates built here cannot boot on such a node.
 	ImageDigest func(ref string) (node.Image, error)
+	// SnapshotStore keeps snapshot packages for restores on another node
+	// (serve --snapshot-store; nil: snapshots restore only on their own
+	// node). Nodes get presigned URLs from it, never credentials.
+	SnapshotStore SnapshotStore
 	// ContentIdle is how long the volume-content API keeps a volume
 	// attached after its last request (default 30s).
 	ContentIdle time.Duration
@@ -592,12 +596,15 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 		return nil, err
 	}
 	pr := placeRequest{sandboxID: NewID(), accels: accels, drivers: m.mountDrivers(ctx, o.TeamID, o.VolumeMounts)}
-	if o.snapshot != nil {
-		pr.pin = o.snapshot.Node // its files are on that node
+	if sn := o.snapshot; sn != nil {
+		pr.pin = sn.Node // its files are on that node...
+		// ...unless its chain is in the snapshot store, for a node that
+		// pulls images.
+		pr.movable = m.movable(ctx, sn) == nil
 	}
 	pl, err := m.place(ctx, o, tpl, pr)
 	if err != nil {
-		return nil, err
+		return nil, m.pinnedError(ctx, o.snapshot, err)
 	}
 	rowMade := false
 	defer func() {
@@ -649,11 +656,25 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 			return nil, err
 		}
 	}
+	if sn := o.snapshot; sn != nil && pl.nodeID != sn.Node {
+		// Placed off the snapshot's node: the node fetches the chain first.
+		if err := m.fetchChain(ctx, pl.node, pl.nodeID, sn); err != nil {
+			return nil, err
+		}
+	}
 	// Before the row: a node that cannot boot the template refuses it
 	// without leaving a sandbox behind.
-	boot, err := m.bootImage(ctx, pl.nodeID, pl.node, tpl, o.snapshot != nil)
+	boot, err := m.bootImage(ctx, pl.nodeID, pl.node, tpl, o.snapshot)
 	if err != nil {
 		return nil, err
+	}
+	// The row names what it boots from by reference too, so its snapshots
+	// (and a rollback) can be named to a node that does not share files.
+	if !boot.IsZero() {
+		sb.Image = boot.String()
+	}
+	if o.snapshot != nil {
+		sb.SnapshotLayers = o.snapshot.SnapshotLayers
 	}
 	// Stands in for the disk image until the node has made it.
 	releaseDisk, err := m.reserveDisk("sandbox/"+sb.ID, fmt.Sprintf("a %d MiB sandbox disk", sb.DiskSizeMB), sb.DiskSizeMB)
@@ -678,12 +699,12 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 	}
 	defer unlock()
 	req := m.nodeRequest(sb, tpl.Layers)
-	if !boot.IsZero() {
-		req.Layers, req.Image = nil, boot
-	}
 	req.Volumes = attachments
 	req.Accelerators, req.AccelContract = accels, tpl.Accelerators
 	req.Restore, req.CurrentToken = restore, currentToken
+	if !boot.IsZero() {
+		byReference(&req, boot, sb.SnapshotLayers, o.snapshot != nil && o.snapshot.Kind == runtime.SnapshotMemory)
+	}
 	req.StartCmd, req.StartUser, req.StartWorkdir, req.DefaultWorkdir = tpl.StartCmd, sb.DefaultUser, tpl.Workdir, tpl.Workdir
 	placed, err := pl.node.Create(nctx, req)
 	if err != nil && retryable(err) && len(attachments) == 0 {

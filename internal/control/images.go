@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/template"
 )
 
@@ -15,17 +16,47 @@ import (
 // node resolves image references itself (Info.Abilities.PullsImages): the
 // layers are paths on the control plane's host. The embedded node shares
 // them and keeps getting layers (the zero Image), unchanged and at no
-// extra cost.
-func (m *Manager) bootImage(ctx context.Context, nodeID string, nd node.Node, tpl template.Template, fromSnapshot bool) (node.Image, error) {
+// extra cost. A create from snapshot sn boots the image sn's chain was
+// taken over (sn's template has only the node's paths).
+func (m *Manager) bootImage(ctx context.Context, nodeID string, nd node.Node, tpl template.Template, sn *store.Snapshot) (node.Image, error) {
 	pulls, err := m.pullsImages(ctx, nodeID, nd)
 	if err != nil || !pulls {
 		return node.Image{}, err
 	}
-	if fromSnapshot {
-		// A snapshot's layer is a file of the node that took it.
-		return node.Image{}, fmt.Errorf("%w: sandboxes from snapshots start only on the embedded node for now", ErrConflict)
+	if sn != nil {
+		return snapshotImage(sn, nodeID)
 	}
 	return m.imageRef(tpl)
+}
+
+// snapshotImage is the image below sn's chain, for a node that pulls
+// images; a snapshot recorded only by path (its source booted from
+// layers) cannot be named to such a node.
+func snapshotImage(sn *store.Snapshot, nodeID string) (node.Image, error) {
+	if sn.Image == "" || len(sn.SnapshotLayers) == 0 {
+		return node.Image{}, fmt.Errorf("%w: snapshot '%s' is recorded only as host paths (its sandbox booted from layers, not an image), which node %s, a node that pulls its images, cannot use", ErrConflict, sn.ID, nodeID)
+	}
+	return parseImage(sn.Image), nil
+}
+
+// parseImage reverses node.Image.String: repository@digest, or a
+// built-in's name.
+func parseImage(s string) node.Image {
+	if i := strings.LastIndexByte(s, '@'); i >= 0 {
+		return node.Image{Name: s[:i], Digest: s[i+1:]}
+	}
+	return node.Image{Name: s}
+}
+
+// byReference turns req into its node-local form for a node that pulls
+// images: the image and the snapshot chain by ID instead of paths, and a
+// memory snapshot's checkpoint by its ID (the top of the chain).
+func byReference(req *node.CreateRequest, boot node.Image, snapshotLayers []string, memory bool) {
+	req.Layers, req.Image = nil, boot
+	req.SnapshotLayers = snapshotLayers
+	if memory && len(snapshotLayers) > 0 {
+		req.Restore, req.RestoreSnapshot = "", snapshotLayers[0]
+	}
 }
 
 // prefetch has every node that pulls images fetch tpl's before a warm

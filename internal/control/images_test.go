@@ -141,10 +141,10 @@ func TestPoolEmbeddedNoPrefetch(t *testing.T) {
 	}
 }
 
-// A snapshot's layers are recorded as paths: rolling back a sandbox on a
-// node that does not share the control plane's files is a clear 409, and
-// the sandbox is left as it was.
-func TestRollbackRefusedOnPullingNode(t *testing.T) {
+// A snapshot recorded only as host paths (its sandbox booted from
+// layers) cannot be named to a node that pulls images: a rollback there is
+// a clear 409, and the sandbox is left as it was.
+func TestRollbackOfPathOnlySnapshotRefusedOnPullingNode(t *testing.T) {
 	ctx := context.Background()
 	m, _ := newImageManager(t, true)
 	sb, err := m.Create(ctx, CreateOptions{TemplateID: "builtin", Timeout: time.Minute})
@@ -160,7 +160,7 @@ func TestRollbackRefusedOnPullingNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = m.Rollback(ctx, sb.ID, "snap_x")
-	if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "embedded node") {
+	if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "only as host paths") {
 		t.Fatalf("rollback on a pulling node: %v, want ErrConflict", err)
 	}
 	if got, err := m.store.GetSandbox(ctx, sb.ID); err != nil || got.State != store.StateRunning {

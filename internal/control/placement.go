@@ -33,7 +33,10 @@ type placeRequest struct {
 	drivers   []string // volume drivers the mounts need
 	// pin restricts placement to one node (a snapshot's files are on
 	// the node that took it); exclude removes nodes (a retry).
-	pin     string
+	pin string
+	// movable lets a pinned create go to another node that pulls images
+	// (the snapshot's chain is in the snapshot store).
+	movable bool
 	exclude map[string]bool
 	// judgeOnly asks whether some node is acceptable, reserving nothing
 	// (a pool claim checks its placement policies so).
@@ -74,8 +77,11 @@ func (m *Manager) place(ctx context.Context, o CreateOptions, tpl template.Templ
 	nodes := make([]scheduler.Node, 0, len(members))
 	reserve := m.cfg.Reserve
 	for _, mb := range members {
-		if pr.exclude[mb.ID] || (pr.pin != "" && mb.ID != pr.pin) {
+		if pr.exclude[mb.ID] || (pr.pin != "" && mb.ID != pr.pin && !pr.movable) {
 			continue
+		}
+		if pr.pin != "" && mb.ID != pr.pin && !m.pullsOK(ctx, mb.ID) {
+			continue // it could not boot the chain by reference
 		}
 		if !m.nodes.IsLocal(mb.ID) {
 			if mb.Row.Address == "" {

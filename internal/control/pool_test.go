@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/internal/snapstore"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
 	"github.com/cubicle-dev/cubicle/internal/template"
@@ -31,6 +34,11 @@ type fakeNode struct {
 	// pulls: the node resolves image references (Info.Abilities.PullsImages).
 	pulls  bool
 	pulled []node.Image // PullImage calls, in order
+	// snapKind: the kind of snapshot the node takes ("" = none).
+	snapKind string
+	// snapDir: where its snapshots' files are ("" = it keeps none).
+	snapDir string
+	fetched []string // FetchSnapshot calls that fetched
 }
 
 func newFakeNode() *fakeNode {
@@ -318,14 +326,62 @@ func TestPoolConcurrentClaims(t *testing.T) {
 	}
 }
 
-func (f *fakeNode) Snapshot(context.Context, string, string) (node.Snapshot, error) {
-	return node.Snapshot{}, node.ErrSnapshotUnsupported
+// Snapshot takes a snapshot of kind f.snapKind into the node's own
+// snapshot dir; with no kind the node has no snapshots.
+func (f *fakeNode) Snapshot(_ context.Context, _, sid string) (node.Snapshot, error) {
+	if f.snapKind == "" {
+		return node.Snapshot{}, node.ErrSnapshotUnsupported
+	}
+	if f.snapDir != "" {
+		// Real files, so a push and a fetch move real bytes.
+		dir := filepath.Join(f.snapDir, sid, "rootfs")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return node.Snapshot{}, err
+		}
+		if err := os.WriteFile(filepath.Join(dir, "marker"), []byte(sid), 0o644); err != nil {
+			return node.Snapshot{}, err
+		}
+	}
+	sn := node.Snapshot{ID: sid, Kind: f.snapKind, Layer: "/node/snapshots/" + sid + "/rootfs", SizeBytes: 1}
+	if f.snapKind == runtime.SnapshotMemory {
+		sn.Checkpoint = "/node/snapshots/" + sid + "/checkpoint"
+	}
+	return sn, nil
 }
 func (f *fakeNode) DeleteSnapshot(context.Context, string) error { return nil }
 func (f *fakeNode) Snapshots(context.Context) ([]string, error)  { return nil, nil }
-func (f *fakeNode) Stop(context.Context, string) error           { return node.ErrSnapshotUnsupported }
-func (f *fakeNode) Rebuild(context.Context, string, node.CreateRequest) error {
-	return node.ErrSnapshotUnsupported
+
+// PushSnapshot and FetchSnapshot move the files under snapDir through the
+// real snapstore transfer (the URLs reach a real S3 server).
+func (f *fakeNode) PushSnapshot(ctx context.Context, sid string, targets []node.SnapshotObject) ([]node.SnapshotObject, error) {
+	if f.snapDir == "" {
+		return nil, node.ErrSnapshotUnsupported
+	}
+	return snapstore.Push(ctx, http.DefaultClient, filepath.Join(f.snapDir, sid), targets)
+}
+func (f *fakeNode) FetchSnapshot(ctx context.Context, sid string, sources []node.SnapshotObject) error {
+	if f.snapDir == "" {
+		return node.ErrSnapshotUnsupported
+	}
+	if _, err := os.Stat(filepath.Join(f.snapDir, sid)); err == nil {
+		return nil
+	}
+	f.mu.Lock()
+	f.fetched = append(f.fetched, sid)
+	f.mu.Unlock()
+	return snapstore.Fetch(ctx, http.DefaultClient, filepath.Join(f.snapDir, sid), sources)
+}
+func (f *fakeNode) Stop(context.Context, string) error { return node.ErrSnapshotUnsupported }
+
+// Rebuild records the request when the node has snapshots.
+func (f *fakeNode) Rebuild(_ context.Context, id string, req node.CreateRequest) error {
+	if f.snapKind == "" {
+		return node.ErrSnapshotUnsupported
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.sbs[id] = req
+	return nil
 }
 
 // noAccelerators is the Accelerators service of a node without any.

@@ -124,9 +124,21 @@ func (m *Manager) snapshotLocked(ctx context.Context, sb *store.Sandbox, name st
 			_ = nd.DeleteSnapshot(nctx, sid)
 		}
 	}()
+	var pkg []store.SnapshotObject
+	if m.cfg.SnapshotStore != nil && !internal {
+		// Uploaded before the row is written, so a row with a package
+		// always has its objects. A failed upload keeps the snapshot,
+		// restorable on its own node only (the event says why).
+		if pkg, err = m.pushPackage(nctx, nd, sb, ns); err != nil {
+			m.log.Warn("snapshot upload failed; it restores on its own node only", "snapshot", sid, "err", err)
+			m.event(ctx, sb.ID, "snapshot-upload-failed", "warn", "snapshot %s was not uploaded to the snapshot store: %v", sid, err)
+			pkg, err = nil, nil
+		}
+	}
 	sn := &store.Snapshot{
 		ID: sid, TeamID: sb.TeamID, SandboxID: sb.ID, SourceTemplateID: sb.TemplateID, Node: m.rowNode(sb),
 		Kind: ns.Kind, Runtime: info.Runtime, Layers: append([]string{ns.Layer}, layers...), Checkpoint: ns.Checkpoint,
+		Image: sb.Image, SnapshotLayers: append([]string{sid}, sb.SnapshotLayers...), Package: pkg,
 		SizeBytes: ns.SizeBytes, Volumes: sb.Volumes, EnvVars: sb.EnvVars, DefaultUser: sb.DefaultUser,
 		AgentToken: sb.EnvdToken, Internal: internal,
 	}
@@ -354,19 +366,34 @@ func (m *Manager) Rollback(ctx context.Context, id, snapshotRef string) (err err
 	if sb.State != store.StateRunning && sb.State != store.StatePaused {
 		return fmt.Errorf("%w: sandbox '%s' is %s", ErrConflict, id, sb.State)
 	}
-	if on := info.Snapshot.Node; on != "" && on != m.rowNode(sb) {
-		return fmt.Errorf("%w: snapshot '%s' is kept on node %s and sandbox '%s' runs on node %s; a snapshot restores on its own node", ErrConflict, info.Snapshot.ID, on, id, m.rowNode(sb))
-	}
 	nd, err := m.nodeOf(ctx, sb)
 	if err != nil {
 		return err
 	}
+	if on := info.Snapshot.Node; on != "" && on != m.rowNode(sb) {
+		// Its files are on another node: fetched from the snapshot store
+		// by a node that boots by reference, else refused.
+		why := m.movable(ctx, &info.Snapshot)
+		if why == nil && !m.pullsOK(ctx, m.rowNode(sb)) {
+			why = fmt.Errorf("node %s boots from the control plane's paths, not by reference", m.rowNode(sb))
+		}
+		if why != nil {
+			return fmt.Errorf("%w: snapshot '%s' is kept on node %s and sandbox '%s' runs on node %s: %v", ErrConflict, info.Snapshot.ID, on, id, m.rowNode(sb), why)
+		}
+		if err := m.fetchChain(ctx, nd, m.rowNode(sb), &info.Snapshot); err != nil {
+			return err
+		}
+	}
+	// A node that does not share the control plane's files gets the
+	// snapshot's chain by reference (its files are in the node's own
+	// snapshot dir: the snapshot was taken there).
+	var boot node.Image
 	if pulls, err := m.pullsImages(ctx, m.rowNode(sb), nd); err != nil {
 		return err
 	} else if pulls {
-		// The snapshot's layers are recorded as paths, which a node that
-		// does not share the control plane's files cannot use.
-		return fmt.Errorf("%w: sandbox '%s': rollback works only on the embedded node for now (a node that pulls its images has no snapshot paths of this host)", ErrConflict, id)
+		if boot, err = snapshotImage(&info.Snapshot, m.rowNode(sb)); err != nil {
+			return err
+		}
 	}
 	restore, currentToken, err := m.restoreOf(ctx, &info.Snapshot, sb)
 	if err != nil {
@@ -382,6 +409,9 @@ func (m *Manager) Rollback(ctx context.Context, id, snapshotRef string) (err err
 	}
 	req := m.nodeRequest(sb, info.Layers)
 	req.Volumes, req.Restore, req.CurrentToken = atts, restore, currentToken
+	if !boot.IsZero() {
+		byReference(&req, boot, info.SnapshotLayers, info.Kind == runtime.SnapshotMemory)
+	}
 	if t, err := m.store.GetTemplate(ctx, info.ID); err == nil {
 		req.StartCmd, req.StartUser, req.StartWorkdir, req.DefaultWorkdir = t.StartCmd, sb.DefaultUser, t.Workdir, t.Workdir
 	}
@@ -397,6 +427,7 @@ func (m *Manager) Rollback(ctx context.Context, id, snapshotRef string) (err err
 		return fmt.Errorf("rollback: %w", err)
 	}
 	sb.Layers, sb.State = info.Layers, store.StateRunning
+	sb.Image, sb.SnapshotLayers = info.Image, info.SnapshotLayers
 	if prev == store.StatePaused {
 		sb.EndAt = time.Now().UTC().Add(DefaultTimeout)
 	}
@@ -490,10 +521,15 @@ func (m *Manager) reconcileSnapshots(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// In use: by path (the embedded node) or by snapshot ID (a node that
+	// pulls images; its rows name the chain by reference).
 	used := map[string]bool{}
 	for _, sb := range live {
 		for _, l := range sb.Layers {
 			used[l] = true
+		}
+		for _, id := range sb.SnapshotLayers {
+			used[id] = true
 		}
 	}
 	for _, sn := range rows {
@@ -501,13 +537,16 @@ func (m *Manager) reconcileSnapshots(ctx context.Context) error {
 			for _, l := range sn.Layers {
 				used[l] = true
 			}
+			for _, id := range sn.SnapshotLayers {
+				used[id] = true
+			}
 		}
 	}
 	known := map[string]bool{}
 	var bytes, count float64
 	for _, sn := range rows {
 		known[sn.ID] = true
-		if !sn.DeletedAt.IsZero() && len(sn.Layers) > 0 && !used[sn.Layers[0]] {
+		if !sn.DeletedAt.IsZero() && len(sn.Layers) > 0 && !used[sn.Layers[0]] && !used[sn.ID] {
 			nd, err := m.nodeFor(ctx, sn.Node)
 			if err == nil {
 				err = nd.DeleteSnapshot(ctx, sn.ID)
@@ -515,6 +554,13 @@ func (m *Manager) reconcileSnapshots(ctx context.Context) error {
 			if err != nil {
 				m.log.Error("delete snapshot files", "snapshot", sn.ID, "err", err)
 				continue
+			}
+			if len(sn.Package) > 0 && m.cfg.SnapshotStore != nil {
+				// Before the row: a package whose delete failed is retried.
+				if err := m.cfg.SnapshotStore.Delete(ctx, sn.ID); err != nil {
+					m.log.Error("delete snapshot package", "snapshot", sn.ID, "err", err)
+					continue
+				}
 			}
 			if err := m.store.PurgeSnapshot(ctx, sn.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 				return err

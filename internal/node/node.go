@@ -12,6 +12,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/internal/snapstore"
 )
 
 var (
@@ -176,7 +177,20 @@ type Snapshots interface {
 	DeleteSnapshot(ctx context.Context, snapshotID string) error
 	// Snapshots lists the snapshot IDs with files on the node.
 	Snapshots(ctx context.Context) ([]string, error)
+	// PushSnapshot packs each target's part of a snapshot's files and
+	// PUTs it to the target's presigned URL, returning digests and sizes
+	// (cross-node restore through an object store).
+	PushSnapshot(ctx context.Context, snapshotID string, targets []SnapshotObject) ([]SnapshotObject, error)
+	// FetchSnapshot GETs each source, refuses bytes that are not its
+	// digest and size (snapstore.ErrDigestMismatch), and unpacks the parts
+	// as the node's files of snapshotID. A snapshot the node already has
+	// is left as it is.
+	FetchSnapshot(ctx context.Context, snapshotID string, sources []SnapshotObject) error
 }
+
+// SnapshotObject is one part of a snapshot package in an object store
+// (snapstore.Object): a presigned URL and, once pushed, its digest.
+type SnapshotObject = snapstore.Object
 
 // Volumes are the node's durable volume references. A sandbox's own are
 // taken by Create (CreateRequest.Volumes) and dropped by Delete.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -14,6 +15,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/lxcfs"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/internal/snapstore"
 )
 
 var (
@@ -77,6 +79,39 @@ func (l *Local) DeleteSnapshot(ctx context.Context, snapshotID string) error {
 		return nil
 	}
 	return os.RemoveAll(filepath.Join(l.cfg.SnapshotDir, snapshotID))
+}
+
+// snapshotHTTP reaches the object store's presigned URLs; each call's
+// context bounds it.
+var snapshotHTTP = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+
+// PushSnapshot implements Node.
+func (l *Local) PushSnapshot(ctx context.Context, snapshotID string, targets []SnapshotObject) ([]SnapshotObject, error) {
+	if _, err := l.snapshotPath(snapshotID, "rootfs"); err != nil {
+		return nil, err
+	}
+	return snapstore.Push(ctx, snapshotHTTP, filepath.Join(l.cfg.SnapshotDir, snapshotID), targets)
+}
+
+// FetchSnapshot implements Node.
+func (l *Local) FetchSnapshot(ctx context.Context, snapshotID string, sources []SnapshotObject) error {
+	if _, err := l.snapshotter(); err != nil {
+		return err
+	}
+	if !snapshotIDRe.MatchString(snapshotID) {
+		return fmt.Errorf("%w: snapshot id %q", ErrSnapshotNotFound, snapshotID)
+	}
+	if _, err := l.snapshotPath(snapshotID, "rootfs"); err == nil {
+		return nil // taken or fetched here before
+	}
+	if err := os.MkdirAll(l.cfg.SnapshotDir, 0o700); err != nil {
+		return err
+	}
+	err := snapstore.Fetch(ctx, snapshotHTTP, filepath.Join(l.cfg.SnapshotDir, snapshotID), sources)
+	if errors.Is(err, os.ErrExist) {
+		return nil // a concurrent fetch of the same snapshot won
+	}
+	return err
 }
 
 // Snapshots lists the snapshot IDs whose files are on this node.

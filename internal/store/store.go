@@ -154,6 +154,13 @@ type Sandbox struct {
 	// Layers are the rootfs layers the sandbox runs on, top-most first
 	// (nil for rows from before snapshots: its template's ready build).
 	Layers []string
+	// Image and SnapshotLayers are Layers by reference, for a node that
+	// does not share the control plane's files: the image it boots from
+	// (a built-in's name, or repository@sha256:… in the control plane's
+	// registry; "" for rows from before references) and the snapshots
+	// stacked above it by ID, top-most first.
+	Image          string
+	SnapshotLayers []string
 	// PauseMemory: a timeout pause (AutoPause) keeps memory; false makes
 	// it a filesystem pause (e2b's autoPauseMemory: false).
 	PauseMemory bool
@@ -492,6 +499,14 @@ type TemplateStore interface {
 	DeleteIdempotencyBefore(ctx context.Context, t time.Time) (int, error)
 }
 
+// SnapshotObject is one part ("rootfs", "checkpoint") of a snapshot's
+// package in the snapshot store, with the digest a fetch must match.
+type SnapshotObject struct {
+	Part   string `json:"part"`
+	Digest string `json:"digest"`
+	Size   int64  `json:"size"`
+}
+
 // Snapshot is a captured sandbox. Its ID is also the ID of the template
 // row that creates sandboxes from it.
 type Snapshot struct {
@@ -506,7 +521,15 @@ type Snapshot struct {
 	// top-most (the snapshot's own layer) first.
 	Layers     []string
 	Checkpoint string // memory image dir ("" for filesystem snapshots)
-	SizeBytes  int64
+	// Image and SnapshotLayers are Layers by reference (Sandbox's):
+	// SnapshotLayers starts with the snapshot's own ID.
+	Image          string
+	SnapshotLayers []string
+	// Package is the snapshot's own layer (and memory image) in the
+	// snapshot store, for a restore on another node; nil when it was not
+	// uploaded (no store configured, or the upload failed).
+	Package   []SnapshotObject
+	SizeBytes int64
 	// Volumes are the source's mounts: IDs, paths, read-only flags; never
 	// volume data or plugin private data.
 	Volumes     []VolumeMount

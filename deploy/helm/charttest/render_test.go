@@ -184,6 +184,7 @@ func checkReferences(t *testing.T, o objects) {
 	external := map[string]bool{ // Secrets the values files name, made by the operator
 		"cubicle-store": true, "cubicle-tls": true, "cubicle-secrets-key": true,
 		"wildcard-cubicle-example-org": true, "managed-postgres": true, "cubicle-join-tokens": true,
+		"snapshot-store-credentials": true,
 	}
 	checkSecret := func(where, name, key string) {
 		s, ok := o.secrets[name]
@@ -448,6 +449,31 @@ func TestExternalTLS(t *testing.T) {
 	if _, ok := o.secrets["cubicle-join"]; ok {
 		t.Error("a join Secret was rendered although join.existingSecret is set")
 	}
+	// The snapshot store: the flag and its credentials on the control
+	// plane only; the nodes never get them.
+	cp := container(t, d.Spec.Template.Spec.Containers, "cubicle")
+	if !slices.Contains(cp.Args, "--snapshot-store=s3://cubicle-snapshots?endpoint=https://s3.eu-west-1.amazonaws.com&region=eu-west-1") {
+		t.Errorf("control plane args %v lack --snapshot-store", cp.Args)
+	}
+	for _, name := range []string{"CUBICLE_SNAPSHOT_S3_ACCESS_KEY", "CUBICLE_SNAPSHOT_S3_SECRET_KEY"} {
+		found := false
+		for _, e := range cp.Env {
+			if e.Name == name && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil && e.ValueFrom.SecretKeyRef.Name == "snapshot-store-credentials" {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("control plane env lacks %s from the values' Secret", name)
+		}
+	}
+	ns := o.daemonSets["cubicle-node"].Spec.Template.Spec
+	for _, c := range slices.Concat(ns.InitContainers, ns.Containers) {
+		for _, e := range c.Env {
+			if strings.HasPrefix(e.Name, "CUBICLE_SNAPSHOT_S3_") {
+				t.Errorf("node container %s gets %s", c.Name, e.Name)
+			}
+		}
+	}
 }
 
 func TestDefaultJoinURLIsTheService(t *testing.T) {
@@ -491,6 +517,8 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{"warm pool without a size", "controlPlane: {warmPools: [base]}", "warmPools"},
 		{"extra arg that is not a flag", "nodes: {extraArgs: ['rm -rf /']}", "extraArgs"},
 		{"port out of range", "nodes: {grpcPort: 70000}", "grpcPort"},
+		{"snapshot store not s3", "snapshotStore: {url: 'https://bucket', existingSecret: creds}", "url"},
+		{"snapshot store without credentials", "snapshotStore: {url: 's3://snaps?region=eu-west-1'}", "existingSecret"},
 		{"accelerator backend unknown", "nodes: {accelerators: {enabled: true, backend: cuda}}", "backend"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -175,6 +175,35 @@ func (c *Client) Snapshots(ctx context.Context) ([]string, error) {
 	return p.GetSnapshotIds(), nil
 }
 
+func (c *Client) PushSnapshot(ctx context.Context, snapshotID string, targets []node.SnapshotObject) ([]node.SnapshotObject, error) {
+	p, err := c.snap.PushSnapshot(ctx, &nodev1.PushSnapshotRequest{SnapshotId: snapshotID, Targets: objectsToProto(targets)}, c.opts...)
+	if err != nil {
+		return nil, fromStatus(err)
+	}
+	return objectsFromProto(p.GetObjects()), nil
+}
+
+func (c *Client) FetchSnapshot(ctx context.Context, snapshotID string, sources []node.SnapshotObject) error {
+	_, err := c.snap.FetchSnapshot(ctx, &nodev1.FetchSnapshotRequest{SnapshotId: snapshotID, Sources: objectsToProto(sources)}, c.opts...)
+	return fromStatus(err)
+}
+
+func objectsToProto(in []node.SnapshotObject) []*nodev1.SnapshotObject {
+	out := make([]*nodev1.SnapshotObject, 0, len(in))
+	for _, o := range in {
+		out = append(out, &nodev1.SnapshotObject{Part: o.Part, Url: o.URL, Digest: o.Digest, Size: o.Size})
+	}
+	return out
+}
+
+func objectsFromProto(in []*nodev1.SnapshotObject) []node.SnapshotObject {
+	out := make([]node.SnapshotObject, 0, len(in))
+	for _, o := range in {
+		out = append(out, node.SnapshotObject{Part: o.GetPart(), URL: o.GetUrl(), Digest: o.GetDigest(), Size: o.GetSize()})
+	}
+	return out
+}
+
 // PullImage implements node.Node.
 func (c *Client) PullImage(ctx context.Context, image node.Image) error {
 	_, err := c.img.PullImage(ctx, &nodev1.PullImageRequest{Image: imageToProto(image)}, c.opts...)

@@ -214,6 +214,18 @@ func (s *snapshotsServer) Snapshots(ctx context.Context, _ *nodev1.ListSnapshots
 	return &nodev1.ListSnapshotsResponse{SnapshotIds: ids}, nil
 }
 
+func (s *snapshotsServer) PushSnapshot(ctx context.Context, r *nodev1.PushSnapshotRequest) (*nodev1.PushSnapshotResponse, error) {
+	objs, err := s.n.PushSnapshot(ctx, r.GetSnapshotId(), objectsFromProto(r.GetTargets()))
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &nodev1.PushSnapshotResponse{Objects: objectsToProto(objs)}, nil
+}
+
+func (s *snapshotsServer) FetchSnapshot(ctx context.Context, r *nodev1.FetchSnapshotRequest) (*nodev1.Empty, error) {
+	return done(s.n.FetchSnapshot(ctx, r.GetSnapshotId(), objectsFromProto(r.GetSources())))
+}
+
 type volumesServer struct {
 	nodev1.UnimplementedVolumesServer
 	n node.Node

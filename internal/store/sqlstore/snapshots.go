@@ -12,7 +12,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/store"
 )
 
-const snapshotCols = `id, team_id, sandbox_id, source_template_id, node, kind, runtime, layers, checkpoint, size_bytes, volumes, env_vars, default_user, agent_token, internal, created_at, deleted_at`
+const snapshotCols = `id, team_id, sandbox_id, source_template_id, node, kind, runtime, layers, checkpoint, size_bytes, volumes, env_vars, default_user, agent_token, internal, created_at, deleted_at, image, snapshot_layers, package`
 
 // layerSep joins Snapshot.Layers: overlayfs' lowerdir separator, which no
 // layer path holds.
@@ -39,6 +39,13 @@ func (s *Store) createSnapshotTx(ctx context.Context, sn *store.Snapshot, t *sto
 	if err != nil {
 		return err
 	}
+	pkg, err := json.Marshal(sn.Package)
+	if err != nil {
+		return err
+	}
+	if sn.Package == nil {
+		pkg = []byte("[]")
+	}
 	tx, err := s.db.BeginTx(ctx)
 	if err != nil {
 		return err
@@ -56,9 +63,10 @@ func (s *Store) createSnapshotTx(ctx context.Context, sn *store.Snapshot, t *sto
 	if err := insertTemplate(ctx, tx, t, b); err != nil {
 		return err
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO snapshots(`+snapshotCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	if _, err := tx.ExecContext(ctx, `INSERT INTO snapshots(`+snapshotCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sn.ID, sn.TeamID, sn.SandboxID, sn.SourceTemplateID, sn.Node, sn.Kind, sn.Runtime, strings.Join(sn.Layers, layerSep),
-		sn.Checkpoint, sn.SizeBytes, string(vols), string(env), sn.DefaultUser, sn.AgentToken, sn.Internal, ts(sn.CreatedAt), ts(sn.DeletedAt)); err != nil {
+		sn.Checkpoint, sn.SizeBytes, string(vols), string(env), sn.DefaultUser, sn.AgentToken, sn.Internal, ts(sn.CreatedAt), ts(sn.DeletedAt),
+		sn.Image, strings.Join(sn.SnapshotLayers, layerSep), string(pkg)); err != nil {
 		if s.d.IsConstraint(err) {
 			return fmt.Errorf("%w: snapshot %s exists", store.ErrConflict, sn.ID)
 		}
@@ -76,10 +84,10 @@ func emptyMounts(v []store.VolumeMount) []store.VolumeMount {
 
 func scanSnapshot(row scanner) (*store.Snapshot, error) {
 	var sn store.Snapshot
-	var layers, vols, env string
+	var layers, snapLayers, vols, env, pkg string
 	var created, deleted int64
 	if err := row.Scan(&sn.ID, &sn.TeamID, &sn.SandboxID, &sn.SourceTemplateID, &sn.Node, &sn.Kind, &sn.Runtime, &layers,
-		&sn.Checkpoint, &sn.SizeBytes, &vols, &env, &sn.DefaultUser, &sn.AgentToken, &sn.Internal, &created, &deleted); err != nil {
+		&sn.Checkpoint, &sn.SizeBytes, &vols, &env, &sn.DefaultUser, &sn.AgentToken, &sn.Internal, &created, &deleted, &sn.Image, &snapLayers, &pkg); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil, store.ErrNotFound
 		}
@@ -88,11 +96,20 @@ func scanSnapshot(row scanner) (*store.Snapshot, error) {
 	if layers != "" {
 		sn.Layers = strings.Split(layers, layerSep)
 	}
+	if snapLayers != "" {
+		sn.SnapshotLayers = strings.Split(snapLayers, layerSep)
+	}
 	if err := json.Unmarshal([]byte(vols), &sn.Volumes); err != nil {
 		return nil, fmt.Errorf("snapshot %s volumes: %w", sn.ID, err)
 	}
 	if err := json.Unmarshal([]byte(env), &sn.EnvVars); err != nil {
 		return nil, fmt.Errorf("snapshot %s env: %w", sn.ID, err)
+	}
+	if err := json.Unmarshal([]byte(pkg), &sn.Package); err != nil {
+		return nil, fmt.Errorf("snapshot %s package: %w", sn.ID, err)
+	}
+	if len(sn.Package) == 0 {
+		sn.Package = nil
 	}
 	sn.CreatedAt, sn.DeletedAt = fromTS(created), fromTS(deleted)
 	return &sn, nil

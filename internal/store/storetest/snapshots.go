@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,7 +16,9 @@ func snapshotRows(id, team, sandbox, name string, internal bool) (*store.Snapsho
 	sn := &store.Snapshot{ID: id, TeamID: team, SandboxID: sandbox, SourceTemplateID: "base", Node: "local", Kind: "filesystem",
 		Runtime: "runc", Layers: []string{"/snap/" + id + "/rootfs", "/images/base/rootfs"}, SizeBytes: 42,
 		Volumes: []store.VolumeMount{{VolumeID: "v1", Path: "/mnt/v", ReadOnly: true}}, EnvVars: map[string]string{"K": "v"},
-		DefaultUser: "user", AgentToken: "tok", Internal: internal}
+		DefaultUser: "user", AgentToken: "tok", Internal: internal,
+		Image: "cubicle/tpl@sha256:" + strings.Repeat("ab", 32), SnapshotLayers: []string{id, "snap_parent"},
+		Package: []store.SnapshotObject{{Part: "rootfs", Digest: "sha256:" + strings.Repeat("cd", 32), Size: 1234}}}
 	t := &store.Template{ID: id, TeamID: team, PrimaryName: name, Names: []string{name}, BuildStatus: store.BuildReady,
 		ReadyBuildID: bid, LatestBuildID: bid, BuildCount: 1}
 	b := &store.TemplateBuild{ID: bid, TemplateID: id, Status: store.BuildReady, Rootfs: "/snap/" + id + "/rootfs:/images/base/rootfs"}
@@ -35,6 +38,16 @@ func testSnapshots(t *testing.T, s store.Store) {
 		got.Volumes[0].Path != "/mnt/v" || !got.Volumes[0].ReadOnly || got.EnvVars["K"] != "v" || got.AgentToken != "tok" ||
 		got.CreatedAt.IsZero() || !got.DeletedAt.IsZero() {
 		t.Fatalf("round trip: %+v %v", got, err)
+	}
+	// The chain by reference, for nodes that do not share the files.
+	if got.Image != sn.Image || fmt.Sprint(got.SnapshotLayers) != "[snap_1 snap_parent]" {
+		t.Fatalf("references: image %q snapshot layers %v", got.Image, got.SnapshotLayers)
+	}
+	if len(got.Package) != 1 || got.Package[0] != sn.Package[0] {
+		t.Fatalf("package: %+v", got.Package)
+	}
+	if l, err := s.ListSnapshots(ctx, store.SnapshotFilter{TeamID: "t1"}); err != nil || len(l) != 1 || l[0].Image != sn.Image || len(l[0].SnapshotLayers) != 2 {
+		t.Fatalf("listed references: %+v %v", l, err)
 	}
 	// It is also a template with a ready build, found by name in its team only.
 	if tt, err := s.TemplateByName(ctx, "t1", "named"); err != nil || tt.ID != "snap_1" || tt.ReadyBuildID != "bld_snap_1" {
@@ -155,5 +168,35 @@ func testSnapshots(t *testing.T, s store.Store) {
 	}
 	if g, _ = s.GetSandbox(ctx, sb.ID); g.PauseMemory || fmt.Sprint(g.Layers) != "[/c]" {
 		t.Fatalf("sandbox update: %+v", g)
+	}
+	// ... and the same by reference: none until set, then kept through
+	// create, update and list.
+	if g.Image != "" || g.SnapshotLayers != nil {
+		t.Fatalf("references on a row without them: %q %v", g.Image, g.SnapshotLayers)
+	}
+	g.Image, g.SnapshotLayers = "base", []string{"snap_b", "snap_a"}
+	if err := s.UpdateSandbox(ctx, g); err != nil {
+		t.Fatal(err)
+	}
+	if g, _ = s.GetSandbox(ctx, sb.ID); g.Image != "base" || fmt.Sprint(g.SnapshotLayers) != "[snap_b snap_a]" {
+		t.Fatalf("sandbox references after update: %q %v", g.Image, g.SnapshotLayers)
+	}
+	sb2 := sample("rrrrrrrrrrrrrrrrrrrr", time.Now())
+	sb2.Image, sb2.SnapshotLayers = "cubicle/x@sha256:"+strings.Repeat("cd", 32), []string{"snap_c"}
+	if err := s.CreateSandbox(ctx, sb2); err != nil {
+		t.Fatal(err)
+	}
+	all, err := s.ListSandboxes(ctx, store.SandboxFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, r := range all {
+		if r.ID == sb2.ID {
+			found = r.Image == sb2.Image && fmt.Sprint(r.SnapshotLayers) == "[snap_c]"
+		}
+	}
+	if !found {
+		t.Fatalf("listed sandbox lost its references: %+v", all)
 	}
 }

@@ -1817,6 +1817,224 @@ func (x *CheckUpstreamRequest) GetAddress() string {
 	return ""
 }
 
+// SnapshotObject is node.SnapshotObject (snapstore.Object): one part of a
+// snapshot package.
+type SnapshotObject struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Part          string                 `protobuf:"bytes,1,opt,name=part,proto3" json:"part,omitempty"`     // "rootfs" or "checkpoint"
+	Url           string                 `protobuf:"bytes,2,opt,name=url,proto3" json:"url,omitempty"`       // presigned; empty in a push's answer
+	Digest        string                 `protobuf:"bytes,3,opt,name=digest,proto3" json:"digest,omitempty"` // "sha256:<hex>"; set by a push, checked by a fetch
+	Size          int64                  `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotObject) Reset() {
+	*x = SnapshotObject{}
+	mi := &file_node_v1_node_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotObject) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotObject) ProtoMessage() {}
+
+func (x *SnapshotObject) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotObject.ProtoReflect.Descriptor instead.
+func (*SnapshotObject) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *SnapshotObject) GetPart() string {
+	if x != nil {
+		return x.Part
+	}
+	return ""
+}
+
+func (x *SnapshotObject) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *SnapshotObject) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *SnapshotObject) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+type PushSnapshotRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SnapshotId    string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	Targets       []*SnapshotObject      `protobuf:"bytes,2,rep,name=targets,proto3" json:"targets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PushSnapshotRequest) Reset() {
+	*x = PushSnapshotRequest{}
+	mi := &file_node_v1_node_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PushSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PushSnapshotRequest) ProtoMessage() {}
+
+func (x *PushSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PushSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*PushSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *PushSnapshotRequest) GetSnapshotId() string {
+	if x != nil {
+		return x.SnapshotId
+	}
+	return ""
+}
+
+func (x *PushSnapshotRequest) GetTargets() []*SnapshotObject {
+	if x != nil {
+		return x.Targets
+	}
+	return nil
+}
+
+type PushSnapshotResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Objects       []*SnapshotObject      `protobuf:"bytes,1,rep,name=objects,proto3" json:"objects,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PushSnapshotResponse) Reset() {
+	*x = PushSnapshotResponse{}
+	mi := &file_node_v1_node_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PushSnapshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PushSnapshotResponse) ProtoMessage() {}
+
+func (x *PushSnapshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PushSnapshotResponse.ProtoReflect.Descriptor instead.
+func (*PushSnapshotResponse) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *PushSnapshotResponse) GetObjects() []*SnapshotObject {
+	if x != nil {
+		return x.Objects
+	}
+	return nil
+}
+
+type FetchSnapshotRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SnapshotId    string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	Sources       []*SnapshotObject      `protobuf:"bytes,2,rep,name=sources,proto3" json:"sources,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchSnapshotRequest) Reset() {
+	*x = FetchSnapshotRequest{}
+	mi := &file_node_v1_node_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchSnapshotRequest) ProtoMessage() {}
+
+func (x *FetchSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*FetchSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *FetchSnapshotRequest) GetSnapshotId() string {
+	if x != nil {
+		return x.SnapshotId
+	}
+	return ""
+}
+
+func (x *FetchSnapshotRequest) GetSources() []*SnapshotObject {
+	if x != nil {
+		return x.Sources
+	}
+	return nil
+}
+
 type SnapshotRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -1827,7 +2045,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[29]
+	mi := &file_node_v1_node_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1839,7 +2057,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[29]
+	mi := &file_node_v1_node_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1852,7 +2070,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{29}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *SnapshotRequest) GetId() string {
@@ -1883,7 +2101,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_node_v1_node_proto_msgTypes[30]
+	mi := &file_node_v1_node_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1895,7 +2113,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[30]
+	mi := &file_node_v1_node_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1908,7 +2126,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{30}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Snapshot) GetId() string {
@@ -1955,7 +2173,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[31]
+	mi := &file_node_v1_node_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1967,7 +2185,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[31]
+	mi := &file_node_v1_node_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1980,7 +2198,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{31}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *DeleteSnapshotRequest) GetSnapshotId() string {
@@ -1998,7 +2216,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[32]
+	mi := &file_node_v1_node_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2010,7 +2228,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[32]
+	mi := &file_node_v1_node_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2023,7 +2241,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{32}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{36}
 }
 
 type ListSnapshotsResponse struct {
@@ -2035,7 +2253,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[33]
+	mi := &file_node_v1_node_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2047,7 +2265,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[33]
+	mi := &file_node_v1_node_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2060,7 +2278,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{33}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshotIds() []string {
@@ -2084,7 +2302,7 @@ type VolumeAttachment struct {
 
 func (x *VolumeAttachment) Reset() {
 	*x = VolumeAttachment{}
-	mi := &file_node_v1_node_proto_msgTypes[34]
+	mi := &file_node_v1_node_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2096,7 +2314,7 @@ func (x *VolumeAttachment) String() string {
 func (*VolumeAttachment) ProtoMessage() {}
 
 func (x *VolumeAttachment) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[34]
+	mi := &file_node_v1_node_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2109,7 +2327,7 @@ func (x *VolumeAttachment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeAttachment.ProtoReflect.Descriptor instead.
 func (*VolumeAttachment) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{34}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *VolumeAttachment) GetVolumeId() string {
@@ -2157,7 +2375,7 @@ type AttachVolumeRequest struct {
 
 func (x *AttachVolumeRequest) Reset() {
 	*x = AttachVolumeRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[35]
+	mi := &file_node_v1_node_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2169,7 +2387,7 @@ func (x *AttachVolumeRequest) String() string {
 func (*AttachVolumeRequest) ProtoMessage() {}
 
 func (x *AttachVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[35]
+	mi := &file_node_v1_node_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2182,7 +2400,7 @@ func (x *AttachVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachVolumeRequest.ProtoReflect.Descriptor instead.
 func (*AttachVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{35}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *AttachVolumeRequest) GetHolder() string {
@@ -2208,7 +2426,7 @@ type AttachVolumeResponse struct {
 
 func (x *AttachVolumeResponse) Reset() {
 	*x = AttachVolumeResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[36]
+	mi := &file_node_v1_node_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2220,7 +2438,7 @@ func (x *AttachVolumeResponse) String() string {
 func (*AttachVolumeResponse) ProtoMessage() {}
 
 func (x *AttachVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[36]
+	mi := &file_node_v1_node_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2233,7 +2451,7 @@ func (x *AttachVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachVolumeResponse.ProtoReflect.Descriptor instead.
 func (*AttachVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{36}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *AttachVolumeResponse) GetHostPath() string {
@@ -2253,7 +2471,7 @@ type DetachVolumeRequest struct {
 
 func (x *DetachVolumeRequest) Reset() {
 	*x = DetachVolumeRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[37]
+	mi := &file_node_v1_node_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2265,7 +2483,7 @@ func (x *DetachVolumeRequest) String() string {
 func (*DetachVolumeRequest) ProtoMessage() {}
 
 func (x *DetachVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[37]
+	mi := &file_node_v1_node_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2278,7 +2496,7 @@ func (x *DetachVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DetachVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{37}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *DetachVolumeRequest) GetHolder() string {
@@ -2303,7 +2521,7 @@ type VolumeRefsRequest struct {
 
 func (x *VolumeRefsRequest) Reset() {
 	*x = VolumeRefsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[38]
+	mi := &file_node_v1_node_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2315,7 +2533,7 @@ func (x *VolumeRefsRequest) String() string {
 func (*VolumeRefsRequest) ProtoMessage() {}
 
 func (x *VolumeRefsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[38]
+	mi := &file_node_v1_node_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2328,7 +2546,7 @@ func (x *VolumeRefsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeRefsRequest.ProtoReflect.Descriptor instead.
 func (*VolumeRefsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{38}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{42}
 }
 
 // VolumeRef is node.VolumeRef.
@@ -2350,7 +2568,7 @@ type VolumeRef struct {
 
 func (x *VolumeRef) Reset() {
 	*x = VolumeRef{}
-	mi := &file_node_v1_node_proto_msgTypes[39]
+	mi := &file_node_v1_node_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2362,7 +2580,7 @@ func (x *VolumeRef) String() string {
 func (*VolumeRef) ProtoMessage() {}
 
 func (x *VolumeRef) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[39]
+	mi := &file_node_v1_node_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2375,7 +2593,7 @@ func (x *VolumeRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeRef.ProtoReflect.Descriptor instead.
 func (*VolumeRef) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{39}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *VolumeRef) GetVolumeId() string {
@@ -2457,7 +2675,7 @@ type VolumeRefsResponse struct {
 
 func (x *VolumeRefsResponse) Reset() {
 	*x = VolumeRefsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[40]
+	mi := &file_node_v1_node_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2469,7 +2687,7 @@ func (x *VolumeRefsResponse) String() string {
 func (*VolumeRefsResponse) ProtoMessage() {}
 
 func (x *VolumeRefsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[40]
+	mi := &file_node_v1_node_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2482,7 +2700,7 @@ func (x *VolumeRefsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeRefsResponse.ProtoReflect.Descriptor instead.
 func (*VolumeRefsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{40}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *VolumeRefsResponse) GetRefs() []*VolumeRef {
@@ -2500,7 +2718,7 @@ type AcceleratorInventoryRequest struct {
 
 func (x *AcceleratorInventoryRequest) Reset() {
 	*x = AcceleratorInventoryRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[41]
+	mi := &file_node_v1_node_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2512,7 +2730,7 @@ func (x *AcceleratorInventoryRequest) String() string {
 func (*AcceleratorInventoryRequest) ProtoMessage() {}
 
 func (x *AcceleratorInventoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[41]
+	mi := &file_node_v1_node_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2525,7 +2743,7 @@ func (x *AcceleratorInventoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcceleratorInventoryRequest.ProtoReflect.Descriptor instead.
 func (*AcceleratorInventoryRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{41}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{45}
 }
 
 type AcceleratorInventoryResponse struct {
@@ -2537,7 +2755,7 @@ type AcceleratorInventoryResponse struct {
 
 func (x *AcceleratorInventoryResponse) Reset() {
 	*x = AcceleratorInventoryResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[42]
+	mi := &file_node_v1_node_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2549,7 +2767,7 @@ func (x *AcceleratorInventoryResponse) String() string {
 func (*AcceleratorInventoryResponse) ProtoMessage() {}
 
 func (x *AcceleratorInventoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[42]
+	mi := &file_node_v1_node_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2562,7 +2780,7 @@ func (x *AcceleratorInventoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcceleratorInventoryResponse.ProtoReflect.Descriptor instead.
 func (*AcceleratorInventoryResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{42}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *AcceleratorInventoryResponse) GetDevices() []*Device {
@@ -2582,7 +2800,7 @@ type DeviceIDRequest struct {
 
 func (x *DeviceIDRequest) Reset() {
 	*x = DeviceIDRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[43]
+	mi := &file_node_v1_node_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2594,7 +2812,7 @@ func (x *DeviceIDRequest) String() string {
 func (*DeviceIDRequest) ProtoMessage() {}
 
 func (x *DeviceIDRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[43]
+	mi := &file_node_v1_node_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2607,7 +2825,7 @@ func (x *DeviceIDRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceIDRequest.ProtoReflect.Descriptor instead.
 func (*DeviceIDRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{43}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *DeviceIDRequest) GetId() string {
@@ -2627,7 +2845,7 @@ type DisableAcceleratorRequest struct {
 
 func (x *DisableAcceleratorRequest) Reset() {
 	*x = DisableAcceleratorRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[44]
+	mi := &file_node_v1_node_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2639,7 +2857,7 @@ func (x *DisableAcceleratorRequest) String() string {
 func (*DisableAcceleratorRequest) ProtoMessage() {}
 
 func (x *DisableAcceleratorRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[44]
+	mi := &file_node_v1_node_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2652,7 +2870,7 @@ func (x *DisableAcceleratorRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DisableAcceleratorRequest.ProtoReflect.Descriptor instead.
 func (*DisableAcceleratorRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{44}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *DisableAcceleratorRequest) GetId() string {
@@ -2681,7 +2899,7 @@ type DenyAcceleratorsRequest struct {
 
 func (x *DenyAcceleratorsRequest) Reset() {
 	*x = DenyAcceleratorsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[45]
+	mi := &file_node_v1_node_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2693,7 +2911,7 @@ func (x *DenyAcceleratorsRequest) String() string {
 func (*DenyAcceleratorsRequest) ProtoMessage() {}
 
 func (x *DenyAcceleratorsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[45]
+	mi := &file_node_v1_node_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2706,7 +2924,7 @@ func (x *DenyAcceleratorsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DenyAcceleratorsRequest.ProtoReflect.Descriptor instead.
 func (*DenyAcceleratorsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{45}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *DenyAcceleratorsRequest) GetSandboxId() string {
@@ -2732,7 +2950,7 @@ type AcceleratorEventsRequest struct {
 
 func (x *AcceleratorEventsRequest) Reset() {
 	*x = AcceleratorEventsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[46]
+	mi := &file_node_v1_node_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2744,7 +2962,7 @@ func (x *AcceleratorEventsRequest) String() string {
 func (*AcceleratorEventsRequest) ProtoMessage() {}
 
 func (x *AcceleratorEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[46]
+	mi := &file_node_v1_node_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2757,7 +2975,7 @@ func (x *AcceleratorEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcceleratorEventsRequest.ProtoReflect.Descriptor instead.
 func (*AcceleratorEventsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{46}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *AcceleratorEventsRequest) GetLimit() int64 {
@@ -2776,7 +2994,7 @@ type AcceleratorEventsResponse struct {
 
 func (x *AcceleratorEventsResponse) Reset() {
 	*x = AcceleratorEventsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[47]
+	mi := &file_node_v1_node_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2788,7 +3006,7 @@ func (x *AcceleratorEventsResponse) String() string {
 func (*AcceleratorEventsResponse) ProtoMessage() {}
 
 func (x *AcceleratorEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[47]
+	mi := &file_node_v1_node_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2801,7 +3019,7 @@ func (x *AcceleratorEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcceleratorEventsResponse.ProtoReflect.Descriptor instead.
 func (*AcceleratorEventsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{47}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *AcceleratorEventsResponse) GetEvents() []*AcceleratorEvent {
@@ -2843,7 +3061,7 @@ type Device struct {
 
 func (x *Device) Reset() {
 	*x = Device{}
-	mi := &file_node_v1_node_proto_msgTypes[48]
+	mi := &file_node_v1_node_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2855,7 +3073,7 @@ func (x *Device) String() string {
 func (*Device) ProtoMessage() {}
 
 func (x *Device) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[48]
+	mi := &file_node_v1_node_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2868,7 +3086,7 @@ func (x *Device) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Device.ProtoReflect.Descriptor instead.
 func (*Device) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{48}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *Device) GetId() string {
@@ -3047,7 +3265,7 @@ type AcceleratorRequest struct {
 
 func (x *AcceleratorRequest) Reset() {
 	*x = AcceleratorRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[49]
+	mi := &file_node_v1_node_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3059,7 +3277,7 @@ func (x *AcceleratorRequest) String() string {
 func (*AcceleratorRequest) ProtoMessage() {}
 
 func (x *AcceleratorRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[49]
+	mi := &file_node_v1_node_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3072,7 +3290,7 @@ func (x *AcceleratorRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcceleratorRequest.ProtoReflect.Descriptor instead.
 func (*AcceleratorRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{49}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *AcceleratorRequest) GetClass() string {
@@ -3139,7 +3357,7 @@ type AcceleratorContract struct {
 
 func (x *AcceleratorContract) Reset() {
 	*x = AcceleratorContract{}
-	mi := &file_node_v1_node_proto_msgTypes[50]
+	mi := &file_node_v1_node_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3151,7 +3369,7 @@ func (x *AcceleratorContract) String() string {
 func (*AcceleratorContract) ProtoMessage() {}
 
 func (x *AcceleratorContract) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[50]
+	mi := &file_node_v1_node_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3164,7 +3382,7 @@ func (x *AcceleratorContract) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcceleratorContract.ProtoReflect.Descriptor instead.
 func (*AcceleratorContract) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{50}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *AcceleratorContract) GetClass() string {
@@ -3274,7 +3492,7 @@ type AcceleratorEvent struct {
 
 func (x *AcceleratorEvent) Reset() {
 	*x = AcceleratorEvent{}
-	mi := &file_node_v1_node_proto_msgTypes[51]
+	mi := &file_node_v1_node_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3286,7 +3504,7 @@ func (x *AcceleratorEvent) String() string {
 func (*AcceleratorEvent) ProtoMessage() {}
 
 func (x *AcceleratorEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[51]
+	mi := &file_node_v1_node_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3299,7 +3517,7 @@ func (x *AcceleratorEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcceleratorEvent.ProtoReflect.Descriptor instead.
 func (*AcceleratorEvent) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{51}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *AcceleratorEvent) GetTime() *timestamppb.Timestamp {
@@ -3360,7 +3578,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[52]
+	mi := &file_node_v1_node_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3372,7 +3590,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[52]
+	mi := &file_node_v1_node_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3385,7 +3603,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{52}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *PullImageRequest) GetImage() *Image {
@@ -3403,7 +3621,7 @@ type ExitsRequest struct {
 
 func (x *ExitsRequest) Reset() {
 	*x = ExitsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[53]
+	mi := &file_node_v1_node_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3415,7 +3633,7 @@ func (x *ExitsRequest) String() string {
 func (*ExitsRequest) ProtoMessage() {}
 
 func (x *ExitsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[53]
+	mi := &file_node_v1_node_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3428,7 +3646,7 @@ func (x *ExitsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExitsRequest.ProtoReflect.Descriptor instead.
 func (*ExitsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{53}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{57}
 }
 
 // Exit is node.Exit.
@@ -3444,7 +3662,7 @@ type Exit struct {
 
 func (x *Exit) Reset() {
 	*x = Exit{}
-	mi := &file_node_v1_node_proto_msgTypes[54]
+	mi := &file_node_v1_node_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3456,7 +3674,7 @@ func (x *Exit) String() string {
 func (*Exit) ProtoMessage() {}
 
 func (x *Exit) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[54]
+	mi := &file_node_v1_node_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3469,7 +3687,7 @@ func (x *Exit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Exit.ProtoReflect.Descriptor instead.
 func (*Exit) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{54}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *Exit) GetId() string {
@@ -3513,7 +3731,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_node_v1_node_proto_msgTypes[55]
+	mi := &file_node_v1_node_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3525,7 +3743,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[55]
+	mi := &file_node_v1_node_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3538,7 +3756,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{55}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *Error) GetCode() uint32 {
@@ -3575,7 +3793,7 @@ type FieldErrorDetail struct {
 
 func (x *FieldErrorDetail) Reset() {
 	*x = FieldErrorDetail{}
-	mi := &file_node_v1_node_proto_msgTypes[56]
+	mi := &file_node_v1_node_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3587,7 +3805,7 @@ func (x *FieldErrorDetail) String() string {
 func (*FieldErrorDetail) ProtoMessage() {}
 
 func (x *FieldErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[56]
+	mi := &file_node_v1_node_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3600,7 +3818,7 @@ func (x *FieldErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FieldErrorDetail.ProtoReflect.Descriptor instead.
 func (*FieldErrorDetail) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{56}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *FieldErrorDetail) GetField() string {
@@ -3637,7 +3855,7 @@ type CompatErrorDetail struct {
 
 func (x *CompatErrorDetail) Reset() {
 	*x = CompatErrorDetail{}
-	mi := &file_node_v1_node_proto_msgTypes[57]
+	mi := &file_node_v1_node_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3649,7 +3867,7 @@ func (x *CompatErrorDetail) String() string {
 func (*CompatErrorDetail) ProtoMessage() {}
 
 func (x *CompatErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[57]
+	mi := &file_node_v1_node_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3662,7 +3880,7 @@ func (x *CompatErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompatErrorDetail.ProtoReflect.Descriptor instead.
 func (*CompatErrorDetail) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{57}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *CompatErrorDetail) GetStage() string {
@@ -3839,7 +4057,22 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12/\n" +
 	"\x06policy\x18\x02 \x01(\v2\x17.cubicle.node.v1.PolicyR\x06policy\"0\n" +
 	"\x14CheckUpstreamRequest\x12\x18\n" +
-	"\aaddress\x18\x01 \x01(\tR\aaddress\"B\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\"b\n" +
+	"\x0eSnapshotObject\x12\x12\n" +
+	"\x04part\x18\x01 \x01(\tR\x04part\x12\x10\n" +
+	"\x03url\x18\x02 \x01(\tR\x03url\x12\x16\n" +
+	"\x06digest\x18\x03 \x01(\tR\x06digest\x12\x12\n" +
+	"\x04size\x18\x04 \x01(\x03R\x04size\"q\n" +
+	"\x13PushSnapshotRequest\x12\x1f\n" +
+	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
+	"snapshotId\x129\n" +
+	"\atargets\x18\x02 \x03(\v2\x1f.cubicle.node.v1.SnapshotObjectR\atargets\"Q\n" +
+	"\x14PushSnapshotResponse\x129\n" +
+	"\aobjects\x18\x01 \x03(\v2\x1f.cubicle.node.v1.SnapshotObjectR\aobjects\"r\n" +
+	"\x14FetchSnapshotRequest\x12\x1f\n" +
+	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
+	"snapshotId\x129\n" +
+	"\asources\x18\x02 \x03(\v2\x1f.cubicle.node.v1.SnapshotObjectR\asources\"B\n" +
 	"\x0fSnapshotRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
 	"\vsnapshot_id\x18\x02 \x01(\tR\n" +
@@ -4020,11 +4253,13 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x03Run\x12\x1b.cubicle.node.v1.RunRequest\x1a\x1c.cubicle.node.v1.RunResponse2\xa7\x01\n" +
 	"\aNetwork\x12L\n" +
 	"\fUpdatePolicy\x12$.cubicle.node.v1.UpdatePolicyRequest\x1a\x16.cubicle.node.v1.Empty\x12N\n" +
-	"\rCheckUpstream\x12%.cubicle.node.v1.CheckUpstreamRequest\x1a\x16.cubicle.node.v1.Empty2\x82\x02\n" +
+	"\rCheckUpstream\x12%.cubicle.node.v1.CheckUpstreamRequest\x1a\x16.cubicle.node.v1.Empty2\xaf\x03\n" +
 	"\tSnapshots\x12G\n" +
 	"\bSnapshot\x12 .cubicle.node.v1.SnapshotRequest\x1a\x19.cubicle.node.v1.Snapshot\x12P\n" +
 	"\x0eDeleteSnapshot\x12&.cubicle.node.v1.DeleteSnapshotRequest\x1a\x16.cubicle.node.v1.Empty\x12Z\n" +
-	"\tSnapshots\x12%.cubicle.node.v1.ListSnapshotsRequest\x1a&.cubicle.node.v1.ListSnapshotsResponse2\x8b\x02\n" +
+	"\tSnapshots\x12%.cubicle.node.v1.ListSnapshotsRequest\x1a&.cubicle.node.v1.ListSnapshotsResponse\x12[\n" +
+	"\fPushSnapshot\x12$.cubicle.node.v1.PushSnapshotRequest\x1a%.cubicle.node.v1.PushSnapshotResponse\x12N\n" +
+	"\rFetchSnapshot\x12%.cubicle.node.v1.FetchSnapshotRequest\x1a\x16.cubicle.node.v1.Empty2\x8b\x02\n" +
 	"\aVolumes\x12[\n" +
 	"\fAttachVolume\x12$.cubicle.node.v1.AttachVolumeRequest\x1a%.cubicle.node.v1.AttachVolumeResponse\x12L\n" +
 	"\fDetachVolume\x12$.cubicle.node.v1.DetachVolumeRequest\x1a\x16.cubicle.node.v1.Empty\x12U\n" +
@@ -4055,7 +4290,7 @@ func file_node_v1_node_proto_rawDescGZIP() []byte {
 	return file_node_v1_node_proto_rawDescData
 }
 
-var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 66)
+var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 70)
 var file_node_v1_node_proto_goTypes = []any{
 	(*InfoRequest)(nil),                  // 0: cubicle.node.v1.InfoRequest
 	(*NodeInfo)(nil),                     // 1: cubicle.node.v1.NodeInfo
@@ -4086,150 +4321,161 @@ var file_node_v1_node_proto_goTypes = []any{
 	(*RunResponse)(nil),                  // 26: cubicle.node.v1.RunResponse
 	(*UpdatePolicyRequest)(nil),          // 27: cubicle.node.v1.UpdatePolicyRequest
 	(*CheckUpstreamRequest)(nil),         // 28: cubicle.node.v1.CheckUpstreamRequest
-	(*SnapshotRequest)(nil),              // 29: cubicle.node.v1.SnapshotRequest
-	(*Snapshot)(nil),                     // 30: cubicle.node.v1.Snapshot
-	(*DeleteSnapshotRequest)(nil),        // 31: cubicle.node.v1.DeleteSnapshotRequest
-	(*ListSnapshotsRequest)(nil),         // 32: cubicle.node.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),        // 33: cubicle.node.v1.ListSnapshotsResponse
-	(*VolumeAttachment)(nil),             // 34: cubicle.node.v1.VolumeAttachment
-	(*AttachVolumeRequest)(nil),          // 35: cubicle.node.v1.AttachVolumeRequest
-	(*AttachVolumeResponse)(nil),         // 36: cubicle.node.v1.AttachVolumeResponse
-	(*DetachVolumeRequest)(nil),          // 37: cubicle.node.v1.DetachVolumeRequest
-	(*VolumeRefsRequest)(nil),            // 38: cubicle.node.v1.VolumeRefsRequest
-	(*VolumeRef)(nil),                    // 39: cubicle.node.v1.VolumeRef
-	(*VolumeRefsResponse)(nil),           // 40: cubicle.node.v1.VolumeRefsResponse
-	(*AcceleratorInventoryRequest)(nil),  // 41: cubicle.node.v1.AcceleratorInventoryRequest
-	(*AcceleratorInventoryResponse)(nil), // 42: cubicle.node.v1.AcceleratorInventoryResponse
-	(*DeviceIDRequest)(nil),              // 43: cubicle.node.v1.DeviceIDRequest
-	(*DisableAcceleratorRequest)(nil),    // 44: cubicle.node.v1.DisableAcceleratorRequest
-	(*DenyAcceleratorsRequest)(nil),      // 45: cubicle.node.v1.DenyAcceleratorsRequest
-	(*AcceleratorEventsRequest)(nil),     // 46: cubicle.node.v1.AcceleratorEventsRequest
-	(*AcceleratorEventsResponse)(nil),    // 47: cubicle.node.v1.AcceleratorEventsResponse
-	(*Device)(nil),                       // 48: cubicle.node.v1.Device
-	(*AcceleratorRequest)(nil),           // 49: cubicle.node.v1.AcceleratorRequest
-	(*AcceleratorContract)(nil),          // 50: cubicle.node.v1.AcceleratorContract
-	(*AcceleratorEvent)(nil),             // 51: cubicle.node.v1.AcceleratorEvent
-	(*PullImageRequest)(nil),             // 52: cubicle.node.v1.PullImageRequest
-	(*ExitsRequest)(nil),                 // 53: cubicle.node.v1.ExitsRequest
-	(*Exit)(nil),                         // 54: cubicle.node.v1.Exit
-	(*Error)(nil),                        // 55: cubicle.node.v1.Error
-	(*FieldErrorDetail)(nil),             // 56: cubicle.node.v1.FieldErrorDetail
-	(*CompatErrorDetail)(nil),            // 57: cubicle.node.v1.CompatErrorDetail
-	nil,                                  // 58: cubicle.node.v1.AcceleratorCounts.ByStateEntry
-	nil,                                  // 59: cubicle.node.v1.CreateRequest.EnvVarsEntry
-	nil,                                  // 60: cubicle.node.v1.Policy.RulesEntry
-	nil,                                  // 61: cubicle.node.v1.Rule.HeadersEntry
-	nil,                                  // 62: cubicle.node.v1.VolumeRef.MetadataEntry
-	nil,                                  // 63: cubicle.node.v1.Device.LabelsEntry
-	nil,                                  // 64: cubicle.node.v1.AcceleratorRequest.LabelsEntry
-	nil,                                  // 65: cubicle.node.v1.AcceleratorContract.LabelsEntry
-	(*timestamppb.Timestamp)(nil),        // 66: google.protobuf.Timestamp
+	(*SnapshotObject)(nil),               // 29: cubicle.node.v1.SnapshotObject
+	(*PushSnapshotRequest)(nil),          // 30: cubicle.node.v1.PushSnapshotRequest
+	(*PushSnapshotResponse)(nil),         // 31: cubicle.node.v1.PushSnapshotResponse
+	(*FetchSnapshotRequest)(nil),         // 32: cubicle.node.v1.FetchSnapshotRequest
+	(*SnapshotRequest)(nil),              // 33: cubicle.node.v1.SnapshotRequest
+	(*Snapshot)(nil),                     // 34: cubicle.node.v1.Snapshot
+	(*DeleteSnapshotRequest)(nil),        // 35: cubicle.node.v1.DeleteSnapshotRequest
+	(*ListSnapshotsRequest)(nil),         // 36: cubicle.node.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),        // 37: cubicle.node.v1.ListSnapshotsResponse
+	(*VolumeAttachment)(nil),             // 38: cubicle.node.v1.VolumeAttachment
+	(*AttachVolumeRequest)(nil),          // 39: cubicle.node.v1.AttachVolumeRequest
+	(*AttachVolumeResponse)(nil),         // 40: cubicle.node.v1.AttachVolumeResponse
+	(*DetachVolumeRequest)(nil),          // 41: cubicle.node.v1.DetachVolumeRequest
+	(*VolumeRefsRequest)(nil),            // 42: cubicle.node.v1.VolumeRefsRequest
+	(*VolumeRef)(nil),                    // 43: cubicle.node.v1.VolumeRef
+	(*VolumeRefsResponse)(nil),           // 44: cubicle.node.v1.VolumeRefsResponse
+	(*AcceleratorInventoryRequest)(nil),  // 45: cubicle.node.v1.AcceleratorInventoryRequest
+	(*AcceleratorInventoryResponse)(nil), // 46: cubicle.node.v1.AcceleratorInventoryResponse
+	(*DeviceIDRequest)(nil),              // 47: cubicle.node.v1.DeviceIDRequest
+	(*DisableAcceleratorRequest)(nil),    // 48: cubicle.node.v1.DisableAcceleratorRequest
+	(*DenyAcceleratorsRequest)(nil),      // 49: cubicle.node.v1.DenyAcceleratorsRequest
+	(*AcceleratorEventsRequest)(nil),     // 50: cubicle.node.v1.AcceleratorEventsRequest
+	(*AcceleratorEventsResponse)(nil),    // 51: cubicle.node.v1.AcceleratorEventsResponse
+	(*Device)(nil),                       // 52: cubicle.node.v1.Device
+	(*AcceleratorRequest)(nil),           // 53: cubicle.node.v1.AcceleratorRequest
+	(*AcceleratorContract)(nil),          // 54: cubicle.node.v1.AcceleratorContract
+	(*AcceleratorEvent)(nil),             // 55: cubicle.node.v1.AcceleratorEvent
+	(*PullImageRequest)(nil),             // 56: cubicle.node.v1.PullImageRequest
+	(*ExitsRequest)(nil),                 // 57: cubicle.node.v1.ExitsRequest
+	(*Exit)(nil),                         // 58: cubicle.node.v1.Exit
+	(*Error)(nil),                        // 59: cubicle.node.v1.Error
+	(*FieldErrorDetail)(nil),             // 60: cubicle.node.v1.FieldErrorDetail
+	(*CompatErrorDetail)(nil),            // 61: cubicle.node.v1.CompatErrorDetail
+	nil,                                  // 62: cubicle.node.v1.AcceleratorCounts.ByStateEntry
+	nil,                                  // 63: cubicle.node.v1.CreateRequest.EnvVarsEntry
+	nil,                                  // 64: cubicle.node.v1.Policy.RulesEntry
+	nil,                                  // 65: cubicle.node.v1.Rule.HeadersEntry
+	nil,                                  // 66: cubicle.node.v1.VolumeRef.MetadataEntry
+	nil,                                  // 67: cubicle.node.v1.Device.LabelsEntry
+	nil,                                  // 68: cubicle.node.v1.AcceleratorRequest.LabelsEntry
+	nil,                                  // 69: cubicle.node.v1.AcceleratorContract.LabelsEntry
+	(*timestamppb.Timestamp)(nil),        // 70: google.protobuf.Timestamp
 }
 var file_node_v1_node_proto_depIdxs = []int32{
 	3,  // 0: cubicle.node.v1.NodeInfo.abilities:type_name -> cubicle.node.v1.Abilities
 	4,  // 1: cubicle.node.v1.NodeInfo.accelerators:type_name -> cubicle.node.v1.AcceleratorCounts
 	5,  // 2: cubicle.node.v1.NodeInfo.capacity:type_name -> cubicle.node.v1.Capacity
 	2,  // 3: cubicle.node.v1.NodeInfo.images:type_name -> cubicle.node.v1.Image
-	58, // 4: cubicle.node.v1.AcceleratorCounts.by_state:type_name -> cubicle.node.v1.AcceleratorCounts.ByStateEntry
-	59, // 5: cubicle.node.v1.CreateRequest.env_vars:type_name -> cubicle.node.v1.CreateRequest.EnvVarsEntry
+	62, // 4: cubicle.node.v1.AcceleratorCounts.by_state:type_name -> cubicle.node.v1.AcceleratorCounts.ByStateEntry
+	63, // 5: cubicle.node.v1.CreateRequest.env_vars:type_name -> cubicle.node.v1.CreateRequest.EnvVarsEntry
 	18, // 6: cubicle.node.v1.CreateRequest.policy:type_name -> cubicle.node.v1.Policy
 	17, // 7: cubicle.node.v1.CreateRequest.mounts:type_name -> cubicle.node.v1.Mount
-	34, // 8: cubicle.node.v1.CreateRequest.volumes:type_name -> cubicle.node.v1.VolumeAttachment
-	49, // 9: cubicle.node.v1.CreateRequest.accelerators:type_name -> cubicle.node.v1.AcceleratorRequest
-	50, // 10: cubicle.node.v1.CreateRequest.accel_contract:type_name -> cubicle.node.v1.AcceleratorContract
+	38, // 8: cubicle.node.v1.CreateRequest.volumes:type_name -> cubicle.node.v1.VolumeAttachment
+	53, // 9: cubicle.node.v1.CreateRequest.accelerators:type_name -> cubicle.node.v1.AcceleratorRequest
+	54, // 10: cubicle.node.v1.CreateRequest.accel_contract:type_name -> cubicle.node.v1.AcceleratorContract
 	2,  // 11: cubicle.node.v1.CreateRequest.image:type_name -> cubicle.node.v1.Image
 	8,  // 12: cubicle.node.v1.ResumeRequest.request:type_name -> cubicle.node.v1.CreateRequest
 	8,  // 13: cubicle.node.v1.RebuildRequest.request:type_name -> cubicle.node.v1.CreateRequest
 	11, // 14: cubicle.node.v1.ListResponse.sandboxes:type_name -> cubicle.node.v1.Sandbox
-	66, // 15: cubicle.node.v1.Stats.time:type_name -> google.protobuf.Timestamp
-	60, // 16: cubicle.node.v1.Policy.rules:type_name -> cubicle.node.v1.Policy.RulesEntry
+	70, // 15: cubicle.node.v1.Stats.time:type_name -> google.protobuf.Timestamp
+	64, // 16: cubicle.node.v1.Policy.rules:type_name -> cubicle.node.v1.Policy.RulesEntry
 	21, // 17: cubicle.node.v1.Policy.upstream:type_name -> cubicle.node.v1.Upstream
 	23, // 18: cubicle.node.v1.Policy.dns_servers:type_name -> cubicle.node.v1.DNSServers
 	20, // 19: cubicle.node.v1.Rules.rules:type_name -> cubicle.node.v1.Rule
-	61, // 20: cubicle.node.v1.Rule.headers:type_name -> cubicle.node.v1.Rule.HeadersEntry
+	65, // 20: cubicle.node.v1.Rule.headers:type_name -> cubicle.node.v1.Rule.HeadersEntry
 	22, // 21: cubicle.node.v1.Upstream.tls:type_name -> cubicle.node.v1.UpstreamTLS
 	8,  // 22: cubicle.node.v1.ReinitRequest.request:type_name -> cubicle.node.v1.CreateRequest
 	18, // 23: cubicle.node.v1.UpdatePolicyRequest.policy:type_name -> cubicle.node.v1.Policy
-	34, // 24: cubicle.node.v1.AttachVolumeRequest.attachment:type_name -> cubicle.node.v1.VolumeAttachment
-	62, // 25: cubicle.node.v1.VolumeRef.metadata:type_name -> cubicle.node.v1.VolumeRef.MetadataEntry
-	66, // 26: cubicle.node.v1.VolumeRef.updated_at:type_name -> google.protobuf.Timestamp
-	39, // 27: cubicle.node.v1.VolumeRefsResponse.refs:type_name -> cubicle.node.v1.VolumeRef
-	48, // 28: cubicle.node.v1.AcceleratorInventoryResponse.devices:type_name -> cubicle.node.v1.Device
-	55, // 29: cubicle.node.v1.DenyAcceleratorsRequest.reason:type_name -> cubicle.node.v1.Error
-	51, // 30: cubicle.node.v1.AcceleratorEventsResponse.events:type_name -> cubicle.node.v1.AcceleratorEvent
-	63, // 31: cubicle.node.v1.Device.labels:type_name -> cubicle.node.v1.Device.LabelsEntry
-	66, // 32: cubicle.node.v1.Device.since:type_name -> google.protobuf.Timestamp
-	64, // 33: cubicle.node.v1.AcceleratorRequest.labels:type_name -> cubicle.node.v1.AcceleratorRequest.LabelsEntry
-	65, // 34: cubicle.node.v1.AcceleratorContract.labels:type_name -> cubicle.node.v1.AcceleratorContract.LabelsEntry
-	66, // 35: cubicle.node.v1.AcceleratorEvent.time:type_name -> google.protobuf.Timestamp
-	2,  // 36: cubicle.node.v1.PullImageRequest.image:type_name -> cubicle.node.v1.Image
-	66, // 37: cubicle.node.v1.Exit.at:type_name -> google.protobuf.Timestamp
-	19, // 38: cubicle.node.v1.Policy.RulesEntry.value:type_name -> cubicle.node.v1.Rules
-	0,  // 39: cubicle.node.v1.Info.Info:input_type -> cubicle.node.v1.InfoRequest
-	8,  // 40: cubicle.node.v1.Sandboxes.Create:input_type -> cubicle.node.v1.CreateRequest
-	7,  // 41: cubicle.node.v1.Sandboxes.Delete:input_type -> cubicle.node.v1.IDRequest
-	7,  // 42: cubicle.node.v1.Sandboxes.Pause:input_type -> cubicle.node.v1.IDRequest
-	9,  // 43: cubicle.node.v1.Sandboxes.Resume:input_type -> cubicle.node.v1.ResumeRequest
-	7,  // 44: cubicle.node.v1.Sandboxes.Stop:input_type -> cubicle.node.v1.IDRequest
-	10, // 45: cubicle.node.v1.Sandboxes.Rebuild:input_type -> cubicle.node.v1.RebuildRequest
-	7,  // 46: cubicle.node.v1.Sandboxes.Get:input_type -> cubicle.node.v1.IDRequest
-	12, // 47: cubicle.node.v1.Sandboxes.List:input_type -> cubicle.node.v1.ListRequest
-	14, // 48: cubicle.node.v1.Sandboxes.Stats:input_type -> cubicle.node.v1.StatsRequest
-	7,  // 49: cubicle.node.v1.Sandboxes.Logs:input_type -> cubicle.node.v1.IDRequest
-	24, // 50: cubicle.node.v1.Agent.Reinit:input_type -> cubicle.node.v1.ReinitRequest
-	25, // 51: cubicle.node.v1.Agent.Run:input_type -> cubicle.node.v1.RunRequest
-	27, // 52: cubicle.node.v1.Network.UpdatePolicy:input_type -> cubicle.node.v1.UpdatePolicyRequest
-	28, // 53: cubicle.node.v1.Network.CheckUpstream:input_type -> cubicle.node.v1.CheckUpstreamRequest
-	29, // 54: cubicle.node.v1.Snapshots.Snapshot:input_type -> cubicle.node.v1.SnapshotRequest
-	31, // 55: cubicle.node.v1.Snapshots.DeleteSnapshot:input_type -> cubicle.node.v1.DeleteSnapshotRequest
-	32, // 56: cubicle.node.v1.Snapshots.Snapshots:input_type -> cubicle.node.v1.ListSnapshotsRequest
-	35, // 57: cubicle.node.v1.Volumes.AttachVolume:input_type -> cubicle.node.v1.AttachVolumeRequest
-	37, // 58: cubicle.node.v1.Volumes.DetachVolume:input_type -> cubicle.node.v1.DetachVolumeRequest
-	38, // 59: cubicle.node.v1.Volumes.VolumeRefs:input_type -> cubicle.node.v1.VolumeRefsRequest
-	41, // 60: cubicle.node.v1.Accelerators.AcceleratorInventory:input_type -> cubicle.node.v1.AcceleratorInventoryRequest
-	43, // 61: cubicle.node.v1.Accelerators.Accelerator:input_type -> cubicle.node.v1.DeviceIDRequest
-	44, // 62: cubicle.node.v1.Accelerators.DisableAccelerator:input_type -> cubicle.node.v1.DisableAcceleratorRequest
-	43, // 63: cubicle.node.v1.Accelerators.EnableAccelerator:input_type -> cubicle.node.v1.DeviceIDRequest
-	43, // 64: cubicle.node.v1.Accelerators.RecoverAccelerator:input_type -> cubicle.node.v1.DeviceIDRequest
-	45, // 65: cubicle.node.v1.Accelerators.DenyAccelerators:input_type -> cubicle.node.v1.DenyAcceleratorsRequest
-	46, // 66: cubicle.node.v1.Accelerators.AcceleratorEvents:input_type -> cubicle.node.v1.AcceleratorEventsRequest
-	52, // 67: cubicle.node.v1.Images.PullImage:input_type -> cubicle.node.v1.PullImageRequest
-	53, // 68: cubicle.node.v1.Events.Exits:input_type -> cubicle.node.v1.ExitsRequest
-	1,  // 69: cubicle.node.v1.Info.Info:output_type -> cubicle.node.v1.NodeInfo
-	11, // 70: cubicle.node.v1.Sandboxes.Create:output_type -> cubicle.node.v1.Sandbox
-	6,  // 71: cubicle.node.v1.Sandboxes.Delete:output_type -> cubicle.node.v1.Empty
-	6,  // 72: cubicle.node.v1.Sandboxes.Pause:output_type -> cubicle.node.v1.Empty
-	6,  // 73: cubicle.node.v1.Sandboxes.Resume:output_type -> cubicle.node.v1.Empty
-	6,  // 74: cubicle.node.v1.Sandboxes.Stop:output_type -> cubicle.node.v1.Empty
-	6,  // 75: cubicle.node.v1.Sandboxes.Rebuild:output_type -> cubicle.node.v1.Empty
-	11, // 76: cubicle.node.v1.Sandboxes.Get:output_type -> cubicle.node.v1.Sandbox
-	13, // 77: cubicle.node.v1.Sandboxes.List:output_type -> cubicle.node.v1.ListResponse
-	15, // 78: cubicle.node.v1.Sandboxes.Stats:output_type -> cubicle.node.v1.Stats
-	16, // 79: cubicle.node.v1.Sandboxes.Logs:output_type -> cubicle.node.v1.LogsResponse
-	6,  // 80: cubicle.node.v1.Agent.Reinit:output_type -> cubicle.node.v1.Empty
-	26, // 81: cubicle.node.v1.Agent.Run:output_type -> cubicle.node.v1.RunResponse
-	6,  // 82: cubicle.node.v1.Network.UpdatePolicy:output_type -> cubicle.node.v1.Empty
-	6,  // 83: cubicle.node.v1.Network.CheckUpstream:output_type -> cubicle.node.v1.Empty
-	30, // 84: cubicle.node.v1.Snapshots.Snapshot:output_type -> cubicle.node.v1.Snapshot
-	6,  // 85: cubicle.node.v1.Snapshots.DeleteSnapshot:output_type -> cubicle.node.v1.Empty
-	33, // 86: cubicle.node.v1.Snapshots.Snapshots:output_type -> cubicle.node.v1.ListSnapshotsResponse
-	36, // 87: cubicle.node.v1.Volumes.AttachVolume:output_type -> cubicle.node.v1.AttachVolumeResponse
-	6,  // 88: cubicle.node.v1.Volumes.DetachVolume:output_type -> cubicle.node.v1.Empty
-	40, // 89: cubicle.node.v1.Volumes.VolumeRefs:output_type -> cubicle.node.v1.VolumeRefsResponse
-	42, // 90: cubicle.node.v1.Accelerators.AcceleratorInventory:output_type -> cubicle.node.v1.AcceleratorInventoryResponse
-	48, // 91: cubicle.node.v1.Accelerators.Accelerator:output_type -> cubicle.node.v1.Device
-	48, // 92: cubicle.node.v1.Accelerators.DisableAccelerator:output_type -> cubicle.node.v1.Device
-	48, // 93: cubicle.node.v1.Accelerators.EnableAccelerator:output_type -> cubicle.node.v1.Device
-	48, // 94: cubicle.node.v1.Accelerators.RecoverAccelerator:output_type -> cubicle.node.v1.Device
-	6,  // 95: cubicle.node.v1.Accelerators.DenyAccelerators:output_type -> cubicle.node.v1.Empty
-	47, // 96: cubicle.node.v1.Accelerators.AcceleratorEvents:output_type -> cubicle.node.v1.AcceleratorEventsResponse
-	6,  // 97: cubicle.node.v1.Images.PullImage:output_type -> cubicle.node.v1.Empty
-	54, // 98: cubicle.node.v1.Events.Exits:output_type -> cubicle.node.v1.Exit
-	69, // [69:99] is the sub-list for method output_type
-	39, // [39:69] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	29, // 24: cubicle.node.v1.PushSnapshotRequest.targets:type_name -> cubicle.node.v1.SnapshotObject
+	29, // 25: cubicle.node.v1.PushSnapshotResponse.objects:type_name -> cubicle.node.v1.SnapshotObject
+	29, // 26: cubicle.node.v1.FetchSnapshotRequest.sources:type_name -> cubicle.node.v1.SnapshotObject
+	38, // 27: cubicle.node.v1.AttachVolumeRequest.attachment:type_name -> cubicle.node.v1.VolumeAttachment
+	66, // 28: cubicle.node.v1.VolumeRef.metadata:type_name -> cubicle.node.v1.VolumeRef.MetadataEntry
+	70, // 29: cubicle.node.v1.VolumeRef.updated_at:type_name -> google.protobuf.Timestamp
+	43, // 30: cubicle.node.v1.VolumeRefsResponse.refs:type_name -> cubicle.node.v1.VolumeRef
+	52, // 31: cubicle.node.v1.AcceleratorInventoryResponse.devices:type_name -> cubicle.node.v1.Device
+	59, // 32: cubicle.node.v1.DenyAcceleratorsRequest.reason:type_name -> cubicle.node.v1.Error
+	55, // 33: cubicle.node.v1.AcceleratorEventsResponse.events:type_name -> cubicle.node.v1.AcceleratorEvent
+	67, // 34: cubicle.node.v1.Device.labels:type_name -> cubicle.node.v1.Device.LabelsEntry
+	70, // 35: cubicle.node.v1.Device.since:type_name -> google.protobuf.Timestamp
+	68, // 36: cubicle.node.v1.AcceleratorRequest.labels:type_name -> cubicle.node.v1.AcceleratorRequest.LabelsEntry
+	69, // 37: cubicle.node.v1.AcceleratorContract.labels:type_name -> cubicle.node.v1.AcceleratorContract.LabelsEntry
+	70, // 38: cubicle.node.v1.AcceleratorEvent.time:type_name -> google.protobuf.Timestamp
+	2,  // 39: cubicle.node.v1.PullImageRequest.image:type_name -> cubicle.node.v1.Image
+	70, // 40: cubicle.node.v1.Exit.at:type_name -> google.protobuf.Timestamp
+	19, // 41: cubicle.node.v1.Policy.RulesEntry.value:type_name -> cubicle.node.v1.Rules
+	0,  // 42: cubicle.node.v1.Info.Info:input_type -> cubicle.node.v1.InfoRequest
+	8,  // 43: cubicle.node.v1.Sandboxes.Create:input_type -> cubicle.node.v1.CreateRequest
+	7,  // 44: cubicle.node.v1.Sandboxes.Delete:input_type -> cubicle.node.v1.IDRequest
+	7,  // 45: cubicle.node.v1.Sandboxes.Pause:input_type -> cubicle.node.v1.IDRequest
+	9,  // 46: cubicle.node.v1.Sandboxes.Resume:input_type -> cubicle.node.v1.ResumeRequest
+	7,  // 47: cubicle.node.v1.Sandboxes.Stop:input_type -> cubicle.node.v1.IDRequest
+	10, // 48: cubicle.node.v1.Sandboxes.Rebuild:input_type -> cubicle.node.v1.RebuildRequest
+	7,  // 49: cubicle.node.v1.Sandboxes.Get:input_type -> cubicle.node.v1.IDRequest
+	12, // 50: cubicle.node.v1.Sandboxes.List:input_type -> cubicle.node.v1.ListRequest
+	14, // 51: cubicle.node.v1.Sandboxes.Stats:input_type -> cubicle.node.v1.StatsRequest
+	7,  // 52: cubicle.node.v1.Sandboxes.Logs:input_type -> cubicle.node.v1.IDRequest
+	24, // 53: cubicle.node.v1.Agent.Reinit:input_type -> cubicle.node.v1.ReinitRequest
+	25, // 54: cubicle.node.v1.Agent.Run:input_type -> cubicle.node.v1.RunRequest
+	27, // 55: cubicle.node.v1.Network.UpdatePolicy:input_type -> cubicle.node.v1.UpdatePolicyRequest
+	28, // 56: cubicle.node.v1.Network.CheckUpstream:input_type -> cubicle.node.v1.CheckUpstreamRequest
+	33, // 57: cubicle.node.v1.Snapshots.Snapshot:input_type -> cubicle.node.v1.SnapshotRequest
+	35, // 58: cubicle.node.v1.Snapshots.DeleteSnapshot:input_type -> cubicle.node.v1.DeleteSnapshotRequest
+	36, // 59: cubicle.node.v1.Snapshots.Snapshots:input_type -> cubicle.node.v1.ListSnapshotsRequest
+	30, // 60: cubicle.node.v1.Snapshots.PushSnapshot:input_type -> cubicle.node.v1.PushSnapshotRequest
+	32, // 61: cubicle.node.v1.Snapshots.FetchSnapshot:input_type -> cubicle.node.v1.FetchSnapshotRequest
+	39, // 62: cubicle.node.v1.Volumes.AttachVolume:input_type -> cubicle.node.v1.AttachVolumeRequest
+	41, // 63: cubicle.node.v1.Volumes.DetachVolume:input_type -> cubicle.node.v1.DetachVolumeRequest
+	42, // 64: cubicle.node.v1.Volumes.VolumeRefs:input_type -> cubicle.node.v1.VolumeRefsRequest
+	45, // 65: cubicle.node.v1.Accelerators.AcceleratorInventory:input_type -> cubicle.node.v1.AcceleratorInventoryRequest
+	47, // 66: cubicle.node.v1.Accelerators.Accelerator:input_type -> cubicle.node.v1.DeviceIDRequest
+	48, // 67: cubicle.node.v1.Accelerators.DisableAccelerator:input_type -> cubicle.node.v1.DisableAcceleratorRequest
+	47, // 68: cubicle.node.v1.Accelerators.EnableAccelerator:input_type -> cubicle.node.v1.DeviceIDRequest
+	47, // 69: cubicle.node.v1.Accelerators.RecoverAccelerator:input_type -> cubicle.node.v1.DeviceIDRequest
+	49, // 70: cubicle.node.v1.Accelerators.DenyAccelerators:input_type -> cubicle.node.v1.DenyAcceleratorsRequest
+	50, // 71: cubicle.node.v1.Accelerators.AcceleratorEvents:input_type -> cubicle.node.v1.AcceleratorEventsRequest
+	56, // 72: cubicle.node.v1.Images.PullImage:input_type -> cubicle.node.v1.PullImageRequest
+	57, // 73: cubicle.node.v1.Events.Exits:input_type -> cubicle.node.v1.ExitsRequest
+	1,  // 74: cubicle.node.v1.Info.Info:output_type -> cubicle.node.v1.NodeInfo
+	11, // 75: cubicle.node.v1.Sandboxes.Create:output_type -> cubicle.node.v1.Sandbox
+	6,  // 76: cubicle.node.v1.Sandboxes.Delete:output_type -> cubicle.node.v1.Empty
+	6,  // 77: cubicle.node.v1.Sandboxes.Pause:output_type -> cubicle.node.v1.Empty
+	6,  // 78: cubicle.node.v1.Sandboxes.Resume:output_type -> cubicle.node.v1.Empty
+	6,  // 79: cubicle.node.v1.Sandboxes.Stop:output_type -> cubicle.node.v1.Empty
+	6,  // 80: cubicle.node.v1.Sandboxes.Rebuild:output_type -> cubicle.node.v1.Empty
+	11, // 81: cubicle.node.v1.Sandboxes.Get:output_type -> cubicle.node.v1.Sandbox
+	13, // 82: cubicle.node.v1.Sandboxes.List:output_type -> cubicle.node.v1.ListResponse
+	15, // 83: cubicle.node.v1.Sandboxes.Stats:output_type -> cubicle.node.v1.Stats
+	16, // 84: cubicle.node.v1.Sandboxes.Logs:output_type -> cubicle.node.v1.LogsResponse
+	6,  // 85: cubicle.node.v1.Agent.Reinit:output_type -> cubicle.node.v1.Empty
+	26, // 86: cubicle.node.v1.Agent.Run:output_type -> cubicle.node.v1.RunResponse
+	6,  // 87: cubicle.node.v1.Network.UpdatePolicy:output_type -> cubicle.node.v1.Empty
+	6,  // 88: cubicle.node.v1.Network.CheckUpstream:output_type -> cubicle.node.v1.Empty
+	34, // 89: cubicle.node.v1.Snapshots.Snapshot:output_type -> cubicle.node.v1.Snapshot
+	6,  // 90: cubicle.node.v1.Snapshots.DeleteSnapshot:output_type -> cubicle.node.v1.Empty
+	37, // 91: cubicle.node.v1.Snapshots.Snapshots:output_type -> cubicle.node.v1.ListSnapshotsResponse
+	31, // 92: cubicle.node.v1.Snapshots.PushSnapshot:output_type -> cubicle.node.v1.PushSnapshotResponse
+	6,  // 93: cubicle.node.v1.Snapshots.FetchSnapshot:output_type -> cubicle.node.v1.Empty
+	40, // 94: cubicle.node.v1.Volumes.AttachVolume:output_type -> cubicle.node.v1.AttachVolumeResponse
+	6,  // 95: cubicle.node.v1.Volumes.DetachVolume:output_type -> cubicle.node.v1.Empty
+	44, // 96: cubicle.node.v1.Volumes.VolumeRefs:output_type -> cubicle.node.v1.VolumeRefsResponse
+	46, // 97: cubicle.node.v1.Accelerators.AcceleratorInventory:output_type -> cubicle.node.v1.AcceleratorInventoryResponse
+	52, // 98: cubicle.node.v1.Accelerators.Accelerator:output_type -> cubicle.node.v1.Device
+	52, // 99: cubicle.node.v1.Accelerators.DisableAccelerator:output_type -> cubicle.node.v1.Device
+	52, // 100: cubicle.node.v1.Accelerators.EnableAccelerator:output_type -> cubicle.node.v1.Device
+	52, // 101: cubicle.node.v1.Accelerators.RecoverAccelerator:output_type -> cubicle.node.v1.Device
+	6,  // 102: cubicle.node.v1.Accelerators.DenyAccelerators:output_type -> cubicle.node.v1.Empty
+	51, // 103: cubicle.node.v1.Accelerators.AcceleratorEvents:output_type -> cubicle.node.v1.AcceleratorEventsResponse
+	6,  // 104: cubicle.node.v1.Images.PullImage:output_type -> cubicle.node.v1.Empty
+	58, // 105: cubicle.node.v1.Events.Exits:output_type -> cubicle.node.v1.Exit
+	74, // [74:106] is the sub-list for method output_type
+	42, // [42:74] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_node_v1_node_proto_init() }
@@ -4243,7 +4489,7 @@ func file_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_v1_node_proto_rawDesc), len(file_node_v1_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   66,
+			NumMessages:   70,
 			NumExtensions: 0,
 			NumServices:   9,
 		},

@@ -867,6 +867,8 @@ const (
 	Snapshots_Snapshot_FullMethodName       = "/cubicle.node.v1.Snapshots/Snapshot"
 	Snapshots_DeleteSnapshot_FullMethodName = "/cubicle.node.v1.Snapshots/DeleteSnapshot"
 	Snapshots_Snapshots_FullMethodName      = "/cubicle.node.v1.Snapshots/Snapshots"
+	Snapshots_PushSnapshot_FullMethodName   = "/cubicle.node.v1.Snapshots/PushSnapshot"
+	Snapshots_FetchSnapshot_FullMethodName  = "/cubicle.node.v1.Snapshots/FetchSnapshot"
 )
 
 // SnapshotsClient is the client API for Snapshots service.
@@ -876,6 +878,12 @@ type SnapshotsClient interface {
 	Snapshot(ctx context.Context, in *SnapshotRequest, opts ...grpc.CallOption) (*Snapshot, error)
 	DeleteSnapshot(ctx context.Context, in *DeleteSnapshotRequest, opts ...grpc.CallOption) (*Empty, error)
 	Snapshots(ctx context.Context, in *ListSnapshotsRequest, opts ...grpc.CallOption) (*ListSnapshotsResponse, error)
+	// PushSnapshot packs a snapshot's parts and PUTs each to its presigned
+	// URL (cross-node restore); FetchSnapshot GETs, digest-checks and
+	// unpacks them into the node's snapshot dir. The node never holds
+	// object-store credentials: the URLs name exactly one snapshot's objects.
+	PushSnapshot(ctx context.Context, in *PushSnapshotRequest, opts ...grpc.CallOption) (*PushSnapshotResponse, error)
+	FetchSnapshot(ctx context.Context, in *FetchSnapshotRequest, opts ...grpc.CallOption) (*Empty, error)
 }
 
 type snapshotsClient struct {
@@ -916,6 +924,26 @@ func (c *snapshotsClient) Snapshots(ctx context.Context, in *ListSnapshotsReques
 	return out, nil
 }
 
+func (c *snapshotsClient) PushSnapshot(ctx context.Context, in *PushSnapshotRequest, opts ...grpc.CallOption) (*PushSnapshotResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PushSnapshotResponse)
+	err := c.cc.Invoke(ctx, Snapshots_PushSnapshot_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *snapshotsClient) FetchSnapshot(ctx context.Context, in *FetchSnapshotRequest, opts ...grpc.CallOption) (*Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Empty)
+	err := c.cc.Invoke(ctx, Snapshots_FetchSnapshot_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SnapshotsServer is the server API for Snapshots service.
 // All implementations must embed UnimplementedSnapshotsServer
 // for forward compatibility.
@@ -923,6 +951,12 @@ type SnapshotsServer interface {
 	Snapshot(context.Context, *SnapshotRequest) (*Snapshot, error)
 	DeleteSnapshot(context.Context, *DeleteSnapshotRequest) (*Empty, error)
 	Snapshots(context.Context, *ListSnapshotsRequest) (*ListSnapshotsResponse, error)
+	// PushSnapshot packs a snapshot's parts and PUTs each to its presigned
+	// URL (cross-node restore); FetchSnapshot GETs, digest-checks and
+	// unpacks them into the node's snapshot dir. The node never holds
+	// object-store credentials: the URLs name exactly one snapshot's objects.
+	PushSnapshot(context.Context, *PushSnapshotRequest) (*PushSnapshotResponse, error)
+	FetchSnapshot(context.Context, *FetchSnapshotRequest) (*Empty, error)
 	mustEmbedUnimplementedSnapshotsServer()
 }
 
@@ -941,6 +975,12 @@ func (UnimplementedSnapshotsServer) DeleteSnapshot(context.Context, *DeleteSnaps
 }
 func (UnimplementedSnapshotsServer) Snapshots(context.Context, *ListSnapshotsRequest) (*ListSnapshotsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Snapshots not implemented")
+}
+func (UnimplementedSnapshotsServer) PushSnapshot(context.Context, *PushSnapshotRequest) (*PushSnapshotResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PushSnapshot not implemented")
+}
+func (UnimplementedSnapshotsServer) FetchSnapshot(context.Context, *FetchSnapshotRequest) (*Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method FetchSnapshot not implemented")
 }
 func (UnimplementedSnapshotsServer) mustEmbedUnimplementedSnapshotsServer() {}
 func (UnimplementedSnapshotsServer) testEmbeddedByValue()                   {}
@@ -1017,6 +1057,42 @@ func _Snapshots_Snapshots_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Snapshots_PushSnapshot_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PushSnapshotRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SnapshotsServer).PushSnapshot(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Snapshots_PushSnapshot_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SnapshotsServer).PushSnapshot(ctx, req.(*PushSnapshotRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Snapshots_FetchSnapshot_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FetchSnapshotRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SnapshotsServer).FetchSnapshot(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Snapshots_FetchSnapshot_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SnapshotsServer).FetchSnapshot(ctx, req.(*FetchSnapshotRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Snapshots_ServiceDesc is the grpc.ServiceDesc for Snapshots service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1035,6 +1111,14 @@ var Snapshots_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Snapshots",
 			Handler:    _Snapshots_Snapshots_Handler,
+		},
+		{
+			MethodName: "PushSnapshot",
+			Handler:    _Snapshots_PushSnapshot_Handler,
+		},
+		{
+			MethodName: "FetchSnapshot",
+			Handler:    _Snapshots_FetchSnapshot_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
