@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -56,16 +57,20 @@ func TestCluster(t *testing.T) {
 			s3test.CleanupMounts(t, b)
 		}
 	})
+	// Snapshot packages go to the same S3 server, by presigned URLs the
+	// nodes reach through the balancer.
+	snapStore := "s3://" + gw.Bucket + "?endpoint=" + url.QueryEscape("http://"+s3lb.addr) + "&region=" + gw.Region + "&pathStyle=true&prefix=snapshots/"
 	c := startCluster(t, 2, 3, clusterOptions{
-		lan:        lan,
-		replicaEnv: append(gw.Env(), "CUBICLE_S3_STATE_DIR="+filepath.Join(stateDir, "cp")),
+		lan: lan,
+		replicaEnv: append(gw.Env(), "CUBICLE_S3_STATE_DIR="+filepath.Join(stateDir, "cp"),
+			"CUBICLE_SNAPSHOT_S3_ACCESS_KEY="+gw.AccessKey, "CUBICLE_SNAPSHOT_S3_SECRET_KEY="+gw.SecretKey),
 		nodeEnv:    nodeEnv,
 		nodeConfig: func(data string) string {
 			base := filepath.Join(data, "volume-mounts")
 			bases = append(bases, base)
 			return fmt.Sprintf("[storage]\n  volume_plugin_base_dir = %q\n[[storage.volume_plugins]]\n  name = \"s3\"\n  type = \"binary\"\n  binary_path = %q\n[[storage.volume_plugins]]\n  name = \"local\"\n  type = \"local\"\n", base, plugin)
 		},
-		replica: []string{"--volume-config", volCfg, "--cpu-count", "1", "--cpu-overcommit", "10", "--memory-mb", fmt.Sprint(perSandbox),
+		replica: []string{"--volume-config", volCfg, "--snapshot-store", snapStore, "--cpu-count", "1", "--cpu-overcommit", "10", "--memory-mb", fmt.Sprint(perSandbox),
 			"--node-lost-after", "12s", "--lease-poll", "500ms"},
 		node: map[int][]string{2: {"--accel-sysfs", gpu.Sysfs, "--accel-dev", gpu.Dev, "--accel-proc", gpu.Proc,
 			"--nvidia-smi", filepath.Join(gpu.Bin, "nvidia-smi"), "--accel-lib-dir", gpu.Lib, "--accel-bin-dir", gpu.Bin,
@@ -247,6 +252,27 @@ func TestCluster(t *testing.T) {
 		if st := r0.do("DELETE", "/volumes/"+v.VolumeID, nil, nil); st != http.StatusNoContent {
 			t.Fatalf("delete the volume once no node holds it: %d", st)
 		}
+	})
+
+	t.Run("a snapshot taken on one node restores on another", func(t *testing.T) {
+		src := one(t, "node-a")
+		r0.mustRun(src, "echo kept > /home/user/state")
+		sn := r1.snapshotOf(t, src, "")
+		r0.do("DELETE", "/sandboxes/"+src.SandboxID, nil, nil)
+		// node-a may take no new sandboxes: the restore must go elsewhere.
+		if out, err := cubicleCLI("node", "cordon", "node-a", "--store", c.dsn); err != nil {
+			t.Fatalf("cordon: %v\n%s", err, out)
+		}
+		defer cubicleCLI("node", "uncordon", "node-a", "--store", c.dsn)
+		from := r1.create(map[string]any{"templateID": sn.SnapshotID, "timeout": 600})
+		if on := c.row(from.SandboxID).Node; on == "node-a" {
+			t.Fatalf("the create from the snapshot went to the cordoned node")
+		}
+		if out := r0.mustRun(from, "cat /home/user/state"); out != "kept\n" {
+			t.Fatalf("restored on another node: %q", out)
+		}
+		r0.do("DELETE", "/sandboxes/"+from.SandboxID, nil, nil)
+		r0.do("DELETE", "/templates/"+sn.SnapshotID, nil, nil)
 	})
 
 	t.Run("SIGKILL a node: lost, avoided, re-adopted", func(t *testing.T) {
