@@ -291,6 +291,17 @@ func (m *Manager) createElsewhere(ctx context.Context, o CreateOptions, tpl temp
 			return second, node.Sandbox{}, &RetryError{FirstNode: first.nodeID, First: firstErr, SecondNode: second.nodeID, Second: err}
 		}
 	}
+	// The root file system is sent the way the second node takes it
+	// (layers on the control plane's files, or an image it pulls), not
+	// the way the first one did.
+	boot, err := m.bootImage(ctx, second.nodeID, second.node, tpl, o.snapshot != nil)
+	if err != nil {
+		return second, node.Sandbox{}, &RetryError{FirstNode: first.nodeID, First: firstErr, SecondNode: second.nodeID, Second: err}
+	}
+	req.Layers, req.Image = tpl.Layers, node.Image{}
+	if !boot.IsZero() {
+		req.Layers, req.Image = nil, boot
+	}
 	sb.Node = second.nodeID
 	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
 		return second, node.Sandbox{}, err
