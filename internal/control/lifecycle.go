@@ -346,7 +346,7 @@ func (m *Manager) runExits(ctx context.Context) {
 			watching[mb.ID] = true
 			mu.Unlock()
 			go func(id string) {
-				m.watchExits(ctx, exits)
+				m.watchExits(ctx, id, exits)
 				mu.Lock()
 				delete(watching, id)
 				mu.Unlock()
@@ -369,9 +369,18 @@ func (m *Manager) runExits(ctx context.Context) {
 	}
 }
 
-// watchExits marks sandboxes killed as soon as the node reports their
-// process gone, instead of at the next reconcile (up to 30 s later).
-func (m *Manager) watchExits(ctx context.Context, exits <-chan node.Exit) {
+// exitWorkers bounds the exit reports of one node handled at once: a
+// node (hostile by assumption) that floods reports is slowed down on its
+// own stream instead of growing this process's goroutines and lock waits.
+const exitWorkers = 16
+
+// watchExits marks sandboxes killed as soon as node nodeID reports their
+// process gone, instead of at the next reconcile (up to 30 s later). It
+// returns once the stream ended and its reports are handled.
+func (m *Manager) watchExits(ctx context.Context, nodeID string, exits <-chan node.Exit) {
+	sem := make(chan struct{}, exitWorkers)
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	for {
 		select {
 		case <-ctx.Done():
@@ -380,16 +389,27 @@ func (m *Manager) watchExits(ctx context.Context, exits <-chan node.Exit) {
 			if !ok {
 				return
 			}
-			go m.exited(ctx, e)
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				m.exited(ctx, nodeID, e)
+			}()
 		}
 	}
 }
 
-// exited handles one exit report. The node reports exits of running
-// sandboxes only (it stops watching before it pauses or deletes one), so a
-// row still running under the lock is a sandbox that died; any other state
-// means an operation of ours got there first.
-func (m *Manager) exited(ctx context.Context, e node.Exit) {
+// exited handles one exit report of node nodeID. The node reports exits
+// of running sandboxes only (it stops watching before it pauses or
+// deletes one), so a row still running under the lock is a sandbox that
+// died; any other state means an operation of ours got there first. A
+// report of a sandbox whose row names another node is refused: a node
+// speaks only for its own sandboxes.
+func (m *Manager) exited(ctx context.Context, nodeID string, e node.Exit) {
 	unlock, err := m.lock(ctx, e.ID)
 	if err != nil {
 		m.log.Error("sandbox exit", "sandbox", e.ID, "err", err)
@@ -398,6 +418,10 @@ func (m *Manager) exited(ctx context.Context, e node.Exit) {
 	defer unlock()
 	sb, err := m.store.GetSandbox(ctx, e.ID)
 	if err != nil || sb.State != store.StateRunning {
+		return
+	}
+	if m.rowNode(sb) != nodeID {
+		m.log.Warn("exit report refused: the sandbox is not on the reporting node", "sandbox", e.ID, "node", nodeID, "sandbox_node", sb.Node)
 		return
 	}
 	reason := reasonExited

@@ -498,3 +498,29 @@ func TestNodeWithoutAddressIsNotDriven(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// An exit report is taken only from the node the sandbox's row names: a
+// node (hostile by assumption) reporting another node's sandbox as exited
+// kills nothing, while the owner's report still does.
+func TestExitReportOnlyFromOwningNode(t *testing.T) {
+	ctx := context.Background()
+	c := newCluster(t, openSQLite(t), map[string]int{"node-a": 4, "node-b": 4})
+	a, b := c.create(t), c.create(t)
+	if a.Node == b.Node {
+		t.Fatalf("both on %s", a.Node)
+	}
+	report := func(from string, id string) {
+		exits := make(chan node.Exit, 1)
+		exits <- node.Exit{ID: id}
+		close(exits)
+		c.m.watchExits(ctx, from, exits)
+	}
+	report(b.Node, a.ID)
+	if got, _ := c.st.GetSandbox(ctx, a.ID); got.State != store.StateRunning || !c.nodes[a.Node].has(a.ID) {
+		t.Fatalf("node %s's report of %s (on %s) was believed: row %s (%s)", b.Node, a.ID, a.Node, got.State, got.KillReason)
+	}
+	report(a.Node, a.ID)
+	if got, _ := c.st.GetSandbox(ctx, a.ID); got.State != store.StateKilled || got.KillReason != reasonExited {
+		t.Fatalf("the owner's report: row %s (%s), want killed (%s)", got.State, got.KillReason, reasonExited)
+	}
+}
