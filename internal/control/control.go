@@ -11,6 +11,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/accel"
 	"log/slog"
 	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -487,17 +488,24 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ *store.Sandbox
 	// build is idle; volumes are attached at boot, so those always boot.
 	if tpl.PoolSize > 0 && tpl.BuildID != "" && len(o.VolumeMounts) == 0 && len(o.Accelerators) == 0 && o.snapshot == nil {
 		// A claim skips placement, so placement policies are judged
-		// first: a standby on a node they refuse is not handed out.
+		// first: a standby on a node they refuse is not handed out (the
+		// claim picks among the nodes they accept).
 		pols, err := m.placementPolicies(ctx, o.TeamID, tpl.ID)
 		if err != nil {
 			return nil, err
 		}
+		var onNodes []string
 		if len(pols) > 0 {
-			if _, err := m.place(ctx, o, tpl, placeRequest{judgeOnly: true}); err != nil {
+			pl, err := m.place(ctx, o, tpl, placeRequest{judgeOnly: true})
+			if err != nil {
 				return nil, err
 			}
+			onNodes = pl.accepted
+			if local, ok := m.nodes.Local(); ok && slices.Contains(onNodes, local) {
+				onNodes = append(onNodes, "") // rows from before nodes had names
+			}
 		}
-		sb, claimed = m.claim(ctx, o, tpl)
+		sb, claimed = m.claim(ctx, o, tpl, onNodes)
 	}
 	if !claimed {
 		m.userCreates.Add(1)

@@ -24,6 +24,9 @@ type placement struct {
 	nodeID   string
 	node     node.Node
 	reserved bool
+	// accepted, for a judgeOnly placement, lists every node the request
+	// could run on (a pool claim takes a standby on one of them only).
+	accepted []string
 }
 
 // placeRequest is what place needs besides the create's options.
@@ -126,7 +129,15 @@ func (m *Manager) place(ctx context.Context, o CreateOptions, tpl template.Templ
 		return placement{}, err
 	}
 	if pr.judgeOnly {
-		return placement{nodeID: chosen}, nil
+		// Place ranks only the best few; each node is judged alone so
+		// every acceptable one is named.
+		var accepted []string
+		for i := range nodes {
+			if _, err := m.sched.Place(req, nodes[i:i+1]); err == nil {
+				accepted = append(accepted, nodes[i].ID)
+			}
+		}
+		return placement{nodeID: chosen, accepted: accepted}, nil
 	}
 	nd, err := m.nodeFor(ctx, chosen)
 	if err != nil {
