@@ -663,10 +663,14 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 	if err != nil {
 		return nil, err
 	}
-	// Stands in for the disk image until the node has made it.
-	releaseDisk, err := m.reserveDisk("sandbox/"+sb.ID, fmt.Sprintf("a %d MiB sandbox disk", sb.DiskSizeMB), sb.DiskSizeMB)
-	if err != nil {
-		return nil, err
+	// Stands in for the disk image until the node has made it. The
+	// budget is the in-process node's data filesystem: a remote node's
+	// disk is its own.
+	releaseDisk := func() {}
+	if m.nodes.IsLocal(pl.nodeID) {
+		if releaseDisk, err = m.reserveDisk("sandbox/"+sb.ID, fmt.Sprintf("a %d MiB sandbox disk", sb.DiskSizeMB), sb.DiskSizeMB); err != nil {
+			return nil, err
+		}
 	}
 	defer releaseDisk()
 	if err := m.store.CreateSandbox(ctx, sb); err != nil {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/diskbudget"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
@@ -22,6 +23,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/store/postgres"
 	"github.com/cubicle-dev/cubicle/internal/store/postgres/pgtest"
 	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
+	"github.com/cubicle-dev/cubicle/internal/template"
 )
 
 // errNodeDown is how a node that cannot be reached fails (gRPC's
@@ -522,5 +524,37 @@ func TestExitReportOnlyFromOwningNode(t *testing.T) {
 	report(a.Node, a.ID)
 	if got, _ := c.st.GetSandbox(ctx, a.ID); got.State != store.StateKilled || got.KillReason != reasonExited {
 		t.Fatalf("the owner's report: row %s (%s), want killed (%s)", got.State, got.KillReason, reasonExited)
+	}
+}
+
+// diskResolver gives storeResolver's templates a 1 GiB disk.
+type diskResolver struct{ storeResolver }
+
+func (r diskResolver) Resolve(ctx context.Context, ref string) (template.Template, error) {
+	t, err := r.storeResolver.Resolve(ctx, ref)
+	t.DiskSizeMB = 1024
+	return t, err
+}
+
+// The disk budget is the in-process node's data filesystem: a create
+// placed on a remote node (which has its own disk) is not refused because
+// the control plane's filesystem is full, while one on the in-process
+// node still is.
+func TestDiskBudgetOnlyForLocalNode(t *testing.T) {
+	ctx := context.Background()
+	full := diskbudget.New(diskbudget.Config{Dir: t.TempDir(), Reserve: func(total int64) int64 { return total }})
+	c := newCluster(t, openSQLite(t), map[string]int{"node-a": 4})
+	m := New(Config{Nodes: c.m.nodes, Disk: full}, c.st, nil, diskResolver{storeResolver{c.st}})
+	sb, err := m.Create(ctx, CreateOptions{TemplateID: "tpl", Timeout: time.Minute})
+	if err != nil {
+		t.Fatalf("create on a remote node with the control plane's disk full: %v", err)
+	}
+	if sb.Node != "node-a" {
+		t.Fatalf("placed on %s", sb.Node)
+	}
+	_, _, st := newPoolManager(t)
+	m = New(Config{Disk: full}, st, newFakeNode(), diskResolver{storeResolver{st}})
+	if _, err := m.Create(ctx, CreateOptions{TemplateID: "tpl", Timeout: time.Minute}); !errors.Is(err, diskbudget.ErrInsufficientStorage) {
+		t.Fatalf("create on the in-process node with its disk full: %v, want insufficient storage", err)
 	}
 }
