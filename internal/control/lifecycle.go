@@ -410,18 +410,20 @@ func (m *Manager) watchExits(ctx context.Context, nodeID string, exits <-chan no
 // report of a sandbox whose row names another node is refused: a node
 // speaks only for its own sandboxes.
 func (m *Manager) exited(ctx context.Context, nodeID string, e node.Exit) {
+	// Judged once before the lock, so a report of a sandbox that is not
+	// the node's running one costs a read, not a lock (a database
+	// connection with idlock.Postgres), and again under it.
+	if _, ok := m.exitApplies(ctx, nodeID, e.ID); !ok {
+		return
+	}
 	unlock, err := m.lock(ctx, e.ID)
 	if err != nil {
 		m.log.Error("sandbox exit", "sandbox", e.ID, "err", err)
 		return
 	}
 	defer unlock()
-	sb, err := m.store.GetSandbox(ctx, e.ID)
-	if err != nil || sb.State != store.StateRunning {
-		return
-	}
-	if m.rowNode(sb) != nodeID {
-		m.log.Warn("exit report refused: the sandbox is not on the reporting node", "sandbox", e.ID, "node", nodeID, "sandbox_node", sb.Node)
+	sb, ok := m.exitApplies(ctx, nodeID, e.ID)
+	if !ok {
 		return
 	}
 	reason := reasonExited
@@ -436,6 +438,20 @@ func (m *Manager) exited(ctx context.Context, nodeID string, e node.Exit) {
 	if IsStandby(sb) {
 		m.PoolTrigger("") // replace the standby now
 	}
+}
+
+// exitApplies returns sandbox id's row when it is running on node nodeID,
+// the only case in which that node's exit report of it is acted on.
+func (m *Manager) exitApplies(ctx context.Context, nodeID, id string) (*store.Sandbox, bool) {
+	sb, err := m.store.GetSandbox(ctx, id)
+	if err != nil || sb.State != store.StateRunning {
+		return nil, false
+	}
+	if m.rowNode(sb) != nodeID {
+		m.log.Warn("exit report refused: the sandbox is not on the reporting node", "sandbox", id, "node", nodeID, "sandbox_node", sb.Node)
+		return nil, false
+	}
+	return sb, true
 }
 
 // endedRetention is how long the not-found for a killed sandbox keeps
