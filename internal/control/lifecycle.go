@@ -89,11 +89,24 @@ func (m *Manager) rowNode(sb *store.Sandbox) string {
 	return sb.Node
 }
 
+// staleOperation bounds how long an operation keeps a row in a
+// transitional state (a create's or resume's node work is bounded by 2
+// minutes): one left longer was abandoned by a replica that died.
+const staleOperation = 10 * time.Minute
+
 func (m *Manager) recoverNode(ctx context.Context, nodeID string, nd node.Node, present map[string]node.Sandbox, rows []*store.Sandbox) error {
+	// Only this process drives its in-process node, so at its start nothing
+	// is in flight there. A remote node is also driven by the other
+	// replicas, which keep working while this one starts.
+	remote := !m.nodes.IsLocal(nodeID)
 	owned := map[string]bool{}
 	for _, sb := range rows {
 		if m.rowNode(sb) != nodeID {
 			continue // another node's sandbox; not this node's to judge
+		}
+		if remote && transitional(sb.State) && time.Since(sb.UpdatedAt) < staleOperation {
+			owned[sb.ID] = true // another replica's operation in flight
+			continue
 		}
 		ns, ok := present[sb.ID]
 		switch {
@@ -122,6 +135,12 @@ func (m *Manager) recoverNode(ctx context.Context, nodeID string, nd node.Node, 
 	}
 	for id := range present {
 		if !owned[id] {
+			if remote {
+				// Created by another replica since rows were read.
+				if sb, err := m.store.GetSandbox(ctx, id); err == nil && sb.State.Live() && m.rowNode(sb) == nodeID {
+					continue
+				}
+			}
 			m.log.Info("deleting orphaned sandbox", "sandbox", id, "node", nodeID)
 			if err := nd.Delete(ctx, id); err != nil {
 				m.log.Error("delete orphan", "sandbox", id, "node", nodeID, "err", err)
@@ -138,8 +157,18 @@ func (m *Manager) reapLost(ctx context.Context, sb *store.Sandbox, reason string
 		return
 	}
 	defer unlock()
+	// Judged from rows read before the lock: an operation that changed
+	// the row meanwhile (another replica's) decides instead.
+	if cur, err := m.store.GetSandbox(ctx, sb.ID); err != nil || cur.State != sb.State || !cur.UpdatedAt.Equal(sb.UpdatedAt) {
+		return
+	}
 	derr := m.deleteOn(ctx, sb)
 	m.markKilled(ctx, sb, reason, derr)
+}
+
+// transitional: a state an operation holds a row in while it works.
+func transitional(s store.SandboxState) bool {
+	return s == store.StateCreating || s == store.StatePausing || s == store.StateResuming
 }
 
 // Run enforces timeouts and repairs drift until ctx ends. The

@@ -558,3 +558,39 @@ func TestDiskBudgetOnlyForLocalNode(t *testing.T) {
 		t.Fatalf("create on the in-process node with its disk full: %v, want insufficient storage", err)
 	}
 }
+
+// A replica starting (Recover) while another replica creates a sandbox on
+// a remote node leaves that create alone: its row is still creating and
+// was just written, so it belongs to an operation in flight elsewhere, and
+// the node's copy is not an orphan. A creating row nobody touched for
+// longer than any create lasts is still reaped.
+func TestRecoverLeavesOtherReplicasOperations(t *testing.T) {
+	ctx := context.Background()
+	c := newCluster(t, openSQLite(t), map[string]int{"node-a": 4})
+	now := time.Now().UTC()
+	creating := func(updated time.Time) *store.Sandbox {
+		sb := &store.Sandbox{ID: NewID(), TemplateID: "tpl", State: store.StateCreating, Node: "node-a", StartedAt: updated,
+			EndAt: now.Add(time.Hour), UpdatedAt: updated}
+		if err := c.st.CreateSandbox(ctx, sb); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.nodes["node-a"].fakeNode.Create(ctx, node.CreateRequest{ID: sb.ID}); err != nil {
+			t.Fatal(err)
+		}
+		return sb
+	}
+	inFlight, abandoned := creating(now), creating(now.Add(-staleOperation-time.Minute))
+	if err := c.m.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := c.st.GetSandbox(ctx, inFlight.ID); got.State != store.StateCreating {
+		t.Fatalf("another replica's create in flight: row %s (%s), want creating", got.State, got.KillReason)
+	}
+	if !c.nodes["node-a"].has(inFlight.ID) {
+		t.Fatal("another replica's create in flight was deleted from its node as an orphan")
+	}
+	// Long past any create: the replica that wrote it is gone.
+	if got, _ := c.st.GetSandbox(ctx, abandoned.ID); got.State != store.StateKilled || c.nodes["node-a"].has(abandoned.ID) {
+		t.Fatalf("a create abandoned long ago: row %s, on the node %v; want killed and deleted", got.State, c.nodes["node-a"].has(abandoned.ID))
+	}
+}
