@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/idlock"
 	"github.com/cubicle-dev/cubicle/internal/loop"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
@@ -34,7 +35,11 @@ func (m *Manager) Recover(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := m.reconcileVolumes(ctx, true); err != nil {
+	// Volume rows mid-operation are any age's to finish only when no other
+	// replica shares the store (in-process locks); beside others, only
+	// those stale enough to be abandoned.
+	_, alone := m.locks.(*idlock.Map)
+	if err := m.reconcileVolumes(ctx, alone); err != nil {
 		// Not fatal: the periodic reconciler keeps retrying.
 		m.log.Error("recover volumes", "err", err)
 	}
