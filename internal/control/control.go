@@ -179,7 +179,6 @@ type Manager struct {
 	pool        *poolMetrics
 	poolKick    chan struct{}
 	userCreates atomic.Int64 // user creates booting; the pool waits for them
-	allocatable sync.Map     // node ID → scheduler.Resources this replica last wrote to the ledger
 	// pulls caches, per node ID, whether the node resolves image
 	// references itself (pullsImages).
 	pulls sync.Map

@@ -594,3 +594,37 @@ func TestRecoverLeavesOtherReplicasOperations(t *testing.T) {
 		t.Fatalf("a create abandoned long ago: row %s, on the node %v; want killed and deleted", got.State, c.nodes["node-a"].has(abandoned.ID))
 	}
 }
+
+// The ledger's allocatable follows the node's capacity whichever replica
+// last wrote it: a node whose capacity goes 8, 4, 8 CPUs, placed on by
+// replica a, then b, then a again, ends with 8 in the ledger (a replica
+// that remembered only its own last write kept b's 4, or with the values
+// the other way round, oversold).
+func TestAllocatableFollowsOtherReplicasWrites(t *testing.T) {
+	ctx := context.Background()
+	c := newCluster(t, openSQLite(t), map[string]int{"node-a": 8})
+	a := c.m
+	b := New(Config{Nodes: a.nodes}, c.st, nil, storeResolver{c.st})
+	setCPUs := func(n int64) {
+		t.Helper()
+		if err := c.st.HeartbeatNode(ctx, "node-a", store.NodeHeartbeat{Address: "node-a:7443", Capacity: store.Capacity{MilliCPU: n * 1000, MemoryMiB: 1 << 20}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, step := range []struct {
+		m    *Manager
+		cpus int64
+	}{{a, 8}, {b, 4}, {a, 8}} {
+		setCPUs(step.cpus)
+		if _, err := step.m.Create(ctx, CreateOptions{TemplateID: "tpl", Timeout: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+		alloc, err := c.st.AllocatableCapacity(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := alloc["node-a"].MilliCPU; got != step.cpus*1000 {
+			t.Fatalf("after a create with the node at %d CPUs: ledger allocatable %d milliCPU", step.cpus, got)
+		}
+	}
+}

@@ -151,23 +151,22 @@ func (m *Manager) place(ctx context.Context, o CreateOptions, tpl template.Templ
 
 // syncAllocatable writes to the ledger what each node may hand out now
 // (capacity × overcommit; a node's capacity changes when it registers
-// again), only where the ledger lacks the node or this replica last wrote
-// another value: one read per create instead of a write per node.
+// again), only where the ledger holds another value: one read per create
+// instead of a write per node. The ledger's value is compared, not what
+// this replica last wrote, since another replica may have written since.
 func (m *Manager) syncAllocatable(ctx context.Context, led *storeledger.Ledger, nodes []scheduler.Node) error {
-	committed, err := led.Committed(ctx)
+	have, err := led.Allocatable(ctx)
 	if err != nil {
 		return fmt.Errorf("capacity ledger: %w", err)
 	}
 	for i := range nodes {
 		id, alloc := nodes[i].ID, m.sched.Allocatable(&nodes[i])
-		_, known := committed[id]
-		if last, ok := m.allocatable.Load(id); known && ok && last.(scheduler.Resources) == alloc {
+		if cur, ok := have[id]; ok && cur == alloc {
 			continue
 		}
 		if err := led.SetNode(ctx, id, alloc); err != nil {
 			return fmt.Errorf("capacity ledger: %w", err)
 		}
-		m.allocatable.Store(id, alloc)
 	}
 	return nil
 }
