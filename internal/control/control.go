@@ -11,6 +11,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/accel"
 	"log/slog"
 	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -182,7 +183,6 @@ type Manager struct {
 	pool        *poolMetrics
 	poolKick    chan struct{}
 	userCreates atomic.Int64 // user creates booting; the pool waits for them
-	allocatable sync.Map     // node ID → scheduler.Resources this replica last wrote to the ledger
 	// pulls caches, per node ID, whether the node resolves image
 	// references itself (pullsImages).
 	pulls sync.Map
@@ -491,17 +491,24 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ *store.Sandbox
 	// build is idle; volumes are attached at boot, so those always boot.
 	if tpl.PoolSize > 0 && tpl.BuildID != "" && len(o.VolumeMounts) == 0 && len(o.Accelerators) == 0 && o.snapshot == nil {
 		// A claim skips placement, so placement policies are judged
-		// first: a standby on a node they refuse is not handed out.
+		// first: a standby on a node they refuse is not handed out (the
+		// claim picks among the nodes they accept).
 		pols, err := m.placementPolicies(ctx, o.TeamID, tpl.ID)
 		if err != nil {
 			return nil, err
 		}
+		var onNodes []string
 		if len(pols) > 0 {
-			if _, err := m.place(ctx, o, tpl, placeRequest{judgeOnly: true}); err != nil {
+			pl, err := m.place(ctx, o, tpl, placeRequest{judgeOnly: true})
+			if err != nil {
 				return nil, err
 			}
+			onNodes = pl.accepted
+			if local, ok := m.nodes.Local(); ok && slices.Contains(onNodes, local) {
+				onNodes = append(onNodes, "") // rows from before nodes had names
+			}
 		}
-		sb, claimed = m.claim(ctx, o, tpl)
+		sb, claimed = m.claim(ctx, o, tpl, onNodes)
 	}
 	if !claimed {
 		m.userCreates.Add(1)
@@ -676,10 +683,14 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 	if o.snapshot != nil {
 		sb.SnapshotLayers = o.snapshot.SnapshotLayers
 	}
-	// Stands in for the disk image until the node has made it.
-	releaseDisk, err := m.reserveDisk("sandbox/"+sb.ID, fmt.Sprintf("a %d MiB sandbox disk", sb.DiskSizeMB), sb.DiskSizeMB)
-	if err != nil {
-		return nil, err
+	// Stands in for the disk image until the node has made it. The
+	// budget is the in-process node's data filesystem: a remote node's
+	// disk is its own.
+	releaseDisk := func() {}
+	if m.nodes.IsLocal(pl.nodeID) {
+		if releaseDisk, err = m.reserveDisk("sandbox/"+sb.ID, fmt.Sprintf("a %d MiB sandbox disk", sb.DiskSizeMB), sb.DiskSizeMB); err != nil {
+			return nil, err
+		}
 	}
 	defer releaseDisk()
 	if err := m.store.CreateSandbox(ctx, sb); err != nil {
@@ -707,7 +718,9 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 	}
 	req.StartCmd, req.StartUser, req.StartWorkdir, req.DefaultWorkdir = tpl.StartCmd, sb.DefaultUser, tpl.Workdir, tpl.Workdir
 	placed, err := pl.node.Create(nctx, req)
-	if err != nil && retryable(err) && len(attachments) == 0 {
+	// Not retried elsewhere: volume attachments name the first node, and
+	// a snapshot's chain was fetched to (or lives on) the first node.
+	if err != nil && retryable(err) && len(attachments) == 0 && o.snapshot == nil {
 		pl, placed, err = m.createElsewhere(nctx, o, tpl, pr, sb, req, pl, err)
 	}
 	releaseDisk()

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/nodeset"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
 	"github.com/cubicle-dev/cubicle/internal/template"
@@ -165,5 +167,60 @@ func TestRollbackOfPathOnlySnapshotRefusedOnPullingNode(t *testing.T) {
 	}
 	if got, err := m.store.GetSandbox(ctx, sb.ID); err != nil || got.State != store.StateRunning {
 		t.Fatalf("after the refused rollback: %+v %v", got, err)
+	}
+}
+
+// A create retried on another node is sent the root file system that node
+// takes: a pulling remote node that failed, then the embedded node, which
+// shares the control plane's files, gets the layers, not the image (and
+// the other way round).
+func TestCreateRetryResolvesBootImageForSecondNode(t *testing.T) {
+	for _, firstPulls := range []bool{true, false} {
+		t.Run(fmt.Sprintf("firstPulls=%v", firstPulls), func(t *testing.T) {
+			ctx := context.Background()
+			st, err := sqlite.Open(filepath.Join(t.TempDir(), "c.db"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { st.Close() })
+			local, remote := newRemoteNode(), newRemoteNode()
+			remote.pulls = true
+			first, second := remote, local
+			if !firstPulls {
+				first, second = local, remote
+			}
+			first.down.Store(true)
+			// Spread tries the remote node first when it is the emptier
+			// after the create, else the in-process node (1 CPU, 1 GiB).
+			capacity := store.Capacity{MilliCPU: 8000, MemoryMiB: 1 << 20}
+			if !firstPulls {
+				capacity = store.Capacity{MilliCPU: 1000, MemoryMiB: 129}
+			}
+			if err := st.RegisterNode(ctx, &store.Node{ID: "node-a", Address: "node-a:7443", Runtime: "fake", Capacity: capacity}); err != nil {
+				t.Fatal(err)
+			}
+			set := nodeset.New(nodeset.Config{LocalID: "local", Local: local, Registry: st,
+				Dial: func(row *store.Node) (node.Node, io.Closer, error) { return remote, io.NopCloser(nil), nil }})
+			m := New(Config{Nodes: set, ImageDigest: func(ref string) (node.Image, error) {
+				return node.Image{Name: "cubicle/built", Digest: builtDigest}, nil
+			}}, st, nil, imageResolver{})
+			if err := m.RegisterNode(ctx); err != nil {
+				t.Fatal(err)
+			}
+			sb, err := m.Create(ctx, CreateOptions{TemplateID: "built", Timeout: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if first.creates.Load() != 1 || second.creates.Load() != 1 {
+				t.Fatalf("creates: first %d, second %d; want one each (a retry)", first.creates.Load(), second.creates.Load())
+			}
+			got := second.sbs[sb.ID]
+			if firstPulls && (!got.Image.IsZero() || len(got.Layers) != 1) {
+				t.Fatalf("embedded node after the retry got image %+v layers %v; want the layers", got.Image, got.Layers)
+			}
+			if !firstPulls && (got.Image.Digest != builtDigest || got.Layers != nil) {
+				t.Fatalf("pulling node after the retry got image %+v layers %v; want the image by digest", got.Image, got.Layers)
+			}
+		})
 	}
 }

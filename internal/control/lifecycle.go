@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/idlock"
 	"github.com/cubicle-dev/cubicle/internal/loop"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
@@ -34,7 +35,11 @@ func (m *Manager) Recover(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := m.reconcileVolumes(ctx, true); err != nil {
+	// Volume rows mid-operation are any age's to finish only when no other
+	// replica shares the store (in-process locks); beside others, only
+	// those stale enough to be abandoned.
+	_, alone := m.locks.(*idlock.Map)
+	if err := m.reconcileVolumes(ctx, alone); err != nil {
 		// Not fatal: the periodic reconciler keeps retrying.
 		m.log.Error("recover volumes", "err", err)
 	}
@@ -89,11 +94,24 @@ func (m *Manager) rowNode(sb *store.Sandbox) string {
 	return sb.Node
 }
 
+// staleOperation bounds how long an operation keeps a row in a
+// transitional state (a create's or resume's node work is bounded by 2
+// minutes): one left longer was abandoned by a replica that died.
+const staleOperation = 10 * time.Minute
+
 func (m *Manager) recoverNode(ctx context.Context, nodeID string, nd node.Node, present map[string]node.Sandbox, rows []*store.Sandbox) error {
+	// Only this process drives its in-process node, so at its start nothing
+	// is in flight there. A remote node is also driven by the other
+	// replicas, which keep working while this one starts.
+	remote := !m.nodes.IsLocal(nodeID)
 	owned := map[string]bool{}
 	for _, sb := range rows {
 		if m.rowNode(sb) != nodeID {
 			continue // another node's sandbox; not this node's to judge
+		}
+		if remote && transitional(sb.State) && time.Since(sb.UpdatedAt) < staleOperation {
+			owned[sb.ID] = true // another replica's operation in flight
+			continue
 		}
 		ns, ok := present[sb.ID]
 		switch {
@@ -122,6 +140,12 @@ func (m *Manager) recoverNode(ctx context.Context, nodeID string, nd node.Node, 
 	}
 	for id := range present {
 		if !owned[id] {
+			if remote {
+				// Created by another replica since rows were read.
+				if sb, err := m.store.GetSandbox(ctx, id); err == nil && sb.State.Live() && m.rowNode(sb) == nodeID {
+					continue
+				}
+			}
 			m.log.Info("deleting orphaned sandbox", "sandbox", id, "node", nodeID)
 			if err := nd.Delete(ctx, id); err != nil {
 				m.log.Error("delete orphan", "sandbox", id, "node", nodeID, "err", err)
@@ -138,8 +162,18 @@ func (m *Manager) reapLost(ctx context.Context, sb *store.Sandbox, reason string
 		return
 	}
 	defer unlock()
+	// Judged from rows read before the lock: an operation that changed
+	// the row meanwhile (another replica's) decides instead.
+	if cur, err := m.store.GetSandbox(ctx, sb.ID); err != nil || cur.State != sb.State || !cur.UpdatedAt.Equal(sb.UpdatedAt) {
+		return
+	}
 	derr := m.deleteOn(ctx, sb)
 	m.markKilled(ctx, sb, reason, derr)
+}
+
+// transitional: a state an operation holds a row in while it works.
+func transitional(s store.SandboxState) bool {
+	return s == store.StateCreating || s == store.StatePausing || s == store.StateResuming
 }
 
 // Run enforces timeouts and repairs drift until ctx ends. The
@@ -346,7 +380,7 @@ func (m *Manager) runExits(ctx context.Context) {
 			watching[mb.ID] = true
 			mu.Unlock()
 			go func(id string) {
-				m.watchExits(ctx, exits)
+				m.watchExits(ctx, id, exits)
 				mu.Lock()
 				delete(watching, id)
 				mu.Unlock()
@@ -369,9 +403,18 @@ func (m *Manager) runExits(ctx context.Context) {
 	}
 }
 
-// watchExits marks sandboxes killed as soon as the node reports their
-// process gone, instead of at the next reconcile (up to 30 s later).
-func (m *Manager) watchExits(ctx context.Context, exits <-chan node.Exit) {
+// exitWorkers bounds the exit reports of one node handled at once: a
+// node (hostile by assumption) that floods reports is slowed down on its
+// own stream instead of growing this process's goroutines and lock waits.
+const exitWorkers = 16
+
+// watchExits marks sandboxes killed as soon as node nodeID reports their
+// process gone, instead of at the next reconcile (up to 30 s later). It
+// returns once the stream ended and its reports are handled.
+func (m *Manager) watchExits(ctx context.Context, nodeID string, exits <-chan node.Exit) {
+	sem := make(chan struct{}, exitWorkers)
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	for {
 		select {
 		case <-ctx.Done():
@@ -380,24 +423,41 @@ func (m *Manager) watchExits(ctx context.Context, exits <-chan node.Exit) {
 			if !ok {
 				return
 			}
-			go m.exited(ctx, e)
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				m.exited(ctx, nodeID, e)
+			}()
 		}
 	}
 }
 
-// exited handles one exit report. The node reports exits of running
-// sandboxes only (it stops watching before it pauses or deletes one), so a
-// row still running under the lock is a sandbox that died; any other state
-// means an operation of ours got there first.
-func (m *Manager) exited(ctx context.Context, e node.Exit) {
+// exited handles one exit report of node nodeID. The node reports exits
+// of running sandboxes only (it stops watching before it pauses or
+// deletes one), so a row still running under the lock is a sandbox that
+// died; any other state means an operation of ours got there first. A
+// report of a sandbox whose row names another node is refused: a node
+// speaks only for its own sandboxes.
+func (m *Manager) exited(ctx context.Context, nodeID string, e node.Exit) {
+	// Judged once before the lock, so a report of a sandbox that is not
+	// the node's running one costs a read, not a lock (a database
+	// connection with idlock.Postgres), and again under it.
+	if _, ok := m.exitApplies(ctx, nodeID, e.ID); !ok {
+		return
+	}
 	unlock, err := m.lock(ctx, e.ID)
 	if err != nil {
 		m.log.Error("sandbox exit", "sandbox", e.ID, "err", err)
 		return
 	}
 	defer unlock()
-	sb, err := m.store.GetSandbox(ctx, e.ID)
-	if err != nil || sb.State != store.StateRunning {
+	sb, ok := m.exitApplies(ctx, nodeID, e.ID)
+	if !ok {
 		return
 	}
 	reason := reasonExited
@@ -412,6 +472,20 @@ func (m *Manager) exited(ctx context.Context, e node.Exit) {
 	if IsStandby(sb) {
 		m.PoolTrigger("") // replace the standby now
 	}
+}
+
+// exitApplies returns sandbox id's row when it is running on node nodeID,
+// the only case in which that node's exit report of it is acted on.
+func (m *Manager) exitApplies(ctx context.Context, nodeID, id string) (*store.Sandbox, bool) {
+	sb, err := m.store.GetSandbox(ctx, id)
+	if err != nil || sb.State != store.StateRunning {
+		return nil, false
+	}
+	if m.rowNode(sb) != nodeID {
+		m.log.Warn("exit report refused: the sandbox is not on the reporting node", "sandbox", id, "node", nodeID, "sandbox_node", sb.Node)
+		return nil, false
+	}
+	return sb, true
 }
 
 // endedRetention is how long the not-found for a killed sandbox keeps

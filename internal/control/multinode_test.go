@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/diskbudget"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
@@ -22,6 +23,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/store/postgres"
 	"github.com/cubicle-dev/cubicle/internal/store/postgres/pgtest"
 	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
+	"github.com/cubicle-dev/cubicle/internal/template"
 )
 
 // errNodeDown is how a node that cannot be reached fails (gRPC's
@@ -496,5 +498,133 @@ func TestNodeWithoutAddressIsNotDriven(t *testing.T) {
 	}
 	if err := c.m.reconcile(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// An exit report is taken only from the node the sandbox's row names: a
+// node (hostile by assumption) reporting another node's sandbox as exited
+// kills nothing, while the owner's report still does.
+func TestExitReportOnlyFromOwningNode(t *testing.T) {
+	ctx := context.Background()
+	c := newCluster(t, openSQLite(t), map[string]int{"node-a": 4, "node-b": 4})
+	a, b := c.create(t), c.create(t)
+	if a.Node == b.Node {
+		t.Fatalf("both on %s", a.Node)
+	}
+	report := func(from string, id string) {
+		exits := make(chan node.Exit, 1)
+		exits <- node.Exit{ID: id}
+		close(exits)
+		c.m.watchExits(ctx, from, exits)
+	}
+	report(b.Node, a.ID)
+	if got, _ := c.st.GetSandbox(ctx, a.ID); got.State != store.StateRunning || !c.nodes[a.Node].has(a.ID) {
+		t.Fatalf("node %s's report of %s (on %s) was believed: row %s (%s)", b.Node, a.ID, a.Node, got.State, got.KillReason)
+	}
+	report(a.Node, a.ID)
+	if got, _ := c.st.GetSandbox(ctx, a.ID); got.State != store.StateKilled || got.KillReason != reasonExited {
+		t.Fatalf("the owner's report: row %s (%s), want killed (%s)", got.State, got.KillReason, reasonExited)
+	}
+}
+
+// diskResolver gives storeResolver's templates a 1 GiB disk.
+type diskResolver struct{ storeResolver }
+
+func (r diskResolver) Resolve(ctx context.Context, ref string) (template.Template, error) {
+	t, err := r.storeResolver.Resolve(ctx, ref)
+	t.DiskSizeMB = 1024
+	return t, err
+}
+
+// The disk budget is the in-process node's data filesystem: a create
+// placed on a remote node (which has its own disk) is not refused because
+// the control plane's filesystem is full, while one on the in-process
+// node still is.
+func TestDiskBudgetOnlyForLocalNode(t *testing.T) {
+	ctx := context.Background()
+	full := diskbudget.New(diskbudget.Config{Dir: t.TempDir(), Reserve: func(total int64) int64 { return total }})
+	c := newCluster(t, openSQLite(t), map[string]int{"node-a": 4})
+	m := New(Config{Nodes: c.m.nodes, Disk: full}, c.st, nil, diskResolver{storeResolver{c.st}})
+	sb, err := m.Create(ctx, CreateOptions{TemplateID: "tpl", Timeout: time.Minute})
+	if err != nil {
+		t.Fatalf("create on a remote node with the control plane's disk full: %v", err)
+	}
+	if sb.Node != "node-a" {
+		t.Fatalf("placed on %s", sb.Node)
+	}
+	_, _, st := newPoolManager(t)
+	m = New(Config{Disk: full}, st, newFakeNode(), diskResolver{storeResolver{st}})
+	if _, err := m.Create(ctx, CreateOptions{TemplateID: "tpl", Timeout: time.Minute}); !errors.Is(err, diskbudget.ErrInsufficientStorage) {
+		t.Fatalf("create on the in-process node with its disk full: %v, want insufficient storage", err)
+	}
+}
+
+// A replica starting (Recover) while another replica creates a sandbox on
+// a remote node leaves that create alone: its row is still creating and
+// was just written, so it belongs to an operation in flight elsewhere, and
+// the node's copy is not an orphan. A creating row nobody touched for
+// longer than any create lasts is still reaped.
+func TestRecoverLeavesOtherReplicasOperations(t *testing.T) {
+	ctx := context.Background()
+	c := newCluster(t, openSQLite(t), map[string]int{"node-a": 4})
+	now := time.Now().UTC()
+	creating := func(updated time.Time) *store.Sandbox {
+		sb := &store.Sandbox{ID: NewID(), TemplateID: "tpl", State: store.StateCreating, Node: "node-a", StartedAt: updated,
+			EndAt: now.Add(time.Hour), UpdatedAt: updated}
+		if err := c.st.CreateSandbox(ctx, sb); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.nodes["node-a"].fakeNode.Create(ctx, node.CreateRequest{ID: sb.ID}); err != nil {
+			t.Fatal(err)
+		}
+		return sb
+	}
+	inFlight, abandoned := creating(now), creating(now.Add(-staleOperation-time.Minute))
+	if err := c.m.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := c.st.GetSandbox(ctx, inFlight.ID); got.State != store.StateCreating {
+		t.Fatalf("another replica's create in flight: row %s (%s), want creating", got.State, got.KillReason)
+	}
+	if !c.nodes["node-a"].has(inFlight.ID) {
+		t.Fatal("another replica's create in flight was deleted from its node as an orphan")
+	}
+	// Long past any create: the replica that wrote it is gone.
+	if got, _ := c.st.GetSandbox(ctx, abandoned.ID); got.State != store.StateKilled || c.nodes["node-a"].has(abandoned.ID) {
+		t.Fatalf("a create abandoned long ago: row %s, on the node %v; want killed and deleted", got.State, c.nodes["node-a"].has(abandoned.ID))
+	}
+}
+
+// The ledger's allocatable follows the node's capacity whichever replica
+// last wrote it: a node whose capacity goes 8, 4, 8 CPUs, placed on by
+// replica a, then b, then a again, ends with 8 in the ledger (a replica
+// that remembered only its own last write kept b's 4, or with the values
+// the other way round, oversold).
+func TestAllocatableFollowsOtherReplicasWrites(t *testing.T) {
+	ctx := context.Background()
+	c := newCluster(t, openSQLite(t), map[string]int{"node-a": 8})
+	a := c.m
+	b := New(Config{Nodes: a.nodes}, c.st, nil, storeResolver{c.st})
+	setCPUs := func(n int64) {
+		t.Helper()
+		if err := c.st.HeartbeatNode(ctx, "node-a", store.NodeHeartbeat{Address: "node-a:7443", Capacity: store.Capacity{MilliCPU: n * 1000, MemoryMiB: 1 << 20}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, step := range []struct {
+		m    *Manager
+		cpus int64
+	}{{a, 8}, {b, 4}, {a, 8}} {
+		setCPUs(step.cpus)
+		if _, err := step.m.Create(ctx, CreateOptions{TemplateID: "tpl", Timeout: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+		alloc, err := c.st.AllocatableCapacity(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := alloc["node-a"].MilliCPU; got != step.cpus*1000 {
+			t.Fatalf("after a create with the node at %d CPUs: ledger allocatable %d milliCPU", step.cpus, got)
+		}
 	}
 }

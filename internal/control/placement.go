@@ -24,6 +24,9 @@ type placement struct {
 	nodeID   string
 	node     node.Node
 	reserved bool
+	// accepted, for a judgeOnly placement, lists every node the request
+	// could run on (a pool claim takes a standby on one of them only).
+	accepted []string
 }
 
 // placeRequest is what place needs besides the create's options.
@@ -132,7 +135,15 @@ func (m *Manager) place(ctx context.Context, o CreateOptions, tpl template.Templ
 		return placement{}, err
 	}
 	if pr.judgeOnly {
-		return placement{nodeID: chosen}, nil
+		// Place ranks only the best few; each node is judged alone so
+		// every acceptable one is named.
+		var accepted []string
+		for i := range nodes {
+			if _, err := m.sched.Place(req, nodes[i:i+1]); err == nil {
+				accepted = append(accepted, nodes[i].ID)
+			}
+		}
+		return placement{nodeID: chosen, accepted: accepted}, nil
 	}
 	nd, err := m.nodeFor(ctx, chosen)
 	if err != nil {
@@ -146,23 +157,22 @@ func (m *Manager) place(ctx context.Context, o CreateOptions, tpl template.Templ
 
 // syncAllocatable writes to the ledger what each node may hand out now
 // (capacity × overcommit; a node's capacity changes when it registers
-// again), only where the ledger lacks the node or this replica last wrote
-// another value: one read per create instead of a write per node.
+// again), only where the ledger holds another value: one read per create
+// instead of a write per node. The ledger's value is compared, not what
+// this replica last wrote, since another replica may have written since.
 func (m *Manager) syncAllocatable(ctx context.Context, led *storeledger.Ledger, nodes []scheduler.Node) error {
-	committed, err := led.Committed(ctx)
+	have, err := led.Allocatable(ctx)
 	if err != nil {
 		return fmt.Errorf("capacity ledger: %w", err)
 	}
 	for i := range nodes {
 		id, alloc := nodes[i].ID, m.sched.Allocatable(&nodes[i])
-		_, known := committed[id]
-		if last, ok := m.allocatable.Load(id); known && ok && last.(scheduler.Resources) == alloc {
+		if cur, ok := have[id]; ok && cur == alloc {
 			continue
 		}
 		if err := led.SetNode(ctx, id, alloc); err != nil {
 			return fmt.Errorf("capacity ledger: %w", err)
 		}
-		m.allocatable.Store(id, alloc)
 	}
 	return nil
 }
@@ -299,6 +309,17 @@ func (m *Manager) createElsewhere(ctx context.Context, o CreateOptions, tpl temp
 		if err := m.checkNetworkOn(ctx, policyOf(o.Network), second.node, second.nodeID); err != nil {
 			return second, node.Sandbox{}, &RetryError{FirstNode: first.nodeID, First: firstErr, SecondNode: second.nodeID, Second: err}
 		}
+	}
+	// The root file system is sent the way the second node takes it
+	// (layers on the control plane's files, or an image it pulls), not
+	// the way the first one did.
+	boot, err := m.bootImage(ctx, second.nodeID, second.node, tpl, nil) // never from a snapshot (see createFrom)
+	if err != nil {
+		return second, node.Sandbox{}, &RetryError{FirstNode: first.nodeID, First: firstErr, SecondNode: second.nodeID, Second: err}
+	}
+	req.Layers, req.Image = tpl.Layers, node.Image{}
+	if !boot.IsZero() {
+		req.Layers, req.Image = nil, boot
 	}
 	sb.Node = second.nodeID
 	if err := m.store.UpdateSandbox(ctx, sb); err != nil {

@@ -141,3 +141,68 @@ func TestValidatePlacementPolicy(t *testing.T) {
 		}
 	}
 }
+
+// In cluster mode a claim hands out only a standby on a node the
+// placement policies accept: with standbys on two nodes and a team policy
+// refusing the node of the oldest one (the one a claim takes first), the
+// claim takes the other, and the refused node's standby stays in the pool.
+func TestPoolClaimObeysPlacementPoliciesAcrossNodes(t *testing.T) {
+	ctx := context.Background()
+	c := newCluster(t, openSQLite(t), map[string]int{"node-a": 4, "node-b": 4})
+	if err := c.st.CreateTeam(ctx, &store.Team{ID: "t1", Name: "one"}); err != nil {
+		t.Fatal(err)
+	}
+	// One standby, then a second with the first's node cordoned: one on
+	// each node.
+	setPool(t, c.st, 1, "b1")
+	if err := c.m.reconcilePool(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := standbys(t, c.m, "b1")
+	if len(first) != 1 {
+		t.Fatalf("standbys %v", first)
+	}
+	firstSB, err := c.st.GetSandbox(ctx, first[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.st.SetNodeFlags(ctx, firstSB.Node, true, false); err != nil {
+		t.Fatal(err)
+	}
+	setPool(t, c.st, 2, "b1")
+	if err := c.m.reconcilePool(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.st.SetNodeFlags(ctx, firstSB.Node, false, false); err != nil {
+		t.Fatal(err)
+	}
+	ids := standbys(t, c.m, "b1")
+	if len(ids) != 2 {
+		t.Fatalf("standbys %v", ids)
+	}
+	oldest, err := c.st.GetSandbox(ctx, ids[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := c.st.GetSandbox(ctx, ids[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if oldest.Node == other.Node {
+		t.Fatalf("both standbys on %s", oldest.Node)
+	}
+	putPolicy(t, c.st, store.PolicyTeam, "t1", `node.id != "`+oldest.Node+`"`, "")
+	sb, err := c.m.Create(ctx, CreateOptions{TeamID: "t1", TemplateID: "tpl", Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.Node == oldest.Node {
+		t.Fatalf("the claim placed %s on %s, which the team's policy refuses", sb.ID, sb.Node)
+	}
+	if sb.ID != other.ID {
+		t.Fatalf("created %s instead of claiming the standby %s on the accepted node", sb.ID, other.ID)
+	}
+	if left := standbys(t, c.m, "b1"); len(left) != 1 || left[0] != oldest.ID {
+		t.Fatalf("standbys after the claim: %v, want [%s]", left, oldest.ID)
+	}
+}

@@ -88,9 +88,10 @@ func (m *Manager) Standbys(ctx context.Context, templateID, buildID string) ([]s
 	return ids, nil
 }
 
-// claim hands a standby of tpl's current build to the request. ok is false
-// when there was none or it could not be applied; the caller then boots.
-func (m *Manager) claim(ctx context.Context, o CreateOptions, tpl template.Template) (_ *store.Sandbox, ok bool) {
+// claim hands a standby of tpl's current build to the request, on one of
+// onNodes when that is not nil. ok is false when there was none or it
+// could not be applied; the caller then boots.
+func (m *Manager) claim(ctx context.Context, o CreateOptions, tpl template.Template, onNodes []string) (_ *store.Sandbox, ok bool) {
 	defer func() {
 		result := "miss"
 		if ok {
@@ -98,7 +99,7 @@ func (m *Manager) claim(ctx context.Context, o CreateOptions, tpl template.Templ
 		}
 		m.pool.claims.WithLabelValues(result).Inc()
 	}()
-	got, err := m.store.ClaimPoolSandbox(ctx, tpl.ID, tpl.BuildID, o.TeamID)
+	got, err := m.store.ClaimPoolSandbox(ctx, tpl.ID, tpl.BuildID, o.TeamID, onNodes)
 	if err != nil {
 		// At its quota, the team's boot is refused with the quota error.
 		if !errors.Is(err, store.ErrNotFound) && !errors.Is(err, store.ErrQuota) {

@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +12,8 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/store/postgres"
 	"github.com/cubicle-dev/cubicle/internal/store/postgres/pgtest"
+	"github.com/cubicle-dev/cubicle/internal/volume"
+	volumeregistry "github.com/cubicle-dev/cubicle/internal/volume/registry"
 )
 
 // journalNode is the fake node two replicas share, recording the calls
@@ -193,4 +196,52 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 		}
 	}
 	t.Fatalf("timed out after %s waiting for %s", d, what)
+}
+
+// A replica starting beside others on one database (its sandbox locks are
+// shared: idlock.Postgres) does not take a volume row another replica is
+// creating right now for one whose create was interrupted; a lone control
+// plane (in-process locks) still finishes any at its start.
+func TestRecoverLeavesOtherReplicasVolumeCreates(t *testing.T) {
+	ctx := context.Background()
+	reg, err := volumeregistry.Open([]volume.PluginConfig{{Name: "local", Type: volume.TypeLocal, Root: t.TempDir()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reg.Close() })
+	creating := func(st store.Store) {
+		t.Helper()
+		if err := st.CreateVolume(ctx, &store.Volume{ID: "vol1", TeamID: store.DefaultTeamID, Name: "v", Driver: "local", State: store.VolumeCreating}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	dsn := pgtest.DSN(t)
+	st, err := postgres.Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	locks, err := idlock.NewPostgres(ctx, dsn, "sandbox", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(locks.Close)
+	creating(st)
+	m := New(Config{Locks: locks, Volumes: reg}, st, newFakeNode(), storeResolver{st})
+	if err := m.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := st.GetVolume(ctx, "vol1"); err != nil || v.State != store.VolumeCreating {
+		t.Fatalf("a volume another replica is creating: %+v %v, want it left creating", v, err)
+	}
+
+	lone := openSQLite(t)
+	creating(lone)
+	if err := New(Config{Volumes: reg}, lone, newFakeNode(), storeResolver{lone}).Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lone.GetVolume(ctx, "vol1"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a lone control plane's interrupted volume create: %v, want it removed", err)
+	}
 }

@@ -378,7 +378,8 @@ func (m *Manager) reconcileNodeRefs(ctx context.Context, nodeID string, nd node.
 
 // reconcileVolumes repairs drift between attachment rows, the node's
 // durable refs and volume rows left mid-operation. startup is true when
-// called by Recover: then no operation can be in flight.
+// called by Recover of a control plane that shares its store with no
+// other replica: then no operation can be in flight.
 func (m *Manager) reconcileVolumes(ctx context.Context, startup bool) error {
 	var errs []error
 	// 1. Rows of killed (or vanished) sandboxes: retry the node cleanup, then drop them.

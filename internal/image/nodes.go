@@ -31,7 +31,13 @@ func ForNodes(r *Registry, identify func(*http.Request) (string, error)) http.Ha
 		p := req.URL.Path
 		if p != "/v2" && p != "/v2/" {
 			rest, _ := strings.CutPrefix(p, "/v2/")
+			// The cases are route's, in route's order, so a path is judged
+			// as what route will serve (a tags list whose repository has a
+			// "blobs" component also contains "/blobs/").
 			switch {
+			case strings.HasSuffix(rest, "/tags/list"):
+				writeErr(w, regError{http.StatusForbidden, "DENIED", "nodes read manifests and blobs by digest only"})
+				return
 			case strings.Contains(rest, "/blobs/uploads"):
 				w.Header().Set("Allow", "GET, HEAD")
 				writeErr(w, regError{http.StatusMethodNotAllowed, "UNSUPPORTED", "the registry is read-only for nodes"})

@@ -50,6 +50,14 @@ type Status struct {
 	Templates     []string       `json:"templates"` // cached image refs
 }
 
+// Bounds of a node's reported capacity: far past any machine (4 million
+// CPUs, 1 EiB), and small enough that the scheduler's arithmetic on them
+// cannot overflow.
+const (
+	MaxMilliCPU    = 1 << 32
+	MaxCapacityMiB = 1 << 40
+)
+
 // ErrInvalidStatus: a register or heartbeat body the control plane refuses.
 var ErrInvalidStatus = errors.New("invalid node status")
 
@@ -62,6 +70,12 @@ func (s *Status) Validate() error {
 	}
 	if s.Capacity.MilliCPU < 0 || s.Capacity.MemoryMiB < 0 || s.Capacity.DiskMiB < 0 {
 		return fmt.Errorf("%w: capacity must not be negative", ErrInvalidStatus)
+	}
+	// The scheduler multiplies capacity (CPU overcommit up to 100x) and
+	// sums it with reservations: a reported value far past any machine
+	// must not wrap around.
+	if s.Capacity.MilliCPU > MaxMilliCPU || s.Capacity.MemoryMiB > MaxCapacityMiB || s.Capacity.DiskMiB > MaxCapacityMiB {
+		return fmt.Errorf("%w: capacity %+v is past the bounds (%d milliCPU, %d MiB)", ErrInvalidStatus, s.Capacity, int64(MaxMilliCPU), int64(MaxCapacityMiB))
 	}
 	if s.Runtime == "" {
 		return fmt.Errorf("%w: runtime is required", ErrInvalidStatus)

@@ -125,4 +125,6 @@ type CapacityLedger interface {
 	// CommittedCapacity sums the counting reservations of every node with
 	// an allocatable.
 	CommittedCapacity(ctx context.Context) (map[string]Capacity, error)
+	// AllocatableCapacity is every node's allocatable as last set.
+	AllocatableCapacity(ctx context.Context) (map[string]Capacity, error)
 }

@@ -284,8 +284,10 @@ type Store interface {
 	// teamID and returns it, so two concurrent claims never get the same
 	// row. ErrNotFound when there is none; a *QuotaError when moving it to
 	// teamID would exceed that team's quota (checked in the same
-	// transaction).
-	ClaimPoolSandbox(ctx context.Context, templateID, buildID, teamID string) (*Sandbox, error)
+	// transaction). nodes, when not nil, restricts the pick to standbys
+	// whose row names one of them (the nodes a claim's placement policies
+	// accept); an empty non-nil list matches none.
+	ClaimPoolSandbox(ctx context.Context, templateID, buildID, teamID string, nodes []string) (*Sandbox, error)
 
 	// CreateAPIKey stores a key of an existing team (ErrNotFound when the
 	// team is missing); ErrConflict when the ID or hash exists.

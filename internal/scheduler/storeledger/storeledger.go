@@ -61,6 +61,20 @@ func (l *Ledger) Release(ctx context.Context, sandboxID string) error {
 	return l.s.ReleaseCapacity(ctx, sandboxID)
 }
 
+// Allocatable is every node's allocatable as the store holds it (last
+// set by any replica).
+func (l *Ledger) Allocatable(ctx context.Context) (map[string]scheduler.Resources, error) {
+	c, err := l.s.AllocatableCapacity(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]scheduler.Resources, len(c))
+	for id, r := range c {
+		out[id] = fromStore(r)
+	}
+	return out, nil
+}
+
 // Committed implements scheduler.Ledger.
 func (l *Ledger) Committed(ctx context.Context) (map[string]scheduler.Resources, error) {
 	c, err := l.s.CommittedCapacity(ctx)

@@ -227,6 +227,25 @@ func (s *Store) ReleaseCapacity(ctx context.Context, sandboxID string) error {
 	return err
 }
 
+// AllocatableCapacity implements store.CapacityLedger.
+func (s *Store) AllocatableCapacity(ctx context.Context) (map[string]store.Capacity, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT node_id, milli_cpu, memory_mib, disk_mib FROM node_allocatable`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]store.Capacity{}
+	for rows.Next() {
+		var id string
+		var c store.Capacity
+		if err := rows.Scan(&id, &c.MilliCPU, &c.MemoryMiB, &c.DiskMiB); err != nil {
+			return nil, err
+		}
+		out[id] = c
+	}
+	return out, rows.Err()
+}
+
 // CommittedCapacity implements store.CapacityLedger.
 func (s *Store) CommittedCapacity(ctx context.Context) (map[string]store.Capacity, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT a.node_id, COALESCE(SUM(r.milli_cpu), 0), COALESCE(SUM(r.memory_mib), 0), COALESCE(SUM(r.disk_mib), 0)

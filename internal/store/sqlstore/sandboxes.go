@@ -263,19 +263,30 @@ func (s *Store) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]*st
 // ClaimPoolSandbox picks, checks the claiming team's quota and unmarks in
 // one transaction, so the pick and the unmarking cannot interleave with
 // another claim or create.
-func (s *Store) ClaimPoolSandbox(ctx context.Context, templateID, buildID, teamID string) (*store.Sandbox, error) {
-	return retry1(ctx, s.d, func() (*store.Sandbox, error) { return s.claimPoolSandboxTx(ctx, templateID, buildID, teamID) })
+func (s *Store) ClaimPoolSandbox(ctx context.Context, templateID, buildID, teamID string, nodes []string) (*store.Sandbox, error) {
+	if nodes != nil && len(nodes) == 0 {
+		return nil, fmt.Errorf("%w: no node accepted for a standby of template %s", store.ErrNotFound, templateID)
+	}
+	return retry1(ctx, s.d, func() (*store.Sandbox, error) { return s.claimPoolSandboxTx(ctx, templateID, buildID, teamID, nodes) })
 }
 
-func (s *Store) claimPoolSandboxTx(ctx context.Context, templateID, buildID, teamID string) (*store.Sandbox, error) {
+func (s *Store) claimPoolSandboxTx(ctx context.Context, templateID, buildID, teamID string, nodes []string) (*store.Sandbox, error) {
 	pk, bk := store.PoolMetadataKey, store.PoolBuildMetadataKey
 	tx, err := s.db.BeginTx(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer tx.Rollback()
-	sb, err := scanSandbox(tx.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE state = ? AND `+s.d.MetadataHas+` AND `+s.d.MetadataHas+`
-ORDER BY started_at ASC, id ASC LIMIT 1`, string(store.StateRunning), pk, templateID, bk, buildID))
+	args := []any{string(store.StateRunning), pk, templateID, bk, buildID}
+	onNodes := ""
+	if nodes != nil {
+		onNodes = ` AND node IN (?` + strings.Repeat(`,?`, len(nodes)-1) + `)`
+		for _, n := range nodes {
+			args = append(args, n)
+		}
+	}
+	sb, err := scanSandbox(tx.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE state = ? AND `+s.d.MetadataHas+` AND `+s.d.MetadataHas+onNodes+`
+ORDER BY started_at ASC, id ASC LIMIT 1`, args...))
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("%w: no standby of template %s on build %s", store.ErrNotFound, templateID, buildID)
 	}

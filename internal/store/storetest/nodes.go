@@ -162,6 +162,9 @@ func testCapacityKills(t *testing.T, s store.Store) {
 	if err := s.SetAllocatable(ctx, "local", store.Capacity{MilliCPU: 4000, MemoryMiB: 4096, DiskMiB: 100}); err != nil {
 		t.Fatal(err)
 	}
+	if a, err := s.AllocatableCapacity(ctx); err != nil || len(a) != 1 || a["local"] != (store.Capacity{MilliCPU: 4000, MemoryMiB: 4096, DiskMiB: 100}) {
+		t.Fatalf("allocatable as set: %+v %v", a, err)
+	}
 	one := store.Capacity{MilliCPU: 1000, MemoryMiB: 1024, DiskMiB: 10}
 	var seen []store.Capacity
 	record := func(alloc, committed store.Capacity) error {

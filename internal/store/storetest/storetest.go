@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -26,6 +27,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 	t.Run("IdempotencyGC", func(t *testing.T) { testIdempotencyGC(t, open(t)) })
 	t.Run("PoolClaimAndExclude", func(t *testing.T) { testPoolClaim(t, open(t)) })
 	t.Run("PoolClaimRace", func(t *testing.T) { testPoolClaimRace(t, open(t)) })
+	t.Run("PoolClaimOnNodes", func(t *testing.T) { testPoolClaimOnNodes(t, open(t)) })
 	t.Run("Snapshots", func(t *testing.T) { testSnapshots(t, open(t)) })
 	t.Run("Secrets", func(t *testing.T) { testSecrets(t, open(t)) })
 	runTenancy(t, open)
@@ -57,7 +59,7 @@ func testPoolClaim(t *testing.T, s store.Store) {
 			t.Fatal(err)
 		}
 	}
-	got, err := s.ClaimPoolSandbox(ctx, "t1", "b1", "")
+	got, err := s.ClaimPoolSandbox(ctx, "t1", "b1", "", nil)
 	if err != nil || got.ID != "aaaaaaaaaaaaaaaaaaaa" {
 		t.Fatalf("first claim: want the oldest standby, got %v, %v", got, err)
 	}
@@ -67,11 +69,11 @@ func testPoolClaim(t *testing.T, s store.Store) {
 	if again, _ := s.GetSandbox(ctx, got.ID); len(again.Metadata) != 0 {
 		t.Fatalf("stored row keeps pool metadata: %v", again.Metadata)
 	}
-	if got, err = s.ClaimPoolSandbox(ctx, "t1", "b1", ""); err != nil || got.ID != "bbbbbbbbbbbbbbbbbbbb" {
+	if got, err = s.ClaimPoolSandbox(ctx, "t1", "b1", "", nil); err != nil || got.ID != "bbbbbbbbbbbbbbbbbbbb" {
 		t.Fatalf("second claim: %v, %v", got, err)
 	}
 	// Only the stale-build, other-template and paused standbys are left.
-	if got, err := s.ClaimPoolSandbox(ctx, "t1", "b1", ""); !errors.Is(err, store.ErrNotFound) {
+	if got, err := s.ClaimPoolSandbox(ctx, "t1", "b1", "", nil); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("third claim: want ErrNotFound, got %v, %v", got, err)
 	}
 	rows, err := s.ListSandboxes(ctx, store.SandboxFilter{ExcludeMetadataKey: store.PoolMetadataKey})
@@ -88,6 +90,33 @@ func testPoolClaim(t *testing.T, s store.Store) {
 	}
 	if rows, _ := s.ListSandboxes(ctx, store.SandboxFilter{}); len(rows) != 6 {
 		t.Fatalf("unfiltered list: %d rows, want 6", len(rows))
+	}
+}
+
+// A claim restricted to some nodes takes the oldest standby among them
+// only; an empty list takes none.
+func testPoolClaimOnNodes(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	now := time.Now().Truncate(time.Microsecond)
+	for i, n := range []string{"node-a", "node-b", "node-c"} {
+		sb := standby(fmt.Sprintf("%s%s", strings.Repeat("a", 19), string(rune('a'+i))), "t1", "b1", now.Add(time.Duration(i)*time.Second))
+		sb.Node = n
+		if err := s.CreateSandbox(ctx, sb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, err := s.ClaimPoolSandbox(ctx, "t1", "b1", "", []string{}); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("claim on no node: %v, %v; want ErrNotFound", got, err)
+	}
+	if got, err := s.ClaimPoolSandbox(ctx, "t1", "b1", "", []string{"node-z"}); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("claim on a node without standbys: %v, %v; want ErrNotFound", got, err)
+	}
+	got, err := s.ClaimPoolSandbox(ctx, "t1", "b1", "", []string{"node-c", "node-b"})
+	if err != nil || got.Node != "node-b" {
+		t.Fatalf("claim on node-b or node-c: %v, %v; want the oldest of them, on node-b", got, err)
+	}
+	if got, err = s.ClaimPoolSandbox(ctx, "t1", "b1", "", nil); err != nil || got.Node != "node-a" {
+		t.Fatalf("unrestricted claim: %v, %v; want the oldest, on node-a", got, err)
 	}
 }
 
@@ -108,7 +137,7 @@ func testPoolClaimRace(t *testing.T, s store.Store) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sb, err := s.ClaimPoolSandbox(ctx, "t1", "b1", "")
+			sb, err := s.ClaimPoolSandbox(ctx, "t1", "b1", "", nil)
 			mu.Lock()
 			defer mu.Unlock()
 			switch {

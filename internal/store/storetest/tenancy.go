@@ -441,7 +441,7 @@ func testPoolClaimTeams(t *testing.T, s store.Store) {
 			t.Fatal(err)
 		}
 	}
-	got, err := s.ClaimPoolSandbox(ctx, "t1", "b1", "t_b")
+	got, err := s.ClaimPoolSandbox(ctx, "t1", "b1", "t_b", nil)
 	if err != nil || got.ID != "pool0000000000000000" || got.TeamID != "t_b" {
 		t.Fatalf("claim: %+v %v", got, err)
 	}
@@ -449,7 +449,7 @@ func testPoolClaimTeams(t *testing.T, s store.Store) {
 		t.Fatalf("claimed row keeps its pool mark: %v", got.Metadata)
 	}
 	// Team b is at its quota now: the next claim is refused and leaves the standby in the pool.
-	if _, err := s.ClaimPoolSandbox(ctx, "t1", "b1", "t_b"); !errors.Is(err, store.ErrQuota) {
+	if _, err := s.ClaimPoolSandbox(ctx, "t1", "b1", "t_b", nil); !errors.Is(err, store.ErrQuota) {
 		t.Fatalf("claim over quota: want ErrQuota, got %v", err)
 	}
 	left, err := s.GetSandbox(ctx, "pool1111111111111111")
