@@ -219,6 +219,19 @@ def serve_supports(flag: str) -> bool:
     return re.search(r"(^|\s)--?" + re.escape(flag) + r"\b", r.stdout + r.stderr, re.M) is not None
 
 
+def prune_logs() -> None:
+    """Removes logs (and cluster log dirs) older than a day."""
+    for f in LOG_DIR.iterdir():
+        try:
+            if time.time() - f.stat().st_mtime > 24 * 3600:
+                if f.is_dir() and not f.is_symlink():
+                    shutil.rmtree(f, ignore_errors=True)
+                else:
+                    f.unlink()
+        except OSError:
+            pass
+
+
 class Server:
     """One `cubicle serve` with everything it needs, and its clean-up."""
 
@@ -273,12 +286,7 @@ class Server:
 
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         # One log per server; prune those older than a day.
-        for f in LOG_DIR.iterdir():
-            try:
-                if time.time() - f.stat().st_mtime > 24 * 3600:
-                    f.unlink()
-            except OSError:
-                pass
+        prune_logs()
         name = os.environ.get("CUBICLE_LOG_NAME") or "pytest"
         self.log_path = LOG_DIR / f"{name}.{self.runtime}.{os.getpid()}.log"
         args = [
@@ -359,6 +367,7 @@ class Server:
         if not os.path.exists(TESTCLUSTER):
             raise RuntimeError(f"{TESTCLUSTER} not found: run `make build` first")
         LOG_DIR.mkdir(parents=True, exist_ok=True)
+        prune_logs()
         name = os.environ.get("CUBICLE_LOG_NAME") or "pytest"
         log_dir = LOG_DIR / f"cluster.{name}.{self.runtime}.{os.getpid()}"
         self.log_path = log_dir / "testcluster.log"

@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/store/postgres/pgtest"
+	"github.com/jackc/pgx/v5"
 )
 
 type config struct {
@@ -103,6 +104,9 @@ func main() {
 		}
 	}
 
+	// When the harness dies its end of our stdout/stderr goes; a write
+	// there must not kill us before the clean-up that its death starts.
+	signal.Ignore(syscall.SIGPIPE)
 	cl := &cluster{cfg: c}
 	// Stop on a signal or on stdin's end, whichever comes first.
 	stop := make(chan os.Signal, 1)
@@ -439,6 +443,9 @@ func waitUntil(stop <-chan os.Signal, timeout time.Duration, p *proc, what strin
 // removes everything and lists what survived that.
 func (cl *cluster) stop() []string {
 	var leaks []string
+	if cl.dsn != "" {
+		cl.reportPlacement()
+	}
 	// All at once: nodes leave sandboxes running for re-adoption on
 	// SIGTERM, and the harness killed them through the API already.
 	var wg sync.WaitGroup
@@ -463,6 +470,43 @@ func (cl *cluster) stop() []string {
 		os.RemoveAll(cl.logDir)
 	}
 	return leaks
+}
+
+// reportPlacement prints how many sandboxes each node ran (killed rows
+// stay in the store), so a run shows that every node was used.
+func (cl *cluster) reportPlacement() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, cl.dsn)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "cubicle-testcluster: placement report: %v\n", err)
+		return
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, "SELECT node, count(*) FROM sandboxes GROUP BY node ORDER BY node")
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "cubicle-testcluster: placement report: %v\n", err)
+		return
+	}
+	counts := map[string]int64{}
+	for rows.Next() {
+		var node string
+		var n int64
+		if err := rows.Scan(&node, &n); err != nil {
+			fmt.Fprintf(os.Stderr, "cubicle-testcluster: placement report: %v\n", err)
+			return
+		}
+		counts[node] = n
+	}
+	var parts []string
+	for _, n := range cl.nodes {
+		parts = append(parts, fmt.Sprintf("%s=%d", n.id, counts[n.id]))
+		delete(counts, n.id)
+	}
+	for id, n := range counts {
+		parts = append(parts, fmt.Sprintf("%q=%d", id, n))
+	}
+	fmt.Fprintf(os.Stderr, "cubicle-testcluster: sandboxes per node: %s\n", strings.Join(parts, " "))
 }
 
 func (n *node) stateRoot(runtime string) string { return filepath.Join(n.dir, "run", runtime) }

@@ -159,6 +159,16 @@ function nftTablesOf(bridge, netns = null) {
   return out
 }
 
+// pruneLogs removes logs (and cluster log dirs) older than a day.
+function pruneLogs() {
+  for (const f of fs.readdirSync(LOG_DIR)) {
+    const fp = path.join(LOG_DIR, f)
+    try {
+      if (Date.now() - fs.statSync(fp).mtimeMs > 24 * 3600 * 1000) fs.rmSync(fp, { recursive: true, force: true })
+    } catch {}
+  }
+}
+
 class Server {
   constructor({ runtime = RUNTIME, imagesDir = IMAGES_DIR, netns = null, listenAddr = '127.0.0.1' } = {}) {
     if (netns && listenAddr === '127.0.0.1') {
@@ -220,12 +230,7 @@ class Server {
     fs.mkdirSync(LOG_DIR, { recursive: true })
     const testName = process.env.CUBICLE_LOG_NAME || path.basename(process.argv[1] || 'test', '.js')
     // One log per server (concurrent suites must not share a file); prune old ones.
-    for (const f of fs.readdirSync(LOG_DIR)) {
-      const fp = path.join(LOG_DIR, f)
-      try {
-        if (Date.now() - fs.statSync(fp).mtimeMs > 24 * 3600 * 1000) fs.rmSync(fp, { force: true })
-      } catch {}
-    }
+    pruneLogs()
     this.logPath = path.join(LOG_DIR, `${testName}.${process.pid}.log`)
     const logFd = fs.openSync(this.logPath, 'w')
     const args = [
@@ -284,6 +289,7 @@ class Server {
     }
     if (!fs.existsSync(TESTCLUSTER)) throw new Error(`${TESTCLUSTER} not found: run \`make build\` first`)
     fs.mkdirSync(LOG_DIR, { recursive: true })
+    pruneLogs()
     const testName = process.env.CUBICLE_LOG_NAME || path.basename(process.argv[1] || 'test', '.js')
     const logDir = path.join(LOG_DIR, `cluster.${testName}.${process.pid}`)
     const args = ['--cubicle', CUBICLE, '--images-dir', this.imagesDir, '--runtime', this.runtime, '--domain', DOMAIN, '--log-dir', logDir]
@@ -339,6 +345,8 @@ class Server {
       throw new Error(`cubicle-testcluster did not stop within 90 s:\n${this.stderrTail}`)
     }
     if (r.code !== 0) throw new Error(`cubicle-testcluster (${this.runtime}) ${JSON.stringify(r)}; logs in ${this.logPath}:\n${this.stderrTail}`)
+    const placed = /sandboxes per node: .*/.exec(this.stderrTail)
+    if (placed) console.log(placed[0])
   }
 
   // killAll kills tracked sandboxes through the SDK, then whatever the server still lists.
