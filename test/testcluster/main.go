@@ -115,13 +115,17 @@ func main() {
 		io.Copy(io.Discard, os.Stdin)
 		stop <- syscall.SIGHUP
 	}()
+	began := time.Now()
 	ready, err := cl.start(stop)
 	if err == nil {
 		line, _ := json.Marshal(ready)
 		fmt.Println(string(line))
+		fmt.Fprintf(os.Stderr, "cubicle-testcluster: ready in %v\n", time.Since(began).Round(time.Millisecond))
 		<-stop
 	}
+	stopping := time.Now()
 	leaks := cl.stop()
+	fmt.Fprintf(os.Stderr, "cubicle-testcluster: stopped in %v\n", time.Since(stopping).Round(time.Millisecond))
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "cubicle-testcluster: %v\n", err)
 	}

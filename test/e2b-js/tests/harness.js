@@ -345,8 +345,8 @@ class Server {
       throw new Error(`cubicle-testcluster did not stop within 90 s:\n${this.stderrTail}`)
     }
     if (r.code !== 0) throw new Error(`cubicle-testcluster (${this.runtime}) ${JSON.stringify(r)}; logs in ${this.logPath}:\n${this.stderrTail}`)
-    const placed = /sandboxes per node: .*/.exec(this.stderrTail)
-    if (placed) console.log(placed[0])
+    // Start and stop times and where the sandboxes ran, as test diagnostics.
+    for (const m of this.stderrTail.matchAll(/^cubicle-testcluster: ((ready in|sandboxes per node|stopped in).*)$/gm)) console.log(m[1])
   }
 
   // killAll kills tracked sandboxes through the SDK, then whatever the server still lists.
