@@ -251,6 +251,7 @@ class Server:
         self.seen: set[str] = set()
         self.tracked: list[str] = []
         self.cluster: Optional[dict] = None
+        self.cluster_report: list[str] = []
 
     # ---- lifecycle -------------------------------------------------------------
 
@@ -418,6 +419,8 @@ class Server:
             self.proc.wait(5)
             raise RuntimeError(f"cubicle-testcluster did not stop within 90 s:\n{self.tail()}")
         self.proc.stdout.close()
+        # Start and stop times and where the sandboxes ran, for the terminal summary.
+        self.cluster_report = re.findall(r"^cubicle-testcluster: ((?:ready in|sandboxes per node|stopped in).*)$", self.tail(), re.M)
         if self.proc.returncode != 0:
             raise RuntimeError(f"cubicle-testcluster ({self.runtime}) status {self.proc.returncode}; logs in {self.log_path.parent}:\n{self.tail()}")
 
