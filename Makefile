@@ -15,7 +15,7 @@ FUZZTIME_TEST ?= 2s
 
 export PATH := /usr/local/go/bin:/usr/local/bin:$(PATH)
 
-.PHONY: all build run test test-unit test-e2b test-deploy bench proto clean install deps
+.PHONY: all build run test test-unit test-e2b test-deploy test-cluster-sdk bench proto clean install deps
 
 all: build
 
@@ -26,6 +26,7 @@ build:
 	CGO_ENABLED=0 $(GO) build -o bin/cubicle-volume-s3 ./cmd/cubicle-volume-s3
 	CGO_ENABLED=0 $(GO) build -o bin/buildkitd github.com/moby/buildkit/cmd/buildkitd
 	$(GO) build -o bin/cubicle-testnet ./test/testnet
+	$(GO) build -o bin/cubicle-testcluster ./test/testcluster
 
 # Dependencies (apt packages, runsc, base image, node_modules): scripts/install, once.
 # The stamp is refreshed when the install script or the JS lockfile changes.
@@ -62,6 +63,20 @@ test: deps build
 	cd test/e2b-js && CUBICLE_IMAGES_DIR=$${CUBICLE_IMAGES_DIR:-$(DATA_DIR)/images} CUBICLE_RUNTIME=runc npm test
 	cd test/e2b-js && CUBICLE_IMAGES_DIR=$${CUBICLE_IMAGES_DIR:-$(DATA_DIR)/images} CUBICLE_RUNTIME=runsc npm test
 	cd test/e2b-py && CUBICLE_IMAGES_DIR=$${CUBICLE_IMAGES_DIR:-$(DATA_DIR)/images} CUBICLE_RUNTIME=runc .venv/bin/python -m pytest -q
+	$(MAKE) test-cluster-sdk
+
+# The SDK suites' core flows against a cluster (issue 23): each JS file and the
+# Python session get their own cubicle-testcluster (PostgreSQL, a pure control
+# plane, two `cubicle node run` on loopback). JS and Python run at once, each
+# with its own cluster; either failing fails the target.
+CLUSTER_SDK_JS = sandbox commands files bigfile pty pause
+CLUSTER_SDK_PY = test_sandbox test_commands test_files test_bigfile test_pty test_pause
+test-cluster-sdk: deps build
+	@export CUBICLE_CLUSTER=1 CUBICLE_IMAGES_DIR=$${CUBICLE_IMAGES_DIR:-$(DATA_DIR)/images} CUBICLE_RUNTIME=runc; \
+	(cd test/e2b-js && node --test --test-concurrency=1 $(addprefix tests/,$(addsuffix .test.js,$(CLUSTER_SDK_JS)))) & js=$$!; \
+	(cd test/e2b-py && .venv/bin/python -m pytest -q $(addprefix tests/,$(addsuffix .py,$(CLUSTER_SDK_PY)))) & py=$$!; \
+	wait $$js; jsrc=$$?; wait $$py; pyrc=$$?; \
+	echo "test-cluster-sdk: JS status $$jsrc, Python status $$pyrc"; [ $$jsrc -eq 0 ] && [ $$pyrc -eq 0 ]
 
 .PHONY: fuzz
 fuzz:

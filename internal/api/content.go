@@ -24,6 +24,8 @@ func (c contentResolver) Open(ctx context.Context, volumeID, token string) (stri
 		return "", nil, fmt.Errorf("%w: %v", content.ErrUnauthorized, err)
 	case errors.Is(err, control.ErrConflict):
 		return "", nil, fmt.Errorf("%w: %v", content.ErrConflict, err)
+	case errors.Is(err, control.ErrNoLocalNode):
+		return "", nil, fmt.Errorf("%w: %v", content.ErrNotImplemented, err)
 	}
 	return "", nil, err
 }

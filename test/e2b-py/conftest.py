@@ -23,9 +23,13 @@ def pytest_collection_modifyitems(session, config, items):
     config._cubicle_wants_image = any("base_image" in getattr(i, "fixturenames", ()) for i in items)
 
 
+_servers: list[Server] = []
+
+
 @pytest.fixture(scope="session", autouse=True)
 def server(request):
     srv = Server()
+    _servers.append(srv)
     pool = ThreadPoolExecutor(max_workers=1)
     try:
         srv.start()
@@ -62,3 +66,10 @@ def base_image(server):
 
 def pytest_report_header(config):
     return f"cubicle runtime: {os.environ.get('CUBICLE_RUNTIME') or 'runc'}"
+
+
+def pytest_terminal_summary(terminalreporter):
+    """With CUBICLE_CLUSTER=1: the cluster's start and stop times and where the sandboxes ran."""
+    for srv in _servers:
+        for line in srv.cluster_report:
+            terminalreporter.write_line(f"cluster: {line}")

@@ -11,12 +11,21 @@ drops forwarding) listening on IP (an address of that namespace this process
 can reach); the SDK env then points there, and the leak checks look for links
 and nft tables in it.
 
+CUBICLE_CLUSTER=1 starts a cluster instead of one serve: ../../bin/cubicle-testcluster
+(test/testcluster) runs a throwaway PostgreSQL, a pure control plane and two
+`cubicle node run` on loopback, and prints the control plane's URL and an API
+key; the SDKs talk to that URL as to a single serve. stop() kills the sandboxes
+through the API as usual, then closes the helper's stdin: it stops every process,
+removes every bridge, nft table, cgroup, mount and dir, and exits non-zero naming
+whatever was left behind.
+
 A port of test/e2b-js/tests/harness.js; keep the two in step.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import re
@@ -42,6 +51,8 @@ DOMAIN = "cubicle.local"
 # The host's CA bundle: trusted inside sandboxes and builds when serve supports
 # --ca-certificates, so HTTPS through a TLS-intercepting proxy works there too.
 HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+CLUSTER = os.environ.get("CUBICLE_CLUSTER") == "1"
+TESTCLUSTER = os.environ.get("CUBICLE_TESTCLUSTER_BIN") or str(REPO / "bin" / "cubicle-testcluster")
 
 
 def wait_for(
@@ -208,6 +219,19 @@ def serve_supports(flag: str) -> bool:
     return re.search(r"(^|\s)--?" + re.escape(flag) + r"\b", r.stdout + r.stderr, re.M) is not None
 
 
+def prune_logs() -> None:
+    """Removes logs (and cluster log dirs) older than a day."""
+    for f in LOG_DIR.iterdir():
+        try:
+            if time.time() - f.stat().st_mtime > 24 * 3600:
+                if f.is_dir() and not f.is_symlink():
+                    shutil.rmtree(f, ignore_errors=True)
+                else:
+                    f.unlink()
+        except OSError:
+            pass
+
+
 class Server:
     """One `cubicle serve` with everything it needs, and its clean-up."""
 
@@ -226,10 +250,14 @@ class Server:
         # Every sandbox ID this server had (tracked, or listed at stop), for the leak check.
         self.seen: set[str] = set()
         self.tracked: list[str] = []
+        self.cluster: Optional[dict] = None
+        self.cluster_report: list[str] = []
 
     # ---- lifecycle -------------------------------------------------------------
 
     def start(self, extra_args: Optional[list[str]] = None) -> "Server":
+        if CLUSTER:
+            return self.start_cluster(extra_args)
         if not os.path.exists(CUBICLE):
             raise RuntimeError(f"{CUBICLE} not found: run `make build` first")
         if not os.path.isdir(os.path.join(self.images_dir, "base", "rootfs")):
@@ -259,12 +287,7 @@ class Server:
 
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         # One log per server; prune those older than a day.
-        for f in LOG_DIR.iterdir():
-            try:
-                if time.time() - f.stat().st_mtime > 24 * 3600:
-                    f.unlink()
-            except OSError:
-                pass
+        prune_logs()
         name = os.environ.get("CUBICLE_LOG_NAME") or "pytest"
         self.log_path = LOG_DIR / f"{name}.{self.runtime}.{os.getpid()}.log"
         args = [
@@ -334,6 +357,95 @@ class Server:
         os.environ.update(env)
         os.environ.pop("E2B_DEBUG", None)
         return self
+
+    def start_cluster(self, extra_args: Optional[list[str]]) -> "Server":
+        """Starts cubicle-testcluster and points the SDK env at its control plane."""
+        if extra_args or self.netns:
+            raise RuntimeError(
+                f"CUBICLE_CLUSTER=1: this test starts serve with its own flags ({extra_args!r}, netns {self.netns!r}),"
+                " which the cluster harness does not take: run it without CUBICLE_CLUSTER"
+            )
+        if not os.path.exists(TESTCLUSTER):
+            raise RuntimeError(f"{TESTCLUSTER} not found: run `make build` first")
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        prune_logs()
+        name = os.environ.get("CUBICLE_LOG_NAME") or "pytest"
+        log_dir = LOG_DIR / f"cluster.{name}.{self.runtime}.{os.getpid()}"
+        self.log_path = log_dir / "testcluster.log"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        args = [TESTCLUSTER, "--cubicle", CUBICLE, "--images-dir", self.images_dir, "--runtime", self.runtime]
+        args += ["--domain", DOMAIN, "--log-dir", str(log_dir)]
+        if os.path.exists(HOST_CA_BUNDLE):
+            args += ["--ca-certificates", HOST_CA_BUNDLE]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
+        # The helper bounds its own start (--ready-timeout) and exits on failure, closing stdout.
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait(30)
+            raise ServerDied(f"cubicle-testcluster exited early (status {self.proc.returncode}):\n{self.tail()}")
+        self.cluster = json.loads(line)
+        self.url = self.cluster["url"]
+        self.api_key = self.cluster["apiKey"]
+        host, port = self.url.removeprefix("http://").rsplit(":", 1)
+        os.environ.update(
+            {
+                "E2B_API_URL": self.url,
+                "E2B_SANDBOX_URL": self.url,
+                "E2B_API_KEY": self.api_key,
+                "E2B_DOMAIN": DOMAIN,
+                "E2B_VOLUME_API_URL": self.url,
+                "CUBE_API_URL": self.url,
+                "CUBE_API_KEY": self.api_key,
+                "CUBE_TEMPLATE_ID": "base",
+                "CUBE_PROXY_NODE_IP": host,
+                "CUBE_PROXY_PORT_HTTP": port,
+                "CUBE_SANDBOX_DOMAIN": DOMAIN,
+            }
+        )
+        os.environ.pop("E2B_DEBUG", None)
+        return self
+
+    def stop_cluster(self) -> None:
+        """Kills every sandbox through the API, then has cubicle-testcluster tear
+        the cluster down and check the nodes for leftovers."""
+        if self.alive():
+            self.kill_all()
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(90)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+            raise RuntimeError(f"cubicle-testcluster did not stop within 90 s:\n{self.tail()}")
+        self.proc.stdout.close()
+        # Start and stop times and where the sandboxes ran, for the terminal summary.
+        self.cluster_report = re.findall(r"^cubicle-testcluster: ((?:ready in|sandboxes per node|stopped in).*)$", self.tail(), re.M)
+        if self.proc.returncode != 0:
+            raise RuntimeError(f"cubicle-testcluster ({self.runtime}) status {self.proc.returncode}; logs in {self.log_path.parent}:\n{self.tail()}")
+
+    def kill_all(self) -> None:
+        """Kills tracked sandboxes, then whatever the server still lists."""
+        for sid in self.tracked:
+            try:
+                self.api("DELETE", f"/sandboxes/{sid}", timeout=20)
+            except httpx.HTTPError:
+                pass
+        # Sandboxes a test created without track() (or whose kill failed), paused ones too.
+        for _ in range(20):
+            try:
+                r = self.api("GET", "/v2/sandboxes?limit=100")
+            except httpx.HTTPError:
+                break
+            items = r.json() if r.status_code == 200 else None
+            if not isinstance(items, list) or not items:
+                break
+            for sb in items:
+                self.seen.add(sb["sandboxID"])
+                try:
+                    self.api("DELETE", f"/sandboxes/{sb['sandboxID']}", timeout=20)
+                except httpx.HTTPError:
+                    pass
 
     def tail(self, n: int = 4000) -> str:
         if not self.log_path or not self.log_path.exists():
@@ -444,29 +556,12 @@ class Server:
         """Kills every sandbox (tracked ones, then whatever the server still
         lists), stops the server, removes everything it created, and raises if
         the sandboxes left anything behind or the clean-up missed anything."""
+        if CLUSTER and self.proc is not None:
+            return self.stop_cluster()
         leaks: list[str] = []
         was_alive = self.alive()
         if was_alive:
-            for sid in self.tracked:
-                try:
-                    self.api("DELETE", f"/sandboxes/{sid}", timeout=20)
-                except httpx.HTTPError:
-                    pass
-            # Sandboxes a test created without track() (or whose kill failed), paused ones too.
-            for _ in range(20):
-                try:
-                    r = self.api("GET", "/v2/sandboxes?limit=100")
-                except httpx.HTTPError:
-                    break
-                items = r.json() if r.status_code == 200 else None
-                if not isinstance(items, list) or not items:
-                    break
-                for sb in items:
-                    self.seen.add(sb["sandboxID"])
-                    try:
-                        self.api("DELETE", f"/sandboxes/{sb['sandboxID']}", timeout=20)
-                    except httpx.HTTPError:
-                        pass
+            self.kill_all()
         if self.alive():
             self.proc.send_signal(signal.SIGTERM)
             try:

@@ -48,7 +48,7 @@ type Resolver interface {
 	// if none) for volumeID and returns the host directory of the volume's
 	// files and a release func that must be called when the request is done.
 	// Errors: wrap ErrNotFound (-> 404), ErrUnauthorized (-> 401),
-	// ErrConflict (-> 409), anything else -> 500.
+	// ErrConflict (-> 409), ErrNotImplemented (-> 501), anything else -> 500.
 	Open(ctx context.Context, volumeID, token string) (dir string, release func(), err error)
 }
 
@@ -57,6 +57,9 @@ var (
 	ErrNotFound     = errors.New("volume not found")
 	ErrUnauthorized = errors.New("invalid or missing volume token")
 	ErrConflict     = errors.New("volume conflict")
+	// ErrNotImplemented: this server cannot reach volume files at all (a
+	// pure control plane has no node of its own to mount them on).
+	ErrNotImplemented = errors.New("volume file access is not available on this server")
 )
 
 const (
@@ -206,6 +209,8 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, volumeID string,
 		return errorf(http.StatusNotFound, "volume %s not found", volumeID)
 	case errors.Is(err, ErrConflict):
 		return errorf(http.StatusConflict, "volume %s: %v", volumeID, err)
+	case errors.Is(err, ErrNotImplemented):
+		return errorf(http.StatusNotImplemented, "volume %s: %v", volumeID, err)
 	case err != nil:
 		return fmt.Errorf("resolve volume %s: %w", volumeID, err)
 	}

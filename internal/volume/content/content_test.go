@@ -42,6 +42,8 @@ func (r *testResolver) Open(_ context.Context, id, token string) (string, func()
 		return "", nil, fmt.Errorf("volume is being deleted: %w", ErrConflict)
 	case "broken":
 		return "", nil, errors.New("database on fire")
+	case "nolocal":
+		return "", nil, fmt.Errorf("%w: no in-process node", ErrNotImplemented)
 	default:
 		return "", nil, fmt.Errorf("volume %s: %w", id, ErrNotFound)
 	}
@@ -220,6 +222,7 @@ func TestAuthAndVolumeErrors(t *testing.T) {
 	other := func(id string) string { return e.srv.URL + "/volumecontent/" + id + "/path?path=/" }
 	wantError(t, e.do("GET", other("nope"), nil), 404, "volume nope not found")
 	wantError(t, e.do("GET", other("busy"), nil), 409, "being deleted")
+	wantError(t, e.do("GET", other("nolocal"), nil), 501, "no in-process node")
 	r := e.do("GET", other("broken"), nil)
 	wantError(t, r, 500, "internal error")
 	if bytes.Contains(r.body, []byte("fire")) {

@@ -8,6 +8,13 @@
 // (/run/netns/<netns>, made by the test, e.g. a "host" whose firewall drops forwarding)
 // listening on listenAddr (an address of that namespace the test's process can reach); the
 // SDK env then points there, and the leak checks look for links and nft tables in it.
+//
+// CUBICLE_CLUSTER=1 starts a cluster instead of one serve: ../../bin/cubicle-testcluster
+// (test/testcluster) runs a throwaway PostgreSQL, a pure control plane and two `cubicle
+// node run` on loopback, and prints the control plane's URL and an API key; the SDKs talk
+// to that URL as to a single serve. stop() kills the sandboxes through the API as usual,
+// then closes the helper's stdin: it stops every process and removes every bridge, nft
+// table, cgroup, mount and dir, and exits non-zero naming whatever was left behind.
 
 const { spawn, execFileSync, spawnSync } = require('node:child_process')
 const crypto = require('node:crypto')
@@ -25,6 +32,8 @@ const LOG_DIR = path.join(__dirname, '..', '.logs')
 // registries (pip, npm); passed when the file exists.
 const CA_CERTS = process.env.CUBICLE_CA_CERTIFICATES || '/etc/ssl/certs/ca-certificates.crt'
 const DOMAIN = 'cubicle.local'
+const CLUSTER = process.env.CUBICLE_CLUSTER === '1'
+const TESTCLUSTER = process.env.CUBICLE_TESTCLUSTER_BIN || path.join(REPO, 'bin', 'cubicle-testcluster')
 
 function sleep(ms) {
   return new Promise((r) => setTimeout(r, ms))
@@ -150,6 +159,16 @@ function nftTablesOf(bridge, netns = null) {
   return out
 }
 
+// pruneLogs removes logs (and cluster log dirs) older than a day.
+function pruneLogs() {
+  for (const f of fs.readdirSync(LOG_DIR)) {
+    const fp = path.join(LOG_DIR, f)
+    try {
+      if (Date.now() - fs.statSync(fp).mtimeMs > 24 * 3600 * 1000) fs.rmSync(fp, { recursive: true, force: true })
+    } catch {}
+  }
+}
+
 class Server {
   constructor({ runtime = RUNTIME, imagesDir = IMAGES_DIR, netns = null, listenAddr = '127.0.0.1' } = {}) {
     if (netns && listenAddr === '127.0.0.1') {
@@ -181,6 +200,7 @@ class Server {
   }
 
   async start(extraArgs = []) {
+    if (CLUSTER) return this.startCluster(extraArgs)
     if (!fs.existsSync(CUBICLE)) {
       throw new Error(`${CUBICLE} not found: run \`make build\` first`)
     }
@@ -210,12 +230,7 @@ class Server {
     fs.mkdirSync(LOG_DIR, { recursive: true })
     const testName = process.env.CUBICLE_LOG_NAME || path.basename(process.argv[1] || 'test', '.js')
     // One log per server (concurrent suites must not share a file); prune old ones.
-    for (const f of fs.readdirSync(LOG_DIR)) {
-      const fp = path.join(LOG_DIR, f)
-      try {
-        if (Date.now() - fs.statSync(fp).mtimeMs > 24 * 3600 * 1000) fs.rmSync(fp, { force: true })
-      } catch {}
-    }
+    pruneLogs()
     this.logPath = path.join(LOG_DIR, `${testName}.${process.pid}.log`)
     const logFd = fs.openSync(this.logPath, 'w')
     const args = [
@@ -265,6 +280,94 @@ class Server {
     process.env.E2B_VOLUME_API_URL = this.url
     delete process.env.E2B_DEBUG
     return this
+  }
+
+  // startCluster starts cubicle-testcluster and points the SDK env at its control plane.
+  async startCluster(extraArgs) {
+    if (extraArgs.length || this.netns) {
+      throw new Error(`CUBICLE_CLUSTER=1: this test file starts serve with its own flags (${JSON.stringify(extraArgs)}${this.netns ? `, netns ${this.netns}` : ''}), which the cluster harness does not take: run it without CUBICLE_CLUSTER`)
+    }
+    if (!fs.existsSync(TESTCLUSTER)) throw new Error(`${TESTCLUSTER} not found: run \`make build\` first`)
+    fs.mkdirSync(LOG_DIR, { recursive: true })
+    pruneLogs()
+    const testName = process.env.CUBICLE_LOG_NAME || path.basename(process.argv[1] || 'test', '.js')
+    const logDir = path.join(LOG_DIR, `cluster.${testName}.${process.pid}`)
+    const args = ['--cubicle', CUBICLE, '--images-dir', this.imagesDir, '--runtime', this.runtime, '--domain', DOMAIN, '--log-dir', logDir]
+    if (fs.existsSync(CA_CERTS)) args.push('--ca-certificates', CA_CERTS)
+    this.proc = spawn(TESTCLUSTER, args, { stdio: ['pipe', 'pipe', 'pipe'] })
+    this.exited = new Promise((resolve) => this.proc.once('exit', (code, sig) => resolve({ code, sig })))
+    this.proc.stderr.on('data', (chunk) => {
+      this.stderrTail = (this.stderrTail + chunk.toString()).slice(-20000)
+    })
+    let out = ''
+    const ready = await new Promise((resolve, reject) => {
+      this.proc.stdout.on('data', (chunk) => {
+        out += chunk.toString()
+        const nl = out.indexOf('\n')
+        if (nl >= 0) {
+          try {
+            resolve(JSON.parse(out.slice(0, nl)))
+          } catch (e) {
+            reject(new Error(`cubicle-testcluster printed ${JSON.stringify(out.slice(0, nl))}: ${e.message}`))
+          }
+        }
+      })
+      this.exited.then((r) => reject(new Error(`cubicle-testcluster exited early (${JSON.stringify(r)}):\n${this.stderrTail}`)))
+    })
+    this.cluster = ready
+    this.url = ready.url
+    this.apiKey = ready.apiKey
+    this.logPath = logDir
+    process.env.E2B_API_URL = this.url
+    process.env.E2B_SANDBOX_URL = this.url
+    process.env.E2B_API_KEY = this.apiKey
+    process.env.E2B_DOMAIN = DOMAIN
+    process.env.E2B_VOLUME_API_URL = this.url
+    delete process.env.E2B_DEBUG
+    return this
+  }
+
+  // stopCluster kills every sandbox through the API, then has cubicle-testcluster tear
+  // the cluster down and check the nodes for leftovers.
+  async stopCluster() {
+    const alive = () => this.proc && this.proc.exitCode === null && this.proc.signalCode === null
+    if (alive()) {
+      await this.killAll()
+      this.proc.stdin.end()
+    }
+    let timer
+    const r = await Promise.race([this.exited, new Promise((resolve) => (timer = setTimeout(resolve, 90000, null)))])
+    clearTimeout(timer)
+    if (r === null) {
+      try {
+        process.kill(this.proc.pid, 'SIGKILL')
+      } catch {}
+      throw new Error(`cubicle-testcluster did not stop within 90 s:\n${this.stderrTail}`)
+    }
+    if (r.code !== 0) throw new Error(`cubicle-testcluster (${this.runtime}) ${JSON.stringify(r)}; logs in ${this.logPath}:\n${this.stderrTail}`)
+    // Start and stop times and where the sandboxes ran, as test diagnostics.
+    for (const m of this.stderrTail.matchAll(/^cubicle-testcluster: ((ready in|sandboxes per node|stopped in).*)$/gm)) console.log(m[1])
+  }
+
+  // killAll kills tracked sandboxes through the SDK, then whatever the server still lists.
+  async killAll() {
+    if (this.sandboxes.length) {
+      await Promise.allSettled(this.sandboxes.map((s) => s.kill({ requestTimeoutMs: 20000 })))
+    }
+    // Sandboxes a test created without track() (or whose kill failed), paused ones too.
+    for (let page = 0; page < 20; page++) {
+      let r
+      try {
+        r = await this.api('GET', '/v2/sandboxes?limit=100')
+      } catch {
+        break
+      }
+      if (r.status !== 200 || !Array.isArray(r.json) || r.json.length === 0) break
+      for (const sb of r.json) {
+        this.seen.add(sb.sandboxID)
+        await this.api('DELETE', `/sandboxes/${sb.sandboxID}`).catch(() => {})
+      }
+    }
   }
 
   // api is a raw-fetch helper for the control plane.
@@ -359,28 +462,11 @@ class Server {
   // still lists), stops the server, removes everything it created and throws (failing
   // the test file) if the sandboxes left anything behind or the clean-up missed anything.
   async stop() {
+    if (this.cluster || (CLUSTER && this.proc)) return this.stopCluster()
     const alive = () => this.proc && this.proc.exitCode === null && this.proc.signalCode === null
     let leaks = []
     const wasAlive = alive()
-    if (wasAlive && this.sandboxes.length) {
-      await Promise.allSettled(this.sandboxes.map((s) => s.kill({ requestTimeoutMs: 20000 })))
-    }
-    if (wasAlive) {
-      // Sandboxes a test created without track() (or whose kill failed), paused ones too.
-      for (let page = 0; page < 20; page++) {
-        let r
-        try {
-          r = await this.api('GET', '/v2/sandboxes?limit=100')
-        } catch {
-          break
-        }
-        if (r.status !== 200 || !Array.isArray(r.json) || r.json.length === 0) break
-        for (const sb of r.json) {
-          this.seen.add(sb.sandboxID)
-          await this.api('DELETE', `/sandboxes/${sb.sandboxID}`).catch(() => {})
-        }
-      }
-    }
+    if (wasAlive) await this.killAll()
     if (alive()) {
       try {
         process.kill(this.proc.pid, 'SIGTERM')
@@ -455,4 +541,4 @@ function setup(t = require('node:test'), extraArgs = [], opts = {}) {
   return srv
 }
 
-module.exports = { Server, setup, waitFor, sleep, freePort, inNetns, REPO, IMAGES_DIR, DOMAIN }
+module.exports = { Server, setup, waitFor, sleep, freePort, inNetns, REPO, IMAGES_DIR, DOMAIN, CLUSTER }
