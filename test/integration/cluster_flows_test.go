@@ -64,7 +64,7 @@ func TestCluster(t *testing.T) {
 		lan: lan,
 		replicaEnv: append(gw.Env(), "CUBICLE_S3_STATE_DIR="+filepath.Join(stateDir, "cp"),
 			"CUBICLE_SNAPSHOT_S3_ACCESS_KEY="+gw.AccessKey, "CUBICLE_SNAPSHOT_S3_SECRET_KEY="+gw.SecretKey),
-		nodeEnv:    nodeEnv,
+		nodeEnv: nodeEnv,
 		nodeConfig: func(data string) string {
 			base := filepath.Join(data, "volume-mounts")
 			bases = append(bases, base)
