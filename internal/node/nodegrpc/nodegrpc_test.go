@@ -174,6 +174,16 @@ func TestExitsSurviveANodeRestart(t *testing.T) {
 
 	first.Stop() // the node goes away...
 	serve()      // ...and comes back on a new listener
+	// A call racing the old transport's close may fail once; what is
+	// tested is the exit stream, so wait until the node answers again.
+	for i := 0; ; i++ {
+		if _, err := c.Info(ctx); err == nil {
+			break
+		} else if i == 100 {
+			t.Fatalf("the node never answered again: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 
 	id := "exit" + localnode.RandHex(t, 8)
 	sb, err := c.Create(ctx, node.CreateRequest{ID: id, Layers: localnode.Layers(t), EnvdToken: "tok", CPUCount: 1, MemoryMB: 128})
