@@ -129,7 +129,7 @@ func TestSandboxPrivileges(t *testing.T) {
 			// the test makes, which the host reaches (newMetadataHost checks),
 			// as does the sandbox at an ordinary address on the same veth.
 			md := newMetadataHost(t, s.poolOf(t))
-			if out, _ := s.runAs(t, c, "root", "/home/user/probe dial "+md.control.String()+":80"); out != "connected" || len(md.clients(md.control)) != 2 {
+			if out, _ := s.runAs(t, c, "root", "/home/user/probe dial "+md.control.String()+":80"); out != "connected" || len(md.waitClients(md.control, 2)) != 2 {
 				t.Fatalf("control address beside the metadata service: %q, listener saw %v; want connected (the route to the namespace works)", out, md.clients(md.control))
 			}
 			if out, _ := s.runAs(t, c, "root", "/home/user/probe dial 169.254.169.254:80"); !strings.HasPrefix(out, "blocked") {

@@ -111,10 +111,19 @@ func newMetadataHost(t *testing.T, pool string) *metadataHost {
 		}
 		c.Close()
 	}
-	if got := m.clients(m.meta); len(got) != 1 {
+	if got := m.waitClients(m.meta, 1); len(got) != 1 {
 		t.Fatalf("host control: metadata listener saw %v, want one connection", got)
 	}
 	return m
+}
+
+// waitClients waits (bounded) until the listener on a has seen n
+// connections: a client's connect returns before the accept is recorded.
+func (m *metadataHost) waitClients(a netip.Addr, n int) []netip.Addr {
+	for i := 0; len(m.clients(a)) < n && i < 250; i++ {
+		time.Sleep(20 * time.Millisecond)
+	}
+	return m.clients(a)
 }
 
 // clients returns the client addresses the listener on a has seen.
