@@ -137,7 +137,25 @@ func (s *Store) forgetNodeTx(ctx context.Context, id string) error {
 		return &store.NodeInUseError{Node: id, Sandboxes: live}
 	}
 	res, err := tx.ExecContext(ctx, `DELETE FROM nodes WHERE id=?`, id)
-	if err := affected(res, err, "node", id); err != nil {
+	if err != nil {
+		return err
+	}
+	registered, err := res.RowsAffected()
+	if err != nil {
+		return err
+	}
+	var joined bool
+	err = tx.QueryRowContext(ctx, `SELECT joined FROM node_identities WHERE node_id=?`, id).Scan(&joined)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return err
+	}
+	if registered == 0 && !joined {
+		return fmt.Errorf("%w: node %s", store.ErrNotFound, id)
+	}
+	// The ID is free to join again, and every certificate issued for it
+	// until now is revoked (clusterpki checks NotBefore against this).
+	if _, err := tx.ExecContext(ctx, `INSERT INTO node_identities(node_id, joined, revoked_at) VALUES(?,?,?)
+ON CONFLICT(node_id) DO UPDATE SET joined=excluded.joined, revoked_at=excluded.revoked_at`, id, false, ts(time.Now().UTC())); err != nil {
 		return err
 	}
 	// The reservations go with the allocatable row (ON DELETE CASCADE).
