@@ -348,9 +348,10 @@ func TestRenewNode(t *testing.T) {
 }
 
 // TestRevokedNode: after a forget, the node's certificate neither
-// authenticates nor renews (ErrRevoked, naming the node); one signed by a
-// join after the forget starts after it and is accepted, even when the
-// join comes within the same second.
+// authenticates nor renews (ErrRevoked, naming the node), even one signed
+// within the forget's second; one signed by a join after the forget starts
+// no earlier than it and is accepted, even when the join comes within the
+// same second; a second forget revokes that one too.
 func TestRevokedNode(t *testing.T) {
 	ctx := context.Background()
 	ca, st := newCA(t), openStore(t)
@@ -378,18 +379,25 @@ func TestRevokedNode(t *testing.T) {
 	if _, err := ca.RenewNode(ctx, old.Leaf, csr(t, key, nil), nil, now, st); !errors.Is(err, clusterpki.ErrRevoked) {
 		t.Fatalf("renewal of a forgotten node: want ErrRevoked, got %v", err)
 	}
+	// A certificate signed in the forget's second without the floor (as
+	// any before the forget was) is refused too.
+	sameSecond := nodeCertAt(t, ca, "node-7", revoked.Add(999*time.Millisecond))
+	if _, err := ca.AuthenticateNode(ctx, sameSecond, now, st); !errors.Is(err, clusterpki.ErrRevoked) {
+		t.Fatalf("certificate signed in the forget's second: want ErrRevoked, got %v", err)
+	}
 	// Another node is not affected.
 	if _, err := ca.AuthenticateNode(ctx, nodeCert(t, ca, "node-8").Leaf, now, st); err != nil {
 		t.Fatalf("another node: %v", err)
 	}
-	// A re-join signed at the very time of the forget still starts after it.
-	certPEM, err := ca.SignNodeAfter(csr(t, key, nil), "node-7", []string{"10.0.0.8"}, revoked, revoked)
+	// A re-join signed within the forget's second starts at it, not a
+	// minute before, and is valid at once.
+	certPEM, err := ca.SignNodeAfter(csr(t, key, nil), "node-7", []string{"10.0.0.8"}, revoked.Add(300*time.Millisecond), revoked)
 	if err != nil {
 		t.Fatal(err)
 	}
 	fresh, _ := clusterpki.ParseCertPEM(certPEM)
-	if !fresh.NotBefore.After(revoked) {
-		t.Fatalf("re-join certificate starts %v, not after the forget at %v", fresh.NotBefore, revoked)
+	if !fresh.NotBefore.Equal(revoked) {
+		t.Fatalf("re-join certificate starts %v, want the forget's second %v", fresh.NotBefore, revoked)
 	}
 	if _, err := ca.AuthenticateNode(ctx, fresh, fresh.NotBefore, st); err != nil {
 		t.Fatalf("re-joined certificate: %v", err)
@@ -402,8 +410,34 @@ func TestRevokedNode(t *testing.T) {
 	if renewed, _ := clusterpki.ParseCertPEM(renewedPEM); renewed.NotBefore.Before(fresh.NotBefore) {
 		t.Fatalf("renewed certificate starts %v, before the one renewed (%v)", renewed.NotBefore, fresh.NotBefore)
 	}
+	// A second forget, even within the same second, revokes the re-joined
+	// certificate.
+	if err := st.RegisterNode(ctx, &store.Node{ID: "node-7"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.ForgetNode(ctx, "node-7"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ca.AuthenticateNode(ctx, fresh, time.Now().Add(2*time.Second), st); !errors.Is(err, clusterpki.ErrRevoked) {
+		t.Fatalf("re-joined certificate after a second forget: want ErrRevoked, got %v", err)
+	}
 	// Without a join state to check, nothing authenticates.
 	if _, err := ca.AuthenticateNode(ctx, fresh, fresh.NotBefore, nil); err == nil {
 		t.Fatal("nil Revocations accepted a certificate")
 	}
+}
+
+// nodeCertAt is node id's certificate signed by ca at now.
+func nodeCertAt(t *testing.T, ca *clusterpki.CA, id string, now time.Time) *x509.Certificate {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	certPEM, err := ca.SignNode(csr(t, key, nil), id, nil, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := clusterpki.ParseCertPEM(certPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

@@ -105,16 +105,12 @@ func (ca *CA) SignNode(csrPEM []byte, nodeID string, addresses []string, now tim
 }
 
 // SignNodeAfter is SignNode for a node ID forgotten at revokedAt (zero:
-// never): the certificate's NotBefore is after revokedAt, which certificate
-// times (whole seconds) can only say by starting at the next second. A
-// join within a second of the forget thus gets a certificate valid from
-// up to a second ahead.
+// never; see Revocations): the certificate starts no earlier than
+// revokedAt, where the minute of backdating would put it before, so a
+// join right after a forget gets a certificate that is valid at once and
+// not revoked.
 func (ca *CA) SignNodeAfter(csrPEM []byte, nodeID string, addresses []string, now, revokedAt time.Time) ([]byte, error) {
-	after := time.Time{}
-	if !revokedAt.IsZero() {
-		after = revokedAt.Truncate(time.Second).Add(time.Second)
-	}
-	return ca.signNode(csrPEM, nodeID, addresses, now, after)
+	return ca.signNode(csrPEM, nodeID, addresses, now, revokedAt)
 }
 
 // signNode signs with NotBefore no earlier than notBefore.

@@ -25,14 +25,18 @@ func (e *RevokedError) Error() string {
 }
 func (e *RevokedError) Unwrap() error { return ErrRevoked }
 
-// Revocations tells when a node ID was last forgotten (zero: never).
-// store.ClusterStore implements it with one read by primary key.
+// Revocations tells when a node ID was last forgotten (zero: never): a
+// whole second, since certificate times are. Every certificate issued
+// before the forget starts before that second (they are backdated a
+// minute, or start at an earlier forget's second), and every one issued
+// after starts at it or later. store.ClusterStore implements it with one
+// read by primary key.
 type Revocations interface {
 	NodeRevokedAt(ctx context.Context, id string) (time.Time, error)
 }
 
 // AuthenticateNode is NodeID plus revocation: a certificate whose
-// NotBefore is not after its node's last forget is refused with a
+// NotBefore is before its node's last forget is refused with a
 // *RevokedError. The check reads the store on every call, with no cache,
 // so a forget takes effect on every replica at the node's next call; a
 // node calls every few seconds, and the read is one primary-key lookup.
@@ -50,7 +54,7 @@ func (ca *CA) AuthenticateNode(ctx context.Context, cert *x509.Certificate, now 
 	if err != nil {
 		return "", fmt.Errorf("node %s revocation: %w", id, err)
 	}
-	if !at.IsZero() && !cert.NotBefore.After(at) {
+	if !at.IsZero() && cert.NotBefore.Before(at) {
 		return "", &RevokedError{Node: id, At: at}
 	}
 	return id, nil

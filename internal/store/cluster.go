@@ -74,7 +74,8 @@ type ClusterStore interface {
 	// redeemed for one node ID, exactly one succeeds.
 	RedeemJoinToken(ctx context.Context, id, secretHash, nodeID string, now time.Time) (*JoinToken, error)
 	// NodeRevokedAt is when node id was last forgotten (ForgetNode), zero
-	// when never: a certificate for id issued at or before it is revoked.
-	// One read by primary key.
+	// when never: a whole second, later than any earlier forget's. A
+	// certificate for id whose NotBefore is before it is revoked. One read
+	// by primary key.
 	NodeRevokedAt(ctx context.Context, id string) (time.Time, error)
 }
