@@ -88,7 +88,7 @@ when it had joined but never registered. It is refused while any live sandbox na
 				if err := st.ForgetNode(ctx, args[0]); err != nil {
 					return nodeErr(args[0], err)
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "node %s forgotten\n", args[0])
+				fmt.Fprintf(cmd.OutOrStdout(), "node %s forgotten; its certificates are revoked (it joins again with a new token)\n", args[0])
 				return nil
 			})
 		},
