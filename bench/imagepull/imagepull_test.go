@@ -84,7 +84,7 @@ func BenchmarkNodeImagePull(b *testing.B) {
 		b.Fatal(err)
 	}
 	srv := &http.Server{
-		Handler:   image.ForNodes(image.NewRegistry(imgs), func(r *http.Request) (string, error) { return ca.RequestNode(r, time.Now()) }),
+		Handler:   image.ForNodes(image.NewRegistry(imgs), func(r *http.Request) (string, error) { return ca.RequestNode(r, time.Now(), st) }),
 		TLSConfig: &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{*cp}, ClientAuth: tls.RequestClientCert},
 	}
 	go srv.ServeTLS(ln, "", "")

@@ -76,17 +76,19 @@ func nodeCmd() *cobra.Command {
 		"uncordoned", func(*store.Node) (bool, bool) { return false, false })
 	forget := &cobra.Command{
 		Use:   "forget <node-id>",
-		Short: "Remove a node from the registry (refused while live sandboxes name it)",
-		Long: `Forget a node: delete its registry row, its allocatable capacity and its reservations.
-It is refused while any live sandbox names the node. A node that is still running registers
-again at its next heartbeat.`,
+		Short: "Remove a node from the registry and revoke its certificate (refused while live sandboxes name it)",
+		Long: `Forget a node: delete its registry row, its allocatable capacity and its reservations,
+and revoke every certificate issued to its node ID until now: a node that is still running
+is refused (401) at its next call and does not register again, and it cannot renew. The ID
+is free to join again with a new token (cubicle node token create, cubicle node join), also
+when it had joined but never registered. It is refused while any live sandbox names the node.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return with(cmd, func(ctx context.Context, st store.Store) error {
 				if err := st.ForgetNode(ctx, args[0]); err != nil {
 					return nodeErr(args[0], err)
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "node %s forgotten\n", args[0])
+				fmt.Fprintf(cmd.OutOrStdout(), "node %s forgotten; its certificates are revoked (it joins again with a new token)\n", args[0])
 				return nil
 			})
 		},

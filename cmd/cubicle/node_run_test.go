@@ -125,8 +125,9 @@ func nodeTestControlPlane(t *testing.T) (store.Store, *clusterpki.CA, string) {
 }
 
 // TestNodeAgentReregisters: the agent registers, heartbeats, and when the
-// control plane answers a heartbeat with 404 (the node was forgotten) it
-// registers again at once.
+// control plane answers a heartbeat with 404 (it has no row for the node,
+// e.g. a store restored from an older backup) it registers again at once.
+// A forgotten node is refused (401) and does not come back.
 func TestNodeAgentReregisters(t *testing.T) {
 	ctx := context.Background()
 	st, ca, url := nodeTestControlPlane(t)
@@ -163,15 +164,54 @@ func TestNodeAgentReregisters(t *testing.T) {
 	if row, _ := st.GetNode(ctx, "n3"); row.DataAddress != "127.0.0.1:7445" || !row.RegisteredAt.Equal(first.RegisteredAt) {
 		t.Fatalf("heartbeat did not update the row: %+v", row)
 	}
+	// The control plane lost the row without a forget: 404, register again.
+	if err := a.beat(ctx, status, &registered); err != nil {
+		t.Fatal(err)
+	}
+	a2 := &nodeAgent{cp: client, id: "n4", log: a.log}
+	cert4 := signedPair(t, ca, "n4")
+	client4, err := nodeclient.NewClient(url, ca.Cert, func() (*tls.Certificate, error) { return &cert4, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client4.CloseIdleConnections()
+	a2.cp = client4
+	believes := true // registered before the control plane lost its row
+	if err := a2.beat(ctx, status, &believes); err != nil || !believes {
+		t.Fatalf("beat with no row: %v", err)
+	}
+	if row, err := st.GetNode(ctx, "n4"); err != nil || row.Address != "127.0.0.1:7443" {
+		t.Fatalf("not registered again after a 404: %+v %v", row, err)
+	}
+	// Forgotten: the certificate is revoked; the beat fails with 401 and
+	// the row stays gone.
 	if err := st.ForgetNode(ctx, "n3"); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.beat(ctx, status, &registered); err != nil || !registered {
-		t.Fatalf("beat after forget: %v", err)
+	var ne *nodeclient.Error
+	if err := a.beat(ctx, status, &registered); !errors.As(err, &ne) || ne.Status != 401 {
+		t.Fatalf("beat after forget: %v, want 401", err)
 	}
-	if row, err := st.GetNode(ctx, "n3"); err != nil || row.Address != "127.0.0.1:7443" {
-		t.Fatalf("not registered again after a 404: %+v %v", row, err)
+	if _, err := st.GetNode(ctx, "n3"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("forgotten node registered again: %v", err)
 	}
+}
+
+// signedPair is a key and a certificate for node id from ca.
+func signedPair(t *testing.T, ca *clusterpki.CA, id string) tls.Certificate {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	csr, _ := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
+	certPEM, err := ca.SignNode(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csr}), id, nil, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, _ := x509.MarshalECPrivateKey(key)
+	cert, err := tls.X509KeyPair(certPEM, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cert
 }
 
 func TestAdvertiseHost(t *testing.T) {

@@ -14,13 +14,15 @@ import (
 // nodeRegistry serves the control plane's OCI registry to cluster nodes
 // under /v2/ on the cluster's TLS server name (clusterpki.JoinServerName)
 // only: read-only, by digest, to a client certificate that names a node
-// (image.ForNodes). Every other request goes to next. Without joins (no
-// TLS) there are no nodes and nothing changes.
+// (image.ForNodes) and was not forgotten since it was issued
+// (clusterpki.RequestNode checks the revocation). Every other request
+// goes to next. Without joins (no TLS) there are no nodes and nothing
+// changes.
 func nodeRegistry(next http.Handler, join *nodejoin.Service, reg *image.Registry) http.Handler {
 	if join == nil || reg == nil {
 		return next
 	}
-	nodes := image.ForNodes(reg, func(r *http.Request) (string, error) { return join.CA.RequestNode(r, time.Now()) })
+	nodes := image.ForNodes(reg, func(r *http.Request) (string, error) { return join.CA.RequestNode(r, time.Now(), join.Store) })
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.TLS != nil && r.TLS.ServerName == clusterpki.JoinServerName && (r.URL.Path == "/v2" || strings.HasPrefix(r.URL.Path, "/v2/")) {
 			nodes.ServeHTTP(w, r)

@@ -78,7 +78,7 @@ func (s *Server) join(w http.ResponseWriter, r *http.Request, lim *clientrate.Li
 		s.log.Warn("node join refused", "node", req.NodeID, "from", r.RemoteAddr, "err", err)
 		writeError(w, http.StatusUnauthorized, "join token refused: it is unknown, already used or expired")
 	case errors.Is(err, store.ErrNodeExists):
-		writeError(w, http.StatusConflict, "node '"+req.NodeID+"' is registered already: forget it first (`cubicle node forget "+req.NodeID+"`), or join with another node ID; the token was not used")
+		writeError(w, http.StatusConflict, "node '"+req.NodeID+"' has joined already (registered or not): forget it first (`cubicle node forget "+req.NodeID+"`), or join with another node ID; the token was not used")
 	case errors.Is(err, clusterpki.ErrInvalidNodeID), errors.Is(err, clusterpki.ErrInvalidCSR), errors.Is(err, clusterpki.ErrInvalidAddress):
 		writeError(w, http.StatusBadRequest, err.Error())
 	default:

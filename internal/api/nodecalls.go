@@ -36,13 +36,22 @@ func (s *Server) callerNode(w http.ResponseWriter, r *http.Request) (string, boo
 		writeError(w, http.StatusUnauthorized, "a node call needs the node's client certificate (mTLS to server name "+clusterpki.JoinServerName+")")
 		return "", false
 	}
-	id, err := s.cfg.Join.CA.NodeID(r.TLS.PeerCertificates[0], time.Now())
-	if err != nil {
+	// One primary-key read of the node's revocation per call (no cache),
+	// so a forget holds on every replica from the node's next call.
+	id, err := s.cfg.Join.CA.AuthenticateNode(r.Context(), r.TLS.PeerCertificates[0], time.Now(), s.cfg.Join.Store)
+	switch {
+	case err == nil:
+		return id, true
+	case errors.Is(err, clusterpki.ErrRevoked):
+		s.log.Warn("node call refused: node forgotten", "path", r.URL.Path, "from", r.RemoteAddr, "err", err)
+		writeError(w, http.StatusUnauthorized, err.Error())
+	case errors.Is(err, clusterpki.ErrIdentity):
 		s.log.Warn("node call refused", "path", r.URL.Path, "from", r.RemoteAddr, "err", err)
 		writeError(w, http.StatusUnauthorized, "the client certificate is not a node identity of this cluster")
-		return "", false
+	default:
+		s.fail(w, r, err)
 	}
-	return id, true
+	return "", false
 }
 
 // decodeNodeBody reads a strict JSON body; ok is false once an error is
@@ -181,14 +190,14 @@ func (s *Server) nodeRenew(w http.ResponseWriter, r *http.Request) {
 	for _, ip := range peer.IPAddresses {
 		addrs = append(addrs, ip.String())
 	}
-	cert, err := s.cfg.Join.CA.RenewNode(peer, []byte(req.CSR), addrs, time.Now())
+	cert, err := s.cfg.Join.CA.RenewNode(r.Context(), peer, []byte(req.CSR), addrs, time.Now(), s.cfg.Join.Store)
 	switch {
 	case err == nil:
 		s.log.Info("node certificate renewed", "node", id)
 		writeJSON(w, http.StatusOK, nodeclient.RenewResponse{Certificate: string(cert)})
 	case errors.Is(err, clusterpki.ErrInvalidCSR), errors.Is(err, clusterpki.ErrInvalidAddress):
 		writeError(w, http.StatusBadRequest, err.Error())
-	case errors.Is(err, clusterpki.ErrIdentity):
+	case errors.Is(err, clusterpki.ErrIdentity), errors.Is(err, clusterpki.ErrRevoked):
 		writeError(w, http.StatusUnauthorized, err.Error())
 	default:
 		s.fail(w, r, err)

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -162,13 +163,142 @@ func TestNodeRegisterHeartbeat(t *testing.T) {
 	if row2.DataAddress != "10.0.0.8:7444" || row2.Accelerators != "" || row2.Labels["zone"] != "b" || row2.HeartbeatAt.Before(row.HeartbeatAt) {
 		t.Fatalf("after heartbeat: %+v", row2)
 	}
-	// Forgotten: the next heartbeat is 404 again.
+	// Forgotten: its certificate is revoked, so the heartbeat is 401, not
+	// the 404 that would make it register again (TestForgottenNodeRefused).
 	if err := e.st.ForgetNode(ctx, "n1"); err != nil {
 		t.Fatal(err)
 	}
-	if err := n1.Heartbeat(ctx, hb); !errors.Is(err, nodeclient.ErrNotRegistered) {
-		t.Fatalf("heartbeat after forget: %v", err)
+	wantStatus(t, "heartbeat after forget", n1.Heartbeat(ctx, hb), 401)
+}
+
+// joinNode joins id through the join service with a new token, as POST
+// /nodes/join does, and returns the certificate it gets.
+func (e *nodeCallsEnv) joinNode(t *testing.T, id string) (*tls.Certificate, error) {
+	t.Helper()
+	ctx := context.Background()
+	tok, _, err := nodejoin.Create(ctx, e.st, time.Hour, nil, time.Now())
+	if err != nil {
+		t.Fatal(err)
 	}
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	der, _ := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
+	out, err := (&nodejoin.Service{Store: e.st, CA: e.ca}).Join(ctx, nodejoin.Request{Token: tok, NodeID: id,
+		CSR: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der})), Addresses: []string{"127.0.0.1"}})
+	if err != nil {
+		return nil, err
+	}
+	keyDER, _ := x509.MarshalECPrivateKey(key)
+	c, err := tls.X509KeyPair([]byte(out.Certificate), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &c, nil
+}
+
+// TestForgottenNodeRefused: after `cubicle node forget`, every node call
+// made with the node's certificate is 401 in e2b's shape, naming the
+// forget (register, heartbeat, renew and secret alike: it neither comes
+// back nor renews itself out of the revocation), while another node is
+// unaffected; a second join of an ID that joined but never registered is
+// refused until the forget; a re-join after the forget gets a certificate
+// that works.
+func TestForgottenNodeRefused(t *testing.T) {
+	e := newNodeCallsEnv(t)
+	ctx := context.Background()
+	old, err := e.joinNode(t, "n5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Joined, not registered yet: a second token cannot take the ID.
+	if _, err := e.joinNode(t, "n5"); !errors.Is(err, store.ErrNodeExists) {
+		t.Fatalf("second join of a joined, unregistered ID: want ErrNodeExists, got %v", err)
+	}
+	n5 := e.client(t, old)
+	if err := n5.Register(ctx, testStatus()); err != nil {
+		t.Fatal(err)
+	}
+	other := e.client(t, e.nodeCert(t, "n6"))
+	if err := other.Register(ctx, testStatus()); err != nil {
+		t.Fatal(err)
+	}
+	// A sandbox it ran, killed before the forget (the forget guard), with
+	// a rule naming a secret: the secret call answers 401 before any 403.
+	if _, err := e.secrets.Create(ctx, store.SystemTeamID, "api-key", "s3cret", nil); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	sb := &store.Sandbox{ID: "sbx5", TeamID: store.SystemTeamID, TemplateID: "base", State: store.StateKilled, Node: "n5",
+		StartedAt: now, EndAt: now.Add(time.Hour), UpdatedAt: now,
+		Network: store.Network{Rules: map[string][]store.NetworkRule{"api.example.com": {{Headers: map[string]string{
+			"authorization": "Bearer ${e2b.secrets.api-key}"}}}}}}
+	if err := e.st.CreateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.st.ForgetNode(ctx, "n5"); err != nil {
+		t.Fatal(err)
+	}
+
+	forgotten := func(what string, err error) {
+		t.Helper()
+		var ne *nodeclient.Error
+		if !errors.As(err, &ne) || ne.Status != 401 || !strings.Contains(ne.Message, "n5 was forgotten") || !strings.Contains(ne.Message, "join it again") {
+			t.Fatalf("%s after forget: got %v, want 401 naming the forget", what, err)
+		}
+	}
+	forgotten("register", n5.Register(ctx, testStatus()))
+	forgotten("heartbeat", n5.Heartbeat(ctx, testStatus()))
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	der, _ := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
+	_, err = n5.Renew(ctx, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}))
+	forgotten("renew", err)
+	_, err = n5.Secret(ctx, "sbx5", "api-key")
+	forgotten("secret", err)
+	if _, err := e.st.GetNode(ctx, "n5"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("forgotten node registered again: %v", err)
+	}
+	// The body is e2b-shaped.
+	req, _ := http.NewRequest("POST", e.srv.URL+nodeclient.HeartbeatPath, strings.NewReader(`{}`))
+	roots := x509.NewCertPool()
+	roots.AddCert(e.ca.Cert)
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots,
+		ServerName: clusterpki.JoinServerName, Certificates: []tls.Certificate{*old}}}}
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var body map[string]any
+	json.NewDecoder(resp.Body).Decode(&body)
+	resp.Body.Close()
+	hc.CloseIdleConnections()
+	if resp.StatusCode != 401 || body["code"] != float64(401) || !strings.Contains(fmt.Sprint(body["message"]), "forgotten") {
+		t.Fatalf("forgotten heartbeat body: %d %v", resp.StatusCode, body)
+	}
+	// Another node is untouched.
+	if err := other.Heartbeat(ctx, testStatus()); err != nil {
+		t.Fatalf("another node after the forget: %v", err)
+	}
+
+	// Join again with a new token: the new certificate works at once.
+	fresh, err := e.joinNode(t, "n5")
+	if err != nil {
+		t.Fatalf("re-join after forget: %v", err)
+	}
+	// It is valid at once, even within the forget's second.
+	if fresh.Leaf.NotBefore.After(time.Now()) {
+		t.Fatalf("re-joined certificate starts in the future: %v", fresh.Leaf.NotBefore)
+	}
+	n5b := e.client(t, fresh)
+	if err := n5b.Register(ctx, testStatus()); err != nil {
+		t.Fatalf("re-joined node's register: %v", err)
+	}
+	if err := n5b.Heartbeat(ctx, testStatus()); err != nil {
+		t.Fatalf("re-joined node's heartbeat: %v", err)
+	}
+	if _, err := n5b.Renew(ctx, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der})); err != nil {
+		t.Fatalf("re-joined node's renewal: %v", err)
+	}
+	// The old certificate stays refused after the re-join.
+	forgotten("old certificate's heartbeat after the re-join", n5.Heartbeat(ctx, testStatus()))
 }
 
 // TestNodeRenew: a node renews for a new key; the certificate keeps its

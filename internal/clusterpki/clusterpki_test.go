@@ -22,6 +22,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/clusterpki"
 	"github.com/cubicle-dev/cubicle/internal/secret"
+	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
 )
 
@@ -322,8 +323,9 @@ func TestRenewNode(t *testing.T) {
 	ca, other := newCA(t), newCA(t)
 	now := time.Now()
 	old := nodeCert(t, ca, "node-7")
+	revs := openStore(t)
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	certPEM, err := ca.RenewNode(old.Leaf, csr(t, key, nil), []string{"10.0.0.8"}, now)
+	certPEM, err := ca.RenewNode(context.Background(), old.Leaf, csr(t, key, nil), []string{"10.0.0.8"}, now, revs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -339,8 +341,103 @@ func TestRenewNode(t *testing.T) {
 		"another CA's node":               {nodeCert(t, other, "node-7").Leaf, now},
 		"an expired certificate":          {old.Leaf, old.Leaf.NotAfter.Add(time.Second)},
 	} {
-		if _, err := ca.RenewNode(tc.peer, csr(t, key, nil), nil, tc.at); !errors.Is(err, clusterpki.ErrIdentity) {
+		if _, err := ca.RenewNode(context.Background(), tc.peer, csr(t, key, nil), nil, tc.at, revs); !errors.Is(err, clusterpki.ErrIdentity) {
 			t.Errorf("%s: want ErrIdentity, got %v", name, err)
 		}
 	}
+}
+
+// TestRevokedNode: after a forget, the node's certificate neither
+// authenticates nor renews (ErrRevoked, naming the node), even one signed
+// within the forget's second; one signed by a join after the forget starts
+// no earlier than it and is accepted, even when the join comes within the
+// same second; a second forget revokes that one too.
+func TestRevokedNode(t *testing.T) {
+	ctx := context.Background()
+	ca, st := newCA(t), openStore(t)
+	old := nodeCert(t, ca, "node-7")
+	if id, err := ca.AuthenticateNode(ctx, old.Leaf, time.Now(), st); err != nil || id != "node-7" {
+		t.Fatalf("before the forget: %q, %v", id, err)
+	}
+	if err := st.RegisterNode(ctx, &store.Node{ID: "node-7"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.ForgetNode(ctx, "node-7"); err != nil {
+		t.Fatal(err)
+	}
+	revoked, err := st.NodeRevokedAt(ctx, "node-7")
+	if err != nil || revoked.IsZero() {
+		t.Fatalf("NodeRevokedAt = %v, %v", revoked, err)
+	}
+	now := time.Now()
+	_, err = ca.AuthenticateNode(ctx, old.Leaf, now, st)
+	var rev *clusterpki.RevokedError
+	if !errors.As(err, &rev) || !errors.Is(err, clusterpki.ErrRevoked) || rev.Node != "node-7" || !rev.At.Equal(revoked) {
+		t.Fatalf("forgotten node's certificate: want *RevokedError, got %v", err)
+	}
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if _, err := ca.RenewNode(ctx, old.Leaf, csr(t, key, nil), nil, now, st); !errors.Is(err, clusterpki.ErrRevoked) {
+		t.Fatalf("renewal of a forgotten node: want ErrRevoked, got %v", err)
+	}
+	// A certificate signed in the forget's second without the floor (as
+	// any before the forget was) is refused too.
+	sameSecond := nodeCertAt(t, ca, "node-7", revoked.Add(999*time.Millisecond))
+	if _, err := ca.AuthenticateNode(ctx, sameSecond, now, st); !errors.Is(err, clusterpki.ErrRevoked) {
+		t.Fatalf("certificate signed in the forget's second: want ErrRevoked, got %v", err)
+	}
+	// Another node is not affected.
+	if _, err := ca.AuthenticateNode(ctx, nodeCert(t, ca, "node-8").Leaf, now, st); err != nil {
+		t.Fatalf("another node: %v", err)
+	}
+	// A re-join signed within the forget's second starts at it, not a
+	// minute before, and is valid at once.
+	certPEM, err := ca.SignNodeAfter(csr(t, key, nil), "node-7", []string{"10.0.0.8"}, revoked.Add(300*time.Millisecond), revoked)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh, _ := clusterpki.ParseCertPEM(certPEM)
+	if !fresh.NotBefore.Equal(revoked) {
+		t.Fatalf("re-join certificate starts %v, want the forget's second %v", fresh.NotBefore, revoked)
+	}
+	if _, err := ca.AuthenticateNode(ctx, fresh, fresh.NotBefore, st); err != nil {
+		t.Fatalf("re-joined certificate: %v", err)
+	}
+	// Its renewal starts no earlier than it.
+	renewedPEM, err := ca.RenewNode(ctx, fresh, csr(t, key, nil), nil, fresh.NotBefore, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if renewed, _ := clusterpki.ParseCertPEM(renewedPEM); renewed.NotBefore.Before(fresh.NotBefore) {
+		t.Fatalf("renewed certificate starts %v, before the one renewed (%v)", renewed.NotBefore, fresh.NotBefore)
+	}
+	// A second forget, even within the same second, revokes the re-joined
+	// certificate.
+	if err := st.RegisterNode(ctx, &store.Node{ID: "node-7"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.ForgetNode(ctx, "node-7"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ca.AuthenticateNode(ctx, fresh, time.Now().Add(2*time.Second), st); !errors.Is(err, clusterpki.ErrRevoked) {
+		t.Fatalf("re-joined certificate after a second forget: want ErrRevoked, got %v", err)
+	}
+	// Without a join state to check, nothing authenticates.
+	if _, err := ca.AuthenticateNode(ctx, fresh, fresh.NotBefore, nil); err == nil {
+		t.Fatal("nil Revocations accepted a certificate")
+	}
+}
+
+// nodeCertAt is node id's certificate signed by ca at now.
+func nodeCertAt(t *testing.T, ca *clusterpki.CA, id string, now time.Time) *x509.Certificate {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	certPEM, err := ca.SignNode(csr(t, key, nil), id, nil, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := clusterpki.ParseCertPEM(certPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

@@ -101,6 +101,20 @@ func validDNSName(s string) bool {
 // node serves the control plane and calls it back. A node renews by
 // sending a new request before NotAfter.
 func (ca *CA) SignNode(csrPEM []byte, nodeID string, addresses []string, now time.Time) ([]byte, error) {
+	return ca.signNode(csrPEM, nodeID, addresses, now, time.Time{})
+}
+
+// SignNodeAfter is SignNode for a node ID forgotten at revokedAt (zero:
+// never; see Revocations): the certificate starts no earlier than
+// revokedAt, where the minute of backdating would put it before, so a
+// join right after a forget gets a certificate that is valid at once and
+// not revoked.
+func (ca *CA) SignNodeAfter(csrPEM []byte, nodeID string, addresses []string, now, revokedAt time.Time) ([]byte, error) {
+	return ca.signNode(csrPEM, nodeID, addresses, now, revokedAt)
+}
+
+// signNode signs with NotBefore no earlier than notBefore.
+func (ca *CA) signNode(csrPEM []byte, nodeID string, addresses []string, now, notBefore time.Time) ([]byte, error) {
 	if err := ValidateNodeID(nodeID); err != nil {
 		return nil, err
 	}
@@ -113,7 +127,7 @@ func (ca *CA) SignNode(csrPEM []byte, nodeID string, addresses []string, now tim
 		return nil, err
 	}
 	u, _ := url.Parse(NodeURI(nodeID))
-	return ca.sign(csr.PublicKey, pkix.Name{CommonName: "node " + nodeID}, dns, ips, u, now)
+	return ca.sign(csr.PublicKey, pkix.Name{CommonName: "node " + nodeID}, dns, ips, u, now, notBefore)
 }
 
 // IssueControlPlane makes a control-plane key and certificate. Each
@@ -125,7 +139,7 @@ func (ca *CA) IssueControlPlane(now time.Time) (*tls.Certificate, error) {
 		return nil, err
 	}
 	u, _ := url.Parse(ControlPlaneURI)
-	certPEM, err := ca.sign(&key.PublicKey, pkix.Name{CommonName: "cubicle control plane"}, []string{JoinServerName}, nil, u, now)
+	certPEM, err := ca.sign(&key.PublicKey, pkix.Name{CommonName: "cubicle control plane"}, []string{JoinServerName}, nil, u, now, time.Time{})
 	if err != nil {
 		return nil, err
 	}
@@ -137,7 +151,13 @@ func (ca *CA) IssueControlPlane(now time.Time) (*tls.Certificate, error) {
 	return &tls.Certificate{Certificate: [][]byte{b.Bytes, ca.Cert.Raw}, PrivateKey: key, Leaf: leaf}, nil
 }
 
-func (ca *CA) sign(pub any, subj pkix.Name, dns []string, ips []net.IP, uri *url.URL, now time.Time) ([]byte, error) {
+// sign backdates NotBefore a minute for clock skew between machines, but
+// never before notBefore.
+func (ca *CA) sign(pub any, subj pkix.Name, dns []string, ips []net.IP, uri *url.URL, now, notBefore time.Time) ([]byte, error) {
+	start := now.Add(-time.Minute)
+	if start.Before(notBefore) {
+		start = notBefore
+	}
 	notAfter := now.Add(LeafValidity)
 	if notAfter.After(ca.Cert.NotAfter) {
 		notAfter = ca.Cert.NotAfter
@@ -145,7 +165,7 @@ func (ca *CA) sign(pub any, subj pkix.Name, dns []string, ips []net.IP, uri *url
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(),
 		Subject:      subj,
-		NotBefore:    now.Add(-time.Minute),
+		NotBefore:    start,
 		NotAfter:     notAfter,
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
@@ -174,16 +194,4 @@ func (ca *CA) NodeID(cert *x509.Certificate, now time.Time) (string, error) {
 		return "", fmt.Errorf("%w: %s is not a node", ErrIdentity, cert.URIs[0])
 	}
 	return id, nil
-}
-
-// RenewNode is SignNode for a node that proves who it is with the
-// certificate it presented over mTLS (peer): the new certificate, for a
-// new key, keeps the node ID of the old one, and the control plane's own
-// certificate cannot be renewed into a node's.
-func (ca *CA) RenewNode(peer *x509.Certificate, csrPEM []byte, addresses []string, now time.Time) ([]byte, error) {
-	id, err := ca.NodeID(peer, now)
-	if err != nil {
-		return nil, err
-	}
-	return ca.SignNode(csrPEM, id, addresses, now)
 }

@@ -77,7 +77,7 @@ func newCluster(t *testing.T) *cluster {
 	reg := image.NewRegistry(imgs)
 	// BuildKit's password guards the loopback view; nodes never hold it.
 	reg.RequireBasicAuth("cubicle", "buildkit-only")
-	nodes := image.ForNodes(reg, func(r *http.Request) (string, error) { return ca.RequestNode(r, time.Now()) })
+	nodes := image.ForNodes(reg, func(r *http.Request) (string, error) { return ca.RequestNode(r, time.Now(), st) })
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c.requests.Add(1)
 		if f := c.tamper.Load(); f != nil {

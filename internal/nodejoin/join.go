@@ -72,7 +72,9 @@ func (s *Service) Join(ctx context.Context, req Request) (*Response, error) {
 		}
 		return nil, err
 	}
-	cert, err := s.CA.SignNode([]byte(req.CSR), req.NodeID, req.Addresses, now())
+	// A node ID forgotten before gets a certificate that starts after the
+	// forget, so the revocation refuses the old certificates and not this one.
+	cert, err := s.CA.SignNodeAfter([]byte(req.CSR), req.NodeID, req.Addresses, now(), tok.NodeRevokedAt)
 	if err != nil {
 		return nil, fmt.Errorf("sign node %s: %w", req.NodeID, err)
 	}

@@ -16,9 +16,10 @@ var (
 	ErrTokenUsed = errors.New("store: join token already used")
 	// ErrTokenExpired: the token's expiry has passed.
 	ErrTokenExpired = errors.New("store: join token expired")
-	// ErrNodeExists: a node with the joining node's ID is registered; the
-	// operator forgets it first (`cubicle node forget`).
-	ErrNodeExists = errors.New("store: a node with this ID is registered")
+	// ErrNodeExists: a node with the joining node's ID has joined (whether
+	// or not it has registered yet); the operator forgets it first
+	// (`cubicle node forget`).
+	ErrNodeExists = errors.New("store: a node with this ID has joined")
 )
 
 // ClusterCA is the certificate authority every control-plane replica
@@ -41,6 +42,10 @@ type JoinToken struct {
 	ExpiresAt  time.Time
 	UsedAt     time.Time // zero while unused
 	UsedBy     string    // the node ID that redeemed it
+	// NodeRevokedAt is set by RedeemJoinToken only: when UsedBy was last
+	// forgotten (zero: never), read in the redeem's transaction. The new
+	// certificate must start after it, or it would be refused as revoked.
+	NodeRevokedAt time.Time
 }
 
 // ClusterStore is the cluster's join state: the CA and the join tokens.
@@ -63,7 +68,14 @@ type ClusterStore interface {
 	// one succeeds. ErrTokenUnknown when the ID is missing or secretHash
 	// differs, ErrTokenUsed when it was redeemed before, ErrTokenExpired
 	// when now is past its expiry, ErrNodeExists (and the token stays
-	// unused) when the registry has a row for nodeID: the check and the
-	// mark are the same statement.
+	// unused) when the registry has a row for nodeID or a token was
+	// redeemed for nodeID since its last ForgetNode. The check, the mark
+	// and the reservation of nodeID are one transaction: of two tokens
+	// redeemed for one node ID, exactly one succeeds.
 	RedeemJoinToken(ctx context.Context, id, secretHash, nodeID string, now time.Time) (*JoinToken, error)
+	// NodeRevokedAt is when node id was last forgotten (ForgetNode), zero
+	// when never: a whole second, later than any earlier forget's. A
+	// certificate for id whose NotBefore is before it is revoked. One read
+	// by primary key.
+	NodeRevokedAt(ctx context.Context, id string) (time.Time, error)
 }

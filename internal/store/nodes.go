@@ -88,8 +88,12 @@ type NodeStore interface {
 	// row; ErrNotFound when missing.
 	SetNodeFlags(ctx context.Context, id string, cordoned, draining bool) (*Node, error)
 	// ForgetNode deletes the node, its allocatable capacity and its
-	// reservations. Refused with a *NodeInUseError (ErrNodeInUse) while
-	// live sandboxes name it; ErrNotFound when missing. The check and the
+	// reservations, frees its ID for a new join, and records the time (its
+	// second) as the ID's revocation (NodeRevokedAt): its certificates
+	// issued so far are refused. A node that joined but never registered is forgotten
+	// the same way. Refused with a *NodeInUseError (ErrNodeInUse) while
+	// live sandboxes name it; ErrNotFound when the ID is neither
+	// registered nor joined. The check and the
 	// delete are one transaction, so every sandbox committed before it is
 	// counted. Sandbox creates do not read the registry: one committed
 	// alongside is ordered after the forget and names a node with no row

@@ -7,12 +7,14 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
+	"errors"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -34,7 +36,9 @@ import (
 // table and cgroup parent. Without a join it fails clearly; joined, it
 // registers its addresses and capacity and heartbeats; its gRPC services
 // answer the control plane's certificate and refuse another node's; a
-// second join of its ID is 409; SIGTERM ends it cleanly.
+// second join of its ID is 409, also for an ID joined but not registered;
+// SIGTERM ends it cleanly. Forgotten while it runs, its heartbeats get 401
+// and it stays out; joined again with a new token, it registers.
 func TestNodeRun(t *testing.T) {
 	const domain = "cubicle.test"
 	s := newServer(t, nil, "--domain", domain, "--tls-self-signed")
@@ -121,26 +125,52 @@ func TestNodeRun(t *testing.T) {
 		"--data-dir", nodeDir, "--address", "127.0.0.1"); err != nil {
 		t.Fatalf("join: %v\n%s", err, out)
 	}
-	var logs bytes.Buffer
-	started := time.Now()
-	run := exec.Command(filepath.Join(binDir, "cubicle"), runArgs...)
-	run.Stdout, run.Stderr = &logs, &logs
-	if err := run.Start(); err != nil {
-		t.Fatal(err)
+	// startRun starts `node run`; its clean-up kills it (by PID) if the
+	// test did not stop it. Its logs are read while it runs.
+	startRun := func() (*exec.Cmd, chan error, *lockedBuffer) {
+		t.Helper()
+		logs := &lockedBuffer{}
+		run := exec.Command(filepath.Join(binDir, "cubicle"), runArgs...)
+		run.Stdout, run.Stderr = logs, logs
+		if err := run.Start(); err != nil {
+			t.Fatal(err)
+		}
+		exited := make(chan error, 1)
+		go func() { exited <- run.Wait() }()
+		t.Cleanup(func() {
+			select {
+			case <-exited:
+			default:
+				run.Process.Kill()
+				<-exited
+			}
+			if t.Failed() {
+				t.Logf("node run logs:\n%s", logs.String())
+			}
+		})
+		return run, exited, logs
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- run.Wait() }()
-	t.Cleanup(func() {
+	// stopRun sends SIGTERM and checks the clean path.
+	stopRun := func(run *exec.Cmd, exited chan error, logs *lockedBuffer) {
+		t.Helper()
+		stopAt := time.Now()
+		run.Process.Signal(syscall.SIGTERM)
 		select {
-		case <-exited:
-		default:
-			run.Process.Kill()
-			<-exited
+		case err := <-exited:
+			if err != nil {
+				t.Fatalf("node run after SIGTERM: %v\n%s", err, logs.String())
+			}
+			exited <- nil // for the clean-up
+			t.Logf("SIGTERM to exit: %v", time.Since(stopAt).Round(time.Millisecond))
+		case <-time.After(30 * time.Second):
+			t.Fatalf("node run did not exit on SIGTERM\n%s", logs.String())
 		}
-		if t.Failed() {
-			t.Logf("node run logs:\n%s", logs.String())
+		if !strings.Contains(logs.String(), "sandboxes left running for re-adoption") {
+			t.Fatalf("node run's stop was not the clean path:\n%s", logs.String())
 		}
-	})
+	}
+	started := time.Now()
+	run, exited, logs := startRun()
 
 	st, err := sqlite.Open(filepath.Join(s.DataDir, "cubicle.db"))
 	if err != nil {
@@ -238,20 +268,94 @@ func TestNodeRun(t *testing.T) {
 		t.Fatal("the token refused with 409 was spent")
 	}
 
-	// SIGTERM: a clean exit.
-	stopAt := time.Now()
-	run.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Fatalf("node run after SIGTERM: %v\n%s", err, logs.String())
+	// node-b joined but never registered: its ID is taken all the same
+	// (409, token not spent) until `cubicle node forget node-b`.
+	tok4, _ := token()
+	joinB := func() (string, error) {
+		return cubicle("node", "join", "--control-plane", cp, "--token", tok4, "--ca-pin", pin, "--node-id", "node-b",
+			"--data-dir", t.TempDir(), "--address", "127.0.0.1")
+	}
+	if out, err := joinB(); err == nil || !strings.Contains(out, "409") {
+		t.Fatalf("second join of node-b (joined, not registered): %v\n%s", err, out)
+	}
+	if toks, _ := st.ListJoinTokens(ctx); len(toks) == 0 || !toks[len(toks)-1].UsedAt.IsZero() {
+		t.Fatal("the token refused with 409 for node-b was spent")
+	}
+	if out, err := cubicle("node", "forget", "node-b", "--data-dir", s.DataDir); err != nil {
+		t.Fatalf("forget node-b (joined, not registered): %v\n%s", err, out)
+	}
+	if out, err := joinB(); err != nil {
+		t.Fatalf("join node-b after its forget: %v\n%s", err, out)
+	}
+
+	// Forget node-a while it runs (it holds no sandboxes): its certificate
+	// is revoked, so its heartbeats get 401 naming the forget, and it
+	// does not register again.
+	if out, err := cubicle("node", "forget", "node-a", "--data-dir", s.DataDir); err != nil {
+		t.Fatalf("forget node-a: %v\n%s", err, out)
+	}
+	forgotAt := time.Now()
+	for deadline := time.Now().Add(30 * time.Second); strings.Count(logs.String(), "node node-a was forgotten") < 2; time.Sleep(250 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("node-a's heartbeats were not refused as forgotten:\n%s", logs.String())
 		}
-		exited <- nil // for the clean-up
-		t.Logf("SIGTERM to exit: %v", time.Since(stopAt).Round(time.Millisecond))
-	case <-time.After(30 * time.Second):
-		t.Fatalf("node run did not exit on SIGTERM\n%s", logs.String())
 	}
-	if !strings.Contains(logs.String(), "sandboxes left running for re-adoption") {
-		t.Fatalf("node run's stop was not the clean path:\n%s", logs.String())
+	t.Logf("forget to the second refused heartbeat: %v", time.Since(forgotAt).Round(time.Millisecond))
+	if !strings.Contains(logs.String(), "answered 401") {
+		t.Fatalf("the refusal was not a 401:\n%s", logs.String())
 	}
+	if row, err := st.GetNode(ctx, "node-a"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("forgotten node-a registered again: %+v %v", row, err)
+	}
+
+	// SIGTERM: a clean exit.
+	stopRun(run, exited, logs)
+
+	// Join again with a new token (the operator removes the old identity
+	// first: join refuses a data dir that holds one), then run: it
+	// registers with the new certificate.
+	for _, f := range []string{nodejoin.CertFile, nodejoin.KeyFile, nodejoin.CAFile, nodejoin.InfoFile} {
+		if err := os.Remove(filepath.Join(nodeDir, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tok5, _ := token()
+	if out, err := cubicle("node", "join", "--control-plane", cp, "--token", tok5, "--ca-pin", pin, "--node-id", "node-a",
+		"--data-dir", nodeDir, "--address", "127.0.0.1"); err != nil {
+		t.Fatalf("re-join node-a after its forget: %v\n%s", err, out)
+	}
+	run, exited, logs = startRun()
+	row = nil
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if row, err = st.GetNode(ctx, "node-a"); err == nil {
+			break
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("re-joined node run exited: %v\n%s", err, logs.String())
+		default:
+		}
+	}
+	if row == nil || row.Address != grpcAddr {
+		t.Fatalf("re-joined node-a did not register: %+v %v\n%s", row, err, logs.String())
+	}
+	stopRun(run, exited, logs)
+}
+
+// lockedBuffer is a bytes.Buffer a process writes while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

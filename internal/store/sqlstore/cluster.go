@@ -103,29 +103,68 @@ func (s *Store) DeleteJoinToken(ctx context.Context, id string) error {
 	return nil
 }
 
-// RedeemJoinToken implements store.ClusterStore: one conditional UPDATE,
-// so the check and the mark are a single atomic statement.
+// RedeemJoinToken implements store.ClusterStore. The conditional UPDATE
+// and the reservation of the node ID are one serializable transaction
+// (SQLite: one writer; PostgreSQL: SERIALIZABLE, retried on conflict), so
+// two tokens redeemed for one node ID at once cannot both win.
 func (s *Store) RedeemJoinToken(ctx context.Context, id, secretHash, nodeID string, now time.Time) (*store.JoinToken, error) {
-	t, err := scanJoinToken(s.db.QueryRowContext(ctx, `UPDATE join_tokens SET used_at=?, used_by=?
-WHERE id=? AND secret_hash=? AND used_at=0 AND expires_at>? AND NOT EXISTS (SELECT 1 FROM nodes WHERE id=?) RETURNING `+joinTokenCols,
-		ts(now), nodeID, id, secretHash, ts(now), nodeID))
-	if !errors.Is(err, store.ErrNotFound) {
-		return t, err
+	return retry1(ctx, s.d, func() (*store.JoinToken, error) { return s.redeemTx(ctx, id, secretHash, nodeID, now) })
+}
+
+func (s *Store) redeemTx(ctx context.Context, id, secretHash, nodeID string, now time.Time) (*store.JoinToken, error) {
+	tx, err := s.db.BeginTx(ctx)
+	if err != nil {
+		return nil, err
 	}
-	// Refused: read the row only to say why.
-	t, err = scanJoinToken(s.db.QueryRowContext(ctx, `SELECT `+joinTokenCols+` FROM join_tokens WHERE id=?`, id))
+	defer tx.Rollback()
+	t, err := scanJoinToken(tx.QueryRowContext(ctx, `UPDATE join_tokens SET used_at=?, used_by=?
+WHERE id=? AND secret_hash=? AND used_at=0 AND expires_at>?
+AND NOT EXISTS (SELECT 1 FROM nodes WHERE id=?)
+AND NOT EXISTS (SELECT 1 FROM node_identities WHERE node_id=? AND joined=?) RETURNING `+joinTokenCols,
+		ts(now), nodeID, id, secretHash, ts(now), nodeID, nodeID, true))
+	if errors.Is(err, store.ErrNotFound) {
+		// Refused: read the row only to say why.
+		return nil, redeemRefusal(ctx, tx, id, secretHash, nodeID, now)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var revoked int64
+	if err := tx.QueryRowContext(ctx, `INSERT INTO node_identities(node_id, joined, revoked_at) VALUES(?,?,0)
+ON CONFLICT(node_id) DO UPDATE SET joined=excluded.joined RETURNING revoked_at`, nodeID, true).Scan(&revoked); err != nil {
+		return nil, err
+	}
+	t.NodeRevokedAt = fromTS(revoked)
+	return t, tx.Commit()
+}
+
+func redeemRefusal(ctx context.Context, tx *txn, id, secretHash, nodeID string, now time.Time) error {
+	t, err := scanJoinToken(tx.QueryRowContext(ctx, `SELECT `+joinTokenCols+` FROM join_tokens WHERE id=?`, id))
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		return nil, store.ErrTokenUnknown
+		return store.ErrTokenUnknown
 	case err != nil:
-		return nil, err
+		return err
 	case t.SecretHash != secretHash:
-		return nil, store.ErrTokenUnknown
+		return store.ErrTokenUnknown
 	case !t.UsedAt.IsZero():
-		return nil, store.ErrTokenUsed
+		return store.ErrTokenUsed
 	case !now.Before(t.ExpiresAt):
-		return nil, store.ErrTokenExpired
+		return store.ErrTokenExpired
 	default:
-		return nil, fmt.Errorf("%w: %s", store.ErrNodeExists, nodeID)
+		return fmt.Errorf("%w: %s", store.ErrNodeExists, nodeID)
 	}
+}
+
+// NodeRevokedAt implements store.ClusterStore.
+func (s *Store) NodeRevokedAt(ctx context.Context, id string) (time.Time, error) {
+	var revoked int64
+	err := s.db.QueryRowContext(ctx, `SELECT revoked_at FROM node_identities WHERE node_id=?`, id).Scan(&revoked)
+	if errors.Is(err, sql.ErrNoRows) {
+		return time.Time{}, nil
+	}
+	if err != nil {
+		return time.Time{}, err
+	}
+	return fromTS(revoked), nil
 }

@@ -137,7 +137,33 @@ func (s *Store) forgetNodeTx(ctx context.Context, id string) error {
 		return &store.NodeInUseError{Node: id, Sandboxes: live}
 	}
 	res, err := tx.ExecContext(ctx, `DELETE FROM nodes WHERE id=?`, id)
-	if err := affected(res, err, "node", id); err != nil {
+	if err != nil {
+		return err
+	}
+	registered, err := res.RowsAffected()
+	if err != nil {
+		return err
+	}
+	var joined bool
+	var prev int64
+	err = tx.QueryRowContext(ctx, `SELECT joined, revoked_at FROM node_identities WHERE node_id=?`, id).Scan(&joined, &prev)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return err
+	}
+	if registered == 0 && !joined {
+		return fmt.Errorf("%w: node %s", store.ErrNotFound, id)
+	}
+	// The ID is free to join again, and every certificate issued for it
+	// until now is revoked: clusterpki refuses a NotBefore before this
+	// time. Certificate times are whole seconds, so it is this second,
+	// and always later than the previous forget's (a certificate a re-join
+	// started at that one is revoked by this one).
+	revoked := time.Now().UTC().Truncate(time.Second)
+	if p := fromTS(prev); !p.IsZero() && !revoked.After(p) {
+		revoked = p.Truncate(time.Second).Add(time.Second)
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO node_identities(node_id, joined, revoked_at) VALUES(?,?,?)
+ON CONFLICT(node_id) DO UPDATE SET joined=excluded.joined, revoked_at=excluded.revoked_at`, id, false, ts(revoked)); err != nil {
 		return err
 	}
 	// The reservations go with the allocatable row (ON DELETE CASCADE).

@@ -16,6 +16,147 @@ func runCluster(t *testing.T, open func(t *testing.T) store.Store) {
 	t.Run("ClusterCAOnce", func(t *testing.T) { testClusterCAOnce(t, open(t)) })
 	t.Run("JoinTokens", func(t *testing.T) { testJoinTokens(t, open(t)) })
 	t.Run("JoinTokenRedeemRace", func(t *testing.T) { testJoinTokenRace(t, open(t)) })
+	t.Run("JoinReservesNodeID", func(t *testing.T) { testJoinReservesNodeID(t, open(t)) })
+	t.Run("JoinSameNodeIDRace", func(t *testing.T) { testJoinSameIDRace(t, open(t)) })
+	t.Run("ForgetRevokes", func(t *testing.T) { testForgetRevokes(t, open(t)) })
+}
+
+func mkTokens(t *testing.T, s store.Store, now time.Time, ids ...string) {
+	t.Helper()
+	for _, id := range ids {
+		if err := s.CreateJoinToken(context.Background(), &store.JoinToken{ID: id, SecretHash: "h-" + id, ExpiresAt: now.Add(time.Hour)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// testJoinReservesNodeID: a redeemed join holds its node ID before the
+// node registers; a second token for it is ErrNodeExists and stays
+// unused; forgetting the joined-but-unregistered ID frees it.
+func testJoinReservesNodeID(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	now := time.Now().UTC()
+	mkTokens(t, s, now, "a", "b", "c")
+	got, err := s.RedeemJoinToken(ctx, "a", "h-a", "n1", now)
+	if err != nil || !got.NodeRevokedAt.IsZero() {
+		t.Fatalf("first join = %+v, %v", got, err)
+	}
+	if _, err := s.RedeemJoinToken(ctx, "b", "h-b", "n1", now); !errors.Is(err, store.ErrNodeExists) {
+		t.Fatalf("second token, joined ID: want ErrNodeExists, got %v", err)
+	}
+	if toks, err := s.ListJoinTokens(ctx); err != nil || toks[1].ID != "b" || !toks[1].UsedAt.IsZero() {
+		t.Fatalf("refused token b was spent: %+v, %v", toks, err)
+	}
+	if at, err := s.NodeRevokedAt(ctx, "n1"); err != nil || !at.IsZero() {
+		t.Fatalf("NodeRevokedAt before any forget = %v, %v", at, err)
+	}
+	// Never registered, but joined: forget frees the ID and revokes it.
+	before := time.Now().UTC()
+	if err := s.ForgetNode(ctx, "n1"); err != nil {
+		t.Fatalf("forget a joined, unregistered node: %v", err)
+	}
+	revoked, err := s.NodeRevokedAt(ctx, "n1")
+	if err != nil || revoked.Before(before.Truncate(time.Second)) || revoked.After(time.Now().UTC()) || !revoked.Equal(revoked.Truncate(time.Second)) {
+		t.Fatalf("NodeRevokedAt after forget = %v, %v (forget began %v)", revoked, err, before)
+	}
+	if err := s.ForgetNode(ctx, "n1"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("second forget: want ErrNotFound, got %v", err)
+	}
+	got, err = s.RedeemJoinToken(ctx, "b", "h-b", "n1", now)
+	if err != nil || !got.NodeRevokedAt.Equal(revoked) {
+		t.Fatalf("re-join after forget = %+v, %v; want NodeRevokedAt %v", got, err, revoked)
+	}
+	// The re-join does not clear the revocation: the old certificates stay refused.
+	if at, err := s.NodeRevokedAt(ctx, "n1"); err != nil || !at.Equal(revoked) {
+		t.Fatalf("NodeRevokedAt after re-join = %v, %v; want %v", at, err, revoked)
+	}
+	if _, err := s.RedeemJoinToken(ctx, "c", "h-c", "n1", now); !errors.Is(err, store.ErrNodeExists) {
+		t.Fatalf("third token after re-join: want ErrNodeExists, got %v", err)
+	}
+}
+
+// testJoinSameIDRace: 8 tokens redeemed for one node ID at once, exactly
+// one wins and the others stay unused.
+func testJoinSameIDRace(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	now := time.Now().UTC()
+	const n = 8
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("t%d", i)
+	}
+	mkTokens(t, s, now, ids...)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = s.RedeemJoinToken(ctx, ids[i], "h-"+ids[i], "same", now)
+		}()
+	}
+	wg.Wait()
+	won := 0
+	for _, err := range errs {
+		switch {
+		case err == nil:
+			won++
+		case !errors.Is(err, store.ErrNodeExists):
+			t.Fatalf("losing join: want ErrNodeExists, got %v", err)
+		}
+	}
+	if won != 1 {
+		t.Fatalf("%d joins of one node ID succeeded, want 1", won)
+	}
+	toks, err := s.ListJoinTokens(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := 0
+	for _, tk := range toks {
+		if !tk.UsedAt.IsZero() {
+			used++
+		}
+	}
+	if used != 1 {
+		t.Fatalf("%d tokens spent, want 1", used)
+	}
+}
+
+// testForgetRevokes: forgetting a registered node records the revocation
+// time, also for a node that registered without a join (as one joined
+// before the join state existed would).
+func testForgetRevokes(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	if err := s.RegisterNode(ctx, &store.Node{ID: "old"}); err != nil {
+		t.Fatal(err)
+	}
+	if at, err := s.NodeRevokedAt(ctx, "old"); err != nil || !at.IsZero() {
+		t.Fatalf("NodeRevokedAt of a registered node = %v, %v", at, err)
+	}
+	if at, err := s.NodeRevokedAt(ctx, "unknown"); err != nil || !at.IsZero() {
+		t.Fatalf("NodeRevokedAt of an unknown ID = %v, %v", at, err)
+	}
+	before := time.Now().UTC()
+	if err := s.ForgetNode(ctx, "old"); err != nil {
+		t.Fatal(err)
+	}
+	first, err := s.NodeRevokedAt(ctx, "old")
+	if err != nil || first.Before(before.Truncate(time.Second)) {
+		t.Fatalf("NodeRevokedAt after forget = %v, %v", first, err)
+	}
+	// It registers again (a stale certificate the API would refuse): a
+	// second forget moves the revocation forward, by a second at least
+	// (certificate times are whole seconds), even within one second.
+	if err := s.RegisterNode(ctx, &store.Node{ID: "old"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ForgetNode(ctx, "old"); err != nil {
+		t.Fatal(err)
+	}
+	if second, err := s.NodeRevokedAt(ctx, "old"); err != nil || second.Before(first.Add(time.Second)) {
+		t.Fatalf("second forget: NodeRevokedAt = %v, %v; first was %v", second, err, first)
+	}
 }
 
 // testClusterCAOnce: replicas racing to store the first CA all get the
