@@ -115,6 +115,11 @@ func clusterFlags(o *serveOptions) error {
 	if err := clusterpki.ValidateNodeID(o.nodeID); err != nil {
 		return fmt.Errorf("--node-id: %w", err)
 	}
+	// Overcommit acts on capacity reservations, made with
+	// --reserve-capacity or for remote nodes, which need TLS to join.
+	if o.cpuOvercommit > 1 && !o.reserveCapacity && o.tlsCert == "" && !o.tlsSelfSigned {
+		return errors.New("--cpu-overcommit acts on capacity reservations: add --reserve-capacity, or serve TLS so remote nodes can join")
+	}
 	if !o.embeddedNode && o.tlsCert == "" && !o.tlsSelfSigned {
 		return errors.New("--embedded-node=false needs TLS (--tls-cert/--tls-key or --tls-self-signed): remote nodes join and are dialled with the cluster's mTLS identities")
 	}

@@ -21,6 +21,9 @@ func TestServeNodeFlags(t *testing.T) {
 		{"empty node id", serveOptions{nodeID: "", embeddedNode: true}, "--node-id"},
 		{"pure control plane without TLS", serveOptions{nodeID: "local"}, "needs TLS"},
 		{"pure control plane with TLS", serveOptions{nodeID: "local", tlsSelfSigned: true}, ""},
+		{"overcommit with nothing to act on", serveOptions{nodeID: "local", embeddedNode: true, cpuOvercommit: 4}, "--cpu-overcommit"},
+		{"overcommit with reservations", serveOptions{nodeID: "local", embeddedNode: true, cpuOvercommit: 4, reserveCapacity: true}, ""},
+		{"overcommit for remote nodes", serveOptions{nodeID: "local", embeddedNode: true, cpuOvercommit: 4, tlsSelfSigned: true}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := clusterFlags(&tc.o)

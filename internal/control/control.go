@@ -1068,6 +1068,11 @@ func (m *Manager) resumeLocked(ctx context.Context, sb *store.Sandbox) (err erro
 
 // UpdateNetwork replaces the egress policy of a running sandbox.
 func (m *Manager) UpdateNetwork(ctx context.Context, id string, n store.Network) error {
+	// A malformed policy is refused before anything else, whatever the
+	// sandbox; what the sandbox's node can enforce is judged below.
+	if err := m.checkNetwork(ctx, &n, nil, ""); err != nil {
+		return err
+	}
 	unlock, err := m.lock(ctx, id)
 	if err != nil {
 		return err
@@ -1081,7 +1086,7 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, n store.Network)
 	if err != nil {
 		return err
 	}
-	if err := m.checkNetwork(ctx, &n, nd, sb.Node); err != nil {
+	if err := m.checkNetworkOn(ctx, policyOf(n), nd, m.rowNode(sb)); err != nil {
 		return err
 	}
 	plain := policyOf(n)
