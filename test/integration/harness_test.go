@@ -7,6 +7,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -24,6 +26,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/cubicle-dev/cubicle/internal/servecert"
 	"github.com/cubicle-dev/cubicle/internal/testenv"
 	"github.com/cubicle-dev/cubicle/sdk/go/envd/process"
 	"github.com/cubicle-dev/cubicle/sdk/go/envd/process/processconnect"
@@ -557,4 +560,32 @@ func sandboxEntries(data string) []string {
 		}
 	}
 	return out
+}
+
+// startTLSServer starts a server with --tls-self-signed for domain and
+// points its client at the API's name over TLS, trusting the local CA, so
+// nodes can join it and tests call it as an SDK would. roots holds the
+// local CA.
+func startTLSServer(t *testing.T, domain string, extra ...string) (s *server, roots *x509.CertPool) {
+	t.Helper()
+	s = newServer(t, nil, append([]string{"--domain", domain, "--tls-self-signed"}, extra...)...)
+	_, caPath, err := servecert.SelfSigned(filepath.Join(s.DataDir, "tls"), domain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pemCA, err := os.ReadFile(caPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots = x509.NewCertPool()
+	roots.AppendCertsFromPEM(pemCA)
+	s.client = &http.Client{Timeout: time.Minute, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: roots},
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, network, s.listenOn)
+		},
+	}}
+	s.URL = "https://api." + domain
+	s.start()
+	return s, roots
 }

@@ -9,19 +9,16 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/clusterpki"
 	"github.com/cubicle-dev/cubicle/internal/imagecache"
 	"github.com/cubicle-dev/cubicle/internal/nodejoin"
-	"github.com/cubicle-dev/cubicle/internal/servecert"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
@@ -34,25 +31,7 @@ import (
 // refused, and the public name does not serve the registry at all.
 func TestNodePullsImageFromControlPlane(t *testing.T) {
 	const domain = "cubicle.test"
-	s := newServer(t, nil, "--domain", domain, "--tls-self-signed")
-	_, caPath, err := servecert.SelfSigned(filepath.Join(s.DataDir, "tls"), domain)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pemCA, err := os.ReadFile(caPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(pemCA)
-	s.client = &http.Client{Timeout: time.Minute, Transport: &http.Transport{
-		TLSClientConfig: &tls.Config{RootCAs: roots},
-		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, network, s.listenOn)
-		},
-	}}
-	s.URL = "https://api." + domain
-	s.start()
+	s, roots := startTLSServer(t, domain)
 
 	// An image in the control plane's store, through the admin API.
 	var lb bytes.Buffer

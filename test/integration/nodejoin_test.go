@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"net"
 	"net/http"
@@ -17,7 +16,6 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/clusterpki"
 	"github.com/cubicle-dev/cubicle/internal/nodejoin"
-	"github.com/cubicle-dev/cubicle/internal/servecert"
 	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
 )
 
@@ -27,26 +25,7 @@ import (
 // expired token, and a wrong pin fail (the wrong pin before the token is
 // sent: the token still works afterwards).
 func TestNodeJoin(t *testing.T) {
-	const domain = "cubicle.test"
-	s := newServer(t, nil, "--domain", domain, "--tls-self-signed")
-	_, caPath, err := servecert.SelfSigned(filepath.Join(s.DataDir, "tls"), domain)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pemCA, err := os.ReadFile(caPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(pemCA)
-	s.client = &http.Client{Timeout: time.Minute, Transport: &http.Transport{
-		TLSClientConfig: &tls.Config{RootCAs: roots},
-		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, network, s.listenOn)
-		},
-	}}
-	s.URL = "https://api." + domain
-	s.start()
+	s, _ := startTLSServer(t, "cubicle.test")
 	cp := "https://" + s.listenOn
 
 	cubicle := func(args ...string) (string, error) {

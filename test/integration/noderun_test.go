@@ -5,11 +5,8 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/hex"
 	"errors"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,7 +23,6 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/node/nodegrpc"
 	"github.com/cubicle-dev/cubicle/internal/nodejoin"
 	"github.com/cubicle-dev/cubicle/internal/secret"
-	"github.com/cubicle-dev/cubicle/internal/servecert"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
 )
@@ -40,26 +36,7 @@ import (
 // SIGTERM ends it cleanly. Forgotten while it runs, its heartbeats get 401
 // and it stays out; joined again with a new token, it registers.
 func TestNodeRun(t *testing.T) {
-	const domain = "cubicle.test"
-	s := newServer(t, nil, "--domain", domain, "--tls-self-signed")
-	_, caPath, err := servecert.SelfSigned(filepath.Join(s.DataDir, "tls"), domain)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pemCA, err := os.ReadFile(caPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(pemCA)
-	s.client = &http.Client{Timeout: time.Minute, Transport: &http.Transport{
-		TLSClientConfig: &tls.Config{RootCAs: roots},
-		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, network, s.listenOn)
-		},
-	}}
-	s.URL = "https://api." + domain
-	s.start()
+	s, _ := startTLSServer(t, "cubicle.test")
 	cp := "https://" + s.listenOn
 	cubicle := func(args ...string) (string, error) {
 		out, err := exec.Command(filepath.Join(binDir, "cubicle"), args...).CombinedOutput()
