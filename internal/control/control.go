@@ -609,8 +609,27 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 		// pulls images.
 		pr.movable = m.movable(ctx, sn) == nil
 	}
+	hostPin, err := m.hostBoundPin(ctx, o.TeamID, o.VolumeMounts)
+	if err != nil {
+		return nil, err
+	}
+	if hostPin != "" {
+		if pr.pin != "" && pr.pin != hostPin {
+			// The in-process node boots from paths, so it cannot take a
+			// chain from the snapshot store either.
+			return nil, fmt.Errorf("%w: snapshot '%s' is on node %s, and a volume of these mounts is kept on the control plane's host (node %s)", ErrConflict, o.snapshot.ID, pr.pin, hostPin)
+		}
+		pr.pin, pr.movable = hostPin, false
+	}
 	pl, err := m.place(ctx, o, tpl, pr)
 	if err != nil {
+		if hostPin != "" && o.snapshot == nil {
+			var nf *scheduler.NoFitError
+			if errors.As(err, &nf) {
+				err = fmt.Errorf("%w (a sandbox that mounts a volume of a host-bound driver such as local runs only on node %s, the control plane's own host)", err, hostPin)
+			}
+			return nil, err
+		}
 		return nil, m.pinnedError(ctx, o.snapshot, err)
 	}
 	rowMade := false

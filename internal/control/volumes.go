@@ -84,6 +84,11 @@ func (m *Manager) CreateVolume(ctx context.Context, teamID, name, driver string,
 	if err != nil {
 		return nil, invalid("unknown driver %q (configured: %s)", driver, strings.Join(m.volumes.Names(), ", "))
 	}
+	if hostBound(p) {
+		if _, ok := m.nodes.Local(); !ok {
+			return nil, invalid("driver %q keeps each volume on the control plane's own host, and this control plane runs no node (serve --embedded-node=false), so no sandbox could mount it; create it with a driver every node reaches (configured: %s)", driver, strings.Join(m.volumes.Names(), ", "))
+		}
+	}
 	sized := false
 	if s, ok := p.(volume.Sized); ok && s.EnforcesSize() {
 		sized = true
@@ -246,6 +251,40 @@ func (m *Manager) mountDrivers(ctx context.Context, teamID string, req []VolumeM
 		}
 	}
 	return out
+}
+
+// hostBound: p keeps its volumes' data on the control plane's host
+// (volume.HostBound).
+func hostBound(p volume.Plugin) bool {
+	h, ok := p.(volume.HostBound)
+	return ok && h.KeepsDataOnHost()
+}
+
+// hostBoundPin is the node a create with these mounts must run on, or "":
+// a volume of a host-bound driver (local) is files of the control plane's
+// host, which only the in-process node shares. Without one such a mount
+// cannot be served anywhere (409). Mounts that do not resolve are left to
+// resolveMounts.
+func (m *Manager) hostBoundPin(ctx context.Context, teamID string, req []VolumeMount) (string, error) {
+	if m.volumes == nil {
+		return "", nil
+	}
+	for _, vm := range req {
+		v, err := m.store.VolumeByName(ctx, teamID, vm.Name)
+		if err != nil {
+			continue
+		}
+		p, err := m.volumes.Get(v.Driver)
+		if err != nil || !hostBound(p) {
+			continue
+		}
+		local, ok := m.nodes.Local()
+		if !ok {
+			return "", fmt.Errorf("%w: volume '%s' (driver %s) is kept on the control plane's host, and this control plane runs no node to mount it on", ErrConflict, v.Name, v.Driver)
+		}
+		return local, nil
+	}
+	return "", nil
 }
 
 // resolveMounts validates requested mounts against the store and node nd

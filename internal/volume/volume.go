@@ -111,6 +111,16 @@ type Sized interface {
 	EnforcesSize() bool
 }
 
+// HostBound is optionally implemented by a plugin whose Controller half
+// keeps each volume's data on the host it runs on (the built-in local
+// driver: a directory or image under its root). Only a node on that host
+// can attach such a volume, so in a cluster the control plane pins its
+// sandboxes to its own in-process node, and a control plane without one
+// refuses to create it.
+type HostBound interface {
+	KeepsDataOnHost() bool
+}
+
 // Plugin implements both halves (every driver in this module does).
 type Plugin interface {
 	Controller

@@ -39,8 +39,9 @@ type Plugin struct {
 }
 
 var (
-	_ volume.Plugin = (*Plugin)(nil)
-	_ volume.Sized  = (*Plugin)(nil)
+	_ volume.Plugin    = (*Plugin)(nil)
+	_ volume.Sized     = (*Plugin)(nil)
+	_ volume.HostBound = (*Plugin)(nil)
 )
 
 // imageExt names a sized volume's image, root/<volumeID>.img.
@@ -48,6 +49,10 @@ const imageExt = ".img"
 
 // EnforcesSize: sized volumes are images (volume.Sized).
 func (p *Plugin) EnforcesSize() bool { return true }
+
+// KeepsDataOnHost: a volume is files under root on this host
+// (volume.HostBound).
+func (p *Plugin) KeepsDataOnHost() bool { return true }
 
 // New returns a plugin keeping volume data in root/<volumeID>.
 func New(root string) *Plugin { return &Plugin{root: filepath.Clean(root)} }
