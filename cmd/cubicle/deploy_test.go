@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/cubicle-dev/cubicle/internal/testenv"
+	"github.com/cubicle-dev/cubicle/internal/volume"
 )
 
 // deployFlags lists "<command path> --flag" for every cubicle flag the
@@ -143,5 +144,47 @@ func TestSystemdUnitsVerify(t *testing.T) {
 	}
 	if level, _ := strconv.ParseFloat(string(m[1]), 64); level > 2.0 {
 		t.Errorf("control-plane unit exposure %.1f, want at most 2.0:\n%s", level, out)
+	}
+}
+
+// TestDeployVolumeConfigsParse reads the volume plugin lists the Helm chart
+// renders for volumes.s3 (kept exact by its render test) with serve's and
+// node run's own parsers, so a key the chart misspells fails here.
+func TestDeployVolumeConfigsParse(t *testing.T) {
+	// The plugin is in the image, not on this host: the parsers check that
+	// binary_path is executable, so it points at a stand-in.
+	const inImage = "/usr/local/bin/cubicle-volume-s3"
+	stand := filepath.Join(t.TempDir(), "cubicle-volume-s3")
+	if err := os.WriteFile(stand, []byte("#!/bin/sh\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	read := func(name string) []byte {
+		t.Helper()
+		b, err := os.ReadFile("../../deploy/helm/charttest/testdata/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(b), inImage) {
+			t.Fatalf("%s does not run %s", name, inImage)
+		}
+		return []byte(strings.ReplaceAll(string(b), inImage, stand))
+	}
+	control := read("volume-control.yaml")
+	cps, err := volume.ParseControllerConfig(control)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := volume.ParseNodeConfig(read("volume-node.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cps) != 1 || cps[0].Name != "s3" || len(nc.Plugins) != 1 || nc.Plugins[0].Name != "s3" {
+		t.Fatalf("control plane %+v, node %+v: want the s3 plugin on both halves", cps, nc.Plugins)
+	}
+	if err := volume.CheckAligned(cps, nc.Plugins); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(nc.BaseDir, "/var/lib/cubicle-node/") {
+		t.Errorf("node volume base dir %q is not under the node's data dir (its mounts would not reach the host)", nc.BaseDir)
 	}
 }

@@ -29,9 +29,14 @@ const chartDir = "../cubicle"
 // "<command path> --<flag>" a line. cmd/cubicle's TestDeployFlagsExist
 // checks each against the real cobra commands, so a chart that names a
 // flag the binary lacks fails in the main module.
-const flagsFile = "testdata/cli-flags.txt"
+const (
+	flagsFile = "testdata/cli-flags.txt"
+	// The volume plugin lists the chart renders with volumes.s3.enabled.
+	volumeControlFile = "testdata/volume-control.yaml"
+	volumeNodeFile    = "testdata/volume-node.toml"
+)
 
-var update = flag.Bool("update", false, "rewrite "+flagsFile+" from the rendered chart")
+var update = flag.Bool("update", false, "rewrite "+flagsFile+" and the volume plugin lists from the rendered chart")
 
 // cases are the values files rendered; each must render and decode.
 var cases = []string{"default", "bundled-postgres", "runsc-gpu", "external-tls"}
@@ -75,6 +80,7 @@ type objects struct {
 	services     map[string]*corev1.Service
 	secrets      map[string]*corev1.Secret
 	pdbs         map[string]*policyv1.PodDisruptionBudget
+	configMaps   map[string]*corev1.ConfigMap
 }
 
 type header struct {
@@ -90,7 +96,8 @@ type header struct {
 func decodeStrict(t *testing.T, files map[string]string) objects {
 	t.Helper()
 	o := objects{map[string]*appsv1.Deployment{}, map[string]*appsv1.DaemonSet{}, map[string]*appsv1.StatefulSet{},
-		map[string]*corev1.Service{}, map[string]*corev1.Secret{}, map[string]*policyv1.PodDisruptionBudget{}}
+		map[string]*corev1.Service{}, map[string]*corev1.Secret{}, map[string]*policyv1.PodDisruptionBudget{},
+		map[string]*corev1.ConfigMap{}}
 	names := make([]string, 0, len(files))
 	for n := range files {
 		names = append(names, n)
@@ -126,6 +133,9 @@ func decodeStrict(t *testing.T, files map[string]string) objects {
 			case "v1/Secret":
 				v := &corev1.Secret{}
 				o.secrets[h.Metadata.Name], target = v, v
+			case "v1/ConfigMap":
+				v := &corev1.ConfigMap{}
+				o.configMaps[h.Metadata.Name], target = v, v
 			case "policy/v1/PodDisruptionBudget":
 				v := &policyv1.PodDisruptionBudget{}
 				o.pdbs[h.Metadata.Name], target = v, v
@@ -184,7 +194,7 @@ func checkReferences(t *testing.T, o objects) {
 	external := map[string]bool{ // Secrets the values files name, made by the operator
 		"cubicle-store": true, "cubicle-tls": true, "cubicle-secrets-key": true,
 		"wildcard-cubicle-example-org": true, "managed-postgres": true, "cubicle-join-tokens": true,
-		"snapshot-store-credentials": true,
+		"snapshot-store-credentials": true, "volume-s3-credentials": true,
 	}
 	checkSecret := func(where, name, key string) {
 		s, ok := o.secrets[name]
@@ -219,6 +229,11 @@ func checkReferences(t *testing.T, o objects) {
 	}
 	for where, p := range pods {
 		for _, v := range p.Spec.Volumes {
+			if v.ConfigMap != nil {
+				if _, ok := o.configMaps[v.ConfigMap.Name]; !ok {
+					t.Errorf("%s: ConfigMap %q is not rendered", where, v.ConfigMap.Name)
+				}
+			}
 			if v.Secret != nil {
 				key := ""
 				if len(v.Secret.Items) > 0 {
@@ -228,6 +243,11 @@ func checkReferences(t *testing.T, o objects) {
 			}
 		}
 		for _, c := range slices.Concat(p.Spec.InitContainers, p.Spec.Containers) {
+			for _, e := range c.EnvFrom {
+				if e.SecretRef != nil {
+					checkSecret(where+" "+c.Name, e.SecretRef.Name, "")
+				}
+			}
 			for _, e := range c.Env {
 				if r := e.ValueFrom; r != nil && r.SecretKeyRef != nil && (r.SecretKeyRef.Optional == nil || !*r.SecretKeyRef.Optional) {
 					checkSecret(where+" "+c.Name, r.SecretKeyRef.Name, r.SecretKeyRef.Key)
@@ -322,6 +342,56 @@ func TestDefaultIsAPureControlPlane(t *testing.T) {
 	}
 	if o.pdbs["cubicle"] == nil {
 		t.Error("two replicas and no PodDisruptionBudget")
+	}
+	if len(o.configMaps) != 0 || slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--volume-config") }) {
+		t.Error("volume plugins configured without volumes.s3.enabled")
+	}
+}
+
+// volumes.s3: one plugin list in a ConfigMap, the control plane's half to
+// serve and the nodes' half to node run, and the plugin's settings from
+// the values' Secret in both (the plugin reads its own environment).
+func TestS3Volumes(t *testing.T) {
+	o := renderCase(t, "external-tls")
+	cm := o.configMaps["cubicle-volumes"]
+	if cm == nil {
+		t.Fatalf("no ConfigMap cubicle-volumes; have %v", keys(o.configMaps))
+	}
+	if !strings.Contains(cm.Data["control.yaml"], "binary_path: /usr/local/bin/cubicle-volume-s3") ||
+		!strings.Contains(cm.Data["node.toml"], `binary_path = "/usr/local/bin/cubicle-volume-s3"`) ||
+		!strings.Contains(cm.Data["node.toml"], `volume_plugin_base_dir = "/var/lib/cubicle-node/volume-plugins"`) {
+		t.Errorf("plugin lists:\n%s\n%s", cm.Data["control.yaml"], cm.Data["node.toml"])
+	}
+	// cmd/cubicle's TestDeployVolumeConfigsParse reads these with serve's
+	// and node run's own parsers.
+	for key, file := range map[string]string{"control.yaml": volumeControlFile, "node.toml": volumeNodeFile} {
+		if *update {
+			if err := os.WriteFile(file, []byte(cm.Data[key]), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if old, err := os.ReadFile(file); err != nil || string(old) != cm.Data[key] {
+			t.Errorf("%s is stale (run go test -run TestS3Volumes -update): %v", file, err)
+		}
+	}
+	ds := o.daemonSets["cubicle-node"].Spec.Template.Spec
+	for _, c := range []struct {
+		c    corev1.Container
+		flag string
+	}{
+		{container(t, o.deployments["cubicle"].Spec.Template.Spec.Containers, "cubicle"), "--volume-config=/etc/cubicle/volumes/control.yaml"},
+		{container(t, ds.Containers, "node"), "--node-config=/etc/cubicle/volumes/node.toml"},
+	} {
+		if !slices.Contains(c.c.Args, c.flag) {
+			t.Errorf("%s args %v lack %s", c.c.Name, c.c.Args, c.flag)
+		}
+		if len(c.c.EnvFrom) != 1 || c.c.EnvFrom[0].SecretRef == nil || c.c.EnvFrom[0].SecretRef.Name != "volume-s3-credentials" {
+			t.Errorf("%s envFrom %+v, want the values' Secret", c.c.Name, c.c.EnvFrom)
+		}
+		if !slices.ContainsFunc(c.c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.MountPath == "/etc/cubicle/volumes" }) {
+			t.Errorf("%s does not mount the plugin lists", c.c.Name)
+		}
 	}
 }
 
@@ -518,6 +588,7 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{"extra arg that is not a flag", "nodes: {extraArgs: ['rm -rf /']}", "extraArgs"},
 		{"port out of range", "nodes: {grpcPort: 70000}", "grpcPort"},
 		{"snapshot store not s3", "snapshotStore: {url: 'https://bucket', existingSecret: creds}", "url"},
+		{"s3 volumes without credentials", "volumes: {s3: {enabled: true}}", "existingSecret"},
 		{"snapshot store without credentials", "snapshotStore: {url: 's3://snaps?region=eu-west-1'}", "existingSecret"},
 		{"accelerator backend unknown", "nodes: {accelerators: {enabled: true, backend: cuda}}", "backend"},
 	} {
