@@ -26,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/store/postgres"
 	"github.com/cubicle-dev/cubicle/internal/store/postgres/pgtest"
 )
@@ -413,16 +414,22 @@ func (n *Node) Log() string {
 // waitRegistered waits until n's registry row has its address: the
 // scheduler offers it.
 func (c *Cluster) waitRegistered(ctx context.Context, n *Node) error {
-	deadline := time.Now().Add(c.o.ReadyTimeout)
+	return c.WaitNode(ctx, n, c.o.ReadyTimeout, func(r *store.Node) bool { return r.Address != "" })
+}
+
+// WaitNode polls n's registry row every 100 ms until ok holds; it fails
+// when n's process (if running) exits, ctx ends or timeout passes.
+func (c *Cluster) WaitNode(ctx context.Context, n *Node, timeout time.Duration, ok func(*store.Node) bool) error {
+	deadline := time.Now().Add(timeout)
 	for {
-		if r, err := c.Store.GetNode(ctx, n.ID); err == nil && r.Address != "" {
+		if r, err := c.Store.GetNode(ctx, n.ID); err == nil && ok(r) {
 			return nil
 		}
-		if n.Proc == nil || n.Proc.Dead() {
-			return fmt.Errorf("node %s exited before it registered:\n%s", n.ID, n.Log())
+		if n.Proc != nil && n.Proc.Dead() {
+			return fmt.Errorf("node %s exited while waiting for its registry row:\n%s", n.ID, n.Log())
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("node %s not registered after %v:\n%s", n.ID, c.o.ReadyTimeout, n.Log())
+			return fmt.Errorf("node %s: registry row not as wanted after %v:\n%s", n.ID, timeout, n.Log())
 		}
 		select {
 		case <-ctx.Done():

@@ -63,24 +63,23 @@ func FreeListenAddr() (string, error) {
 
 var (
 	poolMu   sync.Mutex
-	poolUsed = map[string]bool{}
+	poolNext int
 )
 
 // FreePool picks a prefix.X.0/24 (prefix is two octets, e.g. "10.215")
-// that no interface on the host uses and this process has not handed out:
-// another suite, or a leftover of a crashed run, may hold one.
+// that no interface on the host uses (another suite, or a leftover of a
+// crashed run, may hold one). Successive calls in one process go round
+// the 250 pools from the last one picked, so pools picked before their
+// bridges exist differ.
 func FreePool(prefix string) (string, error) {
 	out, _ := exec.Command("ip", "-o", "-4", "addr", "show").Output()
 	poolMu.Lock()
 	defer poolMu.Unlock()
-	b := make([]byte, 1)
-	rand.Read(b)
-	for i := range 256 {
-		x := (int(b[0]) + i) % 256
-		pool := fmt.Sprintf("%s.%d.0/24", prefix, x)
-		if !poolUsed[pool] && !strings.Contains(string(out), fmt.Sprintf(" %s.%d.", prefix, x)) {
-			poolUsed[pool] = true
-			return pool, nil
+	for i := range 250 {
+		x := (os.Getpid() + poolNext + i) % 250
+		if !strings.Contains(string(out), fmt.Sprintf(" %s.%d.", prefix, x)) {
+			poolNext += i + 1
+			return fmt.Sprintf("%s.%d.0/24", prefix, x), nil
 		}
 	}
 	return "", errors.New("no free " + prefix + ".X.0/24 pool")
@@ -94,7 +93,7 @@ func CgroupHierarchies() []string {
 	ents, _ := os.ReadDir("/sys/fs/cgroup")
 	var out []string
 	for _, e := range ents {
-		if e.IsDir() {
+		if e.IsDir() { // symlinks (cpu -> cpu,cpuacct) are skipped by IsDir
 			out = append(out, filepath.Join("/sys/fs/cgroup", e.Name()))
 		}
 	}

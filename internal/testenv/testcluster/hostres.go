@@ -128,16 +128,7 @@ func (h *Host) Clean() []string {
 	for _, fam := range []string{"inet", "bridge", "ip", "ip6"} {
 		exec.Command("nft", "delete", "table", fam, "cubicle_"+h.Bridge).Run()
 	}
-	for _, hier := range CgroupHierarchies() {
-		ents, _ := os.ReadDir(filepath.Join(hier, h.Cgroup))
-		for _, e := range ents {
-			if e.IsDir() {
-				syscall.Rmdir(filepath.Join(hier, h.Cgroup, e.Name()))
-			}
-		}
-		syscall.Rmdir(filepath.Join(hier, h.Cgroup))
-		syscall.Rmdir(filepath.Join(hier, h.Cgroup+"-lxcfs"))
-	}
+	RemoveCgroups(h.Cgroup)
 	runDir := filepath.Join("/run/cubicle", h.Bridge)
 	UnmountUnder(runDir)
 	UnmountUnder(h.DataDir)
@@ -167,4 +158,19 @@ func (h *Host) Clean() []string {
 		}
 	}
 	return left
+}
+
+// RemoveCgroups removes cgroup parent's (empty) children, the parent and
+// parent-lxcfs in every hierarchy.
+func RemoveCgroups(parent string) {
+	for _, hier := range CgroupHierarchies() {
+		ents, _ := os.ReadDir(filepath.Join(hier, parent))
+		for _, e := range ents {
+			if e.IsDir() {
+				syscall.Rmdir(filepath.Join(hier, parent, e.Name()))
+			}
+		}
+		syscall.Rmdir(filepath.Join(hier, parent))
+		syscall.Rmdir(filepath.Join(hier, parent+"-lxcfs")) // empty once lxcfs is gone
+	}
 }
