@@ -80,6 +80,8 @@ type clusterOptions struct {
 	// nodeConfig, when set, writes node i's --node-config TOML given its
 	// data dir.
 	nodeConfig func(dataDir string) string
+	// labels[i] are node i's join-token labels besides zone=<node ID>.
+	labels map[int][]string
 }
 
 // startCluster starts replicas control-plane replicas and nodes nodes.
@@ -97,7 +99,7 @@ func startCluster(t *testing.T, replicas, nodes int, o clusterOptions) *cluster 
 		Bin: filepath.Join(binDir, "cubicle"), AgentBin: filepath.Join(binDir, "cubicle-agent"), ImagesDir: imagesDir(t),
 		Replicas: replicas, Nodes: nodes, DSN: c.dsn, Netns: true, LAN: c.lan.LAN, Domain: clusterDomain,
 		ReplicaArgs: append([]string{"--buildkitd", "off"}, o.replica...), ReplicaEnv: o.replicaEnv,
-		NodeArgs: []string{"--host-firewall", "off"}, PerNode: o.node, NodeEnv: o.nodeEnv, NodeConfig: o.nodeConfig,
+		NodeArgs: []string{"--host-firewall", "off"}, PerNode: o.node, NodeEnv: o.nodeEnv, NodeConfig: o.nodeConfig, Labels: o.labels,
 		NodeID: func(i int) string { return fmt.Sprintf("node-%c", 'a'+i) },
 		Names:  testcluster.Names{Dir: "cubicle-it-node-", Bridge: "cbk", Cgroup: "cubicle-it-k", Pool: "10.213"},
 		// Replicas are this harness's servers (their clean-up kills every

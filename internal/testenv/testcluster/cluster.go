@@ -69,6 +69,8 @@ type Options struct {
 	// NodeConfig, when set, writes each node's --node-config TOML given
 	// its data dir.
 	NodeConfig func(dataDir string) string
+	// Labels[i] are node i's join-token labels besides zone=<node ID>.
+	Labels map[int][]string
 	// NodeID names node i (default node-<i+1>).
 	NodeID func(i int) string
 	Names  Names
@@ -106,7 +108,8 @@ type Node struct {
 	Addr    netip.Addr // its address (127.0.0.1 on loopback)
 	Args    []string   // `node run` and its flags
 	Env     []string
-	Proc    *Proc // nil until started, and after Stop
+	Labels  []string // join-token labels besides zone=<ID>
+	Proc    *Proc    // nil until started, and after Stop
 	started bool
 	c       *Cluster
 }
@@ -299,7 +302,7 @@ func (c *Cluster) newNode(i int) error {
 	if err != nil {
 		return err
 	}
-	n := &Node{Host: h, ID: id, Env: o.NodeEnv, c: c, Addr: netip.MustParseAddr("127.0.0.1")}
+	n := &Node{Host: h, ID: id, Env: o.NodeEnv, Labels: o.Labels[i], c: c, Addr: netip.MustParseAddr("127.0.0.1")}
 	c.Nodes = append(c.Nodes, n)
 	var listen, dataListen string
 	if o.Netns {
@@ -348,9 +351,13 @@ func (n *Node) argv(args ...string) []string {
 }
 
 // Join has node n join the cluster with a fresh token (labelled
-// zone=<node ID>), from its namespace.
+// zone=<node ID> and n.Labels), from its namespace.
 func (c *Cluster) Join(n *Node) error {
-	out, err := c.CLI("node", "token", "create", "--store", c.DSN, "--secrets-key", c.SecretsKey, "--label", "zone="+n.ID)
+	args := []string{"node", "token", "create", "--store", c.DSN, "--secrets-key", c.SecretsKey, "--label", "zone=" + n.ID}
+	for _, l := range n.Labels {
+		args = append(args, "--label", l)
+	}
+	out, err := c.CLI(args...)
 	if err != nil {
 		return err
 	}
