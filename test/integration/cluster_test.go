@@ -63,7 +63,15 @@ type cluster struct {
 }
 
 // clusterNode is one `cubicle node run` in its own namespace.
-type clusterNode = testcluster.Node
+type clusterNode struct {
+	*testcluster.Node
+	// logs prints (%s) as the node's log so far.
+	logs nodeLog
+}
+
+type nodeLog struct{ n *testcluster.Node }
+
+func (l nodeLog) String() string { return l.n.Log() }
 
 const clusterDomain = "cubicle.test"
 
@@ -114,7 +122,9 @@ func startCluster(t *testing.T, replicas, nodes int, o clusterOptions) *cluster 
 	})
 	c.st, c.secrets, c.cp = c.tc.Store, c.tc.SecretsKey, c.tc.ControlPlane
 	c.lb = &tcpBalancer{Balancer: c.tc.Balancer, addr: c.tc.Balancer.Addr}
-	c.nodes = c.tc.Nodes
+	for _, n := range c.tc.Nodes {
+		c.nodes = append(c.nodes, &clusterNode{Node: n, logs: nodeLog{n}})
+	}
 	// testcluster waited for this; the row is what every subtest relies on.
 	for _, n := range c.nodes {
 		c.waitNode(n, func(r *store.Node) bool { return r.Address != "" })
@@ -126,7 +136,7 @@ func startCluster(t *testing.T, replicas, nodes int, o clusterOptions) *cluster 
 func (c *cluster) startNode(n *clusterNode) {
 	c.t.Helper()
 	if err := n.Start(); err != nil {
-		c.t.Fatal(err)
+		c.t.Fatalf("start node %s: %v; its log so far:\n%s", n.ID, err, n.logs)
 	}
 }
 
@@ -135,7 +145,7 @@ func (c *cluster) stopNode(n *clusterNode, sig syscall.Signal) { n.Stop(sig) }
 // waitNode waits (bounded) until the node's registry row satisfies ok.
 func (c *cluster) waitNode(n *clusterNode, ok func(*store.Node) bool) {
 	c.t.Helper()
-	if err := c.tc.WaitNode(context.Background(), n, 60*time.Second, ok); err != nil {
+	if err := c.tc.WaitNode(context.Background(), n.Node, 60*time.Second, ok); err != nil {
 		c.t.Fatal(err)
 	}
 }
