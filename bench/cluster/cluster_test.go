@@ -16,7 +16,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -25,6 +24,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/store/postgres/pgtest"
 	"github.com/cubicle-dev/cubicle/internal/testenv"
+	"github.com/cubicle-dev/cubicle/internal/testenv/testcluster"
 	"github.com/cubicle-dev/cubicle/sdk/go/envd/process"
 	"github.com/cubicle-dev/cubicle/sdk/go/envd/process/processconnect"
 )
@@ -75,54 +75,30 @@ func build(b *testing.B) {
 }
 
 // newCluster starts a pure control plane on a fresh PostgreSQL database
-// and one `cubicle node run` joined to it, everything on loopback, and
-// waits until the node is registered.
+// and one `cubicle node run` joined to it, everything on loopback
+// (testcluster), and waits until the node is registered.
 func newCluster(b *testing.B) *api {
 	b.Helper()
-	dsn := pgtest.DSN(b)
-	// The embedded node admits sandboxes without CPU reservations; a
-	// remote node is placed with them, so c=10 sandboxes of 2 CPUs on a
-	// small host need the overcommit the embedded side has implicitly.
-	cp := newAPI(b, "control-plane", dsn, false, "--embedded-node=false", "--cpu-overcommit", "32")
-	out, err := cubicleCLI("node", "token", "create", "--data-dir", cp.dataDir, "--store", dsn)
-	if err != nil {
-		b.Fatalf("token create: %v\n%s", err, out)
-	}
-	var tok, pin string
-	for _, l := range strings.Split(out, "\n") {
-		if v, ok := strings.CutPrefix(l, "token: "); ok {
-			tok = v
-		}
-		if v, ok := strings.CutPrefix(l, "ca-pin: "); ok {
-			pin = v
-		}
-	}
-	nd := newProc(b, "node", true)
-	cp.host = nd
-	if out, err := cubicleCLI("node", "join", "--control-plane", "https://"+cp.listen, "--token", tok, "--ca-pin", pin,
-		"--node-id", "bench-node", "--data-dir", nd.dataDir, "--address", "127.0.0.1"); err != nil {
-		b.Fatalf("join: %v\n%s", err, out)
-	}
-	grpcAddr, dataAddr := freeListenAddr(b), freeListenAddr(b)
-	for dataAddr == grpcAddr {
-		dataAddr = freeListenAddr(b)
-	}
-	nd.args = append([]string{"node", "run", "--data-dir", nd.dataDir, "--listen", grpcAddr, "--data-listen", dataAddr}, nd.hostArgs()...)
-	nd.start()
-	// The node's sandboxes go through the control plane before the node
-	// stops (clean-ups run last registered first).
-	b.Cleanup(cp.killAll)
-	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		out, err := cubicleCLI("node", "list", "--store", dsn, "--json")
-		if err == nil && strings.Contains(out, `"bench-node"`) {
-			return cp
-		}
-		if !nd.running() {
-			break
-		}
-	}
-	b.Fatalf("the node never registered; node logs:\n%s", nd.logs)
-	return nil
+	var cp *api
+	testcluster.StartTB(b, testcluster.Options{
+		Bin: filepath.Join(binDir, "cubicle"), AgentBin: filepath.Join(binDir, "cubicle-agent"), ImagesDir: imagesDir,
+		Replicas: 1, Nodes: 1, DSN: pgtest.DSN(b), Domain: domain,
+		// The embedded node admits sandboxes without CPU reservations; a
+		// remote node is placed with them, so c=10 sandboxes of 2 CPUs on
+		// a small host need the overcommit the embedded side has
+		// implicitly.
+		ReplicaArgs: []string{"--cpu-overcommit", "32"},
+		NodeID:      func(int) string { return "bench-node" },
+		Names:       testcluster.Names{Dir: "cubicle-bench-node-", Bridge: "cbb", Cgroup: "cubicle-bench-", Pool: "10.216"},
+		// The control plane is this harness's api (HTTPS on --listen, where
+		// the node joins too); its clean-up kills the node's sandboxes
+		// through it before the node stops.
+		Replica: func(_ int, args, _ []string) (string, error) {
+			cp = newAPI(b, "control-plane", "", false, args...)
+			return cp.listen, nil
+		},
+	})
+	return cp
 }
 
 // sample is one create → first command: the whole, and its two hops.

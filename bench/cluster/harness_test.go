@@ -3,7 +3,6 @@ package cluster_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
@@ -16,7 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -24,6 +23,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/servecert"
+	"github.com/cubicle-dev/cubicle/internal/testenv/testcluster"
 )
 
 // domain is what both servers answer on: the same TLS API in front of
@@ -36,8 +36,7 @@ type proc struct {
 	b       testing.TB
 	name    string
 	dataDir string
-	bridge  string // "" for a pure control plane
-	cgroup  string
+	host    *testcluster.Host // nil for a pure control plane
 	args    []string
 	cmd     *exec.Cmd
 	exited  chan struct{}
@@ -46,29 +45,23 @@ type proc struct {
 	seen    map[string]bool // sandbox IDs, for their veths at clean-up
 }
 
-func randSuffix() string {
-	b := make([]byte, 3)
-	rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-func cubicleCLI(args ...string) (string, error) {
-	out, err := exec.Command(filepath.Join(binDir, "cubicle"), args...).CombinedOutput()
-	return string(out), err
-}
-
 // newProc makes a data dir and registers the clean-up before anything
 // starts, so a process that fails to start is still cleaned up.
 func newProc(b testing.TB, name string, withHost bool) *proc {
 	b.Helper()
-	dir, err := os.MkdirTemp("/var/tmp", "cubicle-bench-"+name+"-")
-	if err != nil {
-		b.Fatal(err)
-	}
-	p := &proc{b: b, name: name, dataDir: dir, seen: map[string]bool{}}
+	p := &proc{b: b, name: name, seen: map[string]bool{}}
 	if withHost {
-		s := randSuffix()
-		p.bridge, p.cgroup = "cbb"+s, "cubicle-bench-"+s
+		h, err := testcluster.NewHost(name, "cubicle-bench-"+name+"-", "cbb", "cubicle-bench-")
+		if err != nil {
+			b.Fatal(err)
+		}
+		p.host, p.dataDir = h, h.DataDir
+	} else {
+		dir, err := os.MkdirTemp("/var/tmp", "cubicle-bench-"+name+"-")
+		if err != nil {
+			b.Fatal(err)
+		}
+		p.dataDir = dir
 	}
 	b.Cleanup(p.destroy)
 	return p
@@ -77,8 +70,12 @@ func newProc(b testing.TB, name string, withHost bool) *proc {
 // hostArgs are the node-side flags that keep this process's sandboxes on
 // resources of its own.
 func (p *proc) hostArgs() []string {
-	return []string{"--images-dir", imagesDir, "--bridge", p.bridge, "--pool", freePool(),
-		"--cgroup-parent", p.cgroup, "--agent-bin", filepath.Join(binDir, "cubicle-agent"), "--lxcfs=false"}
+	pool, err := testcluster.FreePool("10.216")
+	if err != nil {
+		p.b.Fatal(err)
+	}
+	return []string{"--images-dir", imagesDir, "--bridge", p.host.Bridge, "--pool", pool,
+		"--cgroup-parent", p.host.Cgroup, "--agent-bin", filepath.Join(binDir, "cubicle-agent"), "--lxcfs=false"}
 }
 
 func (p *proc) start() {
@@ -117,41 +114,26 @@ func (p *proc) stop() {
 	p.cmd = nil
 }
 
-// destroy stops the process and removes everything it made: containers
-// (by the runtime, with its state root), veths, cgroups, the bridge, nft
-// tables, mounts and the data dir. It fails the bench if anything is left.
+// destroy stops the process and removes everything it made
+// (testcluster.Host.Clean: containers, veths, cgroups, the bridge, nft
+// tables, mounts and the data dir). It fails the bench if anything is left.
 func (p *proc) destroy() {
 	p.stop()
-	if p.bridge != "" {
-		root := filepath.Join(p.dataDir, "run", "runc")
-		if out, err := exec.Command("runc", "--root", root, "list", "--quiet").Output(); err == nil {
-			for _, id := range strings.Fields(string(out)) {
-				exec.Command("runc", "--root", root, "kill", id, "KILL").Run()
-				exec.Command("runc", "--root", root, "delete", "--force", id).Run()
-			}
-		}
+	var left []string
+	if p.host != nil {
 		for id := range p.seen {
 			h := sha256.Sum256([]byte(id))
 			exec.Command("ip", "link", "del", "cbv"+hex.EncodeToString(h[:4])).Run()
 		}
-		for _, h := range cgroupHierarchies() {
-			ents, _ := os.ReadDir(filepath.Join(h, p.cgroup))
-			for _, e := range ents {
-				if e.IsDir() {
-					syscall.Rmdir(filepath.Join(h, p.cgroup, e.Name()))
-				}
-			}
-			syscall.Rmdir(filepath.Join(h, p.cgroup))
+		left = p.host.Clean()
+	} else {
+		testcluster.UnmountUnder(p.dataDir)
+		os.RemoveAll(p.dataDir)
+		if _, err := os.Stat(p.dataDir); err == nil {
+			left = append(left, "dir "+p.dataDir)
 		}
-		exec.Command("ip", "link", "del", p.bridge).Run()
-		exec.Command("nft", "delete", "table", "inet", "cubicle_"+p.bridge).Run()
-		exec.Command("nft", "delete", "table", "bridge", "cubicle_"+p.bridge).Run()
-		unmountUnder(filepath.Join("/run/cubicle", p.bridge))
-		os.RemoveAll(filepath.Join("/run/cubicle", p.bridge))
 	}
-	unmountUnder(p.dataDir)
-	os.RemoveAll(p.dataDir)
-	if left := p.leftovers(); len(left) > 0 {
+	if len(left) > 0 {
 		p.b.Errorf("%s left host state behind:\n  %s", p.name, strings.Join(left, "\n  "))
 	}
 	if p.b.Failed() && p.logs != nil {
@@ -159,105 +141,14 @@ func (p *proc) destroy() {
 	}
 }
 
-func (p *proc) leftovers() []string {
-	var left []string
-	if p.bridge != "" {
-		if exec.Command("ip", "link", "show", p.bridge).Run() == nil {
-			left = append(left, "bridge "+p.bridge)
-		}
-		if out, err := exec.Command("nft", "list", "tables").Output(); err == nil {
-			for _, l := range strings.Split(string(out), "\n") {
-				if f := strings.Fields(l); len(f) == 3 && strings.HasSuffix(f[2], "_"+p.bridge) {
-					left = append(left, "nft "+strings.TrimSpace(l))
-				}
-			}
-		}
-		for _, h := range cgroupHierarchies() {
-			if _, err := os.Stat(filepath.Join(h, p.cgroup)); err == nil {
-				left = append(left, "cgroup "+filepath.Join(h, p.cgroup))
-			}
-		}
-		if _, err := os.Stat(filepath.Join("/run/cubicle", p.bridge)); err == nil {
-			left = append(left, "dir /run/cubicle/"+p.bridge)
-		}
-	}
-	if _, err := os.Stat(p.dataDir); err == nil {
-		left = append(left, "dir "+p.dataDir)
-	}
-	return left
-}
-
-func cgroupHierarchies() []string {
-	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
-		return []string{"/sys/fs/cgroup"}
-	}
-	ents, _ := os.ReadDir("/sys/fs/cgroup")
-	var out []string
-	for _, e := range ents {
-		if e.IsDir() {
-			out = append(out, filepath.Join("/sys/fs/cgroup", e.Name()))
-		}
-	}
-	return out
-}
-
-func unmountUnder(dir string) {
-	raw, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return
-	}
-	var points []string
-	for _, line := range strings.Split(string(raw), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
-			points = append(points, f[4])
-		}
-	}
-	for i := len(points) - 1; i >= 0; i-- {
-		syscall.Unmount(points[i], syscall.MNT_DETACH)
-	}
-}
-
-var poolCounter int
-
-// freePool picks a 10.216.X.0/24 no interface on the host uses.
-func freePool() string {
-	out, _ := exec.Command("ip", "-o", "-4", "addr", "show").Output()
-	for i := range 250 {
-		x := (os.Getpid() + poolCounter + i) % 250
-		if !strings.Contains(string(out), fmt.Sprintf(" 10.216.%d.", x)) {
-			poolCounter += i + 1
-			return fmt.Sprintf("10.216.%d.0/24", x)
-		}
-	}
-	poolCounter++
-	return fmt.Sprintf("10.216.%d.0/24", (os.Getpid()+poolCounter)%250)
-}
-
-// freeListenAddr picks a free loopback port below the ephemeral range, so
-// no outgoing connection takes it before the server binds it.
+// freeListenAddr is testcluster.FreeListenAddr.
 func freeListenAddr(b testing.TB) string {
 	b.Helper()
-	low := 32768
-	if raw, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		if f := strings.Fields(string(raw)); len(f) == 2 {
-			if n, err := strconv.Atoi(f[0]); err == nil {
-				low = n
-			}
-		}
+	addr, err := testcluster.FreeListenAddr()
+	if err != nil {
+		b.Fatal(err)
 	}
-	from := max(1024, low-12000)
-	for range 100 {
-		r := make([]byte, 2)
-		rand.Read(r)
-		addr := fmt.Sprintf("127.0.0.1:%d", from+(int(r[0])<<8|int(r[1]))%(low-from))
-		if ln, err := net.Listen("tcp", addr); err == nil {
-			ln.Close()
-			return addr
-		}
-	}
-	b.Fatalf("no free loopback port in %d-%d", from, low-1)
-	return ""
+	return addr
 }
 
 // api is a `cubicle serve` as the SDK sees it: HTTPS on api.<domain>,
@@ -278,6 +169,11 @@ func newAPI(b testing.TB, name, store string, withHost bool, extra ...string) *a
 	b.Helper()
 	a := &api{proc: newProc(b, name, withHost), listen: freeListenAddr(b)}
 	a.host = a.proc
+	for i, arg := range extra {
+		if arg == "--store" && i+1 < len(extra) {
+			store = extra[i+1] // a cluster replica's, from testcluster
+		}
+	}
 	keyArgs := []string{"apikey", "create", "--data-dir", a.dataDir}
 	if store != "" {
 		keyArgs = append(keyArgs, "--store", store)
@@ -306,7 +202,7 @@ func newAPI(b testing.TB, name, store string, withHost bool, extra ...string) *a
 	}}
 	a.args = []string{"serve", "--data-dir", a.dataDir, "--listen", a.listen, "--metrics-listen", freeListenAddr(b),
 		"--domain", domain, "--tls-self-signed", "--images-dir", imagesDir}
-	if store != "" {
+	if store != "" && !slices.Contains(extra, "--store") {
 		a.args = append(a.args, "--store", store)
 	}
 	if withHost {

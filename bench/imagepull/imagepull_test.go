@@ -1,15 +1,8 @@
 package imagepull_test
 
 import (
-	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
 	"net"
 	"net/http"
@@ -20,10 +13,9 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/clusterpki"
+	"github.com/cubicle-dev/cubicle/internal/clusterpki/pkitest"
 	"github.com/cubicle-dev/cubicle/internal/image"
 	"github.com/cubicle-dev/cubicle/internal/imagecache"
-	"github.com/cubicle-dev/cubicle/internal/secret"
-	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
 	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
@@ -62,48 +54,21 @@ func BenchmarkNodeImagePull(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	st, err := sqlite.Open(filepath.Join(tmp, "c.db"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer st.Close()
-	sec, err := secret.New(st, bytes.Repeat([]byte{3}, secret.KeySize))
-	if err != nil {
-		b.Fatal(err)
-	}
-	ca, err := clusterpki.LoadOrCreateCA(context.Background(), st, sec)
-	if err != nil {
-		b.Fatal(err)
-	}
-	cp, err := ca.IssueControlPlane(time.Now())
-	if err != nil {
-		b.Fatal(err)
-	}
+	pki := pkitest.New(b)
+	st, ca := pki.Store, pki.CA
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
 	}
 	srv := &http.Server{
 		Handler:   image.ForNodes(image.NewRegistry(imgs), func(r *http.Request) (string, error) { return ca.RequestNode(r, time.Now(), st) }),
-		TLSConfig: &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{*cp}, ClientAuth: tls.RequestClientCert},
+		TLSConfig: &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{pki.ControlPlane}, ClientAuth: tls.RequestClientCert},
 	}
 	go srv.ServeTLS(ln, "", "")
 	defer srv.Close()
 
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	der, _ := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: "n"}}, key)
-	certPEM, err := ca.SignNode(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), "bench-node", []string{"127.0.0.1"}, time.Now())
-	if err != nil {
-		b.Fatal(err)
-	}
-	keyDER, _ := x509.MarshalECPrivateKey(key)
-	cert, err := tls.X509KeyPair(certPEM, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}))
-	if err != nil {
-		b.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	roots.AddCert(ca.Cert)
-	nodeTLS := &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots, ServerName: clusterpki.JoinServerName, Certificates: []tls.Certificate{cert}}
+	cert := pki.Node(b, "bench-node")
+	nodeTLS := &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: pki.Roots(), ServerName: clusterpki.JoinServerName, Certificates: []tls.Certificate{cert}}
 	r := imagecache.Ref{Repository: "cubicle/bench", Digest: desc.Digest.String()}
 
 	const cold = 5

@@ -4,11 +4,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"log/slog"
 	"net"
@@ -20,11 +17,10 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/api"
 	"github.com/cubicle-dev/cubicle/internal/clusterpki"
+	"github.com/cubicle-dev/cubicle/internal/clusterpki/pkitest"
 	"github.com/cubicle-dev/cubicle/internal/nodeclient"
 	"github.com/cubicle-dev/cubicle/internal/nodejoin"
-	"github.com/cubicle-dev/cubicle/internal/secret"
 	"github.com/cubicle-dev/cubicle/internal/store"
-	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
 )
 
 // TestNodeCertRenewal: the node agent renews through a real control
@@ -36,14 +32,8 @@ func TestNodeCertRenewal(t *testing.T) {
 	_, ca, url := nodeTestControlPlane(t)
 	// A joined node's files.
 	dir := t.TempDir()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	csr, _ := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
-	certPEM, err := ca.SignNode(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csr}), "n1", []string{"127.0.0.1"}, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, _ := x509.MarshalECPrivateKey(key)
-	os.WriteFile(filepath.Join(dir, nodejoin.KeyFile), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600)
+	certPEM, keyPEM := pkitest.IssueNode(t, ca, "n1", "127.0.0.1")
+	os.WriteFile(filepath.Join(dir, nodejoin.KeyFile), keyPEM, 0o600)
 	os.WriteFile(filepath.Join(dir, nodejoin.CertFile), certPEM, 0o600)
 	old, err := loadNodeCert(dir, ca.Cert, "n1")
 	if err != nil {
@@ -78,7 +68,7 @@ func TestNodeCertRenewal(t *testing.T) {
 	if err != nil {
 		t.Fatalf("files after renewal: %v", err)
 	}
-	if onDisk.Leaf.SerialNumber.Cmp(now.Leaf.SerialNumber) != 0 || onDisk.PrivateKey.(*ecdsa.PrivateKey).Equal(key) {
+	if onDisk.Leaf.SerialNumber.Cmp(now.Leaf.SerialNumber) != 0 || onDisk.PrivateKey.(*ecdsa.PrivateKey).Equal(old.PrivateKey) {
 		t.Fatal("the files are not the renewed certificate with a new key")
 	}
 	// The client presents the new certificate (a heartbeat of an
@@ -103,22 +93,11 @@ func TestNodeRunNotJoined(t *testing.T) {
 // TLS asking for a client certificate as serve does) at the returned URL.
 func nodeTestControlPlane(t *testing.T) (store.Store, *clusterpki.CA, string) {
 	t.Helper()
-	st, err := sqlite.Open(filepath.Join(t.TempDir(), "c.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	sx, _ := secret.New(st, bytes.Repeat([]byte{7}, secret.KeySize))
-	ca, err := clusterpki.LoadOrCreateCA(context.Background(), st, sx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pki := pkitest.New(t)
+	st, ca := pki.Store, pki.CA
 	srv := httptest.NewUnstartedServer(api.New(api.Config{Join: &nodejoin.Service{Store: st, CA: ca},
 		Logger: slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil))}, nil, st))
-	cp, _ := ca.IssueControlPlane(time.Now())
-	roots := x509.NewCertPool()
-	roots.AddCert(ca.Cert)
-	srv.TLS = &tls.Config{Certificates: []tls.Certificate{*cp}, ClientAuth: tls.VerifyClientCertIfGiven, ClientCAs: roots}
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{pki.ControlPlane}, ClientAuth: tls.VerifyClientCertIfGiven, ClientCAs: pki.Roots()}
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
 	return st, ca, srv.URL
@@ -131,17 +110,7 @@ func nodeTestControlPlane(t *testing.T) (store.Store, *clusterpki.CA, string) {
 func TestNodeAgentReregisters(t *testing.T) {
 	ctx := context.Background()
 	st, ca, url := nodeTestControlPlane(t)
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	csr, _ := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
-	certPEM, err := ca.SignNode(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csr}), "n3", nil, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, _ := x509.MarshalECPrivateKey(key)
-	cert, err := tls.X509KeyPair(certPEM, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cert := pkitest.NodeCert(t, ca, "n3")
 	client, err := nodeclient.NewClient(url, ca.Cert, func() (*tls.Certificate, error) { return &cert, nil })
 	if err != nil {
 		t.Fatal(err)
@@ -200,18 +169,7 @@ func TestNodeAgentReregisters(t *testing.T) {
 // signedPair is a key and a certificate for node id from ca.
 func signedPair(t *testing.T, ca *clusterpki.CA, id string) tls.Certificate {
 	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	csr, _ := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
-	certPEM, err := ca.SignNode(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csr}), id, nil, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, _ := x509.MarshalECPrivateKey(key)
-	cert, err := tls.X509KeyPair(certPEM, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cert
+	return pkitest.NodeCert(t, ca, id)
 }
 
 func TestAdvertiseHost(t *testing.T) {

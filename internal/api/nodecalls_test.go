@@ -15,18 +15,17 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/accel"
 	"github.com/cubicle-dev/cubicle/internal/clusterpki"
+	"github.com/cubicle-dev/cubicle/internal/clusterpki/pkitest"
 	"github.com/cubicle-dev/cubicle/internal/nodeclient"
 	"github.com/cubicle-dev/cubicle/internal/nodejoin"
 	"github.com/cubicle-dev/cubicle/internal/secret"
 	"github.com/cubicle-dev/cubicle/internal/store"
-	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
 )
 
 // nodeCallsEnv is a control plane's API over real TLS (client certificate
@@ -37,49 +36,26 @@ type nodeCallsEnv struct {
 	ca      *clusterpki.CA
 	secrets *secret.Secrets
 	srv     *httptest.Server
+	pki     *pkitest.PKI
 }
 
 func newNodeCallsEnv(t *testing.T) *nodeCallsEnv {
 	t.Helper()
-	st, err := sqlite.Open(filepath.Join(t.TempDir(), "c.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	sx, err := secret.New(st, bytes.Repeat([]byte{5}, secret.KeySize))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, err := clusterpki.LoadOrCreateCA(context.Background(), st, sx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pki := pkitest.New(t)
+	st, ca, sx := pki.Store, pki.CA, pki.Secrets
 	api := New(Config{Join: &nodejoin.Service{Store: st, CA: ca}, Secrets: sx, Logger: slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil))}, nil, st)
 	srv := httptest.NewUnstartedServer(api)
-	cp, err := ca.IssueControlPlane(time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	roots.AddCert(ca.Cert)
-	srv.TLS = &tls.Config{Certificates: []tls.Certificate{*cp}, ClientAuth: tls.VerifyClientCertIfGiven, ClientCAs: roots, MinVersion: tls.VersionTLS13}
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{pki.ControlPlane}, ClientAuth: tls.VerifyClientCertIfGiven, ClientCAs: pki.Roots(), MinVersion: tls.VersionTLS13}
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
-	return &nodeCallsEnv{st: st, ca: ca, secrets: sx, srv: srv}
+	return &nodeCallsEnv{st: st, ca: ca, secrets: sx, srv: srv, pki: pki}
 }
 
 // nodeCert is a certificate the cluster CA issued to node id.
 func (e *nodeCallsEnv) nodeCert(t *testing.T, id string) *tls.Certificate {
 	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	der, _ := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
-	certPEM, err := e.ca.SignNode(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), id, []string{"127.0.0.1", "node.example"}, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := pem.Decode(certPEM)
-	leaf, _ := x509.ParseCertificate(b.Bytes)
-	return &tls.Certificate{Certificate: [][]byte{b.Bytes}, PrivateKey: key, Leaf: leaf}
+	c := e.pki.Node(t, id, "127.0.0.1", "node.example")
+	return &c
 }
 
 func (e *nodeCallsEnv) client(t *testing.T, cert *tls.Certificate) *nodeclient.Client {

@@ -4,13 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"io"
 	"net"
@@ -24,14 +18,13 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/clusterpki"
+	"github.com/cubicle-dev/cubicle/internal/clusterpki/pkitest"
 	"github.com/cubicle-dev/cubicle/internal/image"
 	"github.com/cubicle-dev/cubicle/internal/imagecache"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/node/nodegrpc/nodegrpctest"
 	"github.com/cubicle-dev/cubicle/internal/node/nodetest/localnode"
-	"github.com/cubicle-dev/cubicle/internal/secret"
-	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
 	"github.com/cubicle-dev/cubicle/internal/testenv"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
@@ -46,6 +39,7 @@ func TestMain(m *testing.M) { localnode.Main(m) }
 // does: TLS with the control plane's certificate, client certificates
 // requested and checked by the cluster CA (image.ForNodes).
 type cluster struct {
+	pki      *pkitest.PKI
 	ca       *clusterpki.CA
 	store    *image.Store
 	addr     string
@@ -56,24 +50,13 @@ type cluster struct {
 
 func newCluster(t *testing.T) *cluster {
 	t.Helper()
-	st, err := sqlite.Open(filepath.Join(t.TempDir(), "c.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	sec, err := secret.New(st, bytes.Repeat([]byte{7}, secret.KeySize))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, err := clusterpki.LoadOrCreateCA(context.Background(), st, sec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pki := pkitest.New(t)
+	st, ca := pki.Store, pki.CA
 	imgs, err := image.Open(filepath.Join(t.TempDir(), "images"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &cluster{ca: ca, store: imgs}
+	c := &cluster{pki: pki, ca: ca, store: imgs}
 	reg := image.NewRegistry(imgs)
 	// BuildKit's password guards the loopback view; nodes never hold it.
 	reg.RequireBasicAuth("cubicle", "buildkit-only")
@@ -94,16 +77,12 @@ func newCluster(t *testing.T) *cluster {
 		}
 		nodes.ServeHTTP(w, r)
 	})
-	cp, err := ca.IssueControlPlane(time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := &http.Server{Handler: h, TLSConfig: &tls.Config{
-		MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{*cp}, ClientAuth: tls.RequestClientCert,
+		MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{pki.ControlPlane}, ClientAuth: tls.RequestClientCert,
 	}}
 	go srv.ServeTLS(ln, "", "")
 	t.Cleanup(func() { srv.Close() })
@@ -125,23 +104,7 @@ func (r *recorder) Write(b []byte) (int, error) { return r.body.Write(b) }
 // certificate from the CA, the CA as roots, the control plane's name.
 func (c *cluster) nodeTLS(t *testing.T, id string) *tls.Config {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: id}}, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certPEM, err := c.ca.SignNode(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), id, []string{"127.0.0.1"}, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, _ := x509.MarshalECPrivateKey(key)
-	cert, err := tls.X509KeyPair(certPEM, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cert := c.pki.Node(t, id)
 	cfg := c.anonTLS()
 	cfg.Certificates = []tls.Certificate{cert}
 	return cfg
@@ -149,9 +112,7 @@ func (c *cluster) nodeTLS(t *testing.T, id string) *tls.Config {
 
 // anonTLS trusts the control plane but presents no certificate.
 func (c *cluster) anonTLS() *tls.Config {
-	roots := x509.NewCertPool()
-	roots.AddCert(c.ca.Cert)
-	return &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots, ServerName: clusterpki.JoinServerName}
+	return &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: c.pki.Roots(), ServerName: clusterpki.JoinServerName}
 }
 
 // push stores a two-layer image (the second replaces a file of the first

@@ -1,7 +1,6 @@
 package nodejoin_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -22,28 +21,16 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/clusterpki"
+	"github.com/cubicle-dev/cubicle/internal/clusterpki/pkitest"
 	"github.com/cubicle-dev/cubicle/internal/nodejoin"
-	"github.com/cubicle-dev/cubicle/internal/secret"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
 )
 
 func setup(t *testing.T) (*sqlite.Store, *clusterpki.CA) {
 	t.Helper()
-	st, err := sqlite.Open(filepath.Join(t.TempDir(), "c.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	sec, err := secret.New(st, bytes.Repeat([]byte{3}, secret.KeySize))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, err := clusterpki.LoadOrCreateCA(context.Background(), st, sec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st, ca
+	p := pkitest.New(t)
+	return p.Store, p.CA
 }
 
 func TestTokens(t *testing.T) {

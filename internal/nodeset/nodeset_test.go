@@ -1,17 +1,10 @@
 package nodeset_test
 
 import (
-	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"net"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -19,11 +12,11 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/cubicle-dev/cubicle/internal/clusterpki"
+	"github.com/cubicle-dev/cubicle/internal/clusterpki/pkitest"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/node/nodegrpc"
 	"github.com/cubicle-dev/cubicle/internal/nodeset"
-	"github.com/cubicle-dev/cubicle/internal/secret"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
 )
@@ -39,31 +32,16 @@ func (n infoNode) Info(context.Context) (node.Info, error) {
 }
 
 type fixture struct {
-	st *sqlite.Store
-	ca *clusterpki.CA
-	cp *tls.Certificate
+	st  *sqlite.Store
+	ca  *clusterpki.CA
+	cp  *tls.Certificate
+	pki *pkitest.PKI
 }
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	st, err := sqlite.Open(filepath.Join(t.TempDir(), "c.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	sec, err := secret.New(st, bytes.Repeat([]byte{7}, secret.KeySize))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, err := clusterpki.LoadOrCreateCA(context.Background(), st, sec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cp, err := ca.IssueControlPlane(time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &fixture{st: st, ca: ca, cp: cp}
+	p := pkitest.New(t)
+	return &fixture{st: p.Store, ca: p.CA, cp: &p.ControlPlane, pki: p}
 }
 
 // serveNode starts a real node gRPC server on loopback with node id's
@@ -71,23 +49,7 @@ func newFixture(t *testing.T) *fixture {
 // answerAs, and registers id at its address. It returns the address.
 func (f *fixture) serveNode(t *testing.T, id, answerAs string) string {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certPEM, err := f.ca.SignNode(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), id, []string{"127.0.0.1"}, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, _ := x509.MarshalECPrivateKey(key)
-	cert, err := tls.X509KeyPair(certPEM, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cert := f.pki.Node(t, id)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

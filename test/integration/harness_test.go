@@ -18,7 +18,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -28,6 +27,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/servecert"
 	"github.com/cubicle-dev/cubicle/internal/testenv"
+	"github.com/cubicle-dev/cubicle/internal/testenv/testcluster"
 	"github.com/cubicle-dev/cubicle/sdk/go/envd/process"
 	"github.com/cubicle-dev/cubicle/sdk/go/envd/process/processconnect"
 )
@@ -110,20 +110,14 @@ type server struct {
 	seen map[string]bool
 }
 
-var poolCounter = 0
-
 // freePool picks a 10.213.X.0/24 no interface on the host uses (another
 // suite, or a leftover of a crashed run, may hold one).
 func freePool() string {
-	out, _ := exec.Command("ip", "-o", "-4", "addr", "show").Output()
-	for i := 0; i < 250; i++ {
-		x := (os.Getpid() + poolCounter + i) % 250
-		if !strings.Contains(string(out), fmt.Sprintf(" 10.213.%d.", x)) {
-			poolCounter += i
-			return fmt.Sprintf("10.213.%d.0/24", x)
-		}
+	p, err := testcluster.FreePool("10.213")
+	if err != nil {
+		panic(err)
 	}
-	return fmt.Sprintf("10.213.%d.0/24", (os.Getpid()+poolCounter)%250)
+	return p
 }
 
 func startServer(t testing.TB, extra ...string) *server {
@@ -149,7 +143,6 @@ func newServer(t testing.TB, env []string, extra ...string) *server {
 	b := make([]byte, 3)
 	rand.Read(b)
 	suffix := hex.EncodeToString(b)
-	poolCounter++
 	s := &server{t: t, DataDir: data, Bridge: "cbi" + suffix, Cgroup: "cubicle-it-" + suffix, client: &http.Client{Timeout: 2 * time.Minute}, env: env, seen: map[string]bool{}}
 	keyArgs := []string{"apikey", "create", "--data-dir", data}
 	for i, a := range extra {
@@ -483,25 +476,9 @@ func (s *server) snapshot(t *testing.T) hostState {
 	return h
 }
 
-// unmountUnder lazily unmounts every mount point below dir, deepest first.
-func unmountUnder(dir string) {
-	raw, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return
-	}
-	var points []string
-	for _, line := range strings.Split(string(raw), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
-			points = append(points, f[4])
-		}
-	}
-	// Deepest (latest) first; dir itself last, when a test made it a
-	// filesystem of its own.
-	for i := len(points) - 1; i >= 0; i-- {
-		syscall.Unmount(points[i], syscall.MNT_DETACH)
-	}
-}
+// unmountUnder lazily unmounts every mount point at or under dir, deepest
+// first.
+func unmountUnder(dir string) { testcluster.UnmountUnder(dir) }
 
 // requireMetrics fails unless every want appears in the server's /metrics
 // (on its own listener, --metrics-listen).
@@ -521,30 +498,14 @@ func (s *server) requireMetrics(t *testing.T, wants ...string) {
 }
 
 // freeListenAddr picks a free loopback port below the kernel's ephemeral
-// range: a port from that range (what listen on :0 hands out) can be taken
-// by any outgoing connection between this check and serve's own bind.
+// range (testcluster.FreeListenAddr).
 func freeListenAddr(t testing.TB) string {
 	t.Helper()
-	low := 32768
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		if f := strings.Fields(string(b)); len(f) == 2 {
-			if n, err := strconv.Atoi(f[0]); err == nil {
-				low = n
-			}
-		}
+	addr, err := testcluster.FreeListenAddr()
+	if err != nil {
+		t.Fatal(err)
 	}
-	from := max(1024, low-12000)
-	for range 100 {
-		b := make([]byte, 2)
-		rand.Read(b)
-		addr := fmt.Sprintf("127.0.0.1:%d", from+(int(b[0])<<8|int(b[1]))%(low-from))
-		if ln, err := net.Listen("tcp", addr); err == nil {
-			ln.Close()
-			return addr
-		}
-	}
-	t.Fatalf("no free loopback port in %d-%d", from, low-1)
-	return ""
+	return addr
 }
 
 // sandboxEntries lists what is left of sandboxes in the data dir: their

@@ -5,11 +5,11 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"github.com/cubicle-dev/cubicle/internal/testenv/testcluster"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -60,19 +60,7 @@ func (s *server) waitNoContainers(max time.Duration) {
 }
 
 // cgroupHierarchies are the cgroup mounts a cgroup parent can live in.
-func cgroupHierarchies() []string {
-	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
-		return []string{"/sys/fs/cgroup"}
-	}
-	ents, _ := os.ReadDir("/sys/fs/cgroup")
-	var out []string
-	for _, e := range ents {
-		if e.IsDir() { // symlinks (cpu -> cpu,cpuacct) are skipped by IsDir
-			out = append(out, filepath.Join("/sys/fs/cgroup", e.Name()))
-		}
-	}
-	return out
-}
+func cgroupHierarchies() []string { return testcluster.CgroupHierarchies() }
 
 func vethOf(id string) string {
 	h := sha256.Sum256([]byte(id))
@@ -159,16 +147,7 @@ func (s *server) forceClean() {
 	for id := range s.seen {
 		exec.Command("ip", "link", "del", vethOf(id)).Run()
 	}
-	for _, h := range cgroupHierarchies() {
-		ents, _ := os.ReadDir(filepath.Join(h, s.Cgroup))
-		for _, e := range ents {
-			if e.IsDir() {
-				syscall.Rmdir(filepath.Join(h, s.Cgroup, e.Name()))
-			}
-		}
-		syscall.Rmdir(filepath.Join(h, s.Cgroup))
-		syscall.Rmdir(filepath.Join(h, s.Cgroup+"-lxcfs")) // empty once lxcfs is gone
-	}
+	testcluster.RemoveCgroups(s.Cgroup)
 }
 
 // infraLeftovers lists what is still there after the clean-up: the server's

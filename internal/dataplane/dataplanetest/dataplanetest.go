@@ -5,79 +5,20 @@
 package dataplanetest
 
 import (
-	"bytes"
-	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"net"
-	"path/filepath"
 	"testing"
-	"time"
 
-	"github.com/cubicle-dev/cubicle/internal/clusterpki"
+	"github.com/cubicle-dev/cubicle/internal/clusterpki/pkitest"
 	"github.com/cubicle-dev/cubicle/internal/dataplane"
-	"github.com/cubicle-dev/cubicle/internal/secret"
-	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
 )
 
-// PKI is a cluster CA with the control plane's certificate.
-type PKI struct {
-	CA           *clusterpki.CA
-	ControlPlane tls.Certificate
-}
+// PKI is a cluster CA with the control plane's certificate
+// (pkitest's), and data-plane clients and servers made from it.
+type PKI struct{ *pkitest.PKI }
 
 // NewPKI makes a cluster CA the way a control plane does on first start.
-func NewPKI(tb testing.TB) *PKI {
-	tb.Helper()
-	st, err := sqlite.Open(filepath.Join(tb.TempDir(), "pki.db"))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { st.Close() })
-	sec, err := secret.New(st, bytes.Repeat([]byte{7}, secret.KeySize))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ca, err := clusterpki.LoadOrCreateCA(context.Background(), st, sec)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	cp, err := ca.IssueControlPlane(time.Now())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return &PKI{CA: ca, ControlPlane: *cp}
-}
-
-// Node issues node id's certificate: the key is made here, only the CSR
-// goes to the CA.
-func (p *PKI) Node(tb testing.TB, id string) tls.Certificate {
-	tb.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: id}}, key)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	certPEM, err := p.CA.SignNode(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), id, []string{"127.0.0.1"}, time.Now())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	keyDER, _ := x509.MarshalECPrivateKey(key)
-	c, err := tls.X509KeyPair(certPEM, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return c
-}
+func NewPKI(tb testing.TB) *PKI { return &PKI{pkitest.New(tb)} }
 
 // Client is a data-plane client with the control plane's identity.
 func (p *PKI) Client(tb testing.TB) *dataplane.Client {
