@@ -164,6 +164,21 @@ type Sandbox struct {
 	// PauseMemory: a timeout pause (AutoPause) keeps memory; false makes
 	// it a filesystem pause (e2b's autoPauseMemory: false).
 	PauseMemory bool
+	// PausePackage is the package of the sandbox's current pause in the
+	// snapshot store (nil: none, so it cannot resume on another node). It
+	// is set only once the push of this pause finished and cleared when the
+	// sandbox runs again, so a package of an earlier pause is never used.
+	PausePackage *PausePackage
+}
+
+// PausePackage names the internal snapshot that packages a paused
+// sandbox (cross-node resume).
+type PausePackage struct {
+	SnapshotID string `json:"snapshotID"`
+	// FilesOnly: the pause kept memory that the package does not hold
+	// (runc freezes it in its node's RAM), so only a reboot over its
+	// files can resume it on another node.
+	FilesOnly bool `json:"filesOnly,omitempty"`
 }
 
 // VolumeMount is one volume mounted into a sandbox.
