@@ -990,6 +990,12 @@ func (m *Manager) pauseLocked(ctx context.Context, id, why string, keepMemory bo
 		return err
 	}
 	m.event(ctx, id, "paused", "info", "%s", why)
+	// The pause stands whether or not it can move; a failed package only
+	// keeps it on its node (the event says why).
+	if err := m.packagePause(nctx, id, keepMemory); err != nil {
+		m.log.Warn("pause package failed; the sandbox resumes on its node only", "sandbox", id, "err", err)
+		m.event(ctx, id, "pause-package-failed", "warn", "the pause was not packaged, so it resumes on node %s only: %v", m.rowNode(sb), err)
+	}
 	return nil
 }
 
@@ -1015,17 +1021,8 @@ func (m *Manager) Connect(ctx context.Context, id string, d time.Duration, reboo
 	}
 	switch sb.State {
 	case store.StateRunning:
-	case store.StatePaused:
-		if reboot {
-			nd, err := m.nodeOf(ctx, sb)
-			if err != nil {
-				return nil, false, fmt.Errorf("reboot: %w", err)
-			}
-			if err := nd.Stop(ctx, id); err != nil && !errors.Is(err, runtime.ErrNotRunning) {
-				return nil, false, fmt.Errorf("reboot: %w", err)
-			}
-		}
-		if err := m.resumeLocked(ctx, sb); err != nil {
+	case store.StatePaused, store.StateLost:
+		if err := m.resumePaused(ctx, sb, reboot); err != nil {
 			return nil, false, err
 		}
 		resumed = true
@@ -1062,8 +1059,58 @@ func (m *Manager) resumeLocked(ctx context.Context, sb *store.Sandbox) (err erro
 		return fmt.Errorf("resume: %w", err)
 	}
 	sb.State = store.StateRunning
+	sb.PausePackage = nil // it runs: the pause's package is stale
 	m.event(ctx, sb.ID, "resumed", "info", "sandbox resumed")
 	return nil
+}
+
+// resumePaused resumes sb, paused or lost with its node, for Connect: on
+// its node, or on another node from the current pause's package when its
+// node is lost, cordoned or draining, or fails the resume as unavailable
+// or out of resources. A sandbox that cannot move (movePaused says why)
+// resumes on its own node, and a lost one is refused with that reason.
+func (m *Manager) resumePaused(ctx context.Context, sb *store.Sandbox, reboot bool) error {
+	from := m.rowNode(sb)
+	if sb.State == store.StateLost {
+		sn, err := m.movePaused(ctx, sb, reboot)
+		if err != nil {
+			if sb.PausePackage == nil {
+				return fmt.Errorf("%w: sandbox '%s' is lost with node %s (%v)", ErrConflict, sb.ID, from, err)
+			}
+			return err
+		}
+		return m.resumeElsewhere(ctx, sb, sn, reboot, "node "+from+" lost")
+	}
+	if why := m.leavingReason(ctx, from); why != "" {
+		if sn, err := m.movePaused(ctx, sb, reboot); err == nil {
+			return m.resumeElsewhere(ctx, sb, sn, reboot, why)
+		}
+		// Pinned: a cordon stops new sandboxes, not this one's resume.
+	}
+	err := m.resumeHere(ctx, sb, reboot)
+	if err == nil || !retryable(err) {
+		return err
+	}
+	sn, merr := m.movePaused(ctx, sb, reboot)
+	if merr != nil {
+		return fmt.Errorf("%w (%v)", err, merr)
+	}
+	return m.resumeElsewhere(ctx, sb, sn, reboot, "its resume there failed: "+err.Error())
+}
+
+// resumeHere resumes sb on its node; reboot first ends what is left of
+// its processes so the resume boots it afresh over its files.
+func (m *Manager) resumeHere(ctx context.Context, sb *store.Sandbox, reboot bool) error {
+	if reboot {
+		nd, err := m.nodeOf(ctx, sb)
+		if err != nil {
+			return fmt.Errorf("reboot: %w", err)
+		}
+		if err := nd.Stop(ctx, sb.ID); err != nil && !errors.Is(err, runtime.ErrNotRunning) {
+			return fmt.Errorf("reboot: %w", err)
+		}
+	}
+	return m.resumeLocked(ctx, sb)
 }
 
 // UpdateNetwork replaces the egress policy of a running sandbox.

@@ -60,6 +60,13 @@ func (r *remoteNode) Delete(ctx context.Context, id string) error {
 	return r.fakeNode.Delete(ctx, id)
 }
 
+func (r *remoteNode) Resume(ctx context.Context, id string, req node.CreateRequest) error {
+	if r.down.Load() {
+		return errNodeDown
+	}
+	return r.fakeNode.Resume(ctx, id, req)
+}
+
 func (r *remoteNode) List(ctx context.Context) ([]node.Sandbox, error) {
 	if r.down.Load() {
 		return nil, errNodeDown

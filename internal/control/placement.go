@@ -41,6 +41,9 @@ type placeRequest struct {
 	// (the snapshot's chain is in the snapshot store).
 	movable bool
 	exclude map[string]bool
+	// runtime, when set, admits only nodes whose registered runtime it
+	// is (a memory image restores only on the runtime that took it).
+	runtime string
 	// judgeOnly asks whether some node is acceptable, reserving nothing
 	// (a pool claim checks its placement policies so).
 	judgeOnly bool
@@ -85,6 +88,9 @@ func (m *Manager) place(ctx context.Context, o CreateOptions, tpl template.Templ
 		}
 		if pr.pin != "" && mb.ID != pr.pin && !m.pullsOK(ctx, mb.ID) {
 			continue // it could not boot the chain by reference
+		}
+		if pr.runtime != "" && (mb.Row == nil || mb.Row.Runtime != pr.runtime) {
+			continue
 		}
 		if !m.nodes.IsLocal(mb.ID) {
 			if mb.Row.Address == "" {

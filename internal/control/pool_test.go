@@ -39,6 +39,7 @@ type fakeNode struct {
 	// snapDir: where its snapshots' files are ("" = it keeps none).
 	snapDir string
 	fetched []string // FetchSnapshot calls that fetched
+	pushErr error    // PushSnapshot fails with it
 }
 
 func newFakeNode() *fakeNode {
@@ -341,6 +342,15 @@ func (f *fakeNode) Snapshot(_ context.Context, _, sid string) (node.Snapshot, er
 		if err := os.WriteFile(filepath.Join(dir, "marker"), []byte(sid), 0o644); err != nil {
 			return node.Snapshot{}, err
 		}
+		if f.snapKind == runtime.SnapshotMemory {
+			cp := filepath.Join(f.snapDir, sid, "checkpoint")
+			if err := os.MkdirAll(cp, 0o755); err != nil {
+				return node.Snapshot{}, err
+			}
+			if err := os.WriteFile(filepath.Join(cp, "pages"), []byte("memory of "+sid), 0o644); err != nil {
+				return node.Snapshot{}, err
+			}
+		}
 	}
 	sn := node.Snapshot{ID: sid, Kind: f.snapKind, Layer: "/node/snapshots/" + sid + "/rootfs", SizeBytes: 1}
 	if f.snapKind == runtime.SnapshotMemory {
@@ -357,6 +367,9 @@ func (f *fakeNode) PushSnapshot(ctx context.Context, sid string, targets []node.
 	if f.snapDir == "" {
 		return nil, node.ErrSnapshotUnsupported
 	}
+	if f.pushErr != nil {
+		return nil, f.pushErr
+	}
 	return snapstore.Push(ctx, http.DefaultClient, filepath.Join(f.snapDir, sid), targets)
 }
 func (f *fakeNode) FetchSnapshot(ctx context.Context, sid string, sources []node.SnapshotObject) error {
@@ -371,7 +384,14 @@ func (f *fakeNode) FetchSnapshot(ctx context.Context, sid string, sources []node
 	f.mu.Unlock()
 	return snapstore.Fetch(ctx, http.DefaultClient, filepath.Join(f.snapDir, sid), sources)
 }
-func (f *fakeNode) Stop(context.Context, string) error { return node.ErrSnapshotUnsupported }
+
+// Stop (a filesystem pause) works on a node that has snapshots.
+func (f *fakeNode) Stop(context.Context, string) error {
+	if f.snapKind == "" {
+		return node.ErrSnapshotUnsupported
+	}
+	return nil
+}
 
 // Rebuild records the request when the node has snapshots.
 func (f *fakeNode) Rebuild(_ context.Context, id string, req node.CreateRequest) error {
