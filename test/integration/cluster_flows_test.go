@@ -310,6 +310,36 @@ func TestCluster(t *testing.T) {
 		r0.do("DELETE", "/sandboxes/"+sb.SandboxID, nil, nil)
 	})
 
+	t.Run("a paused sandbox of a SIGKILLed node resumes on another", func(t *testing.T) {
+		n := c.nodes[0]
+		sb := one(t, n.ID)
+		r0.mustRun(sb, "echo kept > /home/user/state")
+		start := time.Now()
+		if st := r0.do("POST", "/sandboxes/"+sb.SandboxID+"/pause", map[string]any{"memory": false}, nil); st != http.StatusNoContent {
+			t.Fatalf("filesystem pause: %d", st)
+		}
+		t.Logf("filesystem pause with its package pushed: %s", time.Since(start).Round(time.Millisecond))
+		if pp := c.row(sb.SandboxID).PausePackage; pp == nil {
+			t.Fatalf("no pause package after the pause")
+		}
+		c.stopNode(n, 9)
+		c.waitState(sb.SandboxID, store.StateLost, 60*time.Second)
+		start = time.Now()
+		if st := r1.do("POST", "/sandboxes/"+sb.SandboxID+"/connect", map[string]any{"timeout": 600}, nil); st != http.StatusCreated {
+			t.Fatalf("connect to the lost paused sandbox: %d", st)
+		}
+		t.Logf("resume on another node (fetch + boot): %s", time.Since(start).Round(time.Millisecond))
+		if on := c.row(sb.SandboxID).Node; on == n.ID {
+			t.Fatalf("resumed on the lost node %s", on)
+		}
+		if out := r0.mustRun(sb, "cat /home/user/state"); out != "kept\n" {
+			t.Fatalf("files written before the pause, on the new node: %q", out)
+		}
+		c.startNode(n)
+		c.waitNode(n, func(r *store.Node) bool { return time.Since(r.HeartbeatAt) < 5*time.Second })
+		r0.do("DELETE", "/sandboxes/"+sb.SandboxID, nil, nil)
+	})
+
 	t.Run("SIGKILL the replica holding the reaper: the other reaps", func(t *testing.T) {
 		holder := c.leaseHolder(t, "loop/reaper")
 		var dead, alive *server
