@@ -603,6 +603,13 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 		return nil, err
 	}
 	pr := placeRequest{sandboxID: NewID(), accels: accels, drivers: m.mountDrivers(ctx, o.TeamID, o.VolumeMounts)}
+	wantMounts := o.VolumeMounts
+	if len(wantMounts) == 0 && o.snapshot != nil {
+		wantMounts = mountsOf(o.snapshot.Volumes) // what the create will mount
+	}
+	if pr.volPin, pr.volPinWhy, err = m.localVolumeNode(ctx, o.TeamID, wantMounts); err != nil {
+		return nil, err
+	}
 	if sn := o.snapshot; sn != nil {
 		pr.pin = sn.Node // its files are on that node...
 		// ...unless its chain is in the snapshot store, for a node that

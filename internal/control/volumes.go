@@ -248,6 +248,43 @@ func (m *Manager) mountDrivers(ctx context.Context, teamID string, req []VolumeM
 	return out
 }
 
+// localVolumeNode is the node a create mounting volumes of the local
+// driver must run on ("" when it mounts none), and why. Such a volume is a
+// directory of one host: the control plane's plugin made it under its own
+// root, which its in-process node shares, and once a sandbox holds it, it
+// is the node its attachment rows name. Another node's plugin would mount
+// its own directory of that name, a silent split of the data, so the
+// scheduler places the sandbox on that node only.
+func (m *Manager) localVolumeNode(ctx context.Context, teamID string, req []VolumeMount) (pin, why string, err error) {
+	local, hasLocal := m.nodes.Local()
+	for _, vm := range req {
+		v, err := m.store.VolumeByName(ctx, teamID, vm.Name)
+		if err != nil || v.Driver != "local" {
+			continue // resolveMounts names a missing volume
+		}
+		atts, err := m.store.ListVolumeAttachments(ctx, v.ID, "")
+		if err != nil {
+			return "", "", err
+		}
+		on := ""
+		if len(atts) > 0 {
+			on = atts[0].Node
+			if on == "" {
+				on = local // rows from before nodes had names
+			}
+		} else if hasLocal {
+			on = local
+		} else {
+			return "", "", invalid("volumeMounts: volume '%s' uses the local driver, a directory on the control plane's host, and this control plane runs no node (serve --embedded-node=false), so no node can mount it; use a driver every node reaches (s3)", v.Name)
+		}
+		if pin != "" && on != pin {
+			return "", "", invalid("volumeMounts: volume '%s' of the local driver is a directory of node %s, and %s", v.Name, on, why)
+		}
+		pin, why = on, fmt.Sprintf("volume '%s' of the local driver is a directory of node %s", v.Name, on)
+	}
+	return pin, why, nil
+}
+
 // resolveMounts validates requested mounts against the store and node nd
 // (called nodeID); names resolve in the team's namespace only.
 func (m *Manager) resolveMounts(ctx context.Context, teamID string, req []VolumeMount, nd node.Node, nodeID string) ([]store.VolumeMount, []node.VolumeAttachment, error) {
