@@ -349,6 +349,10 @@ type Store interface {
 	ListVolumeAttachments(ctx context.Context, volumeID, sandboxID string) ([]*VolumeAttachment, error)
 	// DeleteVolumeAttachments removes a sandbox's rows once its node confirmed the detach.
 	DeleteVolumeAttachments(ctx context.Context, sandboxID string) error
+	// MoveVolumeAttachments names node in a sandbox's rows: the sandbox
+	// runs on node now and its old node confirmed the detach (a paused
+	// sandbox resumed on another node). ErrNotFound when it has none.
+	MoveVolumeAttachments(ctx context.Context, sandboxID, node string) error
 
 	TemplateStore
 	SnapshotStore
