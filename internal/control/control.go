@@ -1079,18 +1079,18 @@ func (m *Manager) resumeLocked(ctx context.Context, sb *store.Sandbox) (err erro
 func (m *Manager) resumePaused(ctx context.Context, sb *store.Sandbox, reboot bool) error {
 	from := m.rowNode(sb)
 	if sb.State == store.StateLost {
-		sn, err := m.movePaused(ctx, sb, reboot)
+		sn, err := m.movePaused(ctx, sb, reboot, false)
 		if err != nil {
 			if sb.PausePackage == nil {
 				return fmt.Errorf("%w: sandbox '%s' is lost with node %s (%v)", ErrConflict, sb.ID, from, err)
 			}
 			return err
 		}
-		return m.resumeElsewhere(ctx, sb, sn, reboot, "node "+from+" lost")
+		return m.resumeElsewhere(ctx, sb, sn, reboot, false, "node "+from+" lost")
 	}
 	if why := m.leavingReason(ctx, from); why != "" {
-		if sn, err := m.movePaused(ctx, sb, reboot); err == nil {
-			return m.resumeElsewhere(ctx, sb, sn, reboot, why)
+		if sn, err := m.movePaused(ctx, sb, reboot, true); err == nil {
+			return m.resumeElsewhere(ctx, sb, sn, reboot, true, why)
 		}
 		// Pinned: a cordon stops new sandboxes, not this one's resume.
 	}
@@ -1098,11 +1098,11 @@ func (m *Manager) resumePaused(ctx context.Context, sb *store.Sandbox, reboot bo
 	if err == nil || !retryable(err) {
 		return err
 	}
-	sn, merr := m.movePaused(ctx, sb, reboot)
+	sn, merr := m.movePaused(ctx, sb, reboot, false)
 	if merr != nil {
 		return fmt.Errorf("%w (%v)", err, merr)
 	}
-	return m.resumeElsewhere(ctx, sb, sn, reboot, "its resume there failed: "+err.Error())
+	return m.resumeElsewhere(ctx, sb, sn, reboot, false, "its resume there failed: "+err.Error())
 }
 
 // resumeHere resumes sb on its node; reboot first ends what is left of

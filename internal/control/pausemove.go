@@ -84,8 +84,9 @@ func (m *Manager) leavingReason(ctx context.Context, nodeID string) string {
 // movePaused is why sb, paused or lost while paused, cannot resume on
 // another node (nil: it can, from the returned snapshot). reboot: e2b's
 // memory:false / onResume 'reboot', which lets a pause whose memory could
-// not be packaged start afresh over its files.
-func (m *Manager) movePaused(ctx context.Context, sb *store.Sandbox, reboot bool) (*store.Snapshot, error) {
+// not be packaged start afresh over its files. oldAnswers: its node is up
+// (cordoned or draining), so it can confirm it let go of the volumes.
+func (m *Manager) movePaused(ctx context.Context, sb *store.Sandbox, reboot, oldAnswers bool) (*store.Snapshot, error) {
 	from := m.rowNode(sb)
 	pinned := func(format string, a ...any) error {
 		return fmt.Errorf("%w: sandbox '%s' cannot resume on a node other than %s: %s", ErrConflict, sb.ID, from, fmt.Sprintf(format, a...))
@@ -103,10 +104,10 @@ func (m *Manager) movePaused(ctx context.Context, sb *store.Sandbox, reboot bool
 	} else if why != "" {
 		return nil, pinned("%s", why)
 	}
-	if len(sb.Volumes) > 0 {
-		// Its attachment rows name the old node, which never confirmed it
-		// let go: the seed's refcounts cannot move with it yet.
-		return nil, pinned("it mounts volumes, whose attachments stay with node %s until that node confirms their release", from)
+	if len(sb.Volumes) > 0 && !oldAnswers {
+		// The seed: a lost node's attachments are released only when it
+		// confirms (or is forgotten); until then the volumes stay its.
+		return nil, pinned("it mounts volumes, which node %s holds until it confirms their release (it returns, or `cubicle node forget %s`)", from, from)
 	}
 	pp := sb.PausePackage
 	if pp == nil {
@@ -133,7 +134,12 @@ func (m *Manager) movePaused(ctx context.Context, sb *store.Sandbox, reboot bool
 // package holds it and reboot is false. why is what made it move (an
 // event names it). The old node's copy is deleted by the reconcile once
 // that node answers (its row then names another node).
-func (m *Manager) resumeElsewhere(ctx context.Context, sb *store.Sandbox, sn *store.Snapshot, reboot bool, why string) (err error) {
+//
+// Volumes are attached through the new node's plugin, and the old node
+// (which answers: movePaused refuses otherwise) deletes its copy, which
+// detaches them there, before the attachment rows name the new node; a
+// refusal there undoes the move, so the rows never hide a node's hold.
+func (m *Manager) resumeElsewhere(ctx context.Context, sb *store.Sandbox, sn *store.Snapshot, reboot, oldAnswers bool, why string) (err error) {
 	defer m.metrics.observe("resume-elsewhere", time.Now(), &err)
 	from, prev := m.rowNode(sb), sb.State
 	memory := sn.Kind == runtime.SnapshotMemory && !reboot
@@ -172,7 +178,18 @@ func (m *Manager) resumeElsewhere(ctx context.Context, sb *store.Sandbox, sn *st
 		undo()
 		return err
 	}
+	mounts, err := m.mountsByName(nctx, sb.Volumes)
+	if err != nil {
+		undo()
+		return err
+	}
+	_, atts, err := m.resolveMounts(nctx, sb.TeamID, mounts, pl.node, to)
+	if err != nil {
+		undo()
+		return err
+	}
 	req := m.nodeRequest(sb, sn.Layers)
+	req.Volumes = atts
 	byReference(&req, boot, sn.SnapshotLayers, memory)
 	if memory {
 		req.CurrentToken = sn.AgentToken
@@ -190,8 +207,7 @@ func (m *Manager) resumeElsewhere(ctx context.Context, sb *store.Sandbox, sn *st
 		undo()
 		return err
 	}
-	placed, err := pl.node.Create(nctx, req)
-	if err != nil {
+	fail := func(err error) error {
 		if derr := pl.node.Delete(nctx, sb.ID); derr != nil {
 			m.log.Warn("resume elsewhere: cleanup", "sandbox", sb.ID, "node", to, "err", derr)
 		}
@@ -202,6 +218,34 @@ func (m *Manager) resumeElsewhere(ctx context.Context, sb *store.Sandbox, sn *st
 		undo()
 		m.event(ctx, sb.ID, "move-failed", "warn", "resuming on node %s (%s) failed: %v; the sandbox stays %s on node %s", to, why, err, prev, from)
 		return fmt.Errorf("resume on node %s: %w", to, err)
+	}
+	placed, err := pl.node.Create(nctx, req)
+	if err != nil {
+		return fail(err)
+	}
+	if oldAnswers {
+		// Its copy there goes now; with volumes, only its confirmed
+		// detach lets the rows name the new node.
+		old, derr := m.nodeFor(nctx, from)
+		if derr == nil {
+			dctx, dcancel := context.WithTimeout(nctx, 30*time.Second)
+			derr = old.Delete(dctx, sb.ID)
+			dcancel()
+		}
+		if derr != nil && len(sb.Volumes) > 0 {
+			return fail(fmt.Errorf("node %s did not release the volumes: %w", from, derr))
+		}
+		if derr != nil {
+			m.log.Warn("resume elsewhere: delete on the old node (the reconcile retries)", "sandbox", sb.ID, "node", from, "err", derr)
+		}
+	}
+	if len(sb.Volumes) > 0 {
+		if err := m.store.MoveVolumeAttachments(nctx, sb.ID, to); err != nil {
+			return fail(err)
+		}
+		for _, vm := range sb.Volumes {
+			m.volumeEvent(ctx, vm.VolumeID, sb.ID, "volume.attached", "info", "attached to sandbox %s on node %s at %s (moved from node %s, which released it)", sb.ID, to, vm.Path, from)
+		}
 	}
 	sb.Addr = placed.Addr.String()
 	sb.Layers, sb.SnapshotLayers = sn.Layers, sn.SnapshotLayers
@@ -214,17 +258,6 @@ func (m *Manager) resumeElsewhere(ctx context.Context, sb *store.Sandbox, sn *st
 		how = "its memory restored"
 	}
 	m.event(ctx, sb.ID, "moved", "warn", "resumed on node %s, moved from node %s (%s): %s", to, from, why, how)
-	if prev == store.StatePaused && m.leavingReason(ctx, from) != "" {
-		// A cordoned node answers: its copy goes now (else the reconcile
-		// deletes it when the node answers).
-		if nd, err := m.nodeFor(nctx, from); err == nil {
-			dctx, dcancel := context.WithTimeout(nctx, 30*time.Second)
-			if err := nd.Delete(dctx, sb.ID); err != nil {
-				m.log.Warn("resume elsewhere: delete on the old node", "sandbox", sb.ID, "node", from, "err", err)
-			}
-			dcancel()
-		}
-	}
 	return nil
 }
 
@@ -237,4 +270,19 @@ func (m *Manager) reserveBack(ctx context.Context, sb *store.Sandbox, nodeID str
 	if err := led.Reserve(context.WithoutCancel(ctx), sb.ID, nodeID, r); err != nil && !errors.Is(err, store.ErrNotFound) {
 		m.log.Warn("capacity ledger: reserving a sandbox that did not move", "sandbox", sb.ID, "node", nodeID, "err", err)
 	}
+}
+
+// mountsByName is a row's mounts as a request names them: resolveMounts
+// looks volumes up by name in the team, and only the default team's
+// volumes have their name as ID.
+func (m *Manager) mountsByName(ctx context.Context, vols []store.VolumeMount) ([]VolumeMount, error) {
+	out := make([]VolumeMount, 0, len(vols))
+	for _, vm := range vols {
+		v, err := m.store.GetVolume(ctx, vm.VolumeID)
+		if err != nil {
+			return nil, fmt.Errorf("%w: its volume %s: %v", ErrConflict, vm.VolumeID, err)
+		}
+		out = append(out, VolumeMount{Name: v.Name, Path: vm.Path, ReadOnly: vm.ReadOnly})
+	}
+	return out, nil
 }

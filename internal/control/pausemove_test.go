@@ -387,3 +387,81 @@ func TestResumeFailureMovesPaused(t *testing.T) {
 		t.Fatalf("events: %q", evs)
 	}
 }
+
+// withSharedVolume gives the cluster's nodes a volume driver every node
+// reaches ("shared") and returns a volume of it.
+func (c *cluster) withSharedVolume(t *testing.T) *store.Volume {
+	t.Helper()
+	ctx := context.Background()
+	for id, n := range c.nodes {
+		n.volDrivers = []string{"shared"}
+		if err := c.st.RegisterNode(ctx, &store.Node{ID: id, Address: id + ":7443", Runtime: "fake", VolumeDrivers: []string{"shared"},
+			Capacity: store.Capacity{MilliCPU: 4000, MemoryMiB: 1 << 20}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v := &store.Volume{ID: "vol1", TeamID: store.DefaultTeamID, Name: "data", Driver: "shared", State: store.VolumeReady}
+	if err := c.st.CreateVolume(ctx, v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// Volumes move with a paused sandbox only when its old node confirms it
+// let go (the seed): from a cordoned node the sandbox moves, the new node
+// attaches them through its plugin, the old one deletes its copy, and the
+// attachment rows name the new node; from a lost node the move is 409
+// and the rows stay with the lost node.
+func TestPausedSandboxMovesWithVolumes(t *testing.T) {
+	ctx := context.Background()
+	for _, lost := range []bool{false, true} {
+		name := "cordoned"
+		if lost {
+			name = "lost"
+		}
+		t.Run(name, func(t *testing.T) {
+			c, _ := newSnapCluster(t, true)
+			v := c.withSharedVolume(t)
+			sb, err := c.m.Create(ctx, CreateOptions{TemplateID: "tpl", TeamID: store.DefaultTeamID, Timeout: time.Minute,
+				VolumeMounts: []VolumeMount{{Name: "data", Path: "/data"}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			from, to := sb.Node, other(sb.Node)
+			if err := c.m.Pause(ctx, sb.ID, false); err != nil {
+				t.Fatal(err)
+			}
+			if row, _ := c.st.GetSandbox(ctx, sb.ID); row.PausePackage == nil {
+				t.Fatalf("a sandbox with a shared volume was not packaged")
+			}
+			if lost {
+				c.loseNode(t, from)
+			} else if _, err := c.st.SetNodeFlags(ctx, from, true, false); err != nil {
+				t.Fatal(err)
+			}
+			got, _, err := c.m.Connect(ctx, sb.ID, time.Minute, false)
+			atts, _ := c.st.ListVolumeAttachments(ctx, v.ID, "")
+			if lost {
+				if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "holds until it confirms") {
+					t.Fatalf("move from a lost node with volumes: %v, want ErrConflict", err)
+				}
+				if len(atts) != 1 || atts[0].Node != from {
+					t.Fatalf("attachments after a refused move: %+v", atts)
+				}
+				return
+			}
+			if err != nil || got.Node != to {
+				t.Fatalf("move from a cordoned node with volumes: %v", err)
+			}
+			if req := c.nodes[to].req(sb.ID); len(req.Volumes) != 1 || req.Volumes[0].VolumeID != v.ID || req.Volumes[0].Path != "/data" {
+				t.Fatalf("volumes attached on %s: %+v", to, req.Volumes)
+			}
+			if c.nodes[from].has(sb.ID) {
+				t.Fatalf("the old node kept its copy (and the volume)")
+			}
+			if len(atts) != 1 || atts[0].Node != to || atts[0].SandboxID != sb.ID {
+				t.Fatalf("attachments after the move: %+v", atts)
+			}
+		})
+	}
+}

@@ -40,6 +40,8 @@ type fakeNode struct {
 	snapDir string
 	fetched []string // FetchSnapshot calls that fetched
 	pushErr error    // PushSnapshot fails with it
+	// volDrivers are the volume drivers it reports (it attaches nothing).
+	volDrivers []string
 }
 
 func newFakeNode() *fakeNode {
@@ -48,7 +50,7 @@ func newFakeNode() *fakeNode {
 
 func (f *fakeNode) Info(context.Context) (node.Info, error) {
 	return node.Info{ID: "local", Version: "test", Runtime: "fake", Capacity: node.Capacity{CPUs: 1, MemoryBytes: 1 << 30},
-		Abilities: node.Abilities{PullsImages: f.pulls}}, nil
+		Abilities: node.Abilities{PullsImages: f.pulls}, VolumeDrivers: f.volDrivers}, nil
 }
 func (f *fakeNode) CheckUpstream(context.Context, string) error {
 	return &network.FieldError{Field: "egressProxy", Kind: network.ErrUpstream, Err: errors.New("this node runs no egress proxy to tunnel through")}
