@@ -186,6 +186,10 @@ type Manager struct {
 	// pulls caches, per node ID, whether the node resolves image
 	// references itself (pullsImages).
 	pulls sync.Map
+	// wasSilent holds the IDs of nodes the node-loss loop found silent
+	// and has not yet repaired since they returned (this replica's view;
+	// after a failover the periodic reconcile repairs them).
+	wasSilent sync.Map
 }
 
 // New builds a manager; call Recover before serving and Run in the

@@ -18,25 +18,13 @@ import (
 )
 
 // loseNode makes nodeID silent (its calls fail as an unreachable node's
-// do) and its running and paused sandboxes lost, as the node-loss loop
-// does.
+// do, its last heartbeat past the threshold, not the grace) and runs the node-loss loop's pass,
+// which makes its running and paused sandboxes lost.
 func (c *cluster) loseNode(t *testing.T, nodeID string) {
 	t.Helper()
-	ctx := context.Background()
 	c.nodes[nodeID].down.Store(true)
-	row, err := c.st.GetNode(ctx, nodeID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rows, err := c.st.ListSandboxes(ctx, store.SandboxFilter{States: []store.SandboxState{store.StateRunning, store.StatePaused}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, sb := range rows {
-		if sb.Node == nodeID {
-			c.m.markLost(ctx, row, sb.ID)
-		}
-	}
+	beatAt(t, c.st, nodeID, time.Now().Add(-DefaultNodeLostAfter-5*time.Second))
+	_ = c.m.detectNodeLoss(context.Background()) // the silent node's calls fail
 }
 
 func (c *cluster) events(t *testing.T, id string) []string {
@@ -134,19 +122,21 @@ func TestPausedSandboxResumesOnAnotherNode(t *testing.T) {
 		t.Fatalf("committed after the move: %+v", committed)
 	}
 
-	// The old node returns: its copy is a leftover the reconcile deletes.
+	// The old node returns: its copy is a leftover, deleted at the first
+	// node-loss pass that sees it back (and by the periodic reconcile).
 	c.nodes[from].down.Store(false)
 	if !c.nodes[from].has(sb.ID) {
 		t.Fatalf("the lost node's copy went before it returned")
 	}
+	beatAt(t, c.st, from, time.Now())
 	if err := c.m.detectNodeLoss(ctx); err != nil {
 		t.Fatal(err)
 	}
+	if c.nodes[from].has(sb.ID) {
+		t.Fatalf("node %s kept the moved sandbox after it returned", from)
+	}
 	if err := c.m.reconcile(ctx); err != nil {
 		t.Fatal(err)
-	}
-	if c.nodes[from].has(sb.ID) {
-		t.Fatalf("node %s kept the moved sandbox after the reconcile", from)
 	}
 	if !c.nodes[to].has(sb.ID) {
 		t.Fatalf("the reconcile removed the sandbox from its new node")

@@ -335,8 +335,32 @@ func TestCluster(t *testing.T) {
 		if out := r0.mustRun(sb, "cat /home/user/state"); out != "kept\n" {
 			t.Fatalf("files written before the pause, on the new node: %q", out)
 		}
+		// Back, node-a holds a leftover: the node-loss pass that sees it
+		// return deletes it (its row names another node).
 		c.startNode(n)
 		c.waitNode(n, func(r *store.Node) bool { return time.Since(r.HeartbeatAt) < 5*time.Second })
+		waitFor(t, "node-a's copy of the moved sandbox removed", 60*time.Second, func() (bool, string) {
+			_, err := os.Stat(filepath.Join(n.DataDir, "sandboxes", sb.SandboxID))
+			return os.IsNotExist(err), fmt.Sprint(err)
+		})
+		// Both replicas reach node-a again before the next subtest.
+		for _, s := range c.replicas {
+			waitFor(t, "the replica reaches node-a", 60*time.Second, func() (bool, string) {
+				var nodes []struct {
+					NodeID, Error string
+				}
+				s.do("GET", "/nodes", nil, &nodes)
+				for _, nd := range nodes {
+					if nd.NodeID == n.ID {
+						return nd.Error == "", nd.Error
+					}
+				}
+				return false, "not listed"
+			})
+		}
+		if out := r1.mustRun(sb, "cat /home/user/state"); out != "kept\n" {
+			t.Fatalf("after node-a returned: %q", out)
+		}
 		r0.do("DELETE", "/sandboxes/"+sb.SandboxID, nil, nil)
 	})
 
