@@ -205,5 +205,12 @@ func (m *Manager) restoreLost(ctx context.Context, nodeID string, nd node.Node, 
 	if _, err := m.store.CompareAndSetState(ctx, id, []store.SandboxState{store.StateLost}, want); err != nil {
 		return
 	}
+	if want == store.StateRunning && cur.PausePackage != nil {
+		// It runs: its pause's package is stale (the lock is held).
+		cur.State, cur.PausePackage = want, nil
+		if err := m.store.UpdateSandbox(ctx, cur); err != nil {
+			m.log.Error("clearing a stale pause package", "sandbox", id, "err", err)
+		}
+	}
 	m.event(ctx, id, "recovered", "info", "node %s returned; the sandbox is %s again", nodeID, want)
 }

@@ -455,3 +455,25 @@ func TestPausedSandboxMovesWithVolumes(t *testing.T) {
 		})
 	}
 }
+
+// A lost paused sandbox whose node returns with it running (resumed
+// behind the control plane's back) runs again: its pause's package is
+// stale and goes from the row.
+func TestReturnedRunningClearsPausePackage(t *testing.T) {
+	ctx := context.Background()
+	c, _ := newSnapCluster(t, true)
+	sb := c.create(t)
+	if err := c.m.Pause(ctx, sb.ID, false); err != nil {
+		t.Fatal(err)
+	}
+	c.loseNode(t, sb.Node)
+	c.nodes[sb.Node].down.Store(false) // the fake node reports its sandboxes running
+	beatAt(t, c.st, sb.Node, time.Now())
+	if err := c.m.detectNodeLoss(ctx); err != nil {
+		t.Fatal(err)
+	}
+	row, _ := c.st.GetSandbox(ctx, sb.ID)
+	if row.State != store.StateRunning || row.PausePackage != nil {
+		t.Fatalf("after its node returned with it running: %s, package %+v", row.State, row.PausePackage)
+	}
+}
