@@ -132,8 +132,9 @@ func (m *Manager) movePaused(ctx context.Context, sb *store.Sandbox, reboot, old
 // it), the node fetches the chain and boots the sandbox with the same ID,
 // token, env, network policy and metadata, restoring its memory when the
 // package holds it and reboot is false. why is what made it move (an
-// event names it). The old node's copy is deleted by the reconcile once
-// that node answers (its row then names another node).
+// event names it). The old node's copy is deleted at once when that node
+// answers (cordoned, draining), else when it returns (its row then names
+// another node: nodeReturned, the reconcile).
 //
 // Volumes are attached through the new node's plugin, and the old node
 // (which answers: movePaused refuses otherwise) deletes its copy, which
@@ -240,8 +241,11 @@ func (m *Manager) resumeElsewhere(ctx context.Context, sb *store.Sandbox, sn *st
 		}
 	}
 	if len(sb.Volumes) > 0 {
+		// Past the old node's delete there is no going back: a row that
+		// still names it only mislabels a hold the new node has (every
+		// row still guards the volume, and goes when the sandbox does).
 		if err := m.store.MoveVolumeAttachments(nctx, sb.ID, to); err != nil {
-			return fail(err)
+			m.log.Error("resume elsewhere: attachment rows still name the old node", "sandbox", sb.ID, "node", from, "err", err)
 		}
 		for _, vm := range sb.Volumes {
 			m.volumeEvent(ctx, vm.VolumeID, sb.ID, "volume.attached", "info", "attached to sandbox %s on node %s at %s (moved from node %s, which released it)", sb.ID, to, vm.Path, from)
