@@ -1093,10 +1093,15 @@ func (m *Manager) resumePaused(ctx context.Context, sb *store.Sandbox, reboot bo
 		return m.resumeElsewhere(ctx, sb, sn, reboot, false, "node "+from+" lost")
 	}
 	if why := m.leavingReason(ctx, from); why != "" {
+		// A cordon stops new sandboxes, not this one's resume: pinned, or
+		// with no other node to take it, it resumes where it is.
 		if sn, err := m.movePaused(ctx, sb, reboot, true); err == nil {
-			return m.resumeElsewhere(ctx, sb, sn, reboot, true, why)
+			merr := m.resumeElsewhere(ctx, sb, sn, reboot, true, why)
+			if merr == nil || sb.State != store.StatePaused || m.rowNode(sb) != from {
+				return merr
+			}
+			m.event(ctx, sb.ID, "move-failed", "warn", "%s, but the sandbox could not move (%v): resuming it there", why, merr)
 		}
-		// Pinned: a cordon stops new sandboxes, not this one's resume.
 	}
 	err := m.resumeHere(ctx, sb, reboot)
 	if err == nil || !retryable(err) {

@@ -145,7 +145,12 @@ func (m *Manager) resumeElsewhere(ctx context.Context, sb *store.Sandbox, sn *st
 	from, prev := m.rowNode(sb), sb.State
 	memory := sn.Kind == runtime.SnapshotMemory && !reboot
 	tpl := template.Template{ID: sb.TemplateID, CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskSizeMB}
-	pr := placeRequest{sandboxID: sb.ID, pin: from, movable: true, exclude: map[string]bool{from: true}}
+	mounts, err := m.mountsByName(ctx, sb.Volumes)
+	if err != nil {
+		return err
+	}
+	pr := placeRequest{sandboxID: sb.ID, pin: from, movable: true, exclude: map[string]bool{from: true},
+		drivers: m.mountDrivers(ctx, sb.TeamID, mounts)}
 	if memory {
 		pr.runtime = sn.Runtime
 	}
@@ -175,11 +180,6 @@ func (m *Manager) resumeElsewhere(ctx context.Context, sb *store.Sandbox, sn *st
 		return err
 	}
 	boot, err := snapshotImage(sn, to)
-	if err != nil {
-		undo()
-		return err
-	}
-	mounts, err := m.mountsByName(nctx, sb.Volumes)
 	if err != nil {
 		undo()
 		return err

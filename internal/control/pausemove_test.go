@@ -397,6 +397,42 @@ func (c *cluster) withSharedVolume(t *testing.T) *store.Volume {
 	return v
 }
 
+// A paused sandbox of a cordoned node that no other node can take (its
+// volume's driver is on no other node) resumes where it is, and says why.
+func TestCordonedPausedWithoutRoomElsewhereResumesInPlace(t *testing.T) {
+	ctx := context.Background()
+	c, _ := newSnapCluster(t, true)
+	c.withSharedVolume(t)
+	sb, err := c.m.Create(ctx, CreateOptions{TemplateID: "tpl", TeamID: store.DefaultTeamID, Timeout: time.Minute,
+		VolumeMounts: []VolumeMount{{Name: "data", Path: "/data"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	to := other(sb.Node)
+	c.nodes[to].volDrivers = nil
+	if err := c.st.RegisterNode(ctx, &store.Node{ID: to, Address: to + ":7443", Runtime: "fake",
+		Capacity: store.Capacity{MilliCPU: 4000, MemoryMiB: 1 << 20}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.m.Pause(ctx, sb.ID, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.st.SetNodeFlags(ctx, sb.Node, true, false); err != nil {
+		t.Fatal(err)
+	}
+	got, _, err := c.m.Connect(ctx, sb.ID, time.Minute, false)
+	if err != nil || got.Node != sb.Node || got.State != store.StateRunning {
+		t.Fatalf("connect: %v (%+v)", err, got)
+	}
+	if c.nodes[to].has(sb.ID) {
+		t.Fatalf("the node without the volume driver got the sandbox")
+	}
+	if evs := c.events(t, sb.ID); !eventWith(evs, "move-failed: node "+sb.Node+" is cordoned, but the sandbox could not move") ||
+		!strings.Contains(strings.Join(evs, "\n"), `volume driver "shared"`) {
+		t.Fatalf("events: %q", evs)
+	}
+}
+
 // Volumes move with a paused sandbox only when its old node confirms it
 // let go (the seed): from a cordoned node the sandbox moves, the new node
 // attaches them through its plugin, the old one deletes its copy, and the
