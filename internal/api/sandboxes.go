@@ -544,7 +544,9 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	if sb.State != store.StatePaused {
+	// A lost sandbox was running or paused: Connect resumes it on another
+	// node from its pause package, or names why it cannot.
+	if sb.State != store.StatePaused && sb.State != store.StateLost {
 		writeError(w, http.StatusConflict, fmt.Sprintf("sandbox '%s' is not paused", sb.ID))
 		return
 	}

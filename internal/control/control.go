@@ -186,6 +186,10 @@ type Manager struct {
 	// pulls caches, per node ID, whether the node resolves image
 	// references itself (pullsImages).
 	pulls sync.Map
+	// wasSilent holds the IDs of nodes the node-loss loop found silent
+	// and has not yet repaired since they returned (this replica's view;
+	// after a failover the periodic reconcile repairs them).
+	wasSilent sync.Map
 }
 
 // New builds a manager; call Recover before serving and Run in the
@@ -603,33 +607,21 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 		return nil, err
 	}
 	pr := placeRequest{sandboxID: NewID(), accels: accels, drivers: m.mountDrivers(ctx, o.TeamID, o.VolumeMounts)}
+	wantMounts := o.VolumeMounts
+	if len(wantMounts) == 0 && o.snapshot != nil {
+		wantMounts = mountsOf(o.snapshot.Volumes) // what the create will mount
+	}
+	if pr.volPin, pr.volPinWhy, err = m.localVolumeNode(ctx, o.TeamID, wantMounts); err != nil {
+		return nil, err
+	}
 	if sn := o.snapshot; sn != nil {
 		pr.pin = sn.Node // its files are on that node...
 		// ...unless its chain is in the snapshot store, for a node that
 		// pulls images.
 		pr.movable = m.movable(ctx, sn) == nil
 	}
-	hostPin, err := m.hostBoundPin(ctx, o.TeamID, o.VolumeMounts)
-	if err != nil {
-		return nil, err
-	}
-	if hostPin != "" {
-		if pr.pin != "" && pr.pin != hostPin {
-			// The in-process node boots from paths, so it cannot take a
-			// chain from the snapshot store either.
-			return nil, fmt.Errorf("%w: snapshot '%s' is on node %s, and a volume of these mounts is kept on the control plane's host (node %s)", ErrConflict, o.snapshot.ID, pr.pin, hostPin)
-		}
-		pr.pin, pr.movable = hostPin, false
-	}
 	pl, err := m.place(ctx, o, tpl, pr)
 	if err != nil {
-		if hostPin != "" && o.snapshot == nil {
-			var nf *scheduler.NoFitError
-			if errors.As(err, &nf) {
-				err = fmt.Errorf("%w (a sandbox that mounts a volume of a host-bound driver such as local runs only on node %s, the control plane's own host)", err, hostPin)
-			}
-			return nil, err
-		}
 		return nil, m.pinnedError(ctx, o.snapshot, err)
 	}
 	rowMade := false
@@ -1009,6 +1001,12 @@ func (m *Manager) pauseLocked(ctx context.Context, id, why string, keepMemory bo
 		return err
 	}
 	m.event(ctx, id, "paused", "info", "%s", why)
+	// The pause stands whether or not it can move; a failed package only
+	// keeps it on its node (the event says why).
+	if err := m.packagePause(nctx, id, keepMemory); err != nil {
+		m.log.Warn("pause package failed; the sandbox resumes on its node only", "sandbox", id, "err", err)
+		m.event(ctx, id, "pause-package-failed", "warn", "the pause was not packaged, so it resumes on node %s only: %v", m.rowNode(sb), err)
+	}
 	return nil
 }
 
@@ -1034,17 +1032,8 @@ func (m *Manager) Connect(ctx context.Context, id string, d time.Duration, reboo
 	}
 	switch sb.State {
 	case store.StateRunning:
-	case store.StatePaused:
-		if reboot {
-			nd, err := m.nodeOf(ctx, sb)
-			if err != nil {
-				return nil, false, fmt.Errorf("reboot: %w", err)
-			}
-			if err := nd.Stop(ctx, id); err != nil && !errors.Is(err, runtime.ErrNotRunning) {
-				return nil, false, fmt.Errorf("reboot: %w", err)
-			}
-		}
-		if err := m.resumeLocked(ctx, sb); err != nil {
+	case store.StatePaused, store.StateLost:
+		if err := m.resumePaused(ctx, sb, reboot); err != nil {
 			return nil, false, err
 		}
 		resumed = true
@@ -1081,8 +1070,63 @@ func (m *Manager) resumeLocked(ctx context.Context, sb *store.Sandbox) (err erro
 		return fmt.Errorf("resume: %w", err)
 	}
 	sb.State = store.StateRunning
+	sb.PausePackage = nil // it runs: the pause's package is stale
 	m.event(ctx, sb.ID, "resumed", "info", "sandbox resumed")
 	return nil
+}
+
+// resumePaused resumes sb, paused or lost with its node, for Connect: on
+// its node, or on another node from the current pause's package when its
+// node is lost, cordoned or draining, or fails the resume as unavailable
+// or out of resources. A sandbox that cannot move (movePaused says why)
+// resumes on its own node, and a lost one is refused with that reason.
+func (m *Manager) resumePaused(ctx context.Context, sb *store.Sandbox, reboot bool) error {
+	from := m.rowNode(sb)
+	if sb.State == store.StateLost {
+		sn, err := m.movePaused(ctx, sb, reboot, false)
+		if err != nil {
+			if sb.PausePackage == nil {
+				return fmt.Errorf("%w: sandbox '%s' is lost with node %s (%v)", ErrConflict, sb.ID, from, err)
+			}
+			return err
+		}
+		return m.resumeElsewhere(ctx, sb, sn, reboot, false, "node "+from+" lost")
+	}
+	if why := m.leavingReason(ctx, from); why != "" {
+		// A cordon stops new sandboxes, not this one's resume: pinned, or
+		// with no other node to take it, it resumes where it is.
+		if sn, err := m.movePaused(ctx, sb, reboot, true); err == nil {
+			merr := m.resumeElsewhere(ctx, sb, sn, reboot, true, why)
+			if merr == nil || sb.State != store.StatePaused || m.rowNode(sb) != from {
+				return merr
+			}
+			m.event(ctx, sb.ID, "move-failed", "warn", "%s, but the sandbox could not move (%v): resuming it there", why, merr)
+		}
+	}
+	err := m.resumeHere(ctx, sb, reboot)
+	if err == nil || !retryable(err) {
+		return err
+	}
+	sn, merr := m.movePaused(ctx, sb, reboot, false)
+	if merr != nil {
+		return fmt.Errorf("%w (%v)", err, merr)
+	}
+	return m.resumeElsewhere(ctx, sb, sn, reboot, false, "its resume there failed: "+err.Error())
+}
+
+// resumeHere resumes sb on its node; reboot first ends what is left of
+// its processes so the resume boots it afresh over its files.
+func (m *Manager) resumeHere(ctx context.Context, sb *store.Sandbox, reboot bool) error {
+	if reboot {
+		nd, err := m.nodeOf(ctx, sb)
+		if err != nil {
+			return fmt.Errorf("reboot: %w", err)
+		}
+		if err := nd.Stop(ctx, sb.ID); err != nil && !errors.Is(err, runtime.ErrNotRunning) {
+			return fmt.Errorf("reboot: %w", err)
+		}
+	}
+	return m.resumeLocked(ctx, sb)
 }
 
 // UpdateNetwork replaces the egress policy of a running sandbox.

@@ -15,12 +15,13 @@ import (
 	volumeregistry "github.com/cubicle-dev/cubicle/internal/volume/registry"
 )
 
-// localVolumeNode is the in-process fake with the local volume driver.
-type localVolumeNode struct{ *fakeNode }
+// localDriverNode is the in-process fake with the local volume driver.
+type localDriverNode struct{ *fakeNode }
 
-func (l localVolumeNode) Info(ctx context.Context) (node.Info, error) {
+func (l localDriverNode) Info(ctx context.Context) (node.Info, error) {
 	i, err := l.fakeNode.Info(ctx)
 	i.VolumeDrivers = []string{"local"}
+	i.Capacity = node.Capacity{CPUs: 8, MemoryBytes: 64 << 30} // room for the test's creates, less than node-a's
 	return i, err
 }
 
@@ -43,7 +44,7 @@ func hostBoundCluster(t *testing.T, embedded bool) (*Manager, store.Store) {
 	remote := volumeNode{newRemoteNode()}
 	cfg := nodeset.Config{Registry: st, Dial: func(*store.Node) (node.Node, io.Closer, error) { return remote, io.NopCloser(nil), nil }}
 	if embedded {
-		cfg.LocalID, cfg.Local = "local", localVolumeNode{newFakeNode()}
+		cfg.LocalID, cfg.Local = "local", localDriverNode{newFakeNode()}
 	}
 	reg, err := volumeregistry.Open([]volume.PluginConfig{{Name: "local", Type: volume.TypeLocal, Root: t.TempDir()}})
 	if err != nil {
@@ -90,7 +91,7 @@ func TestHostBoundVolumesPinToTheInProcessNode(t *testing.T) {
 
 // A control plane without an in-process node has no host a sandbox could
 // mount a local volume on: creating one is 400 naming the flag, and a
-// sandbox naming an existing one (made while it had a node) is 409 before
+// sandbox naming an existing one (made while it had a node) is 400 before
 // anything is placed.
 func TestHostBoundVolumesWithoutInProcessNode(t *testing.T) {
 	ctx := context.Background()
@@ -107,7 +108,7 @@ func TestHostBoundVolumesWithoutInProcessNode(t *testing.T) {
 	}
 	_, err = m.Create(ctx, CreateOptions{TemplateID: "tpl", TeamID: store.DefaultTeamID, Timeout: time.Minute,
 		VolumeMounts: []VolumeMount{{Name: "old", Path: "/data"}}})
-	if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "no node to mount it on") {
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "--embedded-node=false") {
 		t.Fatalf("mount an old local volume on a pure control plane: %v", err)
 	}
 	if sbs, err := st.ListSandboxes(ctx, store.SandboxFilter{}); err != nil || len(sbs) != 0 {

@@ -129,8 +129,11 @@ func (m *Manager) recoverNode(ctx context.Context, nodeID string, nd node.Node, 
 			if ns.State == runtime.StatePaused {
 				want = store.StatePaused
 			}
-			if sb.State != want {
+			if sb.State != want || (want == store.StateRunning && sb.PausePackage != nil) {
 				sb.State = want
+				if want == store.StateRunning {
+					sb.PausePackage = nil // it runs: a pause's package is stale
+				}
 				if err := m.store.UpdateSandbox(ctx, sb); err != nil {
 					return err
 				}

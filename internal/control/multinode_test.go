@@ -60,6 +60,13 @@ func (r *remoteNode) Delete(ctx context.Context, id string) error {
 	return r.fakeNode.Delete(ctx, id)
 }
 
+func (r *remoteNode) Resume(ctx context.Context, id string, req node.CreateRequest) error {
+	if r.down.Load() {
+		return errNodeDown
+	}
+	return r.fakeNode.Resume(ctx, id, req)
+}
+
 func (r *remoteNode) List(ctx context.Context) ([]node.Sandbox, error) {
 	if r.down.Load() {
 		return nil, errNodeDown
@@ -387,12 +394,13 @@ func TestConcurrentCreatesNeverOversell(t *testing.T) {
 	}
 }
 
-// volumeNode is a remoteNode with the local volume driver.
+// volumeNode is a remoteNode with a volume driver every node reaches
+// ("shared"; the local driver pins a volume to one node).
 type volumeNode struct{ *remoteNode }
 
 func (v volumeNode) Info(ctx context.Context) (node.Info, error) {
 	i, err := v.remoteNode.Info(ctx)
-	i.VolumeDrivers = []string{"local"}
+	i.VolumeDrivers = []string{"shared"}
 	return i, err
 }
 
@@ -405,7 +413,7 @@ func TestVolumeReferencesFollowNodes(t *testing.T) {
 	st := openSQLite(t)
 	c := newCluster(t, st, map[string]int{"node-a": 4, "node-b": 4})
 	for id := range c.nodes {
-		if err := st.RegisterNode(ctx, &store.Node{ID: id, Address: id + ":7443", Runtime: "fake", VolumeDrivers: []string{"local"},
+		if err := st.RegisterNode(ctx, &store.Node{ID: id, Address: id + ":7443", Runtime: "fake", VolumeDrivers: []string{"shared"},
 			Capacity: store.Capacity{MilliCPU: 4000, MemoryMiB: 1 << 20}}); err != nil {
 			t.Fatal(err)
 		}
@@ -414,7 +422,7 @@ func TestVolumeReferencesFollowNodes(t *testing.T) {
 		return volumeNode{c.nodes[row.ID]}, io.NopCloser(nil), nil
 	}})
 	c.m = New(Config{Nodes: set}, st, nil, storeResolver{st})
-	if err := st.CreateVolume(ctx, &store.Volume{ID: "vol1", TeamID: store.DefaultTeamID, Name: "shared", Driver: "local", State: store.VolumeReady}); err != nil {
+	if err := st.CreateVolume(ctx, &store.Volume{ID: "vol1", TeamID: store.DefaultTeamID, Name: "shared", Driver: "shared", State: store.VolumeReady}); err != nil {
 		t.Fatal(err)
 	}
 	on := map[string]*store.Sandbox{}
@@ -626,5 +634,70 @@ func TestAllocatableFollowsOtherReplicasWrites(t *testing.T) {
 		if got := alloc["node-a"].MilliCPU; got != step.cpus*1000 {
 			t.Fatalf("after a create with the node at %d CPUs: ledger allocatable %d milliCPU", step.cpus, got)
 		}
+	}
+}
+
+// localVolumeNode is a remoteNode with the local volume driver.
+type localVolumeNode struct{ *remoteNode }
+
+func (v localVolumeNode) Info(ctx context.Context) (node.Info, error) {
+	i, err := v.remoteNode.Info(ctx)
+	i.VolumeDrivers = []string{"local"}
+	return i, err
+}
+
+// A volume of the local driver is a directory of one node: creates that
+// mount it are placed on the node that holds it (a scheduler pin whose
+// reason the no-fit error names), never on another node, whose plugin
+// would mount a different directory of the same name. Without a node
+// holding it and without an in-process node (where the control plane's
+// plugin made it), no node can mount it.
+func TestLocalVolumePinsCreates(t *testing.T) {
+	ctx := context.Background()
+	st := openSQLite(t)
+	c := newCluster(t, st, map[string]int{"node-a": 4, "node-b": 4})
+	for id := range c.nodes {
+		if err := st.RegisterNode(ctx, &store.Node{ID: id, Address: id + ":7443", Runtime: "fake", VolumeDrivers: []string{"local"},
+			Capacity: store.Capacity{MilliCPU: 4000, MemoryMiB: 1 << 20}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set := nodeset.New(nodeset.Config{Registry: st, Dial: func(row *store.Node) (node.Node, io.Closer, error) {
+		return localVolumeNode{c.nodes[row.ID]}, io.NopCloser(nil), nil
+	}})
+	c.m = New(Config{Nodes: set}, st, nil, storeResolver{st})
+	if err := st.CreateVolume(ctx, &store.Volume{ID: "vol1", TeamID: store.DefaultTeamID, Name: "data", Driver: "local", State: store.VolumeReady}); err != nil {
+		t.Fatal(err)
+	}
+	mount := CreateOptions{TemplateID: "tpl", TeamID: store.DefaultTeamID, Timeout: time.Minute, VolumeMounts: []VolumeMount{{Name: "data", Path: "/data"}}}
+	_, err := c.m.Create(ctx, mount)
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "--embedded-node=false") {
+		t.Fatalf("a local volume no node holds, without an in-process node: %v", err)
+	}
+	// node-b holds it (a sandbox of it runs there).
+	if err := st.CreateSandbox(ctx, &store.Sandbox{ID: "holder00000000000000", TeamID: store.DefaultTeamID, TemplateID: "tpl", State: store.StateRunning,
+		Node: "node-b", StartedAt: time.Now(), EndAt: time.Now().Add(time.Hour), Volumes: []store.VolumeMount{{VolumeID: "vol1", Path: "/data"}}}); err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		sb, err := c.m.Create(ctx, mount)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sb.Node != "node-b" {
+			t.Fatalf("a sandbox of node-b's local volume was placed on %s", sb.Node)
+		}
+	}
+	if _, err := st.SetNodeFlags(ctx, "node-b", true, false); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.m.Create(ctx, mount)
+	var nf *scheduler.NoFitError
+	if !errors.As(err, &nf) || !strings.Contains(err.Error(), "volume 'data' of the local driver is a directory of node node-b") {
+		t.Fatalf("node-b cordoned: %v, want a no-fit naming the volume's node", err)
+	}
+	// Without the volume, node-a takes creates.
+	if sb := c.create(t); sb.Node != "node-a" {
+		t.Fatalf("a create without the volume went to %s", sb.Node)
 	}
 }

@@ -66,9 +66,15 @@ func (m *Manager) detectNodeLoss(ctx context.Context) error {
 	for _, n := range nodes {
 		if now.Sub(n.HeartbeatAt) > m.cfg.NodeLostAfter {
 			silent = append(silent, n)
-		} else if len(lostOn[n.ID]) > 0 {
+			m.wasSilent.Store(n.ID, true)
+		} else if _, was := m.wasSilent.Load(n.ID); was || len(lostOn[n.ID]) > 0 {
+			// A node back from silence is repaired even with no lost row
+			// left: a paused sandbox that resumed elsewhere meanwhile is a
+			// leftover there (its row names another node).
 			if err := m.nodeReturned(ctx, n.ID, lostOn[n.ID]); err != nil {
 				errs = append(errs, fmt.Errorf("node %s returned: %w", n.ID, err))
+			} else {
+				m.wasSilent.Delete(n.ID)
 			}
 		}
 	}
@@ -198,6 +204,13 @@ func (m *Manager) restoreLost(ctx context.Context, nodeID string, nd node.Node, 
 	}
 	if _, err := m.store.CompareAndSetState(ctx, id, []store.SandboxState{store.StateLost}, want); err != nil {
 		return
+	}
+	if want == store.StateRunning && cur.PausePackage != nil {
+		// It runs: its pause's package is stale (the lock is held).
+		cur.State, cur.PausePackage = want, nil
+		if err := m.store.UpdateSandbox(ctx, cur); err != nil {
+			m.log.Error("clearing a stale pause package", "sandbox", id, "err", err)
+		}
 	}
 	m.event(ctx, id, "recovered", "info", "node %s returned; the sandbox is %s again", nodeID, want)
 }

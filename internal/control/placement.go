@@ -41,6 +41,12 @@ type placeRequest struct {
 	// (the snapshot's chain is in the snapshot store).
 	movable bool
 	exclude map[string]bool
+	// volPin is the node whose directories the create's local-driver
+	// volumes are, and volPinWhy why (the scheduler's pin).
+	volPin, volPinWhy string
+	// runtime, when set, admits only nodes whose registered runtime it
+	// is (a memory image restores only on the runtime that took it).
+	runtime string
 	// judgeOnly asks whether some node is acceptable, reserving nothing
 	// (a pool claim checks its placement policies so).
 	judgeOnly bool
@@ -63,7 +69,8 @@ type placeRequest struct {
 // mode reserves nothing: its admission is MaxSandboxes and the disk
 // budget, and the in-process node asks for no resources.
 func (m *Manager) place(ctx context.Context, o CreateOptions, tpl template.Template, pr placeRequest) (placement, error) {
-	req := &scheduler.Request{TeamID: o.TeamID, TemplateID: tpl.ID, Contract: tpl.Accelerators, VolumeDrivers: pr.drivers}
+	req := &scheduler.Request{TeamID: o.TeamID, TemplateID: tpl.ID, Contract: tpl.Accelerators, VolumeDrivers: pr.drivers,
+		Pin: pr.volPin, PinReason: pr.volPinWhy}
 	if len(pr.accels) == 1 {
 		req.Accelerator = &pr.accels[0]
 	}
@@ -85,6 +92,9 @@ func (m *Manager) place(ctx context.Context, o CreateOptions, tpl template.Templ
 		}
 		if pr.pin != "" && mb.ID != pr.pin && !m.pullsOK(ctx, mb.ID) {
 			continue // it could not boot the chain by reference
+		}
+		if pr.runtime != "" && (mb.Row == nil || mb.Row.Runtime != pr.runtime) {
+			continue
 		}
 		if !m.nodes.IsLocal(mb.ID) {
 			if mb.Row.Address == "" {

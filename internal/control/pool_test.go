@@ -39,6 +39,9 @@ type fakeNode struct {
 	// snapDir: where its snapshots' files are ("" = it keeps none).
 	snapDir string
 	fetched []string // FetchSnapshot calls that fetched
+	pushErr error    // PushSnapshot fails with it
+	// volDrivers are the volume drivers it reports (it attaches nothing).
+	volDrivers []string
 }
 
 func newFakeNode() *fakeNode {
@@ -47,7 +50,7 @@ func newFakeNode() *fakeNode {
 
 func (f *fakeNode) Info(context.Context) (node.Info, error) {
 	return node.Info{ID: "local", Version: "test", Runtime: "fake", Capacity: node.Capacity{CPUs: 1, MemoryBytes: 1 << 30},
-		Abilities: node.Abilities{PullsImages: f.pulls}}, nil
+		Abilities: node.Abilities{PullsImages: f.pulls}, VolumeDrivers: f.volDrivers}, nil
 }
 func (f *fakeNode) CheckUpstream(context.Context, string) error {
 	return &network.FieldError{Field: "egressProxy", Kind: network.ErrUpstream, Err: errors.New("this node runs no egress proxy to tunnel through")}
@@ -341,6 +344,15 @@ func (f *fakeNode) Snapshot(_ context.Context, _, sid string) (node.Snapshot, er
 		if err := os.WriteFile(filepath.Join(dir, "marker"), []byte(sid), 0o644); err != nil {
 			return node.Snapshot{}, err
 		}
+		if f.snapKind == runtime.SnapshotMemory {
+			cp := filepath.Join(f.snapDir, sid, "checkpoint")
+			if err := os.MkdirAll(cp, 0o755); err != nil {
+				return node.Snapshot{}, err
+			}
+			if err := os.WriteFile(filepath.Join(cp, "pages"), []byte("memory of "+sid), 0o644); err != nil {
+				return node.Snapshot{}, err
+			}
+		}
 	}
 	sn := node.Snapshot{ID: sid, Kind: f.snapKind, Layer: "/node/snapshots/" + sid + "/rootfs", SizeBytes: 1}
 	if f.snapKind == runtime.SnapshotMemory {
@@ -357,6 +369,9 @@ func (f *fakeNode) PushSnapshot(ctx context.Context, sid string, targets []node.
 	if f.snapDir == "" {
 		return nil, node.ErrSnapshotUnsupported
 	}
+	if f.pushErr != nil {
+		return nil, f.pushErr
+	}
 	return snapstore.Push(ctx, http.DefaultClient, filepath.Join(f.snapDir, sid), targets)
 }
 func (f *fakeNode) FetchSnapshot(ctx context.Context, sid string, sources []node.SnapshotObject) error {
@@ -371,7 +386,14 @@ func (f *fakeNode) FetchSnapshot(ctx context.Context, sid string, sources []node
 	f.mu.Unlock()
 	return snapstore.Fetch(ctx, http.DefaultClient, filepath.Join(f.snapDir, sid), sources)
 }
-func (f *fakeNode) Stop(context.Context, string) error { return node.ErrSnapshotUnsupported }
+
+// Stop (a filesystem pause) works on a node that has snapshots.
+func (f *fakeNode) Stop(context.Context, string) error {
+	if f.snapKind == "" {
+		return node.ErrSnapshotUnsupported
+	}
+	return nil
+}
 
 // Rebuild records the request when the node has snapshots.
 func (f *fakeNode) Rebuild(_ context.Context, id string, req node.CreateRequest) error {

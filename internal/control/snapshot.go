@@ -60,7 +60,15 @@ func (m *Manager) Snapshot(ctx context.Context, id, name string) (*SnapshotInfo,
 	return m.snapshotLocked(ctx, sb, name, false)
 }
 
-func (m *Manager) snapshotLocked(ctx context.Context, sb *store.Sandbox, name string, internal bool) (_ *SnapshotInfo, err error) {
+func (m *Manager) snapshotLocked(ctx context.Context, sb *store.Sandbox, name string, internal bool) (*SnapshotInfo, error) {
+	// Fork's internal snapshots stay on their node; user snapshots are
+	// uploaded when there is a snapshot store.
+	return m.takeSnapshot(ctx, sb, name, internal, !internal)
+}
+
+// takeSnapshot is snapshotLocked; push uploads the package (a pause
+// package is internal and uploaded).
+func (m *Manager) takeSnapshot(ctx context.Context, sb *store.Sandbox, name string, internal, push bool) (_ *SnapshotInfo, err error) {
 	defer m.metrics.observe("snapshot", time.Now(), &err)
 	if hasAccelerators(sb) {
 		return nil, fmt.Errorf("%w: sandbox '%s' cannot be snapshotted: %w (device memory cannot be captured)", ErrConflict, sb.ID, ErrAccelUnsupported)
@@ -125,7 +133,7 @@ func (m *Manager) snapshotLocked(ctx context.Context, sb *store.Sandbox, name st
 		}
 	}()
 	var pkg []store.SnapshotObject
-	if m.cfg.SnapshotStore != nil && !internal {
+	if m.cfg.SnapshotStore != nil && push {
 		// Uploaded before the row is written, so a row with a package
 		// always has its objects. A failed upload keeps the snapshot,
 		// restorable on its own node only (the event says why).
@@ -428,6 +436,7 @@ func (m *Manager) Rollback(ctx context.Context, id, snapshotRef string) (err err
 	}
 	sb.Layers, sb.State = info.Layers, store.StateRunning
 	sb.Image, sb.SnapshotLayers = info.Image, info.SnapshotLayers
+	sb.PausePackage = nil // it runs: the pause's package is stale
 	if prev == store.StatePaused {
 		sb.EndAt = time.Now().UTC().Add(DefaultTimeout)
 	}
@@ -530,6 +539,12 @@ func (m *Manager) reconcileSnapshots(ctx context.Context) error {
 		}
 		for _, id := range sb.SnapshotLayers {
 			used[id] = true
+		}
+	}
+	for _, sb := range live {
+		// The package of its current pause (resume on another node).
+		if sb.PausePackage != nil {
+			used[sb.PausePackage.SnapshotID] = true
 		}
 	}
 	for _, sn := range rows {

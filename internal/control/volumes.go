@@ -260,31 +260,53 @@ func hostBound(p volume.Plugin) bool {
 	return ok && h.KeepsDataOnHost()
 }
 
-// hostBoundPin is the node a create with these mounts must run on, or "":
-// a volume of a host-bound driver (local) is files of the control plane's
-// host, which only the in-process node shares. Without one such a mount
-// cannot be served anywhere (409). Mounts that do not resolve are left to
-// resolveMounts.
-func (m *Manager) hostBoundPin(ctx context.Context, teamID string, req []VolumeMount) (string, error) {
-	if m.volumes == nil {
-		return "", nil
+// hostBoundDriver: the driver's volumes are files of the control plane's
+// host (the plugin is volume.HostBound). Without a plugin registry only
+// the built-in's name says so.
+func (m *Manager) hostBoundDriver(driver string) bool {
+	if m.volumes != nil {
+		if p, err := m.volumes.Get(driver); err == nil {
+			return hostBound(p)
+		}
 	}
+	return driver == "local"
+}
+
+// localVolumeNode is the node a create mounting volumes of the local
+// driver must run on ("" when it mounts none), and why. Such a volume is a
+// directory of one host: the control plane's plugin made it under its own
+// root, which its in-process node shares, and once a sandbox holds it, it
+// is the node its attachment rows name. Another node's plugin would mount
+// its own directory of that name, a silent split of the data, so the
+// scheduler places the sandbox on that node only.
+func (m *Manager) localVolumeNode(ctx context.Context, teamID string, req []VolumeMount) (pin, why string, err error) {
+	local, hasLocal := m.nodes.Local()
 	for _, vm := range req {
 		v, err := m.store.VolumeByName(ctx, teamID, vm.Name)
+		if err != nil || !m.hostBoundDriver(v.Driver) {
+			continue // resolveMounts names a missing volume
+		}
+		atts, err := m.store.ListVolumeAttachments(ctx, v.ID, "")
 		if err != nil {
-			continue
+			return "", "", err
 		}
-		p, err := m.volumes.Get(v.Driver)
-		if err != nil || !hostBound(p) {
-			continue
+		on := ""
+		if len(atts) > 0 {
+			on = atts[0].Node
+			if on == "" {
+				on = local // rows from before nodes had names
+			}
+		} else if hasLocal {
+			on = local
+		} else {
+			return "", "", invalid("volumeMounts: volume '%s' uses the local driver, a directory on the control plane's host, and this control plane runs no node (serve --embedded-node=false), so no node can mount it; use a driver every node reaches (s3)", v.Name)
 		}
-		local, ok := m.nodes.Local()
-		if !ok {
-			return "", fmt.Errorf("%w: volume '%s' (driver %s) is kept on the control plane's host, and this control plane runs no node to mount it on", ErrConflict, v.Name, v.Driver)
+		if pin != "" && on != pin {
+			return "", "", invalid("volumeMounts: volume '%s' of the local driver is a directory of node %s, and %s", v.Name, on, why)
 		}
-		return local, nil
+		pin, why = on, fmt.Sprintf("volume '%s' of the local driver is a directory of node %s", v.Name, on)
 	}
-	return "", nil
+	return pin, why, nil
 }
 
 // resolveMounts validates requested mounts against the store and node nd

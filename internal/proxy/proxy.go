@@ -356,7 +356,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if sb.State != store.StateRunning {
-		if sb.State == store.StatePaused && sb.AutoResume {
+		// A lost sandbox with a pause package was paused: Connect resumes
+		// it on another node.
+		if (sb.State == store.StatePaused || (sb.State == store.StateLost && sb.PausePackage != nil)) && sb.AutoResume {
 			if sb, _, err = p.mgr.Connect(r.Context(), id, 0, false); err != nil {
 				writeSandboxError(w, sandboxError{Code: http.StatusBadGateway, SandboxID: id, Message: "auto-resume failed: " + err.Error()})
 				return

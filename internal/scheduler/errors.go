@@ -60,6 +60,8 @@ func (e *NoFitError) Error() string {
 			parts = append(parts, fmt.Sprintf("%s no compatible accelerator (%v)", nodes(n, "has", "have"), c.First.Err))
 		case ReasonVolumeDriver:
 			parts = append(parts, fmt.Sprintf("%s volume driver %q", nodes(n, "lacks", "lack"), c.First.Detail))
+		case ReasonPinned:
+			parts = append(parts, fmt.Sprintf("%s excluded (%s)", nodes(n, "is", "are"), c.First.Detail))
 		case ReasonPolicy:
 			parts = append(parts, fmt.Sprintf("%s refused by placement policy (%v)", nodes(n, "is", "are"), c.First.Err))
 		case ReasonCordoned:

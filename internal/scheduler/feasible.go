@@ -22,11 +22,12 @@ const (
 	ReasonMemory            Reason = "memory"
 	ReasonDisk              Reason = "disk"
 	ReasonPolicy            Reason = "policy"
+	ReasonPinned            Reason = "pinned"
 )
 
 // reasonOrder is the order classes appear in messages.
 var reasonOrder = []Reason{ReasonCPU, ReasonMemory, ReasonDisk, ReasonAccelBusy, ReasonAccelIncompatible,
-	ReasonVolumeDriver, ReasonPolicy, ReasonCordoned, ReasonLeaseExpired}
+	ReasonVolumeDriver, ReasonPinned, ReasonPolicy, ReasonCordoned, ReasonLeaseExpired}
 
 // Rejection says why one node cannot run a request.
 type Rejection struct {
@@ -53,6 +54,8 @@ func (r *Rejection) String() string {
 		return fmt.Sprintf("node %s: %v", r.Node, r.Err)
 	case ReasonVolumeDriver:
 		return fmt.Sprintf("node %s has no volume driver %q", r.Node, r.Detail)
+	case ReasonPinned:
+		return fmt.Sprintf("node %s is not the request's node: %s", r.Node, r.Detail)
 	case ReasonCordoned:
 		return fmt.Sprintf("node %s is cordoned", r.Node)
 	case ReasonLeaseExpired:
@@ -94,7 +97,15 @@ func (ev *evalCtx) used(n *Node) Resources {
 // request can never run there) wins over a resource shortage (it could
 // later), so an incompatible request still fails as incompatible.
 func defaultCheckers() []checker {
-	return []checker{checkLease, checkCordon, checkAccelerators, checkVolumeDrivers, checkResources, checkPolicy}
+	return []checker{checkPin, checkLease, checkCordon, checkAccelerators, checkVolumeDrivers, checkResources, checkPolicy}
+}
+
+// checkPin: a pinned request runs on its node only, whatever else is free.
+func checkPin(ev *evalCtx, n *Node) *Rejection {
+	if ev.req.Pin != "" && n.ID != ev.req.Pin {
+		return &Rejection{Node: n.ID, Reason: ReasonPinned, Detail: ev.req.PinReason}
+	}
+	return nil
 }
 
 func checkLease(ev *evalCtx, n *Node) *Rejection {

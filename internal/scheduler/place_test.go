@@ -85,6 +85,9 @@ func TestEachHardConstraintFilters(t *testing.T) {
 		{"cpu", func(n *scheduler.Node, r *scheduler.Request) { n.Committed.MilliCPU = 7500 }, scheduler.ReasonCPU, "1 node lacks CPU (need 1 CPU, most free 0.5 CPU)"},
 		{"disk", func(n *scheduler.Node, r *scheduler.Request) { r.Resources.DiskMiB = 200 << 10 }, scheduler.ReasonDisk, "lacks disk (need 204800 MiB, most free 102400 MiB)"},
 		{"volume driver", func(n *scheduler.Node, r *scheduler.Request) { r.VolumeDrivers = []string{"s3", "nfs"} }, scheduler.ReasonVolumeDriver, `lacks volume driver "nfs"`},
+		{"pinned", func(n *scheduler.Node, r *scheduler.Request) {
+			r.Pin, r.PinReason = "n2", "volume 'v' of the local driver is a directory of node n2"
+		}, scheduler.ReasonPinned, "1 node is excluded (volume 'v' of the local driver is a directory of node n2)"},
 		{"cordoned", func(n *scheduler.Node, r *scheduler.Request) { n.Cordoned = true }, scheduler.ReasonCordoned, "1 node is cordoned"},
 		{"lease", func(n *scheduler.Node, r *scheduler.Request) { n.HeartbeatAge = time.Minute }, scheduler.ReasonLeaseExpired, "1 node is lost (no heartbeat)"},
 	}

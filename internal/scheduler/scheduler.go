@@ -61,6 +61,10 @@ type Request struct {
 	Contract *accel.Contract
 	// VolumeDrivers must all be registered on the node.
 	VolumeDrivers []string
+	// Pin, when set, is the only node the request may run on, and
+	// PinReason why (a volume of the local driver is a directory of
+	// that node); every other node is rejected with ReasonPinned.
+	Pin, PinReason string
 	// Policies are the team's and the template's placement policies
 	// (compiled once when set); every filter must pass, scores add up.
 	Policies []*Policy

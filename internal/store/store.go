@@ -164,6 +164,21 @@ type Sandbox struct {
 	// PauseMemory: a timeout pause (AutoPause) keeps memory; false makes
 	// it a filesystem pause (e2b's autoPauseMemory: false).
 	PauseMemory bool
+	// PausePackage is the package of the sandbox's current pause in the
+	// snapshot store (nil: none, so it cannot resume on another node). It
+	// is set only once the push of this pause finished and cleared when the
+	// sandbox runs again, so a package of an earlier pause is never used.
+	PausePackage *PausePackage
+}
+
+// PausePackage names the internal snapshot that packages a paused
+// sandbox (cross-node resume).
+type PausePackage struct {
+	SnapshotID string `json:"snapshotID"`
+	// FilesOnly: the pause kept memory that the package does not hold
+	// (runc freezes it in its node's RAM), so only a reboot over its
+	// files can resume it on another node.
+	FilesOnly bool `json:"filesOnly,omitempty"`
 }
 
 // VolumeMount is one volume mounted into a sandbox.
@@ -334,6 +349,10 @@ type Store interface {
 	ListVolumeAttachments(ctx context.Context, volumeID, sandboxID string) ([]*VolumeAttachment, error)
 	// DeleteVolumeAttachments removes a sandbox's rows once its node confirmed the detach.
 	DeleteVolumeAttachments(ctx context.Context, sandboxID string) error
+	// MoveVolumeAttachments names node in a sandbox's rows: the sandbox
+	// runs on node now and its old node confirmed the detach (a paused
+	// sandbox resumed on another node). ErrNotFound when it has none.
+	MoveVolumeAttachments(ctx context.Context, sandboxID, node string) error
 
 	TemplateStore
 	SnapshotStore

@@ -310,6 +310,60 @@ func TestCluster(t *testing.T) {
 		r0.do("DELETE", "/sandboxes/"+sb.SandboxID, nil, nil)
 	})
 
+	t.Run("a paused sandbox of a SIGKILLed node resumes on another", func(t *testing.T) {
+		n := c.nodes[0]
+		sb := one(t, n.ID)
+		r0.mustRun(sb, "echo kept > /home/user/state")
+		start := time.Now()
+		if st := r0.do("POST", "/sandboxes/"+sb.SandboxID+"/pause", map[string]any{"memory": false}, nil); st != http.StatusNoContent {
+			t.Fatalf("filesystem pause: %d", st)
+		}
+		t.Logf("filesystem pause with its package pushed: %s", time.Since(start).Round(time.Millisecond))
+		if pp := c.row(sb.SandboxID).PausePackage; pp == nil {
+			t.Fatalf("no pause package after the pause")
+		}
+		c.stopNode(n, 9)
+		c.waitState(sb.SandboxID, store.StateLost, 60*time.Second)
+		start = time.Now()
+		if st := r1.do("POST", "/sandboxes/"+sb.SandboxID+"/connect", map[string]any{"timeout": 600}, nil); st != http.StatusCreated {
+			t.Fatalf("connect to the lost paused sandbox: %d", st)
+		}
+		t.Logf("resume on another node (fetch + boot): %s", time.Since(start).Round(time.Millisecond))
+		if on := c.row(sb.SandboxID).Node; on == n.ID {
+			t.Fatalf("resumed on the lost node %s", on)
+		}
+		if out := r0.mustRun(sb, "cat /home/user/state"); out != "kept\n" {
+			t.Fatalf("files written before the pause, on the new node: %q", out)
+		}
+		// Back, node-a holds a leftover: the node-loss pass that sees it
+		// return deletes it (its row names another node).
+		c.startNode(n)
+		c.waitNode(n, func(r *store.Node) bool { return time.Since(r.HeartbeatAt) < 5*time.Second })
+		waitFor(t, "node-a's copy of the moved sandbox removed", 60*time.Second, func() (bool, string) {
+			_, err := os.Stat(filepath.Join(n.DataDir, "sandboxes", sb.SandboxID))
+			return os.IsNotExist(err), fmt.Sprint(err)
+		})
+		// Both replicas reach node-a again before the next subtest.
+		for _, s := range c.replicas {
+			waitFor(t, "the replica reaches node-a", 60*time.Second, func() (bool, string) {
+				var nodes []struct {
+					NodeID, Error string
+				}
+				s.do("GET", "/nodes", nil, &nodes)
+				for _, nd := range nodes {
+					if nd.NodeID == n.ID {
+						return nd.Error == "", nd.Error
+					}
+				}
+				return false, "not listed"
+			})
+		}
+		if out := r1.mustRun(sb, "cat /home/user/state"); out != "kept\n" {
+			t.Fatalf("after node-a returned: %q", out)
+		}
+		r0.do("DELETE", "/sandboxes/"+sb.SandboxID, nil, nil)
+	})
+
 	t.Run("SIGKILL the replica holding the reaper: the other reaps", func(t *testing.T) {
 		holder := c.leaseHolder(t, "loop/reaper")
 		var dead, alive *server

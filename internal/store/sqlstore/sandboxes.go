@@ -34,14 +34,22 @@ func js(v any) string {
 
 const sandboxCols = `id, team_id, template_id, alias, state, node, metadata, env_vars, envd_token, traffic_token,
 cpu_count, memory_mb, disk_size_mb, network, auto_pause, auto_resume, addr, api_key_id,
-started_at, end_at, updated_at, killed_at, kill_reason, volumes, default_user, accelerators, layers, pause_memory, image, snapshot_layers`
+started_at, end_at, updated_at, killed_at, kill_reason, volumes, default_user, accelerators, layers, pause_memory, image, snapshot_layers, pause_package`
 
 func sandboxArgs(sb *store.Sandbox) []any {
 	return []any{sb.ID, sb.TeamID, sb.TemplateID, sb.Alias, string(sb.State), sb.Node, js(orEmpty(sb.Metadata)), js(orEmpty(sb.EnvVars)),
 		sb.EnvdToken, sb.TrafficToken, sb.CPUCount, sb.MemoryMB, sb.DiskSizeMB, js(sb.Network),
 		sb.AutoPause, sb.AutoResume, sb.Addr, sb.APIKeyID, ts(sb.StartedAt), ts(sb.EndAt), ts(sb.UpdatedAt),
 		ts(sb.KilledAt), sb.KillReason, js(mountsOrEmpty(sb.Volumes)), sb.DefaultUser, sb.Accelerators, strings.Join(sb.Layers, layerSep), sb.PauseMemory,
-		sb.Image, strings.Join(sb.SnapshotLayers, layerSep)}
+		sb.Image, strings.Join(sb.SnapshotLayers, layerSep), pausePackage(sb.PausePackage)}
+}
+
+// pausePackage is the pause_package column: JSON, or "" for none.
+func pausePackage(p *store.PausePackage) string {
+	if p == nil {
+		return ""
+	}
+	return js(p)
 }
 
 func mountsOrEmpty(m []store.VolumeMount) []store.VolumeMount {
@@ -80,11 +88,11 @@ func queryAll[T any](ctx context.Context, db querier, scan func(scanner) (T, err
 
 func scanSandbox(r scanner) (*store.Sandbox, error) {
 	var sb store.Sandbox
-	var state, meta, envs, network, vols, layers, snapLayers string
+	var state, meta, envs, network, vols, layers, snapLayers, pausePkg string
 	var started, end, updated, killed int64
 	if err := r.Scan(&sb.ID, &sb.TeamID, &sb.TemplateID, &sb.Alias, &state, &sb.Node, &meta, &envs, &sb.EnvdToken, &sb.TrafficToken,
 		&sb.CPUCount, &sb.MemoryMB, &sb.DiskSizeMB, &network, &sb.AutoPause, &sb.AutoResume, &sb.Addr, &sb.APIKeyID,
-		&started, &end, &updated, &killed, &sb.KillReason, &vols, &sb.DefaultUser, &sb.Accelerators, &layers, &sb.PauseMemory, &sb.Image, &snapLayers); err != nil {
+		&started, &end, &updated, &killed, &sb.KillReason, &vols, &sb.DefaultUser, &sb.Accelerators, &layers, &sb.PauseMemory, &sb.Image, &snapLayers, &pausePkg); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil, store.ErrNotFound
 		}
@@ -112,6 +120,12 @@ func scanSandbox(r scanner) (*store.Sandbox, error) {
 	if snapLayers != "" {
 		sb.SnapshotLayers = strings.Split(snapLayers, layerSep)
 	}
+	if pausePkg != "" {
+		sb.PausePackage = &store.PausePackage{}
+		if err := json.Unmarshal([]byte(pausePkg), sb.PausePackage); err != nil {
+			return nil, err
+		}
+	}
 	sb.StartedAt, sb.EndAt, sb.UpdatedAt, sb.KilledAt = fromTS(started), fromTS(end), fromTS(updated), fromTS(killed)
 	return &sb, nil
 }
@@ -134,7 +148,7 @@ func (s *Store) createSandboxTx(ctx context.Context, sb *store.Sandbox) error {
 	if err := checkSandboxQuota(ctx, tx, sb.TeamID, sb); err != nil {
 		return err
 	}
-	_, err = tx.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, sandboxArgs(sb)...)
+	_, err = tx.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, sandboxArgs(sb)...)
 	if s.d.IsConstraint(err) {
 		return fmt.Errorf("%w: sandbox %s exists", store.ErrConflict, sb.ID)
 	}
@@ -171,7 +185,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	args := sandboxArgs(sb)
 	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET team_id=?, template_id=?, alias=?, state=?, node=?, metadata=?, env_vars=?, envd_token=?, traffic_token=?,
 cpu_count=?, memory_mb=?, disk_size_mb=?, network=?, auto_pause=?, auto_resume=?, addr=?, api_key_id=?,
-started_at=?, end_at=?, updated_at=?, killed_at=?, kill_reason=?, volumes=?, default_user=?, accelerators=?, layers=?, pause_memory=?, image=?, snapshot_layers=? WHERE id=?`, append(args[1:], sb.ID)...)
+started_at=?, end_at=?, updated_at=?, killed_at=?, kill_reason=?, volumes=?, default_user=?, accelerators=?, layers=?, pause_memory=?, image=?, snapshot_layers=?, pause_package=? WHERE id=?`, append(args[1:], sb.ID)...)
 	if err != nil {
 		return err
 	}

@@ -189,6 +189,18 @@ WHERE (`+s.d.typed("text")+`='' OR volume_id=?) AND (`+s.d.typed("text")+`='' OR
 	return out, rows.Err()
 }
 
+// MoveVolumeAttachments implements store.Store.
+func (s *Store) MoveVolumeAttachments(ctx context.Context, sandboxID, node string) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE volume_attachments SET node=? WHERE sandbox_id=?`, node, sandboxID)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return store.ErrNotFound
+	}
+	return nil
+}
+
 // DeleteVolumeAttachments drops a sandbox's references.
 func (s *Store) DeleteVolumeAttachments(ctx context.Context, sandboxID string) error {
 	_, err := s.db.ExecContext(ctx, `DELETE FROM volume_attachments WHERE sandbox_id=?`, sandboxID)

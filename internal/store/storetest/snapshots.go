@@ -181,7 +181,27 @@ func testSnapshots(t *testing.T, s store.Store) {
 	if g, _ = s.GetSandbox(ctx, sb.ID); g.Image != "base" || fmt.Sprint(g.SnapshotLayers) != "[snap_b snap_a]" {
 		t.Fatalf("sandbox references after update: %q %v", g.Image, g.SnapshotLayers)
 	}
+	// The current pause's package: none until set, kept through update,
+	// gone when cleared.
+	if g.PausePackage != nil {
+		t.Fatalf("pause package on a new row: %+v", g.PausePackage)
+	}
+	g.PausePackage = &store.PausePackage{SnapshotID: "snap_p", FilesOnly: true}
+	if err := s.UpdateSandbox(ctx, g); err != nil {
+		t.Fatal(err)
+	}
+	if g, _ = s.GetSandbox(ctx, sb.ID); g.PausePackage == nil || *g.PausePackage != (store.PausePackage{SnapshotID: "snap_p", FilesOnly: true}) {
+		t.Fatalf("pause package after update: %+v", g.PausePackage)
+	}
+	g.PausePackage = nil
+	if err := s.UpdateSandbox(ctx, g); err != nil {
+		t.Fatal(err)
+	}
+	if g, _ = s.GetSandbox(ctx, sb.ID); g.PausePackage != nil {
+		t.Fatalf("pause package after clearing: %+v", g.PausePackage)
+	}
 	sb2 := sample("rrrrrrrrrrrrrrrrrrrr", time.Now())
+	sb2.PausePackage = &store.PausePackage{SnapshotID: "snap_q"}
 	sb2.Image, sb2.SnapshotLayers = "cubicle/x@sha256:"+strings.Repeat("cd", 32), []string{"snap_c"}
 	if err := s.CreateSandbox(ctx, sb2); err != nil {
 		t.Fatal(err)
@@ -193,7 +213,7 @@ func testSnapshots(t *testing.T, s store.Store) {
 	found := false
 	for _, r := range all {
 		if r.ID == sb2.ID {
-			found = r.Image == sb2.Image && fmt.Sprint(r.SnapshotLayers) == "[snap_c]"
+			found = r.Image == sb2.Image && fmt.Sprint(r.SnapshotLayers) == "[snap_c]" && r.PausePackage != nil && r.PausePackage.SnapshotID == "snap_q"
 		}
 	}
 	if !found {

@@ -55,6 +55,20 @@ func testVolumes(t *testing.T, s store.Store) {
 	if _, err := s.MarkVolumeDeleting(ctx, "data"); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("delete guard: want ErrConflict while attached, got %v", err)
 	}
+	// A sandbox that moved to another node: its rows name that node, and
+	// still guard the volume.
+	if err := s.MoveVolumeAttachments(ctx, sb.ID, "node-b"); err != nil {
+		t.Fatal(err)
+	}
+	if att, _ := s.ListVolumeAttachments(ctx, "data", ""); len(att) != 1 || att[0].Node != "node-b" || att[0].SandboxID != sb.ID || att[0].Path != "/data" {
+		t.Fatalf("attachments after the move: %+v", att)
+	}
+	if err := s.MoveVolumeAttachments(ctx, "nosuchsandbox", "node-b"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("moving the rows of a sandbox without any: %v, want ErrNotFound", err)
+	}
+	if _, err := s.MarkVolumeDeleting(ctx, "data"); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("delete guard after the move: want ErrConflict, got %v", err)
+	}
 	if err := s.DeleteVolume(ctx, "data"); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("DeleteVolume while attached: want ErrConflict, got %v", err)
 	}

@@ -19,6 +19,7 @@ import (
 	"testing"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/cubicle-dev/cubicle/internal/imagecache"
 	"github.com/cubicle-dev/cubicle/internal/network"
@@ -122,14 +123,26 @@ func NewWithRuntime(t testing.TB, wrap func(runtime.Driver) runtime.Driver) (*no
 	return newLocal(t, nil, wrap)
 }
 
+// NewRunsc is New on gVisor (runsc), whose pauses and snapshots keep
+// memory (a checkpoint).
+func NewRunsc(t testing.TB) (*node.Local, *local.Plugin) {
+	t.Helper()
+	return newLocalOn(t, "runsc", nil, nil)
+}
+
 func newLocal(t testing.TB, images node.ImageSource, wrap func(runtime.Driver) runtime.Driver) (*node.Local, *local.Plugin) {
+	t.Helper()
+	return newLocalOn(t, "runc", images, wrap)
+}
+
+func newLocalOn(t testing.TB, runtimeName string, images node.ImageSource, wrap func(runtime.Driver) runtime.Driver) (*node.Local, *local.Plugin) {
 	t.Helper()
 	if images == nil {
 		// Built-ins only: registry pulls are imagecache's own tests.
 		images = &imagecache.Source{ImagesDir: ImagesDir()}
 	}
-	testenv.RequireRoot(t, "runc, netns, nftables, mounts")
-	bin := testenv.LookPath(t, "runc")
+	testenv.RequireRoot(t, runtimeName+", netns, nftables, mounts")
+	bin := testenv.LookPath(t, runtimeName)
 	agent := buildAgent(t)
 	base, err := os.MkdirTemp("/var/tmp", "cubicle-nodetest-")
 	if err != nil {
@@ -140,7 +153,7 @@ func newLocal(t testing.TB, images node.ImageSource, wrap func(runtime.Driver) r
 	}
 	tag := RandHex(t, 3)
 	parent := "cubicle-nodetest-" + tag
-	drv, err := oci.New(oci.Config{Runtime: "runc", BinaryPath: bin, StateDir: filepath.Join(base, "run"),
+	drv, err := oci.New(oci.Config{Runtime: runtimeName, BinaryPath: bin, StateDir: filepath.Join(base, "run"),
 		SandboxDir: filepath.Join(base, "sandboxes"), CgroupParent: parent})
 	if err != nil {
 		os.RemoveAll(base)
@@ -211,6 +224,14 @@ func newLocal(t testing.TB, images node.ImageSource, wrap func(runtime.Driver) r
 		}
 		if err := oci.RemoveCgroupParent(parent); err != nil {
 			t.Errorf("cleanup cgroups: %v", err)
+		}
+		// runsc keeps a null-netns bind mount in its --root; it is ours.
+		if mps, _ := oci.MountsUnder(filepath.Join(base, "run")); len(mps) > 0 {
+			for _, mp := range mps {
+				if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil {
+					t.Errorf("cleanup state mount %s: %v", mp, err)
+				}
+			}
 		}
 		if mps, _ := oci.MountsUnder(base); len(mps) > 0 {
 			t.Errorf("mounts left under %s: %v", base, mps)
