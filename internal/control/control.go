@@ -609,7 +609,10 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 	pr := placeRequest{sandboxID: NewID(), accels: accels, drivers: m.mountDrivers(ctx, o.TeamID, o.VolumeMounts)}
 	wantMounts := o.VolumeMounts
 	if len(wantMounts) == 0 && o.snapshot != nil {
-		wantMounts = mountsOf(o.snapshot.Volumes) // what the create will mount
+		// What the create will mount.
+		if wantMounts, err = m.mountsByName(ctx, o.snapshot.Volumes); err != nil {
+			return nil, err
+		}
 	}
 	if pr.volPin, pr.volPinWhy, err = m.localVolumeNode(ctx, o.TeamID, wantMounts); err != nil {
 		return nil, err
@@ -643,7 +646,7 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 		// shared with the source, never copied) unless the create names
 		// its own; its env under the create's.
 		if len(o.VolumeMounts) == 0 {
-			o.VolumeMounts = mountsOf(sn.Volumes)
+			o.VolumeMounts = wantMounts
 		}
 		env := maps.Clone(sn.EnvVars)
 		if env == nil {

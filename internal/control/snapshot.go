@@ -407,7 +407,11 @@ func (m *Manager) Rollback(ctx context.Context, id, snapshotRef string) (err err
 	if err != nil {
 		return err
 	}
-	_, atts, err := m.resolveMounts(ctx, sb.TeamID, mountsOf(sb.Volumes), nd, m.rowNode(sb))
+	want, err := m.mountsByName(ctx, sb.Volumes)
+	if err != nil {
+		return err
+	}
+	_, atts, err := m.resolveMounts(ctx, sb.TeamID, want, nd, m.rowNode(sb))
 	if err != nil {
 		return err
 	}
@@ -469,14 +473,6 @@ func (m *Manager) restoreOf(ctx context.Context, sn *store.Snapshot, sb *store.S
 		return "", "", invalid("memory snapshot %s was taken with volumes at %s; a sandbox from it must mount volumes at the same paths", sn.ID, mountPaths(sn.Volumes))
 	}
 	return sn.Checkpoint, sn.AgentToken, nil
-}
-
-func mountsOf(v []store.VolumeMount) []VolumeMount {
-	out := make([]VolumeMount, 0, len(v))
-	for _, vm := range v {
-		out = append(out, VolumeMount{Name: vm.VolumeID, Path: vm.Path, ReadOnly: vm.ReadOnly})
-	}
-	return out
 }
 
 func mountPaths(v []store.VolumeMount) string {

@@ -201,3 +201,44 @@ func TestSnapshotGCKeepsChainInUseByReference(t *testing.T) {
 		t.Fatal("the snapshot outlived its last sandbox")
 	}
 }
+
+// A snapshot's volumes are recorded by ID, and a team's volume IDs are not
+// their names: a sandbox from the snapshot, and a rollback onto it, mount
+// the same volumes of that team by name (they failed with "volume not
+// found" for every team but the default one).
+func TestSnapshotVolumesOfATeamMountAgain(t *testing.T) {
+	ctx := context.Background()
+	m, n := newSnapRefManager(t, false, runtime.SnapshotFilesystem)
+	n.volDrivers = []string{"local"}
+	const team = "team_snapvol"
+	if err := m.store.CreateTeam(ctx, &store.Team{ID: team, Name: "snapvol"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.store.CreateVolume(ctx, &store.Volume{ID: "vol_x1y2z3", TeamID: team, Name: "data", Driver: "local", State: store.VolumeReady}); err != nil {
+		t.Fatal(err)
+	}
+	src, err := m.Create(ctx, CreateOptions{TemplateID: "built", TeamID: team, Timeout: time.Minute,
+		VolumeMounts: []VolumeMount{{Name: "data", Path: "/data"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sn, err := m.Snapshot(ctx, src.ID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	from, err := m.Create(ctx, CreateOptions{TemplateID: sn.ID, TeamID: team, Timeout: time.Minute})
+	if err != nil {
+		t.Fatalf("create from the snapshot: %v", err)
+	}
+	for _, id := range []string{from.ID, src.ID} {
+		if id == src.ID {
+			if err := m.Rollback(ctx, src.ID, sn.ID); err != nil {
+				t.Fatalf("rollback: %v", err)
+			}
+		}
+		vols := n.req(id).Volumes
+		if len(vols) != 1 || vols[0].VolumeID != "vol_x1y2z3" || vols[0].Path != "/data" {
+			t.Fatalf("sandbox %s mounts %+v, want vol_x1y2z3 at /data", id, vols)
+		}
+	}
+}
