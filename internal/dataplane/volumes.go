@@ -156,8 +156,8 @@ func (p *VolumeProxy) Handler(nodeID string) http.Handler {
 			pr.Out.URL.Scheme, pr.Out.URL.Host, pr.Out.Host = "http", host, host
 			pr.Out.Header.Del("Authorization")
 		},
-		// Downloads are flushed as they come (a stream, not a buffer).
-		FlushInterval: -1,
+		// Bodies stream through in ReverseProxy's 32 KiB pieces, never
+		// whole; a response of unknown length is flushed as it comes.
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			status := http.StatusBadGateway
 			if errors.Is(err, errdefs.ErrUnavailable) || errors.Is(err, ErrBusy) {
