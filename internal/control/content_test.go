@@ -158,6 +158,47 @@ func TestVolumeContentLeaseOnARemoteNode(t *testing.T) {
 	})
 }
 
+// Requests that keep coming do not keep a lease on a node that is lost:
+// the next request after its heartbeat lapses leases the volume elsewhere.
+func TestVolumeContentLeaseLeavesALostNode(t *testing.T) {
+	ctx := context.Background()
+	m, st, nodes := contentCluster(t)
+	m.leases.idle, m.leases.recheck = time.Hour, 0
+	if err := st.CreateVolume(ctx, &store.Volume{ID: "vol1", TeamID: store.DefaultTeamID, Name: "vol1", Driver: "s3", State: store.VolumeReady, Token: "tok"}); err != nil {
+		t.Fatal(err)
+	}
+	tgt, release, err := m.OpenVolume(ctx, "vol1", "tok")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	if tgt.Node != "node-a" {
+		t.Fatalf("first lease on %q", tgt.Node)
+	}
+	if err := st.RegisterNode(ctx, &store.Node{ID: "node-a", Address: "node-a:7443", Runtime: "fake", VolumeDrivers: []string{"s3", "local"},
+		Capacity: store.Capacity{MilliCPU: 4000, MemoryMiB: 1 << 20}, HeartbeatAt: time.Now().Add(-time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	tgt, release2, err := m.OpenVolume(ctx, "vol1", "tok")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release2()
+	if tgt.Node != "node-b" {
+		t.Fatalf("after node-a was lost the lease is on %q, want node-b", tgt.Node)
+	}
+	if refs, _, _ := nodes["node-b"].counts(); refs != 1 {
+		t.Fatalf("node-b: %d refs", refs)
+	}
+	// node-a's ref is no lease's any more: the reconcile releases it.
+	if err := m.reconcileVolumes(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if refs, _, _ := nodes["node-a"].counts(); refs != 0 {
+		t.Fatalf("node-a kept %d refs after the reconcile", refs)
+	}
+}
+
 // The node choice: a node where a live sandbox already holds the volume
 // (no second mount); a `local` volume only where it lives, 503 when that
 // node is lost, 409 when no node holds it and there is no in-process

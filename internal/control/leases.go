@@ -40,6 +40,9 @@ type leases struct {
 	idle time.Duration
 	// remoteHolder is this process's holder name on remote nodes.
 	remoteHolder string
+	// recheck is how often a lease on a remote node checks that the node
+	// is still live.
+	recheck time.Duration
 
 	mu sync.Mutex
 	by map[string]*lease
@@ -51,13 +54,14 @@ type lease struct {
 	node     string
 	hostPath string
 	touched  time.Time // the node's ref was last written (remote nodes)
+	checked  time.Time // the node was last seen live (remote nodes)
 	users    int       // guarded by leases.mu
 	timer    *time.Timer
 	gen      int // bumps on every acquire so a stale timer does nothing
 }
 
 func newLeases(m *Manager, idle time.Duration) *leases {
-	return &leases{m: m, idle: idle, remoteHolder: ContentHolder + "-" + token(8), by: map[string]*lease{}}
+	return &leases{m: m, idle: idle, remoteHolder: ContentHolder + "-" + token(8), recheck: time.Second, by: map[string]*lease{}}
 }
 
 // holder is this process's holder name on node nodeID.
@@ -114,6 +118,17 @@ func (l *leases) acquire(ctx context.Context, v *store.Volume) (ContentTarget, f
 		return ContentTarget{}, nil, err
 	}
 	att := node.VolumeAttachment{VolumeID: v.ID, Driver: v.Driver, PrivateData: v.PrivateData}
+	if ls.hostPath != "" && !l.m.nodes.IsLocal(ls.node) && time.Since(ls.checked) >= l.recheck {
+		// Requests that keep coming would keep a lease on a lost node
+		// forever: lease elsewhere instead. The lost node keeps its ref
+		// until it returns and the reconciler (no lease holds it) detaches it.
+		if l.m.nodeLive(ctx, ls.node) {
+			ls.checked = time.Now()
+		} else {
+			l.m.log.Warn("volume-content lease: node lost, leasing elsewhere", "volume", v.ID, "node", ls.node)
+			ls.node, ls.hostPath = "", ""
+		}
+	}
 	switch {
 	case ls.hostPath == "":
 		id, err := l.m.contentNodeFor(ctx, v)
@@ -128,7 +143,7 @@ func (l *leases) acquire(ctx context.Context, v *store.Volume) (ContentTarget, f
 		if err != nil {
 			return fail(fmt.Errorf("attach volume '%s' on node %s for file access: %w", v.ID, id, err))
 		}
-		ls.node, ls.hostPath, ls.touched = id, hp, time.Now()
+		ls.node, ls.hostPath, ls.touched, ls.checked = id, hp, time.Now(), time.Now()
 	case !l.m.nodes.IsLocal(ls.node) && time.Since(ls.touched) > l.idle:
 		// Re-attaching an attached holder rewrites the node's ref, which
 		// tells other replicas' reconcilers it is in use.
@@ -226,6 +241,16 @@ func (l *leases) drop(ctx context.Context, volID string) error {
 		errs = append(errs, nd.DetachVolume(ctx, ContentHolder, volID))
 	}
 	return errors.Join(errs...)
+}
+
+// nodeLive reports whether node id's heartbeat is within NodeLostAfter
+// (the in-process node always is).
+func (m *Manager) nodeLive(ctx context.Context, id string) bool {
+	if m.nodes.IsLocal(id) {
+		return true
+	}
+	row, err := m.store.GetNode(ctx, id)
+	return err == nil && time.Since(row.HeartbeatAt) <= m.cfg.NodeLostAfter
 }
 
 // contentNodeFor chooses the node that serves v's files: one that holds it
