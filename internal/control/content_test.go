@@ -12,6 +12,8 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/nodeset"
 	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/internal/volume"
+	volumeregistry "github.com/cubicle-dev/cubicle/internal/volume/registry"
 )
 
 // contentNode is a remote node that keeps volume references as a node
@@ -96,7 +98,11 @@ func contentCluster(t *testing.T) (*Manager, store.Store, map[string]*contentNod
 	set := nodeset.New(nodeset.Config{Registry: st, Dial: func(row *store.Node) (node.Node, io.Closer, error) {
 		return nodes[row.ID], io.NopCloser(nil), nil
 	}})
-	m := New(Config{Nodes: set, ContentIdle: 20 * time.Millisecond}, st, nil, storeResolver{st})
+	reg, err := volumeregistry.Open([]volume.PluginConfig{{Name: "local", Type: volume.TypeLocal, Root: t.TempDir()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := New(Config{Nodes: set, Volumes: reg, ContentIdle: 20 * time.Millisecond}, st, nil, storeResolver{st})
 	return m, st, nodes
 }
 
@@ -199,15 +205,15 @@ func TestVolumeContentLeaseLeavesALostNode(t *testing.T) {
 	}
 }
 
-// The node choice: a node where a live sandbox already holds the volume
-// (no second mount); a `local` volume only where it lives, 503 when that
-// node is lost, 409 when no node holds it and there is no in-process
-// node; 503 when no ready node has the driver.
+// The node choice: a live node where a live sandbox already holds the
+// volume (no second mount), not one whose heartbeat lapsed; a host-bound
+// (local) volume is 409 on a pure control plane (its files are the control
+// plane's host's); 503 when no ready node has the driver.
 func TestVolumeContentNodeChoice(t *testing.T) {
 	ctx := context.Background()
 	m, st, _ := contentCluster(t)
 	for _, v := range []*store.Volume{
-		{ID: "shared", Driver: "s3"}, {ID: "here", Driver: "local"}, {ID: "gone", Driver: "local"}, {ID: "nowhere", Driver: "local"}, {ID: "odd", Driver: "nfs"},
+		{ID: "shared", Driver: "s3"}, {ID: "stale", Driver: "s3"}, {ID: "here", Driver: "local"}, {ID: "odd", Driver: "nfs"},
 	} {
 		v.TeamID, v.Name, v.State, v.Token = store.DefaultTeamID, v.ID, store.VolumeReady, "tok"
 		if err := st.CreateVolume(ctx, v); err != nil {
@@ -223,23 +229,19 @@ func TestVolumeContentNodeChoice(t *testing.T) {
 		}
 	}
 	hold("shared", "node-b")
-	hold("here", "node-b")
-	hold("gone", "node-d")
-	for vol, want := range map[string]string{"shared": "node-b", "here": "node-b"} {
+	hold("stale", "node-d") // node-d's heartbeat is an hour old
+	for vol, want := range map[string]string{"shared": "node-b", "stale": "node-a"} {
 		tgt, release, err := m.OpenVolume(ctx, vol, "tok")
 		if err != nil {
 			t.Fatal(err)
 		}
 		release()
 		if tgt.Node != want {
-			t.Fatalf("%s served on %q, want %s (a live sandbox holds it there)", vol, tgt.Node, want)
+			t.Fatalf("%s served on %q, want %s", vol, tgt.Node, want)
 		}
 	}
-	if _, _, err := m.OpenVolume(ctx, "gone", "tok"); !errors.Is(err, ErrVolumeUnavailable) || !strings.Contains(err.Error(), "node-d") {
-		t.Fatalf("a local volume whose node is lost: %v", err)
-	}
-	if _, _, err := m.OpenVolume(ctx, "nowhere", "tok"); !errors.Is(err, ErrConflict) {
-		t.Fatalf("a local volume no node holds, without an in-process node: %v", err)
+	if _, _, err := m.OpenVolume(ctx, "here", "tok"); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "control plane's host") {
+		t.Fatalf("a local volume without an in-process node: %v", err)
 	}
 	if _, _, err := m.OpenVolume(ctx, "odd", "tok"); !errors.Is(err, ErrVolumeUnavailable) || !strings.Contains(err.Error(), "nfs") {
 		t.Fatalf("no node has the driver: %v", err)

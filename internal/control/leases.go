@@ -253,38 +253,42 @@ func (m *Manager) nodeLive(ctx context.Context, id string) bool {
 	return err == nil && time.Since(row.HeartbeatAt) <= m.cfg.NodeLostAfter
 }
 
-// contentNodeFor chooses the node that serves v's files: one that holds it
-// already (a live sandbox's attachment there, so no second mount), the
-// in-process node first; else, for a driver whose data is shared, the
-// in-process node when it has the driver, then the first ready,
-// uncordoned node that does. A `local`-driver volume is one machine's
-// directory, made on the control plane's host: only the in-process node,
-// or a node that already mounts it, has its files.
+// contentNodeFor chooses the node that serves v's files. A volume of a
+// host-bound driver (local) is files of the control plane's host: only the
+// in-process node has them (its sandboxes are pinned there too), and a
+// control plane without one cannot serve them (409). Otherwise: a live
+// node where a live sandbox holds the volume already (no second mount),
+// the in-process node first; else the in-process node when it has the
+// driver (no extra hop); else the first ready, uncordoned node that has
+// it (503 when none).
 func (m *Manager) contentNodeFor(ctx context.Context, v *store.Volume) (string, error) {
-	now := time.Now()
-	live, err := m.nodes.Live(ctx, m.cfg.NodeLostAfter, now)
+	localID, hasLocal := m.nodes.Local()
+	if p, err := m.plugin(v.Driver); err == nil && hostBound(p) {
+		if hasLocal {
+			return localID, nil
+		}
+		return "", fmt.Errorf("%w: volume '%s' (driver %s) is kept on the control plane's host, and this control plane runs no node to serve its files", ErrConflict, v.ID, v.Driver)
+	}
+	live, err := m.nodes.Live(ctx, m.cfg.NodeLostAfter, time.Now())
 	if err != nil {
 		return "", err
 	}
-	isLive := map[string]*store.Node{}
+	isLive := map[string]bool{}
 	for _, mb := range live {
-		isLive[mb.ID] = mb.Row
+		isLive[mb.ID] = true
 	}
-	localID, hasLocal := m.nodes.Local()
 	atts, err := m.store.ListVolumeAttachments(ctx, v.ID, "")
 	if err != nil {
 		return "", err
 	}
-	var holders, down []string
+	var holders []string
 	for _, a := range atts {
 		id := a.Node
 		if id == "" && hasLocal {
 			id = localID
 		}
-		if _, ok := isLive[id]; ok {
+		if isLive[id] {
 			holders = append(holders, id)
-		} else if !slices.Contains(down, id) {
-			down = append(down, id)
 		}
 	}
 	if hasLocal && slices.Contains(holders, localID) {
@@ -294,18 +298,11 @@ func (m *Manager) contentNodeFor(ctx context.Context, v *store.Volume) (string, 
 		slices.Sort(holders)
 		return holders[0], nil
 	}
-	local := v.Driver == "local"
 	if hasLocal {
 		info, err := m.nodeInfo(ctx, m.nodes.LocalNode(), localID)
 		if err == nil && slices.Contains(info.VolumeDrivers, v.Driver) {
 			return localID, nil
 		}
-	}
-	switch {
-	case local && len(down) > 0:
-		return "", fmt.Errorf("%w: volume '%s' (driver local) is a directory of node %s, which is down", ErrVolumeUnavailable, v.ID, down[0])
-	case local:
-		return "", fmt.Errorf("%w: volume '%s' uses the local driver, whose files are on the control plane's host, and this control plane runs no in-process node; mount it in a sandbox or use a shared driver", ErrConflict, v.ID)
 	}
 	for _, mb := range live {
 		if mb.Row == nil || m.nodes.IsLocal(mb.ID) || mb.Row.Cordoned || mb.Row.Draining {
