@@ -254,6 +254,7 @@ func nodeRun(ctx context.Context, o nodeRunOptions) error {
 	srv := nodegrpc.NewServer(nh.node, grpc.Creds(credentials.NewTLS(tlsConf)))
 	o.data.CA, o.data.GetCertificate, o.data.Logger, o.data.Registry = id.ca, certs.get, log, reg
 	o.data.Lookup = dataplane.NodeLookup(nh.node)
+	o.data.Volumes = nh.node // the volume-content API of volumes attached here
 	dp, err := dataplane.NewServer(o.data)
 	if err != nil {
 		return err

@@ -327,13 +327,18 @@ func serve(ctx context.Context, o serveOptions) error {
 		go host.runAccelReconciler(ctx)
 	}
 
-	apiSrv := api.New(api.Config{Domain: o.domain, Logger: log, Registry: reg, Templates: tpls.api, Images: tpls.images,
-		MaxImageBytes: o.maxImageBytes, Secrets: secrets, Join: join}, mgr, st)
-	tpls.startCollector(ctx, apiSrv)
-	routes, err := nodeRoutes(st, o, cp)
+	routes, volumeProxy, err := nodeRoutes(st, o, cp)
 	if err != nil {
 		return err
 	}
+	apiCfg := api.Config{Domain: o.domain, Logger: log, Registry: reg, Templates: tpls.api, Images: tpls.images,
+		MaxImageBytes: o.maxImageBytes, Secrets: secrets, Join: join}
+	if volumeProxy != nil {
+		defer volumeProxy.Close()
+		apiCfg.VolumeNodes = volumeProxy
+	}
+	apiSrv := api.New(apiCfg, mgr, st)
+	tpls.startCollector(ctx, apiSrv)
 	var handler http.Handler = proxy.New(proxy.Config{Domain: o.domain, Logger: log, Limits: o.conns.proxyLimits(budget), Registry: reg, Nodes: routes}, mgr, st, apiSrv)
 	handler = nodeRegistry(handler, join, tpls.ociRegistry)
 

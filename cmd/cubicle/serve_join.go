@@ -79,33 +79,35 @@ func nodeSet(st store.Store, nodeID string, nd node.Node, cp *cpCert) *nodeset.S
 	return nodeset.New(cfg)
 }
 
-// nodeRoutes is how the proxy reaches sandboxes on remote nodes: through
-// their data planes, with this replica's control-plane identity. Without a
-// cluster identity (no TLS) there are no remote nodes, and nil keeps the
-// embedded proxy's direct dial.
-func nodeRoutes(st store.Store, o serveOptions, cp *cpCert) (*proxy.NodeRoutes, error) {
+// nodeRoutes is how the proxy reaches sandboxes on remote nodes, and the
+// volume-content API their volumes: through their data planes, with this
+// replica's control-plane identity. Without a cluster identity (no TLS)
+// there are no remote nodes, and nil keeps the embedded proxy's direct
+// dial and the content API's direct reads.
+func nodeRoutes(st store.Store, o serveOptions, cp *cpCert) (*proxy.NodeRoutes, *dataplane.VolumeProxy, error) {
 	if cp == nil {
-		return nil, nil
+		return nil, nil, nil
 	}
 	dialer, err := dataplane.NewClientFunc(func() (*tls.Certificate, error) { return cp.get(time.Now()) }, cp.ca.Cert)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	local := ""
 	if o.embeddedNode {
 		local = o.nodeID
 	}
-	return &proxy.NodeRoutes{Local: local, Dialer: dialer,
-		DataAddress: func(ctx context.Context, nodeID string) (string, error) {
-			n, err := st.GetNode(ctx, nodeID)
-			if err != nil {
-				return "", err
-			}
-			if n.DataAddress == "" {
-				return "", fmt.Errorf("node %s: %w", nodeID, nodeset.ErrNoAddress)
-			}
-			return n.DataAddress, nil
-		}}, nil
+	dataAddress := func(ctx context.Context, nodeID string) (string, error) {
+		n, err := st.GetNode(ctx, nodeID)
+		if err != nil {
+			return "", err
+		}
+		if n.DataAddress == "" {
+			return "", fmt.Errorf("node %s: %w", nodeID, nodeset.ErrNoAddress)
+		}
+		return n.DataAddress, nil
+	}
+	return &proxy.NodeRoutes{Local: local, Dialer: dialer, DataAddress: dataAddress},
+		dataplane.NewVolumeProxy(dialer, dataAddress), nil
 }
 
 // clusterFlags checks serve's node flags: a pure control plane

@@ -87,8 +87,8 @@ func statusOf(err error) int {
 		return http.StatusServiceUnavailable
 	case errors.Is(err, diskbudget.ErrInsufficientStorage):
 		return http.StatusInsufficientStorage
-	case errors.Is(err, control.ErrNoLocalNode):
-		return http.StatusNotImplemented
+	case errors.Is(err, control.ErrVolumeUnavailable):
+		return http.StatusServiceUnavailable
 	case errors.Is(err, errdefs.ErrUnavailable):
 		// A node (or a sandbox's agent) that cannot be reached now: the
 		// client may try again (Retry-After), a create on another node.

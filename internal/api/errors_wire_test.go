@@ -51,15 +51,15 @@ func TestNodeErrorsSurviveTheWire(t *testing.T) {
 }
 
 // A node that cannot be reached (gRPC Unavailable, brought back as the
-// errdefs class) is 503 with Retry-After, not an internal error; a control
-// plane without the in-process node answers 501 for what needs it.
+// errdefs class) is 503 with Retry-After, not an internal error; so is a
+// volume whose files no node can serve now.
 func TestUnreachableNodeIs503(t *testing.T) {
 	down := errdefs.ToNative(errdefs.ToGRPC(errdefs.New(errdefs.ErrUnavailable, "connection refused")))
 	if st := statusOf(fmt.Errorf("create sandbox: %w", down)); st != http.StatusServiceUnavailable {
 		t.Fatalf("unreachable node: %d", st)
 	}
-	if st := statusOf(fmt.Errorf("x: %w", control.ErrNoLocalNode)); st != http.StatusNotImplemented {
-		t.Fatalf("no in-process node: %d", st)
+	if st := statusOf(fmt.Errorf("x: %w", control.ErrVolumeUnavailable)); st != http.StatusServiceUnavailable {
+		t.Fatalf("volume files unavailable: %d", st)
 	}
 	// Classes with their own status keep it.
 	if st := statusOf(volume.ErrPlugin); st != http.StatusBadGateway {

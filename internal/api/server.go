@@ -42,6 +42,15 @@ type Config struct {
 	// Join enables POST /nodes/join (nodes joining the cluster) and the
 	// node calls (register, heartbeat, renew, secret) of joined nodes.
 	Join *nodejoin.Service
+	// VolumeNodes passes volume-content requests to the remote node that
+	// holds the volume (a *dataplane.VolumeProxy); nil: no remote nodes.
+	VolumeNodes VolumeNodes
+}
+
+// VolumeNodes gives the handler that serves a volume-content request on
+// remote node nodeID.
+type VolumeNodes interface {
+	Handler(nodeID string) http.Handler
 }
 
 // Server is the REST API.
@@ -146,7 +155,7 @@ func New(cfg Config, mgr *control.Manager, st store.Store) *Server {
 	// The SDK uploads build contexts without an API key; the URL carries a token.
 	r.Put("/template-uploads/{hash}", s.uploadContext)
 	// Volume content authenticates with the volume's own token, not an API key.
-	r.Handle("/volumecontent/*", content.NewHandler(contentResolver{mgr}, cfg.Logger))
+	r.Handle("/volumecontent/*", content.NewHandler(contentResolver{mgr, cfg.VolumeNodes}, cfg.Logger))
 	s.router = r
 	return s
 }

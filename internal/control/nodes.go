@@ -2,7 +2,6 @@ package control
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/cubicle-dev/cubicle/internal/node"
@@ -56,18 +55,4 @@ func (m *Manager) runOn(ctx context.Context, sb *store.Sandbox, cmd string) (int
 		return -1, err
 	}
 	return nd.Run(ctx, sb.ID, sb.EnvdToken, sb.DefaultUser, cmd)
-}
-
-// ErrNoLocalNode: the operation needs the in-process node (the volume
-// content API mounts the volume on this host) and this control plane runs
-// none (serve --embedded-node=false).
-var ErrNoLocalNode = errors.New("this control plane runs no in-process node")
-
-// contentNode is the node the volume-content API attaches through: the
-// in-process one, since the files are read on this host.
-func (m *Manager) contentNode() (node.Node, error) {
-	if n := m.nodes.LocalNode(); n != nil {
-		return n, nil
-	}
-	return nil, fmt.Errorf("%w: volume file access needs it", ErrNoLocalNode)
 }

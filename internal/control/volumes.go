@@ -405,7 +405,12 @@ func (m *Manager) reconcileNodeRefs(ctx context.Context, nodeID string, nd node.
 	for _, r := range refs {
 		switch r.Kind {
 		case node.HolderContent:
-			if m.nodes.IsLocal(nodeID) && m.leases.holds(r.VolumeID) {
+			if r.Holder == m.leases.holder(nodeID) && m.leases.holdsOn(r.VolumeID, nodeID) {
+				continue
+			}
+			// Another replica's lease on a remote node: its own until
+			// it stops touching the ref.
+			if !m.nodes.IsLocal(nodeID) && r.Holder != m.leases.holder(nodeID) && time.Since(r.UpdatedAt) < m.leases.staleRemote() {
 				continue
 			}
 			m.log.Info("reconcile: releasing stale volume-content attachment", "volume", r.VolumeID, "node", nodeID)
@@ -548,22 +553,25 @@ func (m *Manager) finishLostVolume(ctx context.Context, v *store.Volume, why str
 	return nil
 }
 
-// OpenVolume authenticates a volume-content request and returns the host
-// directory of the volume's files, attached on this node for as long as
-// requests use it (plus an idle grace period).
-func (m *Manager) OpenVolume(ctx context.Context, id, tok string) (string, func(), error) {
+// OpenVolume authenticates a volume-content request and returns where its
+// files are served: a directory on the in-process node, or the remote node
+// that holds the volume attached (contentNodeFor chooses it). The volume
+// stays attached there for as long as requests use it (plus an idle grace
+// period); release ends this request's use. Nothing is attached before
+// the token is checked.
+func (m *Manager) OpenVolume(ctx context.Context, id, tok string) (ContentTarget, func(), error) {
 	v, err := m.store.GetVolume(ctx, id)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && v.State == store.VolumeCreating) {
-		return "", nil, fmt.Errorf("%w: volume '%s' not found", ErrVolumeNotFound, id)
+		return ContentTarget{}, nil, fmt.Errorf("%w: volume '%s' not found", ErrVolumeNotFound, id)
 	}
 	if err != nil {
-		return "", nil, err
+		return ContentTarget{}, nil, err
 	}
 	if tok == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(v.Token)) != 1 {
-		return "", nil, fmt.Errorf("%w: invalid or missing volume token", ErrUnauthorized)
+		return ContentTarget{}, nil, fmt.Errorf("%w: invalid or missing volume token", ErrUnauthorized)
 	}
 	if v.State != store.VolumeReady {
-		return "", nil, fmt.Errorf("%w: volume '%s' is being deleted", ErrConflict, id)
+		return ContentTarget{}, nil, fmt.Errorf("%w: volume '%s' is being deleted", ErrConflict, id)
 	}
 	return m.leases.acquire(ctx, v)
 }

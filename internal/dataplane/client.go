@@ -65,6 +65,19 @@ func (c *Client) Dial(ctx context.Context, nodeID, dataAddr, sandboxID string, p
 	if !validID(sandboxID) || port < 1 || port > 65535 {
 		return nil, fmt.Errorf("%w: sandbox %q port %d", ErrBadTarget, sandboxID, port)
 	}
+	return c.open(ctx, nodeID, dataAddr, target(sandboxID, port))
+}
+
+// DialVolumes opens a connection to node nodeID's volume-content server
+// (ServerConfig.Volumes): after it, the connection speaks HTTP/1.1 to the
+// node's internal/volume/content handler, which serves only the volumes
+// the node holds attached for the volume-content API. Errors as Dial's.
+func (c *Client) DialVolumes(ctx context.Context, nodeID, dataAddr string) (net.Conn, error) {
+	return c.open(ctx, nodeID, dataAddr, volumesTarget)
+}
+
+// open dials the node, proves both identities and asks for target.
+func (c *Client) open(ctx context.Context, nodeID, dataAddr, t string) (net.Conn, error) {
 	raw, err := c.dialer.DialContext(ctx, "tcp", dataAddr)
 	if err != nil {
 		return nil, &NodeError{Node: nodeID, Addr: dataAddr, Err: err}
@@ -86,7 +99,7 @@ func (c *Client) Dial(ctx context.Context, nodeID, dataAddr, sandboxID string, p
 		raw.SetDeadline(dl)
 	}
 	stop := context.AfterFunc(ctx, func() { raw.SetDeadline(time.Unix(1, 0)) })
-	conn, err := c.connect(ctx, tc, nodeID, sandboxID, port)
+	conn, err := c.connect(ctx, tc, nodeID, t)
 	if err != nil && !errors.As(err, new(*TunnelError)) {
 		err = &NodeError{Node: nodeID, Addr: dataAddr, Err: err}
 	}
@@ -106,12 +119,15 @@ func (c *Client) Dial(ctx context.Context, nodeID, dataAddr, sandboxID string, p
 
 // connect runs the handshake and the CONNECT exchange; a refusal is a
 // *TunnelError, anything else the node's failure.
-func (c *Client) connect(ctx context.Context, tc *tls.Conn, nodeID, sandboxID string, port int) (net.Conn, error) {
+func (c *Client) connect(ctx context.Context, tc *tls.Conn, nodeID, t string) (net.Conn, error) {
 	if err := tc.HandshakeContext(ctx); err != nil {
 		return nil, fmt.Errorf("TLS: %w", err)
 	}
-	t := target(sandboxID, port)
-	if _, err := io.WriteString(tc, "CONNECT "+t+" HTTP/1.1\r\nHost: "+t+"\r\n\r\n"); err != nil {
+	host := t
+	if t == volumesTarget {
+		host = "volumes"
+	}
+	if _, err := io.WriteString(tc, "CONNECT "+t+" HTTP/1.1\r\nHost: "+host+"\r\n\r\n"); err != nil {
 		return nil, err
 	}
 	// A node is not trusted with the control plane's memory: its answer

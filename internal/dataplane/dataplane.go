@@ -11,6 +11,14 @@
 // so a caller cannot use a node to reach anything else. After the 200 the
 // connection is a byte pipe both ways; a half-close on one side (TLS
 // close_notify, TCP FIN) is passed on to the other.
+//
+// The one other target, CONNECT /volumes, reaches the node's own
+// volume-content server (ServerConfig.Volumes): HTTP/1.1 on the tunnel,
+// served by internal/volume/content over the directory of a volume the
+// node holds attached for the volume-content API, never over a path the
+// request names. The control plane has checked the volume's token and
+// attached it there (its lease) before it sends a request; VolumeProxy is
+// its side.
 package dataplane
 
 import (
@@ -30,7 +38,8 @@ var (
 	// ErrBusy: the node is at its tunnel limit (503); a later dial may pass.
 	ErrBusy = errdefs.New(errdefs.ErrResourceExhausted, "the node's data plane is at its tunnel limit")
 	// ErrBadTarget: the tunnel request does not name a sandbox ID and a
-	// port in 1-65535 (400).
+	// port in 1-65535, nor the volume-content server of a node that has
+	// one (400).
 	ErrBadTarget = errdefs.New(errdefs.ErrInvalidArgument, "a tunnel names <sandboxID>:<port>")
 	// ErrServerClosed is what Serve returns after Close.
 	ErrServerClosed = errors.New("dataplane: server closed")
@@ -100,6 +109,11 @@ func (e *NodeError) Error() string {
 }
 
 func (e *NodeError) Unwrap() []error { return []error{errdefs.ErrUnavailable, e.Err} }
+
+// volumesTarget is the CONNECT request-target of the node's volume-content
+// server. It is a path, so it can never parse as a sandbox's
+// <sandboxID>:<port>.
+const volumesTarget = "/volumes"
 
 // target formats and parses the CONNECT authority <sandboxID>:<port>.
 func target(sandboxID string, port int) string {

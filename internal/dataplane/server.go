@@ -63,6 +63,9 @@ type ServerConfig struct {
 	GetCertificate func() *tls.Certificate
 	// Lookup finds the node's sandboxes; required.
 	Lookup Lookup
+	// Volumes, when set, serves the volume-content target (CONNECT
+	// /volumes) from the node's own content attachments; nil refuses it.
+	Volumes VolumeDirs
 	// MaxTunnels bounds open tunnels (0: DefaultMaxTunnels); one more is
 	// answered 503.
 	MaxTunnels int
@@ -89,6 +92,12 @@ type Server struct {
 	// (handshake: the TLS handshake or the request failed).
 	refused *prometheus.CounterVec
 	opened  prometheus.Counter
+
+	// vsrv serves the volume-content tunnels handed to vln (started at
+	// the first one).
+	vsrv     *http.Server
+	vln      *connListener
+	vstarted sync.Once
 
 	mu     sync.Mutex
 	closed bool
@@ -148,6 +157,16 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 			Name: "cubicle_dataplane_tunnels_open", Help: "Data-plane tunnels open now.",
 		}, func() float64 { return float64(len(s.tunnels)) })); err != nil {
 			return nil, fmt.Errorf("dataplane: metrics: %w", err)
+		}
+	}
+	if cfg.Volumes != nil {
+		s.vln = newConnListener()
+		s.vsrv = &http.Server{
+			Handler: volumeHandler(cfg.Volumes, cfg.Logger),
+			// No read or write timeout: a 100 MB file streams through.
+			ReadHeaderTimeout: 30 * time.Second,
+			IdleTimeout:       volumeIdle,
+			ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
 		}
 	}
 	if get := cfg.GetCertificate; get != nil {
@@ -241,6 +260,10 @@ func (s *Server) Close() error {
 		c.Close()
 	}
 	s.mu.Unlock()
+	if s.vsrv != nil {
+		s.vln.Close()
+		s.vsrv.Close()
+	}
 	s.wg.Wait()
 	return nil
 }
@@ -282,6 +305,10 @@ func (s *Server) handle(raw net.Conn) {
 
 	if req.Method != http.MethodConnect {
 		s.refuse(tc, http.StatusMethodNotAllowed, reasonBadTarget, "the data plane takes CONNECT <sandboxID>:<port> only")
+		return
+	}
+	if req.RequestURI == volumesTarget {
+		s.serveVolumes(raw, tc, br)
 		return
 	}
 	id, port, err := parseTarget(req.RequestURI)
@@ -334,4 +361,33 @@ func (s *Server) refuse(c *tls.Conn, status int, reason, msg string) {
 	fmt.Fprintf(c, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
 		status, http.StatusText(status), len(b), b)
 	c.Close()
+}
+
+// serveVolumes hands a volume-content tunnel to the node's HTTP server and
+// waits until that server is done with it, so the tunnel keeps its slot
+// and Close still reaches it.
+func (s *Server) serveVolumes(raw net.Conn, tc *tls.Conn, br *bufio.Reader) {
+	if s.vsrv == nil {
+		s.refuse(tc, http.StatusNotFound, reasonBadTarget, "this node serves no volume content")
+		return
+	}
+	select {
+	case s.tunnels <- struct{}{}:
+		defer func() { <-s.tunnels }()
+	default:
+		s.refuse(tc, http.StatusServiceUnavailable, reasonBusy,
+			"the node has "+strconv.Itoa(s.cfg.MaxTunnels)+" tunnels open, its limit")
+		return
+	}
+	s.vstarted.Do(func() { go s.vsrv.Serve(s.vln) })
+	s.opened.Inc()
+	if _, err := tc.Write([]byte("HTTP/1.1 200 Connection established\r\n\r\n")); err != nil {
+		return
+	}
+	raw.SetDeadline(time.Time{})
+	c := &servedConn{Conn: &bufConn{Conn: tc, r: br}, done: make(chan struct{})}
+	if !s.vln.hand(c) {
+		return
+	}
+	<-c.done
 }

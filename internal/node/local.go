@@ -436,6 +436,14 @@ func (l *Local) DetachVolume(ctx context.Context, holder, volumeID string) error
 	return l.vols.detach(ctx, holder, volumeID)
 }
 
+// ContentDir is the host directory of a volume the node holds attached for
+// the volume-content API (AttachVolume), read from the node's own durable
+// reference; ErrVolumeNotAttached when there is none. The data plane serves
+// a volume's files from here only, never from a path a caller names.
+func (l *Local) ContentDir(_ context.Context, volumeID string) (string, error) {
+	return l.vols.contentDir(volumeID)
+}
+
 // VolumeRefs implements Node.
 func (l *Local) VolumeRefs(ctx context.Context) ([]VolumeRef, error) { return l.vols.list() }
 

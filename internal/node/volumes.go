@@ -210,6 +210,12 @@ func (v *volumes) attach(ctx context.Context, holder, kind string, a VolumeAttac
 			continue
 		}
 		if r.State == RefAttached {
+			if kind == HolderContent {
+				// Rewritten, so its UpdatedAt says the holder still uses it.
+				if err := v.write(r); err != nil {
+					return "", err
+				}
+			}
 			return r.HostPath, nil
 		}
 		// A half-done attach from before a crash: undo it first.
@@ -298,6 +304,31 @@ func (v *volumes) detachHolder(ctx context.Context, holder string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// ErrVolumeNotAttached: the node holds no attached volume-content
+// reference (AttachVolume) on the volume, so it serves none of its files.
+var ErrVolumeNotAttached = errdefs.NewReason(errdefs.ErrFailedPrecondition, "node_volume_not_attached",
+	"node: the volume is not attached on this node for file access")
+
+// contentDir is the host path of volID's attached content reference: the
+// only directory of a volume the node serves over its data plane.
+func (v *volumes) contentDir(volID string) (string, error) {
+	if err := volume.ValidateName(volID); err != nil {
+		return "", fmt.Errorf("%w: volume id: %v", ErrVolumeNotAttached, err)
+	}
+	unlock := v.lock(volID)
+	defer unlock()
+	refs, err := v.refsOf(volID)
+	if err != nil {
+		return "", err
+	}
+	for _, r := range refs {
+		if r.Kind == HolderContent && r.State == RefAttached && r.HostPath != "" {
+			return r.HostPath, nil
+		}
+	}
+	return "", fmt.Errorf("%w: volume %s", ErrVolumeNotAttached, volID)
 }
 
 // holders returns the sandbox holders with at least one ref.

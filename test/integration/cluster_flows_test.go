@@ -71,7 +71,7 @@ func TestCluster(t *testing.T) {
 			return fmt.Sprintf("[storage]\n  volume_plugin_base_dir = %q\n[[storage.volume_plugins]]\n  name = \"s3\"\n  type = \"binary\"\n  binary_path = %q\n[[storage.volume_plugins]]\n  name = \"local\"\n  type = \"local\"\n", base, plugin)
 		},
 		replica: []string{"--volume-config", volCfg, "--snapshot-store", snapStore, "--cpu-count", "1", "--cpu-overcommit", "10", "--memory-mb", fmt.Sprint(perSandbox),
-			"--node-lost-after", "12s", "--lease-poll", "500ms"},
+			"--node-lost-after", "12s", "--lease-poll", "500ms", "--volume-content-idle", "2s"},
 		node: map[int][]string{2: {"--accel-sysfs", gpu.Sysfs, "--accel-dev", gpu.Dev, "--accel-proc", gpu.Proc,
 			"--nvidia-smi", filepath.Join(gpu.Bin, "nvidia-smi"), "--accel-lib-dir", gpu.Lib, "--accel-bin-dir", gpu.Bin,
 			"--accel-release-timeout", "3s"}},
@@ -251,6 +251,62 @@ func TestCluster(t *testing.T) {
 		}
 		if st := r0.do("DELETE", "/volumes/"+v.VolumeID, nil, nil); st != http.StatusNoContent {
 			t.Fatalf("delete the volume once no node holds it: %d", st)
+		}
+	})
+
+	t.Run("the volume-content API through the volume's node", func(t *testing.T) {
+		v := r0.createVolume(t, map[string]any{"name": "files-" + c.lan.suffix})
+		contentRefs := func() []string {
+			var out []string
+			for _, n := range c.nodes {
+				filepath.Walk(filepath.Join(n.DataDir, "node", "volumes", v.VolumeID), func(p string, fi os.FileInfo, err error) error {
+					if err == nil && !fi.IsDir() {
+						out = append(out, n.ID+":"+p)
+					}
+					return nil
+				})
+			}
+			return out
+		}
+		// A wrong token is refused by the control plane: no node attaches.
+		if st, _ := contentReq(t, r0, "PUT", "/volumecontent/"+v.VolumeID+"/file?path=/hello.txt", "wrong", strings.NewReader("x")); st != http.StatusUnauthorized {
+			t.Fatalf("wrong token: %d", st)
+		}
+		if refs := contentRefs(); len(refs) != 0 {
+			t.Fatalf("a refused request attached the volume: %v", refs)
+		}
+		// Written through one replica, read through both (the pure control
+		// planes have no node: each leases the volume on a node and
+		// proxies to that node's data plane).
+		if st, body := contentReq(t, r0, "PUT", "/volumecontent/"+v.VolumeID+"/file?path=/hello.txt", v.Token, strings.NewReader("through a node")); st != http.StatusCreated {
+			t.Fatalf("write: %d %s", st, body)
+		}
+		for _, r := range []*server{r0, r1} {
+			if st, body := contentReq(t, r, "GET", "/volumecontent/"+v.VolumeID+"/file?path=/hello.txt", v.Token, nil); st != http.StatusOK || body != "through a node" {
+				t.Fatalf("read: %d %q", st, body)
+			}
+		}
+		// A sandbox that mounts the volume reads it; a symlink it plants
+		// is refused by the node's handler.
+		sb := r0.create(map[string]any{"templateID": "base", "timeout": 600, "volumeMounts": []any{map[string]any{"name": v.VolumeID, "path": "/data"}}})
+		waitFor(t, "the sandbox sees the file written through the API", 30*time.Second, func() (bool, string) {
+			out, _, _, _ := r1.run(sb, "cat /data/hello.txt 2>&1")
+			return out == "through a node", out
+		})
+		r1.mustRun(sb, "ln -s /etc /data/esc")
+		waitFor(t, "the symlink escape is refused", 30*time.Second, func() (bool, string) {
+			st, body := contentReq(t, r0, "GET", "/volumecontent/"+v.VolumeID+"/file?path=/esc/passwd", v.Token, nil)
+			return st == http.StatusForbidden, fmt.Sprintf("%d %s", st, body)
+		})
+		r0.do("DELETE", "/sandboxes/"+sb.SandboxID, nil, nil)
+		// Both replicas' leases end after the idle period: no node holds
+		// the volume any more, and it can be deleted.
+		waitFor(t, "the content leases are detached", 30*time.Second, func() (bool, string) {
+			refs := contentRefs()
+			return len(refs) == 0, strings.Join(refs, " ")
+		})
+		if st := r1.do("DELETE", "/volumes/"+v.VolumeID, nil, nil); st != http.StatusNoContent {
+			t.Fatalf("delete the volume: %d", st)
 		}
 	})
 

@@ -48,7 +48,8 @@ type Resolver interface {
 	// if none) for volumeID and returns the host directory of the volume's
 	// files and a release func that must be called when the request is done.
 	// Errors: wrap ErrNotFound (-> 404), ErrUnauthorized (-> 401),
-	// ErrConflict (-> 409), ErrNotImplemented (-> 501), anything else -> 500.
+	// ErrConflict (-> 409), ErrNotImplemented (-> 501), ErrUnavailable
+	// (-> 503), anything else -> 500.
 	Open(ctx context.Context, volumeID, token string) (dir string, release func(), err error)
 }
 
@@ -60,7 +61,20 @@ var (
 	// ErrNotImplemented: this server cannot reach volume files at all (a
 	// pure control plane has no node of its own to mount them on).
 	ErrNotImplemented = errors.New("volume file access is not available on this server")
+	// ErrUnavailable: the machine that must serve the volume cannot now
+	// (its node is down) -> 503.
+	ErrUnavailable = errors.New("volume file access is unavailable")
 )
+
+// Router is a Resolver whose volumes may be held by another machine.
+// Route does Open's work (authentication, lease); when forward is non-nil
+// the request, its path unparsed, is passed to it (a proxy to the node
+// that holds the volume), otherwise it is served here from dir. The same
+// errors as Open; release must be called when the request is done.
+type Router interface {
+	Resolver
+	Route(ctx context.Context, volumeID, token string) (dir string, forward http.Handler, release func(), err error)
+}
 
 const (
 	// MaxListDepth caps ?depth= of a directory listing; deeper requests are
@@ -201,7 +215,17 @@ func (h *handler) route(pattern string, fn routeFunc) {
 func (h *handler) serve(w http.ResponseWriter, r *http.Request, volumeID string, fn routeFunc) error {
 	// Authenticate before validating anything so an unauthenticated caller
 	// learns nothing about the volume.
-	dir, release, err := h.resolver.Open(r.Context(), volumeID, bearerToken(r))
+	var (
+		dir     string
+		forward http.Handler
+		release func()
+		err     error
+	)
+	if rt, ok := h.resolver.(Router); ok {
+		dir, forward, release, err = rt.Route(r.Context(), volumeID, bearerToken(r))
+	} else {
+		dir, release, err = h.resolver.Open(r.Context(), volumeID, bearerToken(r))
+	}
 	switch {
 	case errors.Is(err, ErrUnauthorized):
 		return errorf(http.StatusUnauthorized, "invalid or missing volume token")
@@ -211,11 +235,17 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, volumeID string,
 		return errorf(http.StatusConflict, "volume %s: %v", volumeID, err)
 	case errors.Is(err, ErrNotImplemented):
 		return errorf(http.StatusNotImplemented, "volume %s: %v", volumeID, err)
+	case errors.Is(err, ErrUnavailable):
+		return errorf(http.StatusServiceUnavailable, "volume %s: %v", volumeID, err)
 	case err != nil:
 		return fmt.Errorf("resolve volume %s: %w", volumeID, err)
 	}
 	if release != nil {
 		defer release()
+	}
+	if forward != nil {
+		forward.ServeHTTP(w, r)
+		return nil
 	}
 	apiPath, rel, err := parsePath(r.URL.Query().Get("path"))
 	if err != nil {
@@ -320,6 +350,12 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// WriteError answers with the API's error shape (for a server that passes
+// requests on and must answer its own failures alike).
+func WriteError(w http.ResponseWriter, status int, format string, args ...any) {
+	writeError(w, errorf(status, format, args...))
 }
 
 func writeError(w http.ResponseWriter, he *httpError) {
