@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -202,7 +203,7 @@ func (s *Server) sandboxResponse(sb *store.Sandbox) sandboxJSON {
 // is listed as paused: like a paused one it is there but answers nothing
 // until something brings it back (its node), and clients that list
 // "running" to find sandboxes to talk to skip it. Its events say why.
-func listed(sb *store.Sandbox) listedSandbox {
+func listed(sb *store.Sandbox, volumeNames map[string]string) listedSandbox {
 	state := "running"
 	if sb.State == store.StatePaused || sb.State == store.StatePausing || sb.State == store.StateLost {
 		state = "paused"
@@ -213,10 +214,40 @@ func listed(sb *store.Sandbox) listedSandbox {
 		DiskSizeMB: sb.DiskSizeMB, Metadata: sb.Metadata, State: state, EnvdVersion: control.EnvdVersion,
 	}
 	for _, vm := range sb.Volumes {
-		ls.VolumeMounts = append(ls.VolumeMounts, volumeMountJSON{Name: vm.VolumeID, Path: vm.Path, ReadOnly: vm.ReadOnly})
+		// e2b names a mount by the volume's name; a team's volume IDs are
+		// not their names (one deleted since keeps its ID).
+		name := vm.VolumeID
+		if n, ok := volumeNames[vm.VolumeID]; ok {
+			name = n
+		}
+		ls.VolumeMounts = append(ls.VolumeMounts, volumeMountJSON{Name: name, Path: vm.Path, ReadOnly: vm.ReadOnly})
 	}
 	ls.Accelerators = control.SandboxAccelerators(sb)
 	return ls
+}
+
+// volumeNames maps the IDs of the volumes rows mount to their names, one
+// store read per team that has any (nil when none mounts a volume).
+func (s *Server) volumeNames(ctx context.Context, rows ...*store.Sandbox) (map[string]string, error) {
+	var names map[string]string
+	done := map[string]bool{}
+	for _, sb := range rows {
+		if len(sb.Volumes) == 0 || done[sb.TeamID] {
+			continue
+		}
+		done[sb.TeamID] = true
+		vs, err := s.mgr.ListVolumes(ctx, sb.TeamID)
+		if err != nil {
+			return nil, err
+		}
+		if names == nil {
+			names = map[string]string{}
+		}
+		for _, v := range vs {
+			names[v.ID] = v.Name
+		}
+	}
+	return names, nil
 }
 
 func (s *Server) create(w http.ResponseWriter, r *http.Request, v2 bool) {
@@ -372,9 +403,14 @@ func (s *Server) listV2(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Next-Token", encodeCursor(rows[limit-1]))
 	}
 	w.Header().Set("X-Total-Running", strconv.Itoa(running))
+	names, err := s.volumeNames(r.Context(), rows...)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	out := make([]listedSandbox, 0, len(rows))
 	for _, sb := range rows {
-		out = append(out, listed(sb))
+		out = append(out, listed(sb, names))
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -390,9 +426,14 @@ func (s *Server) listV1(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	names, err := s.volumeNames(r.Context(), rows...)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	out := make([]listedSandbox, 0, len(rows))
 	for _, sb := range rows {
-		out = append(out, listed(sb))
+		out = append(out, listed(sb, names))
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -403,7 +444,12 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	d := sandboxDetail{listedSandbox: listed(sb), EnvdAccessToken: sb.EnvdToken, Domain: s.domain()}
+	names, err := s.volumeNames(r.Context(), sb)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	d := sandboxDetail{listedSandbox: listed(sb, names), EnvdAccessToken: sb.EnvdToken, Domain: s.domain()}
 	ai := sb.Network.AllowInternet
 	d.AllowInternetAccess = &ai
 	apt := sb.Network.AllowPublicTraffic

@@ -194,6 +194,33 @@ func TestTenancyIsolation(t *testing.T) {
 			t.Fatalf("B's volume data: %d %v", st, vb)
 		}
 		t.Cleanup(func() { b.do("DELETE", "/volumes/"+vb["volumeID"].(string), nil, nil) })
+		// A sandbox of B's reports its mount by the volume's name, as e2b
+		// does, not by the ID (which differs from the name in every team
+		// but the default one).
+		var sbB map[string]any
+		if st := b.do("POST", "/v2/sandboxes", map[string]any{"templateID": "base", "volumeMounts": []any{map[string]any{"name": "data", "path": "/data"}}}, &sbB); st != 201 {
+			t.Fatalf("B's sandbox with its volume: %d %v", st, sbB)
+		}
+		sbBID := sbB["sandboxID"].(string)
+		var info map[string]any
+		if st := b.do("GET", "/sandboxes/"+sbBID, nil, &info); st != 200 {
+			t.Fatalf("get B's sandbox: %d", st)
+		}
+		var listedB []map[string]any
+		if st := b.do("GET", "/v2/sandboxes", nil, &listedB); st != 200 {
+			t.Fatalf("list B's sandboxes: %d", st)
+		}
+		for _, got := range append([]map[string]any{info}, listedB...) {
+			if got["sandboxID"] != sbBID {
+				continue
+			}
+			if vm := fmt.Sprint(got["volumeMounts"]); vm != "[map[name:data path:/data]]" {
+				t.Fatalf("B's sandbox reports its mounts as %s, want the volume's name", vm)
+			}
+		}
+		if st := b.do("DELETE", "/sandboxes/"+sbBID, nil, nil); st != 204 {
+			t.Fatalf("kill B's sandbox: %d", st)
+		}
 		// Volume content authenticates with the volume's own token: B's
 		// token does not open A's volume.
 		req, _ := http.NewRequest("GET", s.URL+"/volumecontent/data/dir?path=/", nil)
