@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"fmt"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
@@ -13,7 +12,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/snapstore"
-	"github.com/cubicle-dev/cubicle/internal/volume/s3/s3test"
+	"github.com/cubicle-dev/cubicle/internal/snapstore/snapstoretest"
 )
 
 // BenchmarkPushFetch measures moving one snapshot package between nodes
@@ -24,16 +23,7 @@ import (
 //
 //	go test -run '^$' -bench PushFetch -benchtime 10x ./bench/snapstore/
 func BenchmarkPushFetch(b *testing.B) {
-	gw := s3test.Start(b)
-	cfg, err := snapstore.Parse("s3://" + gw.Bucket + "?endpoint=" + url.QueryEscape(gw.Endpoint) + "&region=" + gw.Region + "&pathStyle=true")
-	if err != nil {
-		b.Fatal(err)
-	}
-	cfg.AccessKey, cfg.SecretKey = gw.AccessKey, gw.SecretKey
-	st, err := snapstore.New(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
+	st, _ := snapstoretest.New(b)
 	const files, size = 256, 256 << 10
 	src := filepath.Join(b.TempDir(), "snap_bench")
 	if err := os.MkdirAll(filepath.Join(src, snapstore.PartRootfs, "d"), 0o755); err != nil {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,6 +18,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/nodeset"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/snapstore"
+	"github.com/cubicle-dev/cubicle/internal/snapstore/snapstoretest"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/volume/s3/s3test"
 )
@@ -49,17 +49,7 @@ func newSnapCluster(t *testing.T, withStore bool) (*cluster, *s3test.Server) {
 	cfg := Config{Nodes: set}
 	var gw *s3test.Server
 	if withStore {
-		gw = s3test.Start(t)
-		sc, err := snapstore.Parse("s3://" + gw.Bucket + "?endpoint=" + url.QueryEscape(gw.Endpoint) + "&region=" + gw.Region + "&pathStyle=true")
-		if err != nil {
-			t.Fatal(err)
-		}
-		sc.AccessKey, sc.SecretKey = gw.AccessKey, gw.SecretKey
-		ss, err := snapstore.New(sc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.SnapshotStore = ss
+		cfg.SnapshotStore, gw = snapstoretest.New(t)
 	}
 	c.m = New(cfg, st, nil, storeResolver{st})
 	return c, gw

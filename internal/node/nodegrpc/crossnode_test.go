@@ -3,7 +3,6 @@ package nodegrpc_test
 import (
 	"context"
 	"errors"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -12,7 +11,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/node/nodegrpc/nodegrpctest"
 	"github.com/cubicle-dev/cubicle/internal/node/nodetest/localnode"
 	"github.com/cubicle-dev/cubicle/internal/snapstore"
-	"github.com/cubicle-dev/cubicle/internal/volume/s3/s3test"
+	"github.com/cubicle-dev/cubicle/internal/snapstore/snapstoretest"
 )
 
 // A snapshot taken on node A is pushed to a real S3 server through
@@ -20,16 +19,7 @@ import (
 // URLs, and a sandbox on B from it by ID has A's files. A wrong digest
 // leaves B without the snapshot.
 func TestCrossNodeRestoreThroughS3(t *testing.T) {
-	gw := s3test.Start(t)
-	cfg, err := snapstore.Parse("s3://" + gw.Bucket + "?endpoint=" + url.QueryEscape(gw.Endpoint) + "&region=" + gw.Region + "&pathStyle=true")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.AccessKey, cfg.SecretKey = gw.AccessKey, gw.SecretKey
-	st, err := snapstore.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, _ := snapstoretest.New(t)
 	a, _ := localnode.New(t)
 	lb, _ := localnode.New(t)
 	b := nodegrpctest.Pipe(t, lb)

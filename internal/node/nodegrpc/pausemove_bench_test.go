@@ -3,7 +3,6 @@ package nodegrpc_test
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"sort"
 	"testing"
 	"time"
@@ -12,7 +11,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/node/nodegrpc/nodegrpctest"
 	"github.com/cubicle-dev/cubicle/internal/node/nodetest/localnode"
 	"github.com/cubicle-dev/cubicle/internal/snapstore"
-	"github.com/cubicle-dev/cubicle/internal/volume/s3/s3test"
+	"github.com/cubicle-dev/cubicle/internal/snapstore/snapstoretest"
 )
 
 // BenchmarkPauseMove times what a filesystem pause costs with and without
@@ -33,16 +32,7 @@ import (
 //
 //	go test -run '^$' -bench PauseMove -benchtime 5x ./internal/node/nodegrpc/
 func BenchmarkPauseMove(b *testing.B) {
-	gw := s3test.Start(b)
-	cfg, err := snapstore.Parse("s3://" + gw.Bucket + "?endpoint=" + url.QueryEscape(gw.Endpoint) + "&region=" + gw.Region + "&pathStyle=true")
-	if err != nil {
-		b.Fatal(err)
-	}
-	cfg.AccessKey, cfg.SecretKey = gw.AccessKey, gw.SecretKey
-	st, err := snapstore.New(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
+	st, _ := snapstoretest.New(b)
 	na, _ := localnode.New(b)
 	lb, _ := localnode.New(b)
 	nb := nodegrpctest.Pipe(b, lb)

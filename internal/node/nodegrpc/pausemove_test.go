@@ -2,7 +2,6 @@ package nodegrpc_test
 
 import (
 	"context"
-	"net/url"
 	"testing"
 	"time"
 
@@ -11,7 +10,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/node/nodetest/localnode"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/snapstore"
-	"github.com/cubicle-dev/cubicle/internal/volume/s3/s3test"
+	"github.com/cubicle-dev/cubicle/internal/snapstore/snapstoretest"
 )
 
 // A runsc sandbox paused with its memory (checkpointed) moves to another
@@ -22,16 +21,7 @@ import (
 // memory, with the token its agent holds. A process started before the
 // pause is still running there.
 func TestPausedRunscSandboxMovesWithMemory(t *testing.T) {
-	gw := s3test.Start(t)
-	cfg, err := snapstore.Parse("s3://" + gw.Bucket + "?endpoint=" + url.QueryEscape(gw.Endpoint) + "&region=" + gw.Region + "&pathStyle=true")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.AccessKey, cfg.SecretKey = gw.AccessKey, gw.SecretKey
-	st, err := snapstore.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, _ := snapstoretest.New(t)
 	a, _ := localnode.NewRunsc(t)
 	lb, _ := localnode.NewRunsc(t)
 	b := nodegrpctest.Pipe(t, lb)
