@@ -65,6 +65,17 @@ func (c *Client) Dial(ctx context.Context, nodeID, dataAddr, sandboxID string, p
 	if !validID(sandboxID) || port < 1 || port > 65535 {
 		return nil, fmt.Errorf("%w: sandbox %q port %d", ErrBadTarget, sandboxID, port)
 	}
+	return c.dial(ctx, nodeID, dataAddr, target(sandboxID, port))
+}
+
+// DialBuilder opens a tunnel to the template builder (buildkitd's gRPC
+// socket) of node nodeID, as Dial does to a sandbox. A node that runs no
+// builder refuses with a *TunnelError matching ErrNotBuilder.
+func (c *Client) DialBuilder(ctx context.Context, nodeID, dataAddr string) (net.Conn, error) {
+	return c.dial(ctx, nodeID, dataAddr, BuilderTarget)
+}
+
+func (c *Client) dial(ctx context.Context, nodeID, dataAddr, authority string) (net.Conn, error) {
 	raw, err := c.dialer.DialContext(ctx, "tcp", dataAddr)
 	if err != nil {
 		return nil, &NodeError{Node: nodeID, Addr: dataAddr, Err: err}
@@ -86,7 +97,7 @@ func (c *Client) Dial(ctx context.Context, nodeID, dataAddr, sandboxID string, p
 		raw.SetDeadline(dl)
 	}
 	stop := context.AfterFunc(ctx, func() { raw.SetDeadline(time.Unix(1, 0)) })
-	conn, err := c.connect(ctx, tc, nodeID, sandboxID, port)
+	conn, err := c.connect(ctx, tc, nodeID, authority)
 	if err != nil && !errors.As(err, new(*TunnelError)) {
 		err = &NodeError{Node: nodeID, Addr: dataAddr, Err: err}
 	}
@@ -106,11 +117,10 @@ func (c *Client) Dial(ctx context.Context, nodeID, dataAddr, sandboxID string, p
 
 // connect runs the handshake and the CONNECT exchange; a refusal is a
 // *TunnelError, anything else the node's failure.
-func (c *Client) connect(ctx context.Context, tc *tls.Conn, nodeID, sandboxID string, port int) (net.Conn, error) {
+func (c *Client) connect(ctx context.Context, tc *tls.Conn, nodeID, t string) (net.Conn, error) {
 	if err := tc.HandshakeContext(ctx); err != nil {
 		return nil, fmt.Errorf("TLS: %w", err)
 	}
-	t := target(sandboxID, port)
 	if _, err := io.WriteString(tc, "CONNECT "+t+" HTTP/1.1\r\nHost: "+t+"\r\n\r\n"); err != nil {
 		return nil, err
 	}

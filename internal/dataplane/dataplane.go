@@ -32,6 +32,9 @@ var (
 	// ErrBadTarget: the tunnel request does not name a sandbox ID and a
 	// port in 1-65535 (400).
 	ErrBadTarget = errdefs.New(errdefs.ErrInvalidArgument, "a tunnel names <sandboxID>:<port>")
+	// ErrNotBuilder: the node runs no template builder (it is not labelled
+	// builder=true), so it has no builder target (404).
+	ErrNotBuilder = errdefs.New(errdefs.ErrNotFound, "this node runs no template builder (not labelled builder=true)")
 	// ErrServerClosed is what Serve returns after Close.
 	ErrServerClosed = errors.New("dataplane: server closed")
 )
@@ -44,6 +47,7 @@ const (
 	reasonRefused        = "connection_refused"
 	reasonDial           = "dial_failed"
 	reasonLookup         = "lookup_failed"
+	reasonNotBuilder     = "not_builder"
 )
 
 // errorBody is the JSON of a refused tunnel: e2b's {code, message} plus the
@@ -78,6 +82,8 @@ func (e *TunnelError) Unwrap() error {
 		return ErrBusy
 	case reasonBadTarget:
 		return ErrBadTarget
+	case reasonNotBuilder:
+		return ErrNotBuilder
 	case reasonRefused:
 		return syscall.ECONNREFUSED
 	}
@@ -100,6 +106,11 @@ func (e *NodeError) Error() string {
 }
 
 func (e *NodeError) Unwrap() []error { return []error{errdefs.ErrUnavailable, e.Err} }
+
+// BuilderTarget is the CONNECT authority of a node's template builder
+// (its buildkitd's gRPC socket). The '.' keeps it apart from every sandbox
+// ID, and the reserved .invalid name from any host a sandbox could be.
+const BuilderTarget = "buildkitd.cubicle.invalid:1"
 
 // target formats and parses the CONNECT authority <sandboxID>:<port>.
 func target(sandboxID string, port int) string {
