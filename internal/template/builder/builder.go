@@ -75,6 +75,12 @@ type Solver interface {
 		log func(level, msg string, line int)) error
 }
 
+// Availability is a Solver that can be without a builder for a while (a
+// cluster's builder nodes): Available says why a build cannot start now.
+type Availability interface {
+	Available(ctx context.Context) error
+}
+
 // Config wires the builder.
 type Config struct {
 	Images   *image.Store
@@ -155,6 +161,11 @@ func (b *Builder) Validate(ctx context.Context, job catalog.Job) error {
 	}
 	if b.cfg.Solver == nil {
 		return fmt.Errorf("%w: builds with steps need BuildKit, which is not running on this server", catalog.ErrNotImplemented)
+	}
+	if a, ok := b.cfg.Solver.(Availability); ok {
+		if err := a.Available(ctx); err != nil {
+			return fmt.Errorf("%w: builds with steps: %v", catalog.ErrNotImplemented, err)
+		}
 	}
 	if _, err := recipe.Render(steps(job), "base", job.BuildID, b.haveTar(job)); err != nil {
 		return fmt.Errorf("%w: %v", catalog.ErrInvalid, err)
