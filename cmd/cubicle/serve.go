@@ -25,6 +25,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/api"
 	"github.com/cubicle-dev/cubicle/internal/cacerts"
 	"github.com/cubicle-dev/cubicle/internal/control"
+	"github.com/cubicle-dev/cubicle/internal/dataplane"
 	"github.com/cubicle-dev/cubicle/internal/diskbudget"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
@@ -334,8 +335,13 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err != nil {
 		return err
 	}
+	if routes != nil {
+		if dp, ok := routes.Dialer.(*dataplane.Client); ok {
+			tpls.setClusterBuilds(dp)
+		}
+	}
 	var handler http.Handler = proxy.New(proxy.Config{Domain: o.domain, Logger: log, Limits: o.conns.proxyLimits(budget), Registry: reg, Nodes: routes}, mgr, st, apiSrv)
-	handler = nodeRegistry(handler, join, tpls.ociRegistry)
+	handler = nodeRegistry(handler, join, st, tpls.ociRegistry)
 
 	o.conns.listeners(budget, reg, &ln, &lnTLS)
 	srv := o.conns.server(handler)
