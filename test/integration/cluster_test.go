@@ -114,9 +114,10 @@ type cluster struct {
 // the server struct for its data dir, cgroup parent and leak checks.
 type clusterNode struct {
 	*server
-	ID   string
-	NS   string
-	Addr netip.Addr
+	ID     string
+	NS     string
+	Addr   netip.Addr
+	labels []string
 }
 
 const clusterDomain = "cubicle.test"
@@ -134,6 +135,8 @@ type clusterOptions struct {
 	// nodeConfig, when set, writes node i's --node-config TOML given its
 	// data dir.
 	nodeConfig func(dataDir string) string
+	// labels[i] are node i's join-token labels besides zone=<node ID>.
+	labels map[int][]string
 }
 
 // startCluster starts replicas control-plane replicas and nodes nodes.
@@ -155,6 +158,7 @@ func startCluster(t *testing.T, replicas, nodes int, o clusterOptions) *cluster 
 	for i := range nodes {
 		n := c.newNode(fmt.Sprintf("node-%c", 'a'+i))
 		n.args = append(n.args, o.node[i]...)
+		n.labels = o.labels[i]
 		n.env = o.nodeEnv
 		if o.nodeConfig != nil {
 			cfg := filepath.Join(n.DataDir, "node.toml")
@@ -231,7 +235,11 @@ func (c *cluster) newNode(id string) *clusterNode {
 func (c *cluster) join(n *clusterNode) {
 	t := c.t
 	t.Helper()
-	out, err := cubicleCLI("node", "token", "create", "--store", c.dsn, "--secrets-key", c.secrets, "--label", "zone="+n.ID)
+	args := []string{"node", "token", "create", "--store", c.dsn, "--secrets-key", c.secrets, "--label", "zone=" + n.ID}
+	for _, l := range n.labels {
+		args = append(args, "--label", l)
+	}
+	out, err := cubicleCLI(args...)
 	if err != nil {
 		t.Fatalf("token create: %v\n%s", err, out)
 	}
