@@ -113,7 +113,7 @@ func serveCmd() *cobra.Command {
 	f.DurationVar(&o.createWait, "create-queue-wait", 30*time.Second, "how long a create waits for a start slot before 503")
 	f.StringVar(&o.volumeConfig, "volume-config", "", "control-plane YAML with a volume_plugins: list (default: the built-in local plugin)")
 	f.StringVar(&o.registryListen, "registry-listen", "127.0.0.1:0", "loopback address of the local OCI registry BuildKit pulls from and pushes to")
-	f.StringVar(&o.buildkitd, "buildkitd", "", "buildkitd binary for template builds (default: next to this binary; off disables builds with steps)")
+	f.StringVar(&o.buildkitd, "buildkitd", "", "buildkitd binary for template builds (default: next to this binary; off disables builds with steps). A pure control plane (--embedded-node=false) takes only off: it builds on nodes labelled builder=true")
 	f.DurationVar(&o.readyTimeout, "ready-timeout", 120*time.Second, "how long a template's ready command may take at sandbox create")
 	f.DurationVar(&o.contentIdle, "volume-content-idle", 30*time.Second, "how long the volume-content API keeps a volume attached after its last request")
 	f.StringArrayVar(&o.warmPools, "warm-pool", nil, "TEMPLATE=N: keep N idle standbys of the template (repeatable; stored, like `cubicle pool set`)")
