@@ -8,7 +8,9 @@
 // on the server, the control plane's on the client, both from the cluster
 // CA). The request names a sandbox and a port, never an address: the node
 // resolves the sandbox among its own and dials only that sandbox's address,
-// so a caller cannot use a node to reach anything else. After the 200 the
+// so a caller cannot use a node to reach anything else. The one other
+// target is BuilderTarget, a builder node's buildkitd (ServerConfig.Builder).
+// After the 200 the
 // connection is a byte pipe both ways; a half-close on one side (TLS
 // close_notify, TCP FIN) is passed on to the other.
 package dataplane
