@@ -106,8 +106,13 @@ func setupTemplates(ctx context.Context, o serveOptions, st store.Store, netm *n
 		// whose buildkitd reaches this registry through its relay at
 		// clusterbuild.RegistryHost; the dialer is set once the cluster
 		// identity exists (setClusterBuilds).
+		// Each build gets its own registry credentials, revoked when it
+		// ends: a builder node never holds the registry's password.
 		ts.cluster = &clusterbuild.Solver{Nodes: st.ListNodes, TTL: o.replica.nodeLostAfter,
-			RegistryAuth: map[string]buildkit.Credentials{clusterbuild.RegistryHost: {Username: "cubicle", Password: ts.registryPassword}}}
+			Grant: func() (buildkit.Credentials, func()) {
+				u, p, revoke := ocireg.GrantBuild()
+				return buildkit.Credentials{Username: u, Password: p}, revoke
+			}}
 		solver, buildRegistry = ts.cluster, clusterbuild.RegistryHost
 		log.Info("template builds with steps run on nodes labelled " + clusterbuild.Label + "=true")
 	default:

@@ -23,9 +23,9 @@ func ForNodes(r *Registry, identify func(*http.Request) (string, error)) http.Ha
 // ForCluster is ForNodes where some nodes build templates. isBuilder says
 // whether the identified node is one (in serve: its row is labelled
 // builder=true); nil: none is. A builder's buildkitd pulls bases by name
-// and pushes its result, so a builder node that presents the registry's
-// own credentials (RequireBasicAuth: the password only the control
-// plane's build sessions hand out) gets the whole registry:
+// and pushes its result, so a builder node that presents a build's
+// credentials (GrantBuild, handed out by the control plane's session for
+// that build only) gets the whole registry:
 //
 //   - credentials from a node that is not a builder: 403;
 //   - a builder without credentials asking for more than a read by digest:

@@ -66,8 +66,8 @@ func TestForNodesRefusesListings(t *testing.T) {
 	}
 }
 
-// ForCluster: a builder node with the registry's credentials pushes and
-// reads by name; without them it is challenged (401); a node that is not a
+// ForCluster: a builder node with a build's credentials (or the
+// registry's own) pushes and reads by name, until the build's are revoked; without them it is challenged (401); a node that is not a
 // builder is refused a push (403) and refused with the credentials too
 // (403); reads by digest stay open to both.
 func TestForClusterBuilders(t *testing.T) {
@@ -100,10 +100,14 @@ func TestForClusterBuilders(t *testing.T) {
 	upload := "/v2/cubicle/tpl/blobs/uploads/"
 	byTag := "/v2/cubicle/tpl/manifests/v1"
 	byDigest := "/v2/cubicle/tpl/manifests/" + dgst.String()
+	bu, bp, revoke := reg.GrantBuild()
 	for _, c := range []struct {
 		node, method, path, user, pass string
 		want                           int
 	}{
+		{"builder-1", http.MethodPost, upload, bu, bp, http.StatusAccepted},
+		{"builder-1", http.MethodPost, upload, bu, "build-secret", http.StatusUnauthorized},
+		{"node-2", http.MethodPost, upload, bu, bp, http.StatusForbidden},
 		{"builder-1", http.MethodPost, upload, "cubicle", "build-secret", http.StatusAccepted},
 		{"builder-1", http.MethodGet, byTag, "cubicle", "build-secret", http.StatusOK},
 		{"builder-1", http.MethodPost, upload, "", "", http.StatusUnauthorized},
@@ -123,5 +127,10 @@ func TestForClusterBuilders(t *testing.T) {
 		if code == http.StatusUnauthorized && c.user == "" && hdr.Get("WWW-Authenticate") == "" {
 			t.Errorf("%s %s %s: 401 without a challenge", c.node, c.method, c.path)
 		}
+	}
+	// A build's credentials end with the build.
+	revoke()
+	if code, _ := do("builder-1", http.MethodPost, upload, bu, bp); code != http.StatusUnauthorized {
+		t.Fatalf("a push with a revoked build's credentials: %d, want 401", code)
 	}
 }

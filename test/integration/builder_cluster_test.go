@@ -23,7 +23,8 @@ import (
 // label builder=true: buildkitd there is reached through the node's data
 // plane, pulls the base and pushes the image through its relay to the
 // control plane's registry, the build becomes ready, and a sandbox of it
-// (wherever it lands) runs the file the RUN step wrote. A node without the
+// (wherever it lands) runs the file the RUN step wrote; a second build,
+// with credentials of its own, pushes too. A node without the
 // label has no builder target and cannot push; the builder's certificate
 // without the build's credentials cannot push; with no builder ready a
 // build with steps is refused (501) naming the label.
@@ -52,6 +53,15 @@ func TestClusterBuilderNode(t *testing.T) {
 	if out := r0.mustRun(sb, "cat /etc/cluster-build"); strings.TrimSpace(out) != "built-on-"+builderNode.ID {
 		t.Fatalf("the RUN step's file in a sandbox of the build: %q", out)
 	}
+	// A second build gets its own registry credentials (the first's were
+	// revoked when it ended) and pushes too.
+	start2 := time.Now()
+	_, st2, logs2 := r0.buildTemplate(t, "cluster-built-2", map[string]any{"fromTemplate": "base",
+		"steps": []any{map[string]any{"type": "RUN", "args": []string{"echo second > /etc/cluster-build"}}}})
+	if st2.Status != "ready" {
+		t.Fatalf("second build: %s %+v\n%s", st2.Status, st2.Reason, strings.Join(logs2, "\n"))
+	}
+	t.Logf("a second build (base already imported and cached): %v", time.Since(start2).Round(time.Millisecond))
 
 	// The control plane's identity, as a replica has it.
 	ctx := context.Background()

@@ -54,9 +54,10 @@ type Solver struct {
 	// Dial opens the builder tunnel to a node's data plane
 	// (dataplane.Client.DialBuilder).
 	Dial func(ctx context.Context, nodeID, dataAddr string) (net.Conn, error)
-	// RegistryAuth are the build session's registry credentials, keyed
-	// by RegistryHost.
-	RegistryAuth map[string]buildkit.Credentials
+	// Grant makes the credentials of one build for the control plane's
+	// registry (image.Registry.GrantBuild), valid until revoke: the build's
+	// session hands them to the builder's buildkitd for RegistryHost.
+	Grant func() (creds buildkit.Credentials, revoke func())
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 
@@ -128,9 +129,11 @@ func (s *Solver) Solve(ctx context.Context, dockerfile []byte, contextDir string
 	}
 	defer release()
 	log("info", "building on node "+n.ID, 0)
+	creds, revoke := s.Grant()
+	defer revoke()
 	r := &buildkit.Remote{
 		Dial:         func(ctx context.Context) (net.Conn, error) { return s.Dial(ctx, n.ID, n.DataAddress) },
-		RegistryAuth: s.RegistryAuth,
+		RegistryAuth: map[string]buildkit.Credentials{RegistryHost: creds},
 	}
 	_, err = r.Build(ctx, buildkit.BuildRequest{Dockerfile: dockerfile, ContextDir: contextDir, NoCache: noCache, Push: push, Secrets: secrets},
 		func(l buildkit.Log) { log(l.Level, l.Message, l.Step+1) })
