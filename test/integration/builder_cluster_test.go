@@ -22,7 +22,8 @@ import (
 // node) builds a template with a RUN step on the node joined with the
 // label builder=true: buildkitd there is reached through the node's data
 // plane, pulls the base and pushes the image through its relay to the
-// control plane's registry, the build becomes ready, and a sandbox of it
+// control plane's registry, the ready command's check sandbox passes on a
+// node, the build becomes ready, and a sandbox of it
 // (wherever it lands) runs the file the RUN step wrote; a second build,
 // with credentials of its own, pushes too. A node without the
 // label has no builder target and cannot push; the builder's certificate
@@ -39,8 +40,10 @@ func TestClusterBuilderNode(t *testing.T) {
 	builderNode, plainNode := c.nodes[0], c.nodes[1]
 
 	start := time.Now()
+	// The ready command's check sandbox boots the pushed image on a node.
 	tpl, st, logs := r0.buildTemplate(t, "cluster-built", map[string]any{"fromTemplate": "base",
-		"steps": []any{map[string]any{"type": "RUN", "args": []string{"echo built-on-" + builderNode.ID + " > /etc/cluster-build"}}}})
+		"steps":    []any{map[string]any{"type": "RUN", "args": []string{"echo built-on-" + builderNode.ID + " > /etc/cluster-build"}}},
+		"readyCmd": "grep -q built-on /etc/cluster-build"})
 	took := time.Since(start)
 	if st.Status != "ready" {
 		t.Fatalf("build: %s %+v\n%s\nnode logs:\n%s", st.Status, st.Reason, strings.Join(logs, "\n"), builderNode.logs)
