@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/image"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
+	"github.com/cubicle-dev/cubicle/internal/template/builder"
+	"github.com/cubicle-dev/cubicle/internal/template/catalog"
 )
 
 // A build goes only to a node labelled builder=true that is ready (a
@@ -82,5 +86,47 @@ func TestPickBuilder(t *testing.T) {
 	rel3()
 	if len(s.busy) != 0 {
 		t.Fatalf("builds still counted after release: %v", s.busy)
+	}
+}
+
+// The builder refuses up front what no builder node can run now: a build
+// with steps is ErrNotImplemented (501) naming the label, a build from an
+// image the control plane does not hold is ErrInvalid (400) saying why;
+// once a builder is ready both pass.
+func TestValidateWithoutBuilder(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	st, err := sqlite.Open(filepath.Join(dir, "c.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	imgs, err := image.Open(filepath.Join(dir, "oci"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Solver{Nodes: st.ListNodes, TTL: 15 * time.Second}
+	b, err := builder.New(builder.Config{Images: imgs, Registry: RegistryHost, Solver: s, RootfsDir: filepath.Join(dir, "builds"), WorkDir: filepath.Join(dir, "work")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	withSteps := catalog.Job{TemplateID: "tpl_a", BuildID: "bld_a", FromImage: "base", Start: catalog.StartRequest{FromTemplate: "base",
+		Steps: []catalog.Step{{Type: "RUN", Args: []string{"true"}}}}}
+	fromImage := catalog.Job{TemplateID: "tpl_b", BuildID: "bld_b", FromImage: "docker.io/library/alpine:3", Start: catalog.StartRequest{FromImage: "docker.io/library/alpine:3"}}
+	if err := b.Validate(ctx, withSteps); !errors.Is(err, catalog.ErrNotImplemented) || !strings.Contains(err.Error(), "builder=true") {
+		t.Fatalf("steps with no builder: %v", err)
+	}
+	if err := b.Validate(ctx, fromImage); !errors.Is(err, catalog.ErrInvalid) || !strings.Contains(err.Error(), "builder=true") {
+		t.Fatalf("a remote image with no builder: %v", err)
+	}
+	if err := st.RegisterNode(ctx, &store.Node{ID: "b1", Address: "10.0.0.1:7443", DataAddress: "10.0.0.1:7444", Labels: map[string]string{Label: "true"},
+		Runtime: "runc", Capacity: store.Capacity{MilliCPU: 1000, MemoryMiB: 1024}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Validate(ctx, withSteps); err != nil {
+		t.Fatalf("steps with a builder ready: %v", err)
+	}
+	if err := b.Validate(ctx, fromImage); err != nil {
+		t.Fatalf("a remote image with a builder ready: %v", err)
 	}
 }
