@@ -25,7 +25,6 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/api"
 	"github.com/cubicle-dev/cubicle/internal/cacerts"
 	"github.com/cubicle-dev/cubicle/internal/control"
-	"github.com/cubicle-dev/cubicle/internal/dataplane"
 	"github.com/cubicle-dev/cubicle/internal/diskbudget"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
@@ -290,6 +289,10 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err != nil {
 		return fmt.Errorf("cluster CA: %w", err)
 	}
+	// Before the catalog starts (it may resume a build).
+	if err := tpls.setClusterBuilds(cp); err != nil {
+		return err
+	}
 	mgr := control.New(control.Config{Nodes: nodeSet(st, o.nodeID, nd, cp), Reserve: o.reserveCapacity, Disk: disk, DefaultVolumeMB: o.volumeSizeMB, MaxVolumeMB: o.maxVolumeSizeMB, Sealer: secrets, MaxSandboxes: o.maxSandboxes, MaxSnapshotsPerTeam: o.maxSnapshots, MaxTimeout: o.maxTimeout, MaxConcurrentCreates: o.maxCreates,
 		CreateQueueWait: o.createWait, Logger: log, Registry: reg, Volumes: ctrlPlugins, VolumeMetrics: volMetrics, ContentIdle: o.contentIdle,
 		ReadyTimeout: o.readyTimeout, MaxSandboxCPU: o.maxCPU, MaxSandboxMemoryMB: o.maxMemoryMB, MaxSandboxDiskMB: o.maxDiskMB, Scheduler: sched,
@@ -334,11 +337,6 @@ func serve(ctx context.Context, o serveOptions) error {
 	routes, err := nodeRoutes(st, o, cp)
 	if err != nil {
 		return err
-	}
-	if routes != nil {
-		if dp, ok := routes.Dialer.(*dataplane.Client); ok {
-			tpls.setClusterBuilds(dp)
-		}
 	}
 	var handler http.Handler = proxy.New(proxy.Config{Domain: o.domain, Logger: log, Limits: o.conns.proxyLimits(budget), Registry: reg, Nodes: routes}, mgr, st, apiSrv)
 	handler = nodeRegistry(handler, join, st, tpls.ociRegistry)

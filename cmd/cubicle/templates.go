@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"log/slog"
@@ -48,11 +49,18 @@ type templateStack struct {
 
 // setClusterBuilds gives the builder-node solver its way to the nodes:
 // the builder tunnel of their data planes, with this replica's
-// control-plane identity.
-func (t *templateStack) setClusterBuilds(dp *dataplane.Client) {
-	if t.cluster != nil && dp != nil {
-		t.cluster.Dial = dp.DialBuilder
+// control-plane identity (cp; nil without TLS, which a pure control
+// plane refuses at its flags).
+func (t *templateStack) setClusterBuilds(cp *cpCert) error {
+	if t.cluster == nil || cp == nil {
+		return nil
 	}
+	dp, err := dataplane.NewClientFunc(func() (*tls.Certificate, error) { return cp.get(time.Now()) }, cp.ca.Cert)
+	if err != nil {
+		return err
+	}
+	t.cluster.Dial = dp.DialBuilder
+	return nil
 }
 
 // startCollector runs the catalog's garbage collector (idempotency keys,

@@ -76,6 +76,9 @@ func (s *Solver) Available(ctx context.Context) error {
 
 // ready lists the nodes a build may go to.
 func (s *Solver) ready(ctx context.Context) ([]*store.Node, error) {
+	if s.Dial == nil || s.Grant == nil {
+		return nil, fmt.Errorf("%w: this control plane has no cluster identity to reach nodes with", ErrNoBuilder)
+	}
 	rows, err := s.Nodes(ctx)
 	if err != nil {
 		return nil, err

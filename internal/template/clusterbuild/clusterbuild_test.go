@@ -3,6 +3,7 @@ package clusterbuild
 import (
 	"context"
 	"errors"
+	"net"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
 	"github.com/cubicle-dev/cubicle/internal/template/builder"
+	"github.com/cubicle-dev/cubicle/internal/template/buildkit"
 	"github.com/cubicle-dev/cubicle/internal/template/catalog"
 )
 
@@ -35,7 +37,7 @@ func TestPickBuilder(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	s := &Solver{Nodes: st.ListNodes, TTL: 15 * time.Second, Now: func() time.Time { return now }}
+	s := &Solver{Nodes: st.ListNodes, TTL: 15 * time.Second, Now: func() time.Time { return now }, Dial: refuseDial, Grant: noGrant}
 	noBuilder := func(why string) {
 		t.Helper()
 		err := s.Available(ctx)
@@ -105,7 +107,7 @@ func TestValidateWithoutBuilder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Solver{Nodes: st.ListNodes, TTL: 15 * time.Second}
+	s := &Solver{Nodes: st.ListNodes, TTL: 15 * time.Second, Dial: refuseDial, Grant: noGrant}
 	b, err := builder.New(builder.Config{Images: imgs, Registry: RegistryHost, Solver: s, RootfsDir: filepath.Join(dir, "builds"), WorkDir: filepath.Join(dir, "work")})
 	if err != nil {
 		t.Fatal(err)
@@ -130,3 +132,11 @@ func TestValidateWithoutBuilder(t *testing.T) {
 		t.Fatalf("a remote image with a builder ready: %v", err)
 	}
 }
+
+// The choice and the validation never dial or grant; these are there
+// because a Solver without them has no builder at all.
+func refuseDial(context.Context, string, string) (net.Conn, error) {
+	return nil, errors.New("not dialled in this test")
+}
+
+func noGrant() (buildkit.Credentials, func()) { return buildkit.Credentials{}, func() {} }
