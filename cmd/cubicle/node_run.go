@@ -40,6 +40,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/nodejoin"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/template/builder"
+	"github.com/cubicle-dev/cubicle/internal/template/clusterbuild"
 )
 
 // nodeHeartbeatInterval is how often a node agent renews its lease: a third
@@ -49,6 +50,7 @@ const nodeHeartbeatInterval = 5 * time.Second
 type nodeRunOptions struct {
 	nodeHostOptions
 	listen, dataListen, advertise string
+	buildkitd                     string
 	data                          dataplane.ServerConfig
 }
 
@@ -72,6 +74,7 @@ func nodeRunCmd() *cobra.Command {
 	f.StringVar(&o.listen, "listen", "0.0.0.0:7443", "address of the node's gRPC services (mTLS: only the control plane's identity is accepted)")
 	f.StringVar(&o.dataListen, "data-listen", "0.0.0.0:7444", "address of the node's data plane (mTLS), registered as its dataAddress")
 	f.StringVar(&o.advertise, "advertise", "", "host the control plane dials this node at (default: the first address in node.crt)")
+	f.StringVar(&o.buildkitd, "buildkitd", "", "buildkitd binary for template builds on a node joined with the label "+clusterbuild.Label+"=true (default: next to this binary; off: this node builds nothing)")
 	o.data.RegisterFlags(f)
 	o.nodeHostOptions.flags(f)
 	return cmd
@@ -246,6 +249,15 @@ func nodeRun(ctx context.Context, o nodeRunOptions) error {
 	defer nh.Close()
 	if err := nh.startAccelerators(ctx); err != nil {
 		return err
+	}
+
+	if clusterbuild.IsBuilder(id.info.Labels) && o.buildkitd != "off" {
+		dial, closeBuilder, err := startNodeBuilder(ctx, &o, nh.netm, id.info.ControlPlane, cp.TLSConfig(), log)
+		if err != nil {
+			return fmt.Errorf("template builder (this node is labelled %s=true): %w", clusterbuild.Label, err)
+		}
+		defer closeBuilder()
+		o.data.Builder = dial
 	}
 
 	tlsConf := clusterpki.NodeServerConfig(*id.cert, id.ca)

@@ -112,7 +112,7 @@ func serveCmd() *cobra.Command {
 	f.DurationVar(&o.createWait, "create-queue-wait", 30*time.Second, "how long a create waits for a start slot before 503")
 	f.StringVar(&o.volumeConfig, "volume-config", "", "control-plane YAML with a volume_plugins: list (default: the built-in local plugin)")
 	f.StringVar(&o.registryListen, "registry-listen", "127.0.0.1:0", "loopback address of the local OCI registry BuildKit pulls from and pushes to")
-	f.StringVar(&o.buildkitd, "buildkitd", "", "buildkitd binary for template builds (default: next to this binary; off disables builds with steps)")
+	f.StringVar(&o.buildkitd, "buildkitd", "", "buildkitd binary for template builds (default: next to this binary; off disables builds with steps). A pure control plane (--embedded-node=false) takes only off: it builds on nodes labelled builder=true")
 	f.DurationVar(&o.readyTimeout, "ready-timeout", 120*time.Second, "how long a template's ready command may take at sandbox create")
 	f.DurationVar(&o.contentIdle, "volume-content-idle", 30*time.Second, "how long the volume-content API keeps a volume attached after its last request")
 	f.StringArrayVar(&o.warmPools, "warm-pool", nil, "TEMPLATE=N: keep N idle standbys of the template (repeatable; stored, like `cubicle pool set`)")
@@ -289,6 +289,10 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err != nil {
 		return fmt.Errorf("cluster CA: %w", err)
 	}
+	// Before the catalog starts (it may resume a build).
+	if err := tpls.setClusterBuilds(cp); err != nil {
+		return err
+	}
 	mgr := control.New(control.Config{Nodes: nodeSet(st, o.nodeID, nd, cp), Reserve: o.reserveCapacity, Disk: disk, DefaultVolumeMB: o.volumeSizeMB, MaxVolumeMB: o.maxVolumeSizeMB, Sealer: secrets, MaxSandboxes: o.maxSandboxes, MaxSnapshotsPerTeam: o.maxSnapshots, MaxTimeout: o.maxTimeout, MaxConcurrentCreates: o.maxCreates,
 		CreateQueueWait: o.createWait, Logger: log, Registry: reg, Volumes: ctrlPlugins, VolumeMetrics: volMetrics, ContentIdle: o.contentIdle,
 		ReadyTimeout: o.readyTimeout, MaxSandboxCPU: o.maxCPU, MaxSandboxMemoryMB: o.maxMemoryMB, MaxSandboxDiskMB: o.maxDiskMB, Scheduler: sched,
@@ -340,7 +344,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	apiSrv := api.New(apiCfg, mgr, st)
 	tpls.startCollector(ctx, apiSrv)
 	var handler http.Handler = proxy.New(proxy.Config{Domain: o.domain, Logger: log, Limits: o.conns.proxyLimits(budget), Registry: reg, Nodes: routes}, mgr, st, apiSrv)
-	handler = nodeRegistry(handler, join, tpls.ociRegistry)
+	handler = nodeRegistry(handler, join, st, tpls.ociRegistry)
 
 	o.conns.listeners(budget, reg, &ln, &lnTLS)
 	srv := o.conns.server(handler)

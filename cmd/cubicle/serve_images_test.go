@@ -67,7 +67,7 @@ func TestNodeRegistryRefusesForgottenNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	join := &nodejoin.Service{Store: st, CA: ca}
-	h := nodeRegistry(http.NotFoundHandler(), join, image.NewRegistry(imgs))
+	h := nodeRegistry(http.NotFoundHandler(), join, st, image.NewRegistry(imgs))
 	srv := httptest.NewUnstartedServer(h)
 	cp, err := ca.IssueControlPlane(time.Now())
 	if err != nil {

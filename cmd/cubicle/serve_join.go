@@ -122,6 +122,9 @@ func clusterFlags(o *serveOptions) error {
 	if o.cpuOvercommit > 1 && !o.reserveCapacity && o.tlsCert == "" && !o.tlsSelfSigned {
 		return errors.New("--cpu-overcommit acts on capacity reservations: add --reserve-capacity, or serve TLS so remote nodes can join")
 	}
+	if !o.embeddedNode && o.buildkitd != "" && o.buildkitd != "off" {
+		return fmt.Errorf("--buildkitd %q: a pure control plane (--embedded-node=false) runs no buildkitd; builds with steps go to nodes labelled builder=true (give --buildkitd to their `cubicle node run`), or --buildkitd off turns them off", o.buildkitd)
+	}
 	if !o.embeddedNode && o.tlsCert == "" && !o.tlsSelfSigned {
 		return errors.New("--embedded-node=false needs TLS (--tls-cert/--tls-key or --tls-self-signed): remote nodes join and are dialled with the cluster's mTLS identities")
 	}

@@ -3,7 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
-	"errors"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cubicle-dev/cubicle/internal/api"
+	"github.com/cubicle-dev/cubicle/internal/dataplane"
 	"github.com/cubicle-dev/cubicle/internal/image"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/store"
@@ -24,6 +25,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/template/builder"
 	"github.com/cubicle-dev/cubicle/internal/template/buildkit"
 	"github.com/cubicle-dev/cubicle/internal/template/catalog"
+	"github.com/cubicle-dev/cubicle/internal/template/clusterbuild"
 	"github.com/cubicle-dev/cubicle/internal/template/contextstore"
 )
 
@@ -39,7 +41,26 @@ type templateStack struct {
 	// cluster nodes (read-only, by digest: nodeRegistry).
 	ociRegistry *image.Registry
 	contexts    *contextstore.Store
-	closers     []func()
+	// cluster runs builds on builder nodes (a pure control plane); nil
+	// when builds use this process's buildkitd or none.
+	cluster *clusterbuild.Solver
+	closers []func()
+}
+
+// setClusterBuilds gives the builder-node solver its way to the nodes:
+// the builder tunnel of their data planes, with this replica's
+// control-plane identity (cp; nil without TLS, which a pure control
+// plane refuses at its flags).
+func (t *templateStack) setClusterBuilds(cp *cpCert) error {
+	if t.cluster == nil || cp == nil {
+		return nil
+	}
+	dp, err := dataplane.NewClientFunc(func() (*tls.Certificate, error) { return cp.get(time.Now()) }, cp.ca.Cert)
+	if err != nil {
+		return err
+	}
+	t.cluster.Dial = dp.DialBuilder
+	return nil
 }
 
 // startCollector runs the catalog's garbage collector (idempotency keys,
@@ -85,13 +106,33 @@ func setupTemplates(ctx context.Context, o serveOptions, st store.Store, netm *n
 		return nil, fmt.Errorf("context store: %w", err)
 	}
 	ts.contexts = ctxs
-	solver, closeSolver, err := startSolver(ctx, o, netm, ts.registry, ts.registryPassword, log)
-	if err != nil {
-		log.Warn("BuildKit unavailable: template builds with steps are disabled", "err", err)
-	} else if closeSolver != nil {
-		ts.closers = append(ts.closers, closeSolver)
+	var solver builder.Solver
+	buildRegistry := ts.registry
+	switch {
+	case !o.embeddedNode && o.buildkitd != "off":
+		// A pure control plane builds on its nodes labelled builder=true,
+		// whose buildkitd reaches this registry through its relay at
+		// clusterbuild.RegistryHost; the dialer is set once the cluster
+		// identity exists (setClusterBuilds).
+		// Each build gets its own registry credentials, revoked when it
+		// ends: a builder node never holds the registry's password.
+		ts.cluster = &clusterbuild.Solver{Nodes: st.ListNodes, TTL: o.replica.nodeLostAfter,
+			Grant: func() (buildkit.Credentials, func()) {
+				u, p, revoke := ocireg.GrantBuild()
+				return buildkit.Credentials{Username: u, Password: p}, revoke
+			}}
+		solver, buildRegistry = ts.cluster, clusterbuild.RegistryHost
+		log.Info("template builds with steps run on nodes labelled " + clusterbuild.Label + "=true")
+	default:
+		s, closeSolver, err := startSolver(ctx, o, netm, ts.registry, ts.registryPassword, log)
+		if err != nil {
+			log.Warn("BuildKit unavailable: template builds with steps are disabled", "err", err)
+		} else {
+			solver = s
+			ts.closers = append(ts.closers, closeSolver)
+		}
 	}
-	bld, err := builder.New(builder.Config{Images: imgs, Contexts: ctxs, Registry: ts.registry, Solver: solver,
+	bld, err := builder.New(builder.Config{Images: imgs, Contexts: ctxs, Registry: buildRegistry, Solver: solver,
 		RootfsDir: filepath.Join(o.dataDir, "builds"), WorkDir: filepath.Join(o.dataDir, "build-work"), CACerts: o.caCerts})
 	if err != nil {
 		ts.Close()
@@ -162,15 +203,9 @@ type bkSolver struct{ d *buildkit.Daemon }
 
 func (s bkSolver) Solve(ctx context.Context, dockerfile []byte, contextDir string, noCache bool, push string, secrets map[string][]byte,
 	log func(level, msg string, line int)) error {
-	// The renderer writes one instruction per line, so BuildKit's
-	// instruction index k is Dockerfile line k+1.
 	_, err := s.d.Build(ctx, buildkit.BuildRequest{Dockerfile: dockerfile, ContextDir: contextDir, NoCache: noCache, Push: push, Secrets: secrets},
 		func(l buildkit.Log) { log(l.Level, l.Message, l.Step+1) })
-	var be *buildkit.BuildError
-	if errors.As(err, &be) {
-		return &builder.SolveError{Line: be.Step + 1, Err: err}
-	}
-	return err
+	return clusterbuild.SolveError(err)
 }
 
 // builderNetPrefix starts the template builder's network endpoint ID: a
@@ -250,12 +285,6 @@ func builderNetns(ctx context.Context, netm *network.Linux, bridge string) (stri
 func startSolver(ctx context.Context, o serveOptions, netm *network.Linux, registry, registryPassword string, log *slog.Logger) (builder.Solver, func(), error) {
 	if o.buildkitd == "off" {
 		return nil, nil, fmt.Errorf("disabled by --buildkitd=off")
-	}
-	if netm == nil {
-		// buildkitd runs in a netns on the in-process node's sandbox
-		// bridge, judged by its egress rules; a pure control plane has
-		// neither (docs/cluster.md, images and templates).
-		return nil, nil, errors.New("a pure control plane (--embedded-node=false) has no sandbox network for buildkitd")
 	}
 	bin := o.buildkitd
 	if bin == "" {

@@ -76,6 +76,13 @@ func (c *Client) DialVolumes(ctx context.Context, nodeID, dataAddr string) (net.
 	return c.open(ctx, nodeID, dataAddr, volumesTarget)
 }
 
+// DialBuilder opens a tunnel to the template builder (buildkitd's gRPC
+// socket) of node nodeID, as Dial does to a sandbox. A node that runs no
+// builder refuses with a *TunnelError matching ErrNotBuilder.
+func (c *Client) DialBuilder(ctx context.Context, nodeID, dataAddr string) (net.Conn, error) {
+	return c.open(ctx, nodeID, dataAddr, BuilderTarget)
+}
+
 // open dials the node, proves both identities and asks for target.
 func (c *Client) open(ctx context.Context, nodeID, dataAddr, t string) (net.Conn, error) {
 	raw, err := c.dialer.DialContext(ctx, "tcp", dataAddr)

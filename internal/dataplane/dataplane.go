@@ -12,7 +12,8 @@
 // connection is a byte pipe both ways; a half-close on one side (TLS
 // close_notify, TCP FIN) is passed on to the other.
 //
-// The one other target, CONNECT /volumes, reaches the node's own
+// Two other targets exist. BuilderTarget reaches a builder node's
+// buildkitd (ServerConfig.Builder). CONNECT /volumes reaches the node's own
 // volume-content server (ServerConfig.Volumes): HTTP/1.1 on the tunnel,
 // served by internal/volume/content over the directory of a volume the
 // node holds attached for the volume-content API, never over a path the
@@ -41,6 +42,9 @@ var (
 	// port in 1-65535, nor the volume-content server of a node that has
 	// one (400).
 	ErrBadTarget = errdefs.New(errdefs.ErrInvalidArgument, "a tunnel names <sandboxID>:<port>")
+	// ErrNotBuilder: the node runs no template builder (it is not labelled
+	// builder=true), so it has no builder target (404).
+	ErrNotBuilder = errdefs.New(errdefs.ErrNotFound, "this node runs no template builder (not labelled builder=true)")
 	// ErrServerClosed is what Serve returns after Close.
 	ErrServerClosed = errors.New("dataplane: server closed")
 )
@@ -53,6 +57,7 @@ const (
 	reasonRefused        = "connection_refused"
 	reasonDial           = "dial_failed"
 	reasonLookup         = "lookup_failed"
+	reasonNotBuilder     = "not_builder"
 )
 
 // errorBody is the JSON of a refused tunnel: e2b's {code, message} plus the
@@ -87,6 +92,8 @@ func (e *TunnelError) Unwrap() error {
 		return ErrBusy
 	case reasonBadTarget:
 		return ErrBadTarget
+	case reasonNotBuilder:
+		return ErrNotBuilder
 	case reasonRefused:
 		return syscall.ECONNREFUSED
 	}
@@ -114,6 +121,11 @@ func (e *NodeError) Unwrap() []error { return []error{errdefs.ErrUnavailable, e.
 // server. It is a path, so it can never parse as a sandbox's
 // <sandboxID>:<port>.
 const volumesTarget = "/volumes"
+
+// BuilderTarget is the CONNECT authority of a node's template builder
+// (its buildkitd's gRPC socket). The '.' keeps it apart from every sandbox
+// ID, and the reserved .invalid name from any host a sandbox could be.
+const BuilderTarget = "buildkitd.cubicle.invalid:1"
 
 // target formats and parses the CONNECT authority <sandboxID>:<port>.
 func target(sandboxID string, port int) string {

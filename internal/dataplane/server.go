@@ -66,6 +66,10 @@ type ServerConfig struct {
 	// Volumes, when set, serves the volume-content target (CONNECT
 	// /volumes) from the node's own content attachments; nil refuses it.
 	Volumes VolumeDirs
+	// Builder, when set, connects to this node's template builder
+	// (buildkitd): the BuilderTarget tunnel. Nil on a node that is not a
+	// builder, where that target is refused with ErrNotBuilder.
+	Builder func(ctx context.Context) (net.Conn, error)
 	// MaxTunnels bounds open tunnels (0: DefaultMaxTunnels); one more is
 	// answered 503.
 	MaxTunnels int
@@ -311,40 +315,16 @@ func (s *Server) handle(raw net.Conn) {
 		s.serveVolumes(raw, tc, br)
 		return
 	}
-	id, port, err := parseTarget(req.RequestURI)
-	if err != nil {
-		s.refuse(tc, http.StatusBadRequest, reasonBadTarget, err.Error())
-		return
+	var up net.Conn
+	if req.RequestURI == BuilderTarget {
+		up = s.dialBuilder(ctx, tc)
+	} else {
+		up = s.dialSandbox(ctx, tc, req.RequestURI)
 	}
-	addr, err := s.cfg.Lookup(ctx, id)
-	if err != nil {
-		if errors.Is(err, errdefs.ErrNotFound) {
-			s.refuse(tc, http.StatusNotFound, reasonUnknownSandbox, "no sandbox "+id+" on this node")
-			return
-		}
-		s.refuse(tc, http.StatusInternalServerError, reasonLookup, "looking up sandbox "+id+": "+err.Error())
-		return
+	if up == nil {
+		return // refused
 	}
-	select {
-	case s.tunnels <- struct{}{}:
-		defer func() { <-s.tunnels }()
-	default:
-		s.refuse(tc, http.StatusServiceUnavailable, reasonBusy,
-			"the node has "+strconv.Itoa(s.cfg.MaxTunnels)+" tunnels open, its limit")
-		return
-	}
-	// The sandbox's own address, whatever the caller sent: never an
-	// address from the request.
-	d := net.Dialer{Timeout: s.cfg.DialTimeout, KeepAlive: 30 * time.Second}
-	up, err := d.DialContext(ctx, "tcp", netip.AddrPortFrom(addr, uint16(port)).String())
-	if err != nil {
-		if errors.Is(err, syscall.ECONNREFUSED) {
-			s.refuse(tc, http.StatusBadGateway, reasonRefused, "sandbox "+id+" refused port "+strconv.Itoa(port))
-			return
-		}
-		s.refuse(tc, http.StatusBadGateway, reasonDial, "dialling sandbox "+id+" port "+strconv.Itoa(port)+": "+err.Error())
-		return
-	}
+	defer func() { <-s.tunnels }()
 	defer up.Close()
 	s.opened.Inc() // before the 200: a caller that reads it sees the count
 	if _, err := tc.Write([]byte("HTTP/1.1 200 Connection established\r\n\r\n")); err != nil {
@@ -352,6 +332,78 @@ func (s *Server) handle(raw net.Conn) {
 	}
 	raw.SetDeadline(time.Time{})
 	splice(&bufConn{Conn: tc, r: br}, up)
+}
+
+// dialSandbox opens the connection to a sandbox's port named by the
+// CONNECT authority, or answers the refusal and returns nil.
+func (s *Server) dialSandbox(ctx context.Context, tc *tls.Conn, authority string) net.Conn {
+	id, port, err := parseTarget(authority)
+	if err != nil {
+		s.refuse(tc, http.StatusBadRequest, reasonBadTarget, err.Error())
+		return nil
+	}
+	addr, err := s.cfg.Lookup(ctx, id)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			s.refuse(tc, http.StatusNotFound, reasonUnknownSandbox, "no sandbox "+id+" on this node")
+			return nil
+		}
+		s.refuse(tc, http.StatusInternalServerError, reasonLookup, "looking up sandbox "+id+": "+err.Error())
+		return nil
+	}
+	if !s.acquire(tc) {
+		return nil
+	}
+	// The sandbox's own address, whatever the caller sent: never an
+	// address from the request.
+	d := net.Dialer{Timeout: s.cfg.DialTimeout, KeepAlive: 30 * time.Second}
+	up, err := d.DialContext(ctx, "tcp", netip.AddrPortFrom(addr, uint16(port)).String())
+	if err != nil {
+		<-s.tunnels
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			s.refuse(tc, http.StatusBadGateway, reasonRefused, "sandbox "+id+" refused port "+strconv.Itoa(port))
+			return nil
+		}
+		s.refuse(tc, http.StatusBadGateway, reasonDial, "dialling sandbox "+id+" port "+strconv.Itoa(port)+": "+err.Error())
+		return nil
+	}
+	return up
+}
+
+// dialBuilder opens the connection to this node's buildkitd, or answers
+// the refusal (not a builder, or buildkitd not answering) and returns nil.
+// Only the control plane gets this far: the handshake refused every other
+// identity.
+func (s *Server) dialBuilder(ctx context.Context, tc *tls.Conn) net.Conn {
+	if s.cfg.Builder == nil {
+		s.refuse(tc, http.StatusNotFound, reasonNotBuilder, ErrNotBuilder.Error())
+		return nil
+	}
+	if !s.acquire(tc) {
+		return nil
+	}
+	dctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
+	defer cancel()
+	up, err := s.cfg.Builder(dctx)
+	if err != nil {
+		<-s.tunnels
+		s.refuse(tc, http.StatusBadGateway, reasonDial, "connecting to the node's buildkitd: "+err.Error())
+		return nil
+	}
+	return up
+}
+
+// acquire takes a tunnel slot (released by the caller once the tunnel
+// ends), or answers 503 and returns false at the limit.
+func (s *Server) acquire(tc *tls.Conn) bool {
+	select {
+	case s.tunnels <- struct{}{}:
+		return true
+	default:
+		s.refuse(tc, http.StatusServiceUnavailable, reasonBusy,
+			"the node has "+strconv.Itoa(s.cfg.MaxTunnels)+" tunnels open, its limit")
+		return false
+	}
 }
 
 // refuse answers a tunnel request with an e2b-shaped error and closes.
@@ -371,14 +423,10 @@ func (s *Server) serveVolumes(raw net.Conn, tc *tls.Conn, br *bufio.Reader) {
 		s.refuse(tc, http.StatusNotFound, reasonBadTarget, "this node serves no volume content")
 		return
 	}
-	select {
-	case s.tunnels <- struct{}{}:
-		defer func() { <-s.tunnels }()
-	default:
-		s.refuse(tc, http.StatusServiceUnavailable, reasonBusy,
-			"the node has "+strconv.Itoa(s.cfg.MaxTunnels)+" tunnels open, its limit")
+	if !s.acquire(tc) {
 		return
 	}
+	defer func() { <-s.tunnels }()
 	s.vstarted.Do(func() { go s.vsrv.Serve(s.vln) })
 	s.opened.Inc()
 	if _, err := tc.Write([]byte("HTTP/1.1 200 Connection established\r\n\r\n")); err != nil {

@@ -65,3 +65,72 @@ func TestForNodesRefusesListings(t *testing.T) {
 		}
 	}
 }
+
+// ForCluster: a builder node with a build's credentials (or the
+// registry's own) pushes and reads by name, until the build's are revoked; without them it is challenged (401); a node that is not a
+// builder is refused a push (403) and refused with the credentials too
+// (403); reads by digest stay open to both.
+func TestForClusterBuilders(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := random.Image(64, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Put("cubicle/tpl:v1", img); err != nil {
+		t.Fatal(err)
+	}
+	dgst, _ := img.Digest()
+	reg := NewRegistry(s)
+	reg.RequireBasicAuth("cubicle", "build-secret")
+	h := ForCluster(reg, func(r *http.Request) (string, error) { return r.Header.Get("X-Node"), nil },
+		func(_ *http.Request, id string) (bool, error) { return id == "builder-1", nil })
+	do := func(nodeID, method, path, user, pass string) (int, http.Header) {
+		req := httptest.NewRequest(method, path, nil)
+		req.Header.Set("X-Node", nodeID)
+		if user != "" {
+			req.SetBasicAuth(user, pass)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec.Code, rec.Header()
+	}
+	upload := "/v2/cubicle/tpl/blobs/uploads/"
+	byTag := "/v2/cubicle/tpl/manifests/v1"
+	byDigest := "/v2/cubicle/tpl/manifests/" + dgst.String()
+	bu, bp, revoke := reg.GrantBuild()
+	for _, c := range []struct {
+		node, method, path, user, pass string
+		want                           int
+	}{
+		{"builder-1", http.MethodPost, upload, bu, bp, http.StatusAccepted},
+		{"builder-1", http.MethodPost, upload, bu, "build-secret", http.StatusUnauthorized},
+		{"node-2", http.MethodPost, upload, bu, bp, http.StatusForbidden},
+		{"builder-1", http.MethodPost, upload, "cubicle", "build-secret", http.StatusAccepted},
+		{"builder-1", http.MethodGet, byTag, "cubicle", "build-secret", http.StatusOK},
+		{"builder-1", http.MethodPost, upload, "", "", http.StatusUnauthorized},
+		{"builder-1", http.MethodGet, byTag, "", "", http.StatusUnauthorized},
+		{"builder-1", http.MethodPost, upload, "cubicle", "guess", http.StatusUnauthorized},
+		{"builder-1", http.MethodGet, byDigest, "", "", http.StatusOK},
+		{"node-2", http.MethodPost, upload, "", "", http.StatusForbidden},
+		{"node-2", http.MethodPost, upload, "cubicle", "build-secret", http.StatusForbidden},
+		{"node-2", http.MethodGet, byTag, "cubicle", "build-secret", http.StatusForbidden},
+		{"node-2", http.MethodGet, byTag, "", "", http.StatusForbidden},
+		{"node-2", http.MethodGet, byDigest, "", "", http.StatusOK},
+	} {
+		code, hdr := do(c.node, c.method, c.path, c.user, c.pass)
+		if code != c.want {
+			t.Errorf("%s %s %s (user %q): %d, want %d", c.node, c.method, c.path, c.user, code, c.want)
+		}
+		if code == http.StatusUnauthorized && c.user == "" && hdr.Get("WWW-Authenticate") == "" {
+			t.Errorf("%s %s %s: 401 without a challenge", c.node, c.method, c.path)
+		}
+	}
+	// A build's credentials end with the build.
+	revoke()
+	if code, _ := do("builder-1", http.MethodPost, upload, bu, bp); code != http.StatusUnauthorized {
+		t.Fatalf("a push with a revoked build's credentials: %d, want 401", code)
+	}
+}

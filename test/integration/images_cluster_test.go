@@ -27,8 +27,8 @@ import (
 
 // TestNodePullsImageFromControlPlane: a joined node reads the control
 // plane's registry on the cluster's server name with its certificate and
-// caches an image by digest; without a node certificate, or to push, it is
-// refused, and the public name does not serve the registry at all.
+// caches an image by digest; without a node certificate, or to push (it is
+// not labelled builder=true), it is refused, and the public name does not serve the registry at all.
 func TestNodePullsImageFromControlPlane(t *testing.T) {
 	const domain = "cubicle.test"
 	s, roots := startTLSServer(t, domain)
@@ -141,8 +141,9 @@ func TestNodePullsImageFromControlPlane(t *testing.T) {
 	if c, _ := status(anon, "GET", "/v2/"); c != 401 {
 		t.Fatalf("/v2/ without a node certificate: %d, want 401", c)
 	}
-	if c, _ := status(nodeTLS, "POST", "/v2/it/node-pull/blobs/uploads/"); c != 405 {
-		t.Fatalf("a node's push: %d, want 405", c)
+	// Only a node labelled builder=true pushes (with a build's credentials).
+	if c, _ := status(nodeTLS, "POST", "/v2/it/node-pull/blobs/uploads/"); c != 403 {
+		t.Fatalf("a node's push: %d, want 403", c)
 	}
 	// The public name is the API, not the registry.
 	pub := &tls.Config{RootCAs: roots, ServerName: "api." + domain}

@@ -75,6 +75,12 @@ type Solver interface {
 		log func(level, msg string, line int)) error
 }
 
+// Availability is a Solver that can be without a builder for a while (a
+// cluster's builder nodes): Available says why a build cannot start now.
+type Availability interface {
+	Available(ctx context.Context) error
+}
+
 // Config wires the builder.
 type Config struct {
 	Images   *image.Store
@@ -148,16 +154,35 @@ func (b *Builder) localRef(ref string) string {
 // context, a base image that is nowhere, or steps without a builder.
 func (b *Builder) Validate(ctx context.Context, job catalog.Job) error {
 	if len(job.Start.Steps) == 0 {
-		if job.FromRootfs != "" || b.localRef(job.FromImage) != "" || b.cfg.Solver != nil {
+		if job.FromRootfs != "" || b.localRef(job.FromImage) != "" {
 			return nil
+		}
+		// Otherwise BuildKit pulls it, if there is one to run now.
+		if b.cfg.Solver != nil {
+			err := b.available(ctx)
+			if err == nil {
+				return nil
+			}
+			return fmt.Errorf("%w: image %q is not in the local image store, and no builder can pull it: %v", catalog.ErrInvalid, job.FromImage, err)
 		}
 		return fmt.Errorf("%w: image %q is not in the local image store (add it with `cubicle image import`)", catalog.ErrInvalid, job.FromImage)
 	}
 	if b.cfg.Solver == nil {
 		return fmt.Errorf("%w: builds with steps need BuildKit, which is not running on this server", catalog.ErrNotImplemented)
 	}
+	if err := b.available(ctx); err != nil {
+		return fmt.Errorf("%w: builds with steps: %v", catalog.ErrNotImplemented, err)
+	}
 	if _, err := recipe.Render(steps(job), "base", job.BuildID, b.haveTar(job)); err != nil {
 		return fmt.Errorf("%w: %v", catalog.ErrInvalid, err)
+	}
+	return nil
+}
+
+// available is nil when the Solver can run a build now.
+func (b *Builder) available(ctx context.Context) error {
+	if a, ok := b.cfg.Solver.(Availability); ok {
+		return a.Available(ctx)
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -98,6 +99,31 @@ type Log struct {
 // onLog (optional) gets progress: a line per step as it starts, finishes or
 // is cached, and the step's output lines. It is called from one goroutine.
 func (d *Daemon) Build(ctx context.Context, req BuildRequest, onLog func(Log)) (string, error) {
+	return build(ctx, d.client, d.cfg.RegistryAuth, req, onLog)
+}
+
+// Remote is a buildkitd elsewhere (a cluster's builder node), reached by
+// Dial. Its builds run as a Daemon's do: the session (context, secrets,
+// registry credentials) is served from this process over that connection.
+type Remote struct {
+	// Dial opens a connection to buildkitd's gRPC endpoint; it is called
+	// once per build.
+	Dial func(ctx context.Context) (net.Conn, error)
+	// RegistryAuth are the credentials each build presents to a registry
+	// (by host:port, as buildkitd names it), through its session.
+	RegistryAuth map[string]Credentials
+}
+
+// Build is Daemon.Build on the remote buildkitd.
+func (r *Remote) Build(ctx context.Context, req BuildRequest, onLog func(Log)) (string, error) {
+	connect := func(ctx context.Context) (*bkclient.Client, error) {
+		return bkclient.New(ctx, "", bkclient.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return r.Dial(ctx) }))
+	}
+	return build(ctx, connect, r.RegistryAuth, req, onLog)
+}
+
+// build runs req on the buildkitd connect reaches.
+func build(ctx context.Context, connect func(context.Context) (*bkclient.Client, error), creds map[string]Credentials, req BuildRequest, onLog func(Log)) (string, error) {
 	if req.Push == "" {
 		return "", errors.New("buildkit: BuildRequest.Push is required")
 	}
@@ -149,10 +175,10 @@ func (d *Daemon) Build(ctx context.Context, req BuildRequest, onLog func(Log)) (
 				"oci-mediatypes":    "true",
 			},
 		}},
-		Session: []session.Attachable{secretsprovider.FromMap(req.Secrets), &registryAuth{creds: d.cfg.RegistryAuth}},
+		Session: []session.Attachable{secretsprovider.FromMap(req.Secrets), &registryAuth{creds: creds}},
 	}
 
-	c, err := d.client(ctx)
+	c, err := connect(ctx)
 	if err != nil {
 		return "", err
 	}

@@ -64,6 +64,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -95,6 +96,12 @@ type Config struct {
 	// RegistryAuth are the credentials each build presents to a registry
 	// (by host:port), through its session.
 	RegistryAuth map[string]Credentials
+	// Upstream, when set, opens the connection a registry relay forwards
+	// to for registry (one of InsecureRegistries): on a cluster's builder
+	// node, TLS to the control plane's registry with the node's
+	// certificate. Nil: plain TCP to the same address in the host's
+	// network namespace (serve's own loopback registry).
+	Upstream func(ctx context.Context, registry string) (net.Conn, error)
 	// OCIBinary is the runc binary; default /usr/sbin/runc if present.
 	OCIBinary string
 	// Snapshotter: "overlayfs" (default) or "native" where overlay mounts are
@@ -229,7 +236,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		},
 		readyCh: make(chan struct{}),
 	}
-	if d.relays, err = startRelays(cfg.NetNS, cfg.InsecureRegistries, d.PID); err != nil {
+	if d.relays, err = startRelays(cfg.NetNS, cfg.InsecureRegistries, d.PID, cfg.Upstream); err != nil {
 		return nil, err
 	}
 	started := make(chan error, 1)

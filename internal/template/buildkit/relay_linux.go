@@ -2,6 +2,7 @@ package buildkit
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -26,8 +27,10 @@ import (
 type relays struct {
 	lns   []net.Listener
 	owner func() int // buildkitd's pid now, 0 between restarts
-	wg    sync.WaitGroup
-	once  sync.Once
+	// upstream opens the connection to a registry (Config.Upstream).
+	upstream func(ctx context.Context, registry string) (net.Conn, error)
+	wg       sync.WaitGroup
+	once     sync.Once
 
 	mu    sync.Mutex
 	conns map[net.Conn]struct{}
@@ -40,8 +43,14 @@ var ErrNotBuilder = errors.New("buildkit: registry relay: connection is not from
 // startRelays opens one listener inside the netns at nsPath per registry
 // on a loopback address. Loopback there is brought up if it is not.
 // owner gives buildkitd's current pid.
-func startRelays(nsPath string, registries []string, owner func() int) (*relays, error) {
-	r := &relays{conns: map[net.Conn]struct{}{}, owner: owner}
+func startRelays(nsPath string, registries []string, owner func() int, upstream func(context.Context, string) (net.Conn, error)) (*relays, error) {
+	if upstream == nil {
+		upstream = func(ctx context.Context, registry string) (net.Conn, error) {
+			d := net.Dialer{Timeout: 10 * time.Second}
+			return d.DialContext(ctx, "tcp", registry)
+		}
+	}
+	r := &relays{conns: map[net.Conn]struct{}{}, owner: owner, upstream: upstream}
 	var addrs []string
 	for _, reg := range registries {
 		host, _, err := net.SplitHostPort(reg)
@@ -105,7 +114,9 @@ func (r *relays) relay(c net.Conn, target string) {
 		return
 	}
 	// Dialled from a goroutine on an ordinary thread: the host's netns.
-	up, err := net.DialTimeout("tcp", target, 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	up, err := r.upstream(ctx, target)
+	cancel()
 	if err != nil {
 		return
 	}
@@ -117,8 +128,8 @@ func (r *relays) relay(c net.Conn, target string) {
 	done := make(chan struct{}, 2)
 	cp := func(dst, src net.Conn) {
 		io.Copy(dst, src)
-		if tc, ok := dst.(*net.TCPConn); ok {
-			tc.CloseWrite()
+		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
+			cw.CloseWrite() // a TCP FIN, or a TLS close_notify upstream
 		}
 		done <- struct{}{}
 	}

@@ -117,7 +117,9 @@ func (c *Catalog) run(ctx context.Context, buildID string) {
 		c.mu.Unlock()
 		if p != nil {
 			c.logf(ctx, b.ID, "info", "finalize", "waiting for the ready command: %s", req.ReadyCmd)
-			pt := template.Template{ID: t.ID, Layers: template.Layers(out.Rootfs), CPUCount: b.CPUCount, MemoryMB: b.MemoryMB, DiskSizeMB: b.DiskSizeMB,
+			// Image too: a node that pulls images (a cluster node) boots
+			// the probe from the registry, not from these layer paths.
+			pt := template.Template{ID: t.ID, Layers: template.Layers(out.Rootfs), Image: out.Image, CPUCount: b.CPUCount, MemoryMB: b.MemoryMB, DiskSizeMB: b.DiskSizeMB,
 				StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd, RunAs: out.RunAs, Workdir: out.Workdir}
 			if err := p.Probe(ctx, out.Rootfs, pt); err != nil {
 				c.finish(ctx, t.ID, b.ID, nil, &BuildError{Step: "finalize", Err: fmt.Errorf("ready command failed: %v", err)}, nil)
