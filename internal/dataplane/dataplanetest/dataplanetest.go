@@ -26,10 +26,12 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
 )
 
-// PKI is a cluster CA with the control plane's certificate.
+// PKI is a cluster CA with the control plane's certificate, and the store
+// that holds them (and the nodes' revocations: forget a node there).
 type PKI struct {
 	CA           *clusterpki.CA
 	ControlPlane tls.Certificate
+	Store        *sqlite.Store
 }
 
 // NewPKI makes a cluster CA the way a control plane does on first start.
@@ -52,12 +54,19 @@ func NewPKI(tb testing.TB) *PKI {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return &PKI{CA: ca, ControlPlane: *cp}
+	return &PKI{CA: ca, ControlPlane: *cp, Store: st}
 }
 
 // Node issues node id's certificate: the key is made here, only the CSR
 // goes to the CA.
 func (p *PKI) Node(tb testing.TB, id string) tls.Certificate {
+	tb.Helper()
+	return p.NodeAfter(tb, id, time.Time{})
+}
+
+// NodeAfter is Node for an ID forgotten at revokedAt (its re-join): the
+// certificate starts no earlier than that.
+func (p *PKI) NodeAfter(tb testing.TB, id string, revokedAt time.Time) tls.Certificate {
 	tb.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -67,7 +76,7 @@ func (p *PKI) Node(tb testing.TB, id string) tls.Certificate {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	certPEM, err := p.CA.SignNode(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), id, []string{"127.0.0.1"}, time.Now())
+	certPEM, err := p.CA.SignNodeAfter(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), id, []string{"127.0.0.1"}, time.Now(), revokedAt)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -79,10 +88,11 @@ func (p *PKI) Node(tb testing.TB, id string) tls.Certificate {
 	return c
 }
 
-// Client is a data-plane client with the control plane's identity.
+// Client is a data-plane client with the control plane's identity,
+// reading the revocations from Store with no cache.
 func (p *PKI) Client(tb testing.TB) *dataplane.Client {
 	tb.Helper()
-	c, err := dataplane.NewClient(p.ControlPlane, p.CA.Cert)
+	c, err := dataplane.NewClient(p.ControlPlane, p.CA.Cert, p.Store)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -94,7 +104,13 @@ func (p *PKI) Client(tb testing.TB) *dataplane.Client {
 // closed, and Serve's result checked, at cleanup.
 func (p *PKI) Serve(tb testing.TB, id string, cfg dataplane.ServerConfig) (addr string, srv *dataplane.Server) {
 	tb.Helper()
-	cfg.Cert, cfg.CA = p.Node(tb, id), p.CA.Cert
+	return p.ServeAfter(tb, id, time.Time{}, cfg)
+}
+
+// ServeAfter is Serve with a certificate from NodeAfter.
+func (p *PKI) ServeAfter(tb testing.TB, id string, revokedAt time.Time, cfg dataplane.ServerConfig) (addr string, srv *dataplane.Server) {
+	tb.Helper()
+	cfg.Cert, cfg.CA = p.NodeAfter(tb, id, revokedAt), p.CA.Cert
 	srv, err := dataplane.NewServer(cfg)
 	if err != nil {
 		tb.Fatal(err)
