@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/clusterpki"
 	"github.com/cubicle-dev/cubicle/internal/dataplane"
 	"github.com/cubicle-dev/cubicle/internal/dataplane/dataplanetest"
 )
@@ -48,7 +49,12 @@ func BenchmarkDataPlane(b *testing.B) {
 	addr, _ := pki.Serve(b, "node-a", dataplane.ServerConfig{Lookup: func(context.Context, string) (netip.Addr, error) {
 		return netip.MustParseAddr("127.0.0.1"), nil
 	}})
-	cl := pki.Client(b)
+	// As serve dials: the revocation read through a cache kept a heartbeat
+	// interval.
+	cl, err := dataplane.NewClient(pki.ControlPlane, pki.CA.Cert, clusterpki.NewRevocationCache(pki.Store, 5*time.Second))
+	if err != nil {
+		b.Fatal(err)
+	}
 	var d net.Dialer
 	direct := func(ctx context.Context, _, _ string) (net.Conn, error) {
 		return d.DialContext(ctx, "tcp", ln.Addr().String())

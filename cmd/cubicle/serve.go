@@ -26,6 +26,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/cacerts"
 	"github.com/cubicle-dev/cubicle/internal/control"
 	"github.com/cubicle-dev/cubicle/internal/diskbudget"
+	"github.com/cubicle-dev/cubicle/internal/lease"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/proxy"
@@ -226,6 +227,33 @@ func serve(ctx context.Context, o serveOptions) error {
 		return err
 	}
 	defer closeLocks()
+	if pl, ok := leaser.(*lease.Postgres); ok && o.embeddedNode {
+		// One process per node ID: two embedded replicas on one database
+		// with the same --node-id would each drive the other's sandboxes
+		// as their own (the leased reconcile on one kills the other's).
+		// Taken before anything touches the host; released by PostgreSQL
+		// when this process ends, however it ends, so a restart finds it
+		// free.
+		claim, err := pl.Claim(ctx, "node/"+o.nodeID)
+		if errors.Is(err, lease.ErrHeld) {
+			return fmt.Errorf("--node-id %s: another embedded `cubicle serve` on this database runs the node of that ID (%w): give each embedded replica its own --node-id, or run cluster replicas with --embedded-node=false", o.nodeID, err)
+		}
+		if err != nil {
+			return fmt.Errorf("--node-id %s: %w", o.nodeID, err)
+		}
+		defer claim.Close()
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		go func() {
+			select {
+			case <-claim.Lost():
+				log.Error("node ID taken by another embedded serve while this one's database connection was down; stopping", "node_id", o.nodeID)
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+	}
 	if o.secretsKey == "" {
 		o.secretsKey = filepath.Join(o.dataDir, "secrets.key")
 	}

@@ -34,7 +34,9 @@ func serveJoin(ctx context.Context, st store.Store, sealer clusterpki.Sealer, tl
 	if err != nil {
 		return nil, nil, err
 	}
-	cp := &cpCert{ca: ca}
+	// Revocations at the dial are cached for at most a heartbeat interval:
+	// a forget holds for new connections to the node within it.
+	cp := &cpCert{ca: ca, revs: clusterpki.NewRevocationCache(st, nodeHeartbeatInterval)}
 	if _, err := cp.get(time.Now()); err != nil {
 		return nil, nil, err
 	}
@@ -73,7 +75,7 @@ func serveJoin(ctx context.Context, st store.Store, sealer clusterpki.Sealer, tl
 func nodeSet(st store.Store, nodeID string, nd node.Node, cp *cpCert) *nodeset.Set {
 	cfg := nodeset.Config{LocalID: nodeID, Local: nd}
 	if cp != nil {
-		cfg.Registry, cfg.CA = st, cp.ca.Cert
+		cfg.Registry, cfg.CA, cfg.Revocations = st, cp.ca.Cert, cp.revs
 		cfg.Certificate = func() (*tls.Certificate, error) { return cp.get(time.Now()) }
 	}
 	return nodeset.New(cfg)
@@ -88,7 +90,7 @@ func nodeRoutes(st store.Store, o serveOptions, cp *cpCert) (*proxy.NodeRoutes, 
 	if cp == nil {
 		return nil, nil, nil
 	}
-	dialer, err := dataplane.NewClientFunc(func() (*tls.Certificate, error) { return cp.get(time.Now()) }, cp.ca.Cert)
+	dialer, err := dataplane.NewClientFunc(func() (*tls.Certificate, error) { return cp.get(time.Now()) }, cp.ca.Cert, cp.revs)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -134,9 +136,10 @@ func clusterFlags(o *serveOptions) error {
 // cpCert is this replica's control-plane certificate, reissued once a
 // third of its life is left.
 type cpCert struct {
-	ca *clusterpki.CA
-	mu sync.Mutex
-	c  *tls.Certificate
+	ca   *clusterpki.CA
+	revs clusterpki.Revocations // the nodes', checked when dialling them
+	mu   sync.Mutex
+	c    *tls.Certificate
 }
 
 func (p *cpCert) get(now time.Time) (*tls.Certificate, error) {

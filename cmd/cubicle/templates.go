@@ -55,7 +55,7 @@ func (t *templateStack) setClusterBuilds(cp *cpCert) error {
 	if t.cluster == nil || cp == nil {
 		return nil
 	}
-	dp, err := dataplane.NewClientFunc(func() (*tls.Certificate, error) { return cp.get(time.Now()) }, cp.ca.Cert)
+	dp, err := dataplane.NewClientFunc(func() (*tls.Certificate, error) { return cp.get(time.Now()) }, cp.ca.Cert, cp.revs)
 	if err != nil {
 		return err
 	}

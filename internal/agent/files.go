@@ -173,7 +173,7 @@ func (a *Agent) handleDownload(w http.ResponseWriter, r *http.Request) {
 		// the proxy flushes each write of a length-less body at once.
 		bw := bufio.NewWriterSize(w, 64<<10)
 		gz, _ := gzip.NewWriterLevel(bw, gzip.BestSpeed)
-		if _, err := io.Copy(gz, f); err != nil {
+		if _, err := io.Copy(gz, slotFile{f}); err != nil {
 			return // headers are out; the client sees a truncated stream
 		}
 		if gz.Close() == nil {
@@ -181,7 +181,7 @@ func (a *Agent) handleDownload(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	http.ServeContent(w, r, filepath.Base(path), fi.ModTime(), f)
+	http.ServeContent(w, r, filepath.Base(path), fi.ModTime(), slotFile{f})
 }
 
 // chooseEncoding picks gzip when accepted with q>0, else identity unless it is
@@ -310,7 +310,7 @@ func writeFile(u *sysUser, path string, src io.Reader, md map[string]string) err
 		return err
 	}
 	buf := make([]byte, 256*1024)
-	if _, err := io.CopyBuffer(struct{ io.Writer }{f}, src, buf); err != nil {
+	if _, err := io.CopyBuffer(slotFile{f}, src, buf); err != nil {
 		f.Close()
 		return err
 	}

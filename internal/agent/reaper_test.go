@@ -29,6 +29,13 @@ func TestMain(m *testing.M) {
 		fmt.Println("REAPER-OK")
 		os.Exit(0)
 	}
+	if os.Getenv(reaperHelperEnv) == pidsLimitScenario {
+		if err := pidsLimitAgent(); err != nil {
+			fmt.Println("AGENT-FAIL:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if os.Getenv(reaperHelperEnv) == "1" {
 		if err := reaperScenario(); err != nil {
 			fmt.Println("REAPER-FAIL:", err)

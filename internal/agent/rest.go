@@ -263,8 +263,15 @@ func readMeminfo() map[string]uint64 {
 }
 
 func (a *Agent) handleMetrics(w http.ResponseWriter, r *http.Request) {
+	// /proc/stat is read under the metrics lock (one thread at a time);
+	// /proc/meminfo (lxcfs: a FUSE read) and statfs in a file slot.
 	pct, n := a.cpuPercent()
-	mem := readMeminfo()
+	var st unix.Statfs_t
+	var stErr error
+	mem, _ := inFileSlot(func() (map[string]uint64, error) {
+		stErr = unix.Statfs("/", &st)
+		return readMeminfo(), nil
+	})
 	m := metrics{Timestamp: time.Now().Unix(), CPUCount: n, CPUUsedPct: pct}
 	m.MemTotal = mem["MemTotal"]
 	if avail, ok := mem["MemAvailable"]; ok && avail <= m.MemTotal {
@@ -273,8 +280,7 @@ func (a *Agent) handleMetrics(w http.ResponseWriter, r *http.Request) {
 	m.MemCache = mem["Cached"]
 	m.MemTotalMiB = m.MemTotal / 1024 / 1024
 	m.MemUsedMiB = m.MemUsed / 1024 / 1024
-	var st unix.Statfs_t
-	if err := unix.Statfs("/", &st); err == nil {
+	if stErr == nil {
 		m.DiskTotal = st.Blocks * uint64(st.Bsize)
 		m.DiskUsed = (st.Blocks - st.Bfree) * uint64(st.Bsize)
 	}

@@ -45,7 +45,13 @@ func (a *Agent) defaultUserName() string {
 }
 
 // readColonFile reads a passwd/group style file; bounded by the file itself.
+// It runs in a file slot (see threads.go): every request naming a user
+// reads two of these.
 func readColonFile(path string) ([][]string, error) {
+	return inFileSlot(func() ([][]string, error) { return readColonFileNow(path) })
+}
+
+func readColonFileNow(path string) ([][]string, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -187,13 +193,14 @@ func resolvePath(p string, u *sysUser) (string, error) {
 // left locked, so that the runtime destroys it rather than reuse it with the
 // changed identity. At most asUserSlots calls run at once, each holding its
 // thread. Descriptors opened inside fn may be used anywhere. When the agent
-// is not root, or u is root, fn runs directly.
+// is not root, or u is root, fn runs directly, in one of those slots too (its
+// system calls hold a thread all the same).
 func asUser(u *sysUser, fn func() error) error {
+	asUserSem <- struct{}{}
+	defer func() { <-asUserSem }()
 	if u.UID == 0 || os.Geteuid() != 0 {
 		return fn()
 	}
-	asUserSem <- struct{}{}
-	defer func() { <-asUserSem }()
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()

@@ -2,10 +2,12 @@ package clusterpki
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/http"
+	"sync"
 	"time"
 )
 
@@ -83,4 +85,95 @@ func (ca *CA) RenewNode(ctx context.Context, peer *x509.Certificate, csrPEM []by
 		return nil, err
 	}
 	return ca.signNode(csrPEM, id, addresses, now, peer.NotBefore)
+}
+
+// RefuseRevoked makes cfg, a ControlPlaneClientConfig for nodeID, also
+// refuse a node certificate that revs says is revoked (its NotBefore is
+// before nodeID's last forget), after cfg's own checks: a forgotten machine
+// that kept its certificate cannot pass for a node that joined again under
+// its ID. A failed read of revs refuses the connection too. The check runs
+// in the handshake, which has no context of its own: the read is bounded
+// by revocationReadTimeout.
+func RefuseRevoked(cfg *tls.Config, nodeID string, revs Revocations) {
+	verify := cfg.VerifyConnection
+	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+		if verify != nil {
+			if err := verify(cs); err != nil {
+				return err
+			}
+		}
+		if len(cs.PeerCertificates) == 0 {
+			return fmt.Errorf("%w: the node presented no certificate", ErrIdentity)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), revocationReadTimeout)
+		defer cancel()
+		at, err := revs.NodeRevokedAt(ctx, nodeID)
+		if err != nil {
+			return fmt.Errorf("node %s revocation: %w", nodeID, err)
+		}
+		if !at.IsZero() && cs.PeerCertificates[0].NotBefore.Before(at) {
+			return &RevokedError{Node: nodeID, At: at}
+		}
+		return nil
+	}
+}
+
+const revocationReadTimeout = 5 * time.Second
+
+// RevocationCache is Revocations read through a cache: a node ID's answer
+// is kept for at most ttl (the control plane dials a node's data plane per
+// tunnel; a read per tunnel would put the store on the data path). A
+// forget then holds for new connections within ttl; pass the node
+// heartbeat interval or less. Errors are not kept. Safe for concurrent use.
+type RevocationCache struct {
+	src Revocations
+	ttl time.Duration
+	now func() time.Time
+
+	mu sync.Mutex
+	m  map[string]cachedRevocation
+}
+
+type cachedRevocation struct {
+	at, read time.Time
+}
+
+// revocationCacheMax bounds the cache; past it expired entries are dropped
+// (the IDs dialled are the registered nodes').
+const revocationCacheMax = 4096
+
+// NewRevocationCache caches src for ttl (> 0).
+func NewRevocationCache(src Revocations, ttl time.Duration) *RevocationCache {
+	if src == nil || ttl <= 0 {
+		panic("clusterpki: a revocation cache needs a source and a positive TTL")
+	}
+	return &RevocationCache{src: src, ttl: ttl, now: time.Now, m: map[string]cachedRevocation{}}
+}
+
+// NodeRevokedAt implements Revocations.
+func (c *RevocationCache) NodeRevokedAt(ctx context.Context, id string) (time.Time, error) {
+	now := c.now()
+	c.mu.Lock()
+	e, ok := c.m[id]
+	c.mu.Unlock()
+	if ok && now.Sub(e.read) < c.ttl && !now.Before(e.read) {
+		return e.at, nil
+	}
+	at, err := c.src.NodeRevokedAt(ctx, id)
+	if err != nil {
+		return time.Time{}, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.m) >= revocationCacheMax {
+		for k, v := range c.m {
+			if now.Sub(v.read) >= c.ttl {
+				delete(c.m, k)
+			}
+		}
+	}
+	if len(c.m) < revocationCacheMax {
+		c.m[id] = cachedRevocation{at: at, read: now}
+	}
+	return at, nil
 }

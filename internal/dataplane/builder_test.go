@@ -68,7 +68,7 @@ func TestBuilderTarget(t *testing.T) {
 	}
 
 	// Another node's certificate: refused at the handshake.
-	peer, err := dataplane.NewClient(f.pki.Node(t, "node-b"), f.pki.CA.Cert)
+	peer, err := dataplane.NewClient(f.pki.Node(t, "node-b"), f.pki.CA.Cert, f.pki.Store)
 	if err != nil {
 		t.Fatal(err)
 	}

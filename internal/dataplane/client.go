@@ -24,7 +24,9 @@ type Client struct {
 	// control plane's is reissued while it runs).
 	getCert func() (*tls.Certificate, error)
 	ca      *x509.Certificate
-	dialer  net.Dialer
+	// revs refuses a node whose certificate is revoked (RefuseRevoked).
+	revs   clusterpki.Revocations
+	dialer net.Dialer
 	// sessions lets a new tunnel resume the TLS session of an earlier one
 	// to the same node, skipping the certificate signatures. Resumption
 	// still runs VerifyConnection on both sides, so identities are checked
@@ -34,21 +36,22 @@ type Client struct {
 
 // NewClientFunc is NewClient with the certificate read from get at each
 // handshake, so a reissued certificate is used without a new client.
-func NewClientFunc(get func() (*tls.Certificate, error), ca *x509.Certificate) (*Client, error) {
-	if get == nil || ca == nil {
-		return nil, errors.New("dataplane: a client needs the control plane's certificate and the cluster CA")
+func NewClientFunc(get func() (*tls.Certificate, error), ca *x509.Certificate, revs clusterpki.Revocations) (*Client, error) {
+	if get == nil || ca == nil || revs == nil {
+		return nil, errors.New("dataplane: a client needs the control plane's certificate, the cluster CA and the nodes' revocations")
 	}
-	return &Client{getCert: get, ca: ca, dialer: net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second},
+	return &Client{getCert: get, ca: ca, revs: revs, dialer: net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second},
 		sessions: tls.NewLRUClientSessionCache(1024)}, nil
 }
 
 // NewClient makes a client presenting cert (the control plane's
-// certificate) and trusting nodes certified by ca.
-func NewClient(cert tls.Certificate, ca *x509.Certificate) (*Client, error) {
-	if len(cert.Certificate) == 0 || ca == nil {
-		return nil, errors.New("dataplane: a client needs the control plane's certificate and the cluster CA")
+// certificate) and trusting nodes certified by ca whose certificates revs
+// does not revoke (pass a clusterpki.RevocationCache over the store).
+func NewClient(cert tls.Certificate, ca *x509.Certificate, revs clusterpki.Revocations) (*Client, error) {
+	if len(cert.Certificate) == 0 || ca == nil || revs == nil {
+		return nil, errors.New("dataplane: a client needs the control plane's certificate, the cluster CA and the nodes' revocations")
 	}
-	return &Client{cert: cert, ca: ca, dialer: net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second},
+	return &Client{cert: cert, ca: ca, revs: revs, dialer: net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second},
 		sessions: tls.NewLRUClientSessionCache(1024)}, nil
 }
 
@@ -90,6 +93,7 @@ func (c *Client) open(ctx context.Context, nodeID, dataAddr, t string) (net.Conn
 		return nil, &NodeError{Node: nodeID, Addr: dataAddr, Err: err}
 	}
 	cfg := clusterpki.ControlPlaneClientConfig(c.cert, c.ca, nodeID)
+	clusterpki.RefuseRevoked(cfg, nodeID, c.revs)
 	if get := c.getCert; get != nil {
 		cfg.Certificates = nil
 		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return get() }

@@ -30,6 +30,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/clusterpki"
 	"github.com/cubicle-dev/cubicle/internal/dataplane"
 	"github.com/cubicle-dev/cubicle/internal/dataplane/dataplanetest"
+	"github.com/cubicle-dev/cubicle/internal/store"
 )
 
 var loopback = netip.MustParseAddr("127.0.0.1")
@@ -383,7 +384,7 @@ func TestClosedPortIsConnRefused(t *testing.T) {
 func TestOnlyTheControlPlane(t *testing.T) {
 	port, seen := httpSandbox(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	f := nodeA(t, dataplane.ServerConfig{})
-	peer, err := dataplane.NewClient(f.pki.Node(t, "node-b"), f.pki.CA.Cert)
+	peer, err := dataplane.NewClient(f.pki.Node(t, "node-b"), f.pki.CA.Cert, f.pki.Store)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -618,4 +619,47 @@ func TestHeadersAreBounded(t *testing.T) {
 	if _, err := f.cl.Dial(context.Background(), "node-z", ln.Addr().String(), "sb1", 80); !errors.As(err, &ne) {
 		t.Fatalf("endless answer: %v", err)
 	}
+}
+
+// A node forgotten (`cubicle node forget`) is refused by the control
+// plane's dial, though its certificate is still within its validity and
+// chains to the cluster CA: the tunnel fails with clusterpki.ErrRevoked
+// and nothing reaches the sandbox. A certificate issued after the forget
+// (the node joined again) is accepted.
+func TestForgottenNodeRefusedAtTheDial(t *testing.T) {
+	port, seen := httpSandbox(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	f := nodeA(t, dataplane.ServerConfig{})
+	conn, err := f.cl.Dial(context.Background(), "node-a", f.addr, "sb1", port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	ctx := context.Background()
+	if err := f.pki.Store.RegisterNode(ctx, &store.Node{ID: "node-a", Address: f.addr}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.pki.Store.ForgetNode(ctx, "node-a"); err != nil {
+		t.Fatal(err)
+	}
+	before := seen.n.Load()
+	_, err = f.cl.Dial(ctx, "node-a", f.addr, "sb1", port)
+	var re *clusterpki.RevokedError
+	if !errors.Is(err, clusterpki.ErrRevoked) || !errors.As(err, &re) || re.Node != "node-a" {
+		t.Fatalf("dial of a forgotten node: %v, want its certificate refused as revoked", err)
+	}
+	if n := seen.n.Load(); n != before {
+		t.Fatalf("the forgotten node reached the sandbox (%d connections)", n-before)
+	}
+
+	// Joined again: a certificate that starts at the forget's second.
+	at, err := f.pki.Store.NodeRevokedAt(ctx, "node-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, _ := f.pki.ServeAfter(t, "node-a", at, dataplane.ServerConfig{Lookup: sandboxes(map[string]netip.Addr{"sb1": loopback})})
+	conn, err = f.cl.Dial(ctx, "node-a", addr, "sb1", port)
+	if err != nil {
+		t.Fatalf("dial of the re-joined node: %v", err)
+	}
+	conn.Close()
 }

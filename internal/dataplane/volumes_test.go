@@ -129,7 +129,7 @@ func TestVolumeTargetOnlyTheControlPlane(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { v.l.DetachVolume(context.Background(), "volume-content", v.att.VolumeID) })
-	peer, err := dataplane.NewClient(v.pki.Node(t, "node-b"), v.pki.CA.Cert)
+	peer, err := dataplane.NewClient(v.pki.Node(t, "node-b"), v.pki.CA.Cert, v.pki.Store)
 	if err != nil {
 		t.Fatal(err)
 	}

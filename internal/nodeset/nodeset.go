@@ -59,6 +59,11 @@ type Config struct {
 	// cluster CA every node's certificate must chain to.
 	Certificate func() (*tls.Certificate, error)
 	CA          *x509.Certificate
+	// Revocations is checked at every handshake with a node: a node whose
+	// certificate predates its ID's last forget is refused
+	// (clusterpki.RefuseRevoked). Required with Certificate; pass a
+	// clusterpki.RevocationCache over the store.
+	Revocations clusterpki.Revocations
 	// DialOptions are added to every dial (tests).
 	DialOptions []grpc.DialOption
 	// Dial replaces the gRPC dial (Certificate, CA and DialOptions are
@@ -164,13 +169,18 @@ func (s *Set) client(row *store.Node) (node.Node, error) {
 
 // TLSConfig is the control plane's client configuration for node id: its
 // current certificate (read at each handshake) and a peer that must be
-// that node (clusterpki.ControlPlaneClientConfig). The gRPC dial uses it;
-// so does anything else that calls the node (its data-plane listener).
+// that node (clusterpki.ControlPlaneClientConfig) with a certificate not
+// revoked (clusterpki.RefuseRevoked). The gRPC dial uses it; so does
+// anything else that calls the node (its data-plane listener).
 func (s *Set) TLSConfig(id string) (*tls.Config, error) {
 	if s.cfg.Certificate == nil || s.cfg.CA == nil {
 		return nil, fmt.Errorf("%w: node %s", ErrNoIdentity, id)
 	}
+	if s.cfg.Revocations == nil {
+		return nil, fmt.Errorf("%w: node %s: no revocation source to check its certificate against", ErrNoIdentity, id)
+	}
 	tc := clusterpki.ControlPlaneClientConfig(tls.Certificate{}, s.cfg.CA, id)
+	clusterpki.RefuseRevoked(tc, id, s.cfg.Revocations)
 	tc.Certificates = nil
 	getCert := s.cfg.Certificate
 	tc.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return getCert() }

@@ -72,7 +72,7 @@ func (f *fixture) serveNode(t *testing.T, id, answerAs string) string {
 
 func (f *fixture) set(local node.Node) *nodeset.Set {
 	s := nodeset.New(nodeset.Config{LocalID: "local", Local: local, Registry: f.st, CA: f.ca.Cert,
-		Certificate: func() (*tls.Certificate, error) { return f.cp, nil }})
+		Certificate: func() (*tls.Certificate, error) { return f.cp, nil }, Revocations: f.st})
 	return s
 }
 
@@ -220,5 +220,60 @@ func TestLive(t *testing.T) {
 	}
 	if want := []string{"fresh", "local"}; !equal(ids, want) {
 		t.Fatalf("Live: %v, want %v", ids, want)
+	}
+}
+
+// A forgotten node's certificate, still valid and from the cluster CA, is
+// refused by the control plane's dial: here the old machine answers at the
+// address the node ID registered again (a re-joined node's row), and the
+// call fails with clusterpki.ErrRevoked instead of reaching it.
+func TestForgottenNodeRefusedAtTheDial(t *testing.T) {
+	f := newFixture(t)
+	addr := f.serveNode(t, "node-a", "node-a")
+	ctx := context.Background()
+	if err := f.st.ForgetNode(ctx, "node-a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.st.RegisterNode(ctx, &store.Node{ID: "node-a", Address: addr}); err != nil {
+		t.Fatal(err)
+	}
+	s := f.set(nil)
+	defer s.Close()
+	// gRPC reports a failed handshake as Unavailable, without its cause...
+	if got, err := info(t, s, "node-a"); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("Info from a forgotten node's certificate: %q %v, want it refused", got, err)
+	}
+	// ...which is the revocation: the same configuration, dialled directly.
+	tc, err := s.TLSConfig("node-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc.Certificates = []tls.Certificate{*f.cp}
+	tc.GetClientCertificate = nil
+	conn, err := tls.Dial("tcp", addr, tc)
+	if err == nil {
+		conn.Close()
+	}
+	var re *clusterpki.RevokedError
+	if !errors.Is(err, clusterpki.ErrRevoked) || !errors.As(err, &re) || re.Node != "node-a" {
+		t.Fatalf("handshake with a forgotten node: %v, want its certificate refused as revoked", err)
+	}
+	// Another node is unaffected.
+	f.serveNode(t, "node-b", "node-b")
+	if got, err := info(t, s, "node-b"); err != nil || got != "node-b" {
+		t.Fatalf("Info via node-b: %q %v", got, err)
+	}
+}
+
+// Without a revocation source the set refuses to dial (it would not know
+// a forgotten node).
+func TestNoRevocationsNoDial(t *testing.T) {
+	f := newFixture(t)
+	f.serveNode(t, "node-a", "node-a")
+	s := nodeset.New(nodeset.Config{Registry: f.st, CA: f.ca.Cert,
+		Certificate: func() (*tls.Certificate, error) { return f.cp, nil }})
+	defer s.Close()
+	if _, err := s.Get(context.Background(), "node-a"); !errors.Is(err, nodeset.ErrNoIdentity) {
+		t.Fatalf("Get without revocations: %v, want ErrNoIdentity", err)
 	}
 }

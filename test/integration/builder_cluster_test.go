@@ -85,7 +85,7 @@ func TestClusterBuilderNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dp, err := dataplane.NewClient(*cpCert, ca.Cert)
+	dp, err := dataplane.NewClient(*cpCert, ca.Cert, c.st)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +110,7 @@ func TestClusterBuilderNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	peer, err := dataplane.NewClient(plainPair, ca.Cert)
+	peer, err := dataplane.NewClient(plainPair, ca.Cert, c.st)
 	if err != nil {
 		t.Fatal(err)
 	}

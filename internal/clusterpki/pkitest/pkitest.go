@@ -70,6 +70,13 @@ func (p *PKI) Node(tb testing.TB, id string, hosts ...string) tls.Certificate {
 // PEM, as a joined node keeps them on disk.
 func IssueNode(tb testing.TB, ca *clusterpki.CA, id string, hosts ...string) (certPEM, keyPEM []byte) {
 	tb.Helper()
+	return IssueNodeAfter(tb, ca, id, time.Time{}, hosts...)
+}
+
+// IssueNodeAfter is IssueNode for an ID forgotten at revokedAt (its
+// re-join): the certificate starts no earlier than that.
+func IssueNodeAfter(tb testing.TB, ca *clusterpki.CA, id string, revokedAt time.Time, hosts ...string) (certPEM, keyPEM []byte) {
+	tb.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		tb.Fatal(err)
@@ -78,7 +85,7 @@ func IssueNode(tb testing.TB, ca *clusterpki.CA, id string, hosts ...string) (ce
 	if err != nil {
 		tb.Fatal(err)
 	}
-	certPEM, err = ca.SignNode(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), id, hosts, time.Now())
+	certPEM, err = ca.SignNodeAfter(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), id, hosts, time.Now(), revokedAt)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -93,6 +100,16 @@ func IssueNode(tb testing.TB, ca *clusterpki.CA, id string, hosts ...string) (ce
 func NodeCert(tb testing.TB, ca *clusterpki.CA, id string, hosts ...string) tls.Certificate {
 	tb.Helper()
 	c, err := tls.X509KeyPair(IssueNode(tb, ca, id, hosts...))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return c
+}
+
+// NodeCertAfter is IssueNodeAfter's certificate as a TLS key pair.
+func NodeCertAfter(tb testing.TB, ca *clusterpki.CA, id string, revokedAt time.Time, hosts ...string) tls.Certificate {
+	tb.Helper()
+	c, err := tls.X509KeyPair(IssueNodeAfter(tb, ca, id, revokedAt, hosts...))
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"net"
 	"testing"
+	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/clusterpki/pkitest"
 	"github.com/cubicle-dev/cubicle/internal/dataplane"
@@ -20,10 +21,11 @@ type PKI struct{ *pkitest.PKI }
 // NewPKI makes a cluster CA the way a control plane does on first start.
 func NewPKI(tb testing.TB) *PKI { return &PKI{pkitest.New(tb)} }
 
-// Client is a data-plane client with the control plane's identity.
+// Client is a data-plane client with the control plane's identity,
+// reading the revocations from Store with no cache.
 func (p *PKI) Client(tb testing.TB) *dataplane.Client {
 	tb.Helper()
-	c, err := dataplane.NewClient(p.ControlPlane, p.CA.Cert)
+	c, err := dataplane.NewClient(p.ControlPlane, p.CA.Cert, p.Store)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -35,7 +37,13 @@ func (p *PKI) Client(tb testing.TB) *dataplane.Client {
 // closed, and Serve's result checked, at cleanup.
 func (p *PKI) Serve(tb testing.TB, id string, cfg dataplane.ServerConfig) (addr string, srv *dataplane.Server) {
 	tb.Helper()
-	cfg.Cert, cfg.CA = p.Node(tb, id), p.CA.Cert
+	return p.ServeAfter(tb, id, time.Time{}, cfg)
+}
+
+// ServeAfter is Serve with a certificate from NodeAfter.
+func (p *PKI) ServeAfter(tb testing.TB, id string, revokedAt time.Time, cfg dataplane.ServerConfig) (addr string, srv *dataplane.Server) {
+	tb.Helper()
+	cfg.Cert, cfg.CA = pkitest.NodeCertAfter(tb, p.CA, id, revokedAt, "127.0.0.1"), p.CA.Cert
 	srv, err := dataplane.NewServer(cfg)
 	if err != nil {
 		tb.Fatal(err)
