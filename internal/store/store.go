@@ -420,13 +420,18 @@ type TemplateBuild struct {
 	MemoryMB   int
 	DiskSizeMB int
 	Image      string // image reference in the local image store
-	Rootfs     string // unpacked filesystem the runtime uses as the lower layer
-	Reason     string
-	Step       string
-	Spec       string // the start request (JSON), credentials removed
-	CreatedAt  time.Time
-	UpdatedAt  time.Time
-	FinishedAt time.Time
+	// ImageDigest is Image's manifest digest ("sha256:<hex>"), recorded
+	// with the image so every replica resolves the build's image from
+	// this row rather than from its own image index; "" for builds
+	// recorded before it and for builds that only re-use a rootfs.
+	ImageDigest string
+	Rootfs      string // unpacked filesystem the runtime uses as the lower layer
+	Reason      string
+	Step        string
+	Spec        string // the start request (JSON), credentials removed
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+	FinishedAt  time.Time
 }
 
 // BuildLog is one build log entry; Seq counts from 0 per build.

@@ -35,12 +35,12 @@ func templateArgs(t *store.Template) []any {
 		t.ReadyBuildID, t.ReadyImage, t.LatestBuildID, t.BuildStatus, t.BuildCount, t.SpawnCount, ts(t.LastSpawnedAt), t.PoolSize, ts(t.CreatedAt), ts(t.UpdatedAt), t.Accelerators}
 }
 
-const buildCols = `id, template_id, status, cpu_count, memory_mb, disk_size_mb, image, rootfs, reason, step, spec, created_at, updated_at, finished_at`
+const buildCols = `id, template_id, status, cpu_count, memory_mb, disk_size_mb, image, rootfs, reason, step, spec, created_at, updated_at, finished_at, image_digest`
 
 func scanBuild(r scanner) (*store.TemplateBuild, error) {
 	var b store.TemplateBuild
 	var created, updated, finished int64
-	if err := r.Scan(&b.ID, &b.TemplateID, &b.Status, &b.CPUCount, &b.MemoryMB, &b.DiskSizeMB, &b.Image, &b.Rootfs, &b.Reason, &b.Step, &b.Spec, &created, &updated, &finished); err != nil {
+	if err := r.Scan(&b.ID, &b.TemplateID, &b.Status, &b.CPUCount, &b.MemoryMB, &b.DiskSizeMB, &b.Image, &b.Rootfs, &b.Reason, &b.Step, &b.Spec, &created, &updated, &finished, &b.ImageDigest); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil, store.ErrNotFound
 		}
@@ -51,7 +51,7 @@ func scanBuild(r scanner) (*store.TemplateBuild, error) {
 }
 
 func buildArgs(b *store.TemplateBuild) []any {
-	return []any{b.ID, b.TemplateID, b.Status, b.CPUCount, b.MemoryMB, b.DiskSizeMB, b.Image, b.Rootfs, b.Reason, b.Step, b.Spec, ts(b.CreatedAt), ts(b.UpdatedAt), ts(b.FinishedAt)}
+	return []any{b.ID, b.TemplateID, b.Status, b.CPUCount, b.MemoryMB, b.DiskSizeMB, b.Image, b.Rootfs, b.Reason, b.Step, b.Spec, ts(b.CreatedAt), ts(b.UpdatedAt), ts(b.FinishedAt), b.ImageDigest}
 }
 
 // insertNames registers names in the template's team (looked up in tx).
@@ -105,7 +105,7 @@ func insertTemplate(ctx context.Context, tx *txn, t *store.Template, b *store.Te
 	if err := insertNames(ctx, tx, t.ID, t.Names); err != nil {
 		return err
 	}
-	_, err := tx.ExecContext(ctx, `INSERT INTO template_builds(`+buildCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, buildArgs(b)...)
+	_, err := tx.ExecContext(ctx, `INSERT INTO template_builds(`+buildCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, buildArgs(b)...)
 	return err
 }
 
@@ -267,7 +267,7 @@ AND NOT EXISTS (SELECT 1 FROM template_builds WHERE id=? AND (status IN (?,?) OR
 		store.BuildError, "superseded by build "+b.ID, ts(now), ts(now), prevLatestID, store.BuildWaiting); err != nil {
 		return err
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO template_builds(`+buildCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, buildArgs(b)...); err != nil {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO template_builds(`+buildCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, buildArgs(b)...); err != nil {
 		return err
 	}
 	if err := tx.QueryRowContext(ctx, `SELECT build_count FROM templates WHERE id=?`, t.ID).Scan(&t.BuildCount); err != nil {
@@ -309,8 +309,8 @@ func (s *Store) recordTemplateBuildTx(ctx context.Context, b *store.TemplateBuil
 		return err
 	}
 	defer tx.Rollback()
-	res, err := tx.ExecContext(ctx, `UPDATE template_builds SET status=?, cpu_count=?, memory_mb=?, disk_size_mb=?, image=?, rootfs=?, reason=?, step=?, spec=?, updated_at=?, finished_at=? WHERE id=?`,
-		b.Status, b.CPUCount, b.MemoryMB, b.DiskSizeMB, b.Image, b.Rootfs, b.Reason, b.Step, b.Spec, ts(b.UpdatedAt), ts(b.FinishedAt), b.ID)
+	res, err := tx.ExecContext(ctx, `UPDATE template_builds SET status=?, cpu_count=?, memory_mb=?, disk_size_mb=?, image=?, image_digest=?, rootfs=?, reason=?, step=?, spec=?, updated_at=?, finished_at=? WHERE id=?`,
+		b.Status, b.CPUCount, b.MemoryMB, b.DiskSizeMB, b.Image, b.ImageDigest, b.Rootfs, b.Reason, b.Step, b.Spec, ts(b.UpdatedAt), ts(b.FinishedAt), b.ID)
 	if err != nil {
 		return err
 	}
@@ -386,8 +386,8 @@ func (s *Store) ListTemplateBuilds(ctx context.Context, templateID string) ([]*s
 // UpdateTemplateBuild writes every mutable column.
 func (s *Store) UpdateTemplateBuild(ctx context.Context, b *store.TemplateBuild) error {
 	b.UpdatedAt = time.Now().UTC()
-	res, err := s.db.ExecContext(ctx, `UPDATE template_builds SET status=?, cpu_count=?, memory_mb=?, disk_size_mb=?, image=?, rootfs=?, reason=?, step=?, spec=?, updated_at=?, finished_at=? WHERE id=?`,
-		b.Status, b.CPUCount, b.MemoryMB, b.DiskSizeMB, b.Image, b.Rootfs, b.Reason, b.Step, b.Spec, ts(b.UpdatedAt), ts(b.FinishedAt), b.ID)
+	res, err := s.db.ExecContext(ctx, `UPDATE template_builds SET status=?, cpu_count=?, memory_mb=?, disk_size_mb=?, image=?, image_digest=?, rootfs=?, reason=?, step=?, spec=?, updated_at=?, finished_at=? WHERE id=?`,
+		b.Status, b.CPUCount, b.MemoryMB, b.DiskSizeMB, b.Image, b.ImageDigest, b.Rootfs, b.Reason, b.Step, b.Spec, ts(b.UpdatedAt), ts(b.FinishedAt), b.ID)
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -53,11 +54,18 @@ func testTemplates(t *testing.T, s store.Store) {
 		t.Fatalf("builds: %v %v", builds, err)
 	}
 	b2.Status, b2.Reason, b2.Step, b2.FinishedAt = store.BuildError, "RUN failed", "2", time.Now()
+	b2.Image, b2.ImageDigest = "cubicle/tpl_00000001:bld_00000003", "sha256:"+strings.Repeat("ab", 32)
 	if err := s.UpdateTemplateBuild(ctx, b2); err != nil {
 		t.Fatal(err)
 	}
-	if gb, _ := s.GetTemplateBuild(ctx, b2.ID); gb.Status != store.BuildError || gb.Step != "2" || gb.FinishedAt.IsZero() {
+	if gb, _ := s.GetTemplateBuild(ctx, b2.ID); gb.Status != store.BuildError || gb.Step != "2" || gb.FinishedAt.IsZero() ||
+		gb.Image != b2.Image || gb.ImageDigest != b2.ImageDigest {
 		t.Fatalf("build update: %+v", gb)
+	}
+	// A build row created with its image keeps the digest too (the sweep
+	// and imports insert whole rows).
+	if gb, _ := s.GetTemplateBuild(ctx, b.ID); gb.ImageDigest != "" {
+		t.Fatalf("a build recorded without a digest reads %q", gb.ImageDigest)
 	}
 	for i := 0; i < 3; i++ {
 		if err := s.AppendBuildLogs(ctx, b2.ID, []store.BuildLog{{Level: "info", Message: fmt.Sprint("a", i)}, {Level: "warn", Message: fmt.Sprint("b", i), Step: "1"}}); err != nil {
@@ -203,8 +211,12 @@ func testTemplateCounters(t *testing.T, s store.Store) {
 		t.Fatal(err)
 	}
 	lb.Status, lb.Rootfs, lb.FinishedAt = store.BuildReady, "/r", time.Now()
+	lb.Image, lb.ImageDigest = "cubicle/x:y", "sha256:"+strings.Repeat("cd", 32)
 	if err := s.RecordTemplateBuild(ctx, lb, &store.TemplateReady{Image: "img@x", RunAs: "0", CPUCount: 3, MemoryMB: 256}); err != nil {
 		t.Fatal(err)
+	}
+	if gb, _ := s.GetTemplateBuild(ctx, lb.ID); gb.Image != lb.Image || gb.ImageDigest != lb.ImageDigest {
+		t.Fatalf("RecordTemplateBuild lost the image: %+v", gb)
 	}
 	g2, _ := s.GetTemplate(ctx, tpl.ID)
 	if g2.BuildStatus != store.BuildReady || g2.ReadyBuildID != lb.ID || g2.ReadyImage != "img@x" || g2.CPUCount != 3 || !g2.Public || g2.BuildCount != 2 || g2.SpawnCount != 20 {
