@@ -133,6 +133,10 @@ func (m *Manager) imageRef(tpl template.Template) (node.Image, error) {
 		return node.Image{}, fmt.Errorf("%w: template '%s' has no image a node can pull (rebuild it)", ErrConflict, tpl.ID)
 	case !strings.ContainsAny(tpl.Image, "/:"):
 		return node.Image{Name: tpl.Image}, nil
+	case tpl.ImageDigest != "":
+		// The build row's digest: any replica names the image the same way,
+		// whichever one's index holds the tag.
+		return node.Image{Name: repositoryOf(tpl.Image), Digest: tpl.ImageDigest}, nil
 	case m.cfg.ImageDigest == nil:
 		return node.Image{}, fmt.Errorf("%w: template '%s': this server has no image registry for nodes", ErrConflict, tpl.ID)
 	}
@@ -141,4 +145,13 @@ func (m *Manager) imageRef(tpl template.Template) (node.Image, error) {
 		return node.Image{}, fmt.Errorf("template '%s' image %s: %w", tpl.ID, tpl.Image, err)
 	}
 	return im, nil
+}
+
+// repositoryOf is the repository of a "repo:tag" reference in the image
+// store (a tag follows the last ":" only when no "/" comes after it).
+func repositoryOf(ref string) string {
+	if i := strings.LastIndexByte(ref, ':'); i >= 0 && !strings.Contains(ref[i:], "/") {
+		return ref[:i]
+	}
+	return ref
 }

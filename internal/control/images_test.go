@@ -22,13 +22,21 @@ import (
 type imageResolver struct{}
 
 func (imageResolver) Resolve(_ context.Context, ref string) (template.Template, error) {
-	images := map[string]string{"builtin": "base", "built": "cubicle/built:b1", "none": ""}
+	images := map[string]string{"builtin": "base", "built": "cubicle/built:b1", "none": "", "recorded": "cubicle/recorded:b2"}
 	im, ok := images[ref]
 	if !ok {
 		return template.Template{}, fmt.Errorf("%w: %s", template.ErrNotFound, ref)
 	}
-	return template.Template{ID: ref, Alias: ref, Layers: []string{"/cp/" + ref + "/rootfs"}, Image: im, CPUCount: 1, MemoryMB: 128}, nil
+	tpl := template.Template{ID: ref, Alias: ref, Layers: []string{"/cp/" + ref + "/rootfs"}, Image: im, CPUCount: 1, MemoryMB: 128}
+	if ref == "recorded" {
+		// Built through another replica: this one's index (ImageDigest)
+		// does not have the tag; the build row's digest names the image.
+		tpl.ImageDigest = recordedDigest
+	}
+	return tpl, nil
 }
+
+var recordedDigest = "sha256:" + strings.Repeat("cd", 32)
 
 var builtDigest = "sha256:" + strings.Repeat("ab", 32)
 
@@ -60,8 +68,9 @@ func TestCreateSendsImagesToPullingNode(t *testing.T) {
 	ctx := context.Background()
 	m, n := newImageManager(t, true)
 	for tpl, want := range map[string]node.Image{
-		"builtin": {Name: "base"},
-		"built":   {Name: "cubicle/built", Digest: builtDigest},
+		"builtin":  {Name: "base"},
+		"built":    {Name: "cubicle/built", Digest: builtDigest},
+		"recorded": {Name: "cubicle/recorded", Digest: recordedDigest},
 	} {
 		sb, err := m.Create(ctx, CreateOptions{TemplateID: tpl, Timeout: time.Minute})
 		if err != nil {
@@ -95,6 +104,14 @@ func TestCreateSendsLayersToEmbeddedNode(t *testing.T) {
 	}
 	got := n.sbs[sb.ID]
 	if !got.Image.IsZero() || len(got.Layers) != 1 || got.Layers[0] != "/cp/built/rootfs" {
+		t.Fatalf("embedded node got image %+v layers %v", got.Image, got.Layers)
+	}
+	// A build row's digest changes nothing for the embedded node.
+	sb, err = m.Create(context.Background(), CreateOptions{TemplateID: "recorded", Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := n.sbs[sb.ID]; !got.Image.IsZero() || len(got.Layers) != 1 || got.Layers[0] != "/cp/recorded/rootfs" {
 		t.Fatalf("embedded node got image %+v layers %v", got.Image, got.Layers)
 	}
 }

@@ -38,8 +38,12 @@ type Template struct {
 	// ":"), or a reference in the control plane's image store ("repo:tag").
 	// "" when there is none (a probe of an unfinished build, a build that
 	// only re-used another template's rootfs).
-	Image    string
-	PoolSize int // warm-pool standbys the template keeps (0 = no pool)
+	Image string
+	// ImageDigest is Image's manifest digest as its build row records it
+	// ("sha256:<hex>"): the control plane names the image to a node from
+	// it, whichever replica built it. "" for built-ins and older builds.
+	ImageDigest string
+	PoolSize    int // warm-pool standbys the template keeps (0 = no pool)
 	// Accelerators is the template's compatibility contract (nil = CPU-only).
 	Accelerators *accel.Contract
 }

@@ -203,7 +203,7 @@ func (b *Builder) noSteps(ctx context.Context, job catalog.Job, dest string, log
 	if job.FromRootfs != "" {
 		// Same filesystem as the source template's ready build: share it.
 		log("info", "using the ready image of template "+job.Start.FromTemplate, "base")
-		return catalog.Output{Image: job.FromImage, Rootfs: job.FromRootfs}, nil
+		return catalog.Output{Image: job.FromImage, ImageDigest: job.FromImageDigest, Rootfs: job.FromRootfs}, nil
 	}
 	ref := b.localRef(job.FromImage)
 	if ref == "" {
@@ -217,7 +217,21 @@ func (b *Builder) noSteps(ctx context.Context, job catalog.Job, dest string, log
 	if err := b.cfg.Images.Unpack(ref, dest); err != nil {
 		return catalog.Output{}, &catalog.BuildError{Step: "base", Err: fmt.Errorf("unpack %s: %v", ref, err)}
 	}
-	return catalog.Output{Image: ref, Rootfs: dest}, nil
+	digest, err := b.digestOf(ref)
+	if err != nil {
+		return catalog.Output{}, &catalog.BuildError{Step: "base", Err: err}
+	}
+	return catalog.Output{Image: ref, ImageDigest: digest, Rootfs: dest}, nil
+}
+
+// digestOf is the manifest digest of ref in the local store, recorded in
+// the build's row so that every replica names the image by digest.
+func (b *Builder) digestOf(ref string) (string, error) {
+	d, err := b.cfg.Images.Resolve(ref)
+	if err != nil {
+		return "", fmt.Errorf("image %s: %v", ref, err)
+	}
+	return d.Digest.String(), nil
 }
 
 func (b *Builder) withSteps(ctx context.Context, job catalog.Job, dest string, log catalog.LogFunc) (catalog.Output, error) {
@@ -300,6 +314,10 @@ func (b *Builder) withSteps(ctx context.Context, job catalog.Job, dest string, l
 	if err != nil {
 		return catalog.Output{}, &catalog.BuildError{Step: "finalize", Err: fmt.Errorf("unpack %s: %v", name, err)}
 	}
+	digest, err := b.digestOf(name)
+	if err != nil {
+		return catalog.Output{}, &catalog.BuildError{Step: "finalize", Err: err}
+	}
 	runAs := res.User
-	return catalog.Output{Image: name, Rootfs: rootfs, RunAs: runAs, Workdir: res.Workdir}, nil
+	return catalog.Output{Image: name, ImageDigest: digest, Rootfs: rootfs, RunAs: runAs, Workdir: res.Workdir}, nil
 }

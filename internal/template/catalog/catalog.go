@@ -71,14 +71,20 @@ type Job struct {
 	// of fromTemplate); FromRootfs is fromTemplate's unpacked rootfs.
 	FromImage  string
 	FromRootfs string
+	// FromImageDigest is FromImage's manifest digest when a ready build
+	// recorded it (fromTemplate).
+	FromImageDigest string
 }
 
 // Output is what a successful build produced.
 type Output struct {
-	Image   string // reference in the local image store
-	Rootfs  string // unpacked lower layer for the runtime
-	RunAs   string
-	Workdir string
+	Image string // reference in the local image store
+	// ImageDigest is Image's manifest digest ("sha256:<hex>"), recorded
+	// in the build's row; "" when the build has no image of its own.
+	ImageDigest string
+	Rootfs      string // unpacked lower layer for the runtime
+	RunAs       string
+	Workdir     string
 }
 
 // LogFunc receives build log lines.

@@ -191,6 +191,29 @@ func TestBuildsResolutionAndGuards(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(tpl.Layers[0], "bin", "tool")); err != nil {
 		t.Fatalf("unpacked rootfs: %v", err)
 	}
+	// The row names the image by digest, and Resolve carries it: any
+	// replica names the image to a node without its own index.
+	d, err := e.images.Resolve("tools/img:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if row, _ := e.st.GetTemplateBuild(ctx, r.BuildID); row.Image != "tools/img:1" || row.ImageDigest != d.Digest.String() {
+		t.Fatalf("build row image %q digest %q, want tools/img:1 %s", row.Image, row.ImageDigest, d.Digest)
+	}
+	if tpl.Image != "tools/img:1" || tpl.ImageDigest != d.Digest.String() {
+		t.Fatalf("resolved image %q digest %q, want %s", tpl.Image, tpl.ImageDigest, d.Digest)
+	}
+	// fromTemplate without steps shares the source's image and digest.
+	r3, _ := e.cat.Create(ctx, dev, catalog.CreateRequest{Name: "img-copy"}, "", nil)
+	if err := e.cat.StartBuild(ctx, dev, r3.TemplateID, r3.BuildID, catalog.StartRequest{FromTemplate: "img"}); err != nil {
+		t.Fatal(err)
+	}
+	if st := e.wait(t, r3.TemplateID, r3.BuildID); st.Status != store.BuildReady {
+		t.Fatalf("build: %+v", st)
+	}
+	if cp, err := e.cat.Resolve(ctx, "img-copy"); err != nil || cp.ImageDigest != d.Digest.String() {
+		t.Fatalf("fromTemplate copy: %+v %v", cp, err)
+	}
 	// Validation is synchronous.
 	r2, _ := e.cat.Create(ctx, dev, catalog.CreateRequest{Name: "img"}, "", nil)
 	for _, bad := range []catalog.StartRequest{{}, {FromImage: "a", FromTemplate: "b"}, {FromImage: "not/imported:1"},

@@ -96,7 +96,7 @@ func (c *Catalog) run(ctx context.Context, buildID string) {
 			c.finish(ctx, t.ID, b.ID, nil, &BuildError{Step: "base", Err: err}, nil)
 			return
 		}
-		job.FromImage, job.FromRootfs = src.Image, src.Rootfs
+		job.FromImage, job.FromRootfs, job.FromImageDigest = src.Image, src.Rootfs, src.ImageDigest
 	} else {
 		job.FromImage = req.FromImage
 	}
@@ -107,7 +107,7 @@ func (c *Catalog) run(ctx context.Context, buildID string) {
 		return
 	}
 	// The image exists; the readyCmd probe decides (uploaded is internal).
-	b.Status, b.Image, b.Rootfs = store.BuildUploaded, out.Image, out.Rootfs
+	b.Status, b.Image, b.ImageDigest, b.Rootfs = store.BuildUploaded, out.Image, out.ImageDigest, out.Rootfs
 	// Uploaded is internal (the API says building either way): a failed
 	// write only loses the intermediate step; finish records the outcome.
 	_ = c.retry(ctx, "mark build uploaded", b.ID, func(ctx context.Context) error { return c.st.RecordTemplateBuild(ctx, b, nil) })
@@ -119,7 +119,7 @@ func (c *Catalog) run(ctx context.Context, buildID string) {
 			c.logf(ctx, b.ID, "info", "finalize", "waiting for the ready command: %s", req.ReadyCmd)
 			// Image too: a node that pulls images (a cluster node) boots
 			// the probe from the registry, not from these layer paths.
-			pt := template.Template{ID: t.ID, Layers: template.Layers(out.Rootfs), Image: out.Image, CPUCount: b.CPUCount, MemoryMB: b.MemoryMB, DiskSizeMB: b.DiskSizeMB,
+			pt := template.Template{ID: t.ID, Layers: template.Layers(out.Rootfs), Image: out.Image, ImageDigest: out.ImageDigest, CPUCount: b.CPUCount, MemoryMB: b.MemoryMB, DiskSizeMB: b.DiskSizeMB,
 				StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd, RunAs: out.RunAs, Workdir: out.Workdir}
 			if err := p.Probe(ctx, out.Rootfs, pt); err != nil {
 				c.finish(ctx, t.ID, b.ID, nil, &BuildError{Step: "finalize", Err: fmt.Errorf("ready command failed: %v", err)}, nil)
@@ -168,6 +168,11 @@ func (c *Catalog) finish(ctx context.Context, templateID, buildID string, out *O
 		b.FinishedAt, b.Status = finished, status
 		if berr != nil {
 			b.Reason, b.Step = reason, step
+		}
+		if out != nil {
+			// Again here: the uploaded write before the probe is best-effort,
+			// and a ready row must name its image by digest.
+			b.Image, b.ImageDigest, b.Rootfs = out.Image, out.ImageDigest, out.Rootfs
 		}
 		var ready *store.TemplateReady
 		if out != nil {
@@ -351,7 +356,7 @@ func (c *Catalog) resolve(ctx context.Context, caller Caller, ref string) (templ
 	if img == "" && b.ID == "bld_"+t.ID {
 		img = t.ID // a seeded built-in: the node's own images dir has it
 	}
-	return template.Template{ID: t.ID, Alias: name, Layers: template.Layers(b.Rootfs), Image: img, CPUCount: b.CPUCount, MemoryMB: b.MemoryMB,
+	return template.Template{ID: t.ID, Alias: name, Layers: template.Layers(b.Rootfs), Image: img, ImageDigest: b.ImageDigest, CPUCount: b.CPUCount, MemoryMB: b.MemoryMB,
 		DiskSizeMB: b.DiskSizeMB, StartCmd: t.StartCmd, ReadyCmd: t.ReadyCmd, RunAs: t.RunAs, Workdir: t.Workdir, BuildID: b.ID, PoolSize: t.PoolSize,
 		Accelerators: contract}, nil
 }
