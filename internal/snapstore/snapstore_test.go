@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
 
 	"github.com/cubicle-dev/cubicle/internal/testenv"
 	"github.com/cubicle-dev/cubicle/internal/volume/s3/s3test"
@@ -257,3 +258,48 @@ func TestPresignedURLReachesOnlyItsObject(t *testing.T) {
 }
 
 func putOpts() minio.PutObjectOptions { return minio.PutObjectOptions{} }
+
+// The bucket as plain objects (what --image-store uses): put, stat, get,
+// remove, under the configured prefix; a missing key is ErrObjectNotFound.
+func TestObjects(t *testing.T) {
+	s, gw := newStore(t)
+	ctx := context.Background()
+	if ok, err := s.HasObject(ctx, "blobs/a"); err != nil || ok {
+		t.Fatalf("HasObject before put: %v %v", ok, err)
+	}
+	if _, err := s.GetObject(ctx, "blobs/a"); !errors.Is(err, ErrObjectNotFound) {
+		t.Fatalf("GetObject before put: %v", err)
+	}
+	if err := s.PutObject(ctx, "blobs/a", strings.NewReader("hello"), 5); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := s.HasObject(ctx, "blobs/a"); err != nil || !ok {
+		t.Fatalf("HasObject after put: %v %v", ok, err)
+	}
+	rc, err := s.GetObject(ctx, "blobs/a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(rc)
+	rc.Close()
+	if err != nil || string(b) != "hello" {
+		t.Fatalf("GetObject: %q %v", b, err)
+	}
+	// The key is under the prefix, in the bucket the URL names.
+	mc, err := minio.New(strings.TrimPrefix(gw.Endpoint, "http://"), &minio.Options{Creds: credentials.NewStaticV4(gw.AccessKey, gw.SecretKey, ""), Region: gw.Region, BucketLookup: minio.BucketLookupPath})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mc.StatObject(ctx, gw.Bucket, "snaps/blobs/a", minio.StatObjectOptions{}); err != nil {
+		t.Fatalf("object not under the prefix: %v", err)
+	}
+	if err := s.RemoveObject(ctx, "blobs/a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RemoveObject(ctx, "blobs/a"); err != nil {
+		t.Fatalf("removing a missing object: %v", err)
+	}
+	if _, err := s.GetObject(ctx, "blobs/a"); !errors.Is(err, ErrObjectNotFound) {
+		t.Fatalf("GetObject after remove: %v", err)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -37,6 +38,8 @@ var (
 	ErrBadPackage = errdefs.NewReason(errdefs.ErrInvalidArgument, "snapshot_bad_package", "snapstore: malformed snapshot package")
 	// ErrTransfer: the object store refused or could not be reached.
 	ErrTransfer = errdefs.NewReason(errdefs.ErrUnavailable, "snapshot_transfer_failed", "snapstore: transfer failed")
+	// ErrObjectNotFound: no object under that key (GetObject).
+	ErrObjectNotFound = errdefs.NewReason(errdefs.ErrNotFound, "object_not_found", "snapstore: no such object")
 )
 
 // Parts of a snapshot dir a package may hold.
@@ -222,4 +225,62 @@ func (s *Store) Delete(ctx context.Context, snapshotID string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// The bucket as plain objects, for control-plane data other than snapshot
+// packages that shares the URL syntax, client and credentials handling
+// (the image store's blobs and tags, `serve --image-store`). Keys are
+// relative to the configured prefix; only the control plane calls these.
+
+// PutObject uploads size bytes from r under key.
+func (s *Store) PutObject(ctx context.Context, key string, r io.Reader, size int64) error {
+	if _, err := s.client.PutObject(ctx, s.cfg.Bucket, s.cfg.Prefix+key, r, size, minio.PutObjectOptions{ContentType: "application/octet-stream"}); err != nil {
+		return fmt.Errorf("%w: put %s: %v", ErrTransfer, key, err)
+	}
+	return nil
+}
+
+// GetObject streams the object under key; ErrObjectNotFound when there is
+// none.
+func (s *Store) GetObject(ctx context.Context, key string) (io.ReadCloser, error) {
+	o, err := s.client.GetObject(ctx, s.cfg.Bucket, s.cfg.Prefix+key, minio.GetObjectOptions{})
+	if err == nil {
+		// minio's GetObject is lazy: Stat makes the request, so a missing
+		// key is reported here rather than at the first Read.
+		if _, err = o.Stat(); err != nil {
+			o.Close()
+		}
+	}
+	if err != nil {
+		if notFound(err) {
+			return nil, fmt.Errorf("%w: %s", ErrObjectNotFound, key)
+		}
+		return nil, fmt.Errorf("%w: get %s: %v", ErrTransfer, key, err)
+	}
+	return o, nil
+}
+
+// HasObject reports whether an object exists under key.
+func (s *Store) HasObject(ctx context.Context, key string) (bool, error) {
+	_, err := s.client.StatObject(ctx, s.cfg.Bucket, s.cfg.Prefix+key, minio.StatObjectOptions{})
+	switch {
+	case err == nil:
+		return true, nil
+	case notFound(err):
+		return false, nil
+	}
+	return false, fmt.Errorf("%w: stat %s: %v", ErrTransfer, key, err)
+}
+
+// RemoveObject deletes the object under key; a missing one is no error.
+func (s *Store) RemoveObject(ctx context.Context, key string) error {
+	if err := s.client.RemoveObject(ctx, s.cfg.Bucket, s.cfg.Prefix+key, minio.RemoveObjectOptions{}); err != nil && !notFound(err) {
+		return fmt.Errorf("%w: delete %s: %v", ErrTransfer, key, err)
+	}
+	return nil
+}
+
+func notFound(err error) bool {
+	var er minio.ErrorResponse
+	return errors.As(err, &er) && (er.StatusCode == http.StatusNotFound || er.Code == "NoSuchKey")
 }
