@@ -401,7 +401,7 @@ func (r *Registry) manifest(w http.ResponseWriter, req *http.Request, repo, ref 
 				return
 			}
 		}
-		if fi, err := os.Stat(r.s.blobPath(d.Digest)); err != nil || fi.Size() > maxManifestSize {
+		if size, err := r.s.blobSize(d.Digest); err != nil || size > maxManifestSize {
 			writeErr(w, regError{http.StatusNotFound, "MANIFEST_UNKNOWN", "manifest unknown"})
 			return
 		}

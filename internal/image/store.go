@@ -72,6 +72,11 @@ type Entry struct {
 type Store struct {
 	dir string
 	mu  sync.Mutex // guards index.json
+	// remote is the copy shared by every replica (SetRemote); nil: none.
+	remote Remote
+	// pushed holds the hex digests known to be in remote, so a blob is
+	// checked there once per process.
+	pushed sync.Map
 }
 
 type ociIndex struct {
@@ -206,10 +211,18 @@ func (s *Store) Put(ref string, img v1.Image) error {
 	return s.tag(name, v1.Descriptor{MediaType: mt, Size: int64(len(raw)), Digest: h})
 }
 
-// tag points name at desc in index.json.
+// tag points name at desc in index.json, and in the remote first when
+// there is one.
 func (s *Store) tag(name string, desc v1.Descriptor) error {
+	if err := s.pushTag(name, desc); err != nil {
+		return err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.tagLocked(name, desc)
+}
+
+func (s *Store) tagLocked(name string, desc v1.Descriptor) error {
 	idx, err := s.readIndex()
 	if err != nil {
 		return err
@@ -232,8 +245,8 @@ func (s *Store) Resolve(ref string) (v1.Descriptor, error) {
 		return v1.Descriptor{}, err
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	idx, err := s.readIndex()
+	s.mu.Unlock()
 	if err != nil {
 		return v1.Descriptor{}, err
 	}
@@ -242,7 +255,18 @@ func (s *Store) Resolve(ref string) (v1.Descriptor, error) {
 			return d, nil
 		}
 	}
-	return v1.Descriptor{}, fmt.Errorf("%w: %s", ErrNotFound, name)
+	// Tagged through another replica: the shared store has it.
+	d, err := s.fetchTag(name)
+	if err != nil {
+		return v1.Descriptor{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.tagLocked(name, d); err != nil {
+		return v1.Descriptor{}, err
+	}
+	d.Annotations = map[string]string{AnnotationRefName: name}
+	return d, nil
 }
 
 // Get returns the image tagged ref. For an image index it picks the
@@ -320,6 +344,17 @@ func (s *Store) Delete(ref string) error {
 			continue
 		}
 		out = append(out, d)
+	}
+	if s.remote != nil {
+		// Gone for every replica, not only from this index.
+		if _, err := s.fetchTag(name); err == nil {
+			found = true
+		} else if !errors.Is(err, ErrNotFound) {
+			return err
+		}
+		if err := s.dropTag(name); err != nil {
+			return err
+		}
 	}
 	if !found {
 		return fmt.Errorf("%w: %s", ErrNotFound, name)
@@ -417,8 +452,10 @@ func (s *Store) hasBlob(h v1.Hash) bool {
 	if h.Algorithm != "sha256" || len(h.Hex) != 64 {
 		return false
 	}
-	_, err := os.Stat(s.blobPath(h))
-	return err == nil
+	if _, err := os.Stat(s.blobPath(h)); err == nil {
+		return true
+	}
+	return s.remoteHas(h)
 }
 
 // openBlob opens a blob for streaming.
@@ -428,7 +465,12 @@ func (s *Store) openBlob(h v1.Hash) (*os.File, error) {
 	}
 	f, err := os.Open(s.blobPath(h))
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("%w: blob %s", ErrNotFound, h)
+		// Written through another replica (or before this data dir was
+		// wiped): read it through, verified, into the local store.
+		if err := s.fetchBlob(h); err != nil {
+			return nil, err
+		}
+		f, err = os.Open(s.blobPath(h))
 	}
 	return f, err
 }
@@ -467,8 +509,17 @@ func (s *Store) writeBlob(r io.Reader, want v1.Hash) (v1.Hash, error) {
 	return got, s.commitBlob(f.Name(), got)
 }
 
-// commitBlob moves a fully written, verified file into place.
+// commitBlob moves a fully written, verified file into place, after
+// writing it to the remote when there is one.
 func (s *Store) commitBlob(tmp string, h v1.Hash) error {
+	if err := s.pushBlob(tmp, h); err != nil {
+		return err
+	}
+	return s.placeBlob(tmp, h)
+}
+
+// placeBlob moves a verified file into the local store.
+func (s *Store) placeBlob(tmp string, h v1.Hash) error {
 	if err := os.Chmod(tmp, 0o644); err != nil {
 		return err
 	}
@@ -569,3 +620,17 @@ func (l *storeLayer) Digest() (v1.Hash, error)            { return l.desc.Digest
 func (l *storeLayer) Size() (int64, error)                { return l.desc.Size, nil }
 func (l *storeLayer) MediaType() (types.MediaType, error) { return l.desc.MediaType, nil }
 func (l *storeLayer) Compressed() (io.ReadCloser, error)  { return l.s.openBlob(l.desc.Digest) }
+
+// blobSize is a blob's size, read through from the remote when missing.
+func (s *Store) blobSize(h v1.Hash) (int64, error) {
+	f, err := s.openBlob(h)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, err
+	}
+	return fi.Size(), nil
+}
