@@ -34,6 +34,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/scheduler"
 	"github.com/cubicle-dev/cubicle/internal/secret"
 	"github.com/cubicle-dev/cubicle/internal/servecert"
+	"github.com/cubicle-dev/cubicle/internal/snapstore"
 	"github.com/cubicle-dev/cubicle/internal/template/catalog"
 	"github.com/cubicle-dev/cubicle/internal/volume"
 	"github.com/cubicle-dev/cubicle/internal/volume/local"
@@ -77,6 +78,11 @@ type serveOptions struct {
 	// snapshotStore is --snapshot-store: s3://… for restores on other
 	// nodes, or "" (snapshots stay on their node).
 	snapshotStore string
+	// imageStore is --image-store: s3://… shared by every replica, or ""
+	// (images live in this replica's data dir only).
+	imageStore string
+	// sharedImages is --image-store's bucket once parsed (nil: none).
+	sharedImages *snapstore.Store
 }
 
 func serveCmd() *cobra.Command {
@@ -125,6 +131,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&o.diskReserve, "disk-reserve", "5%", "free space kept on the data dir's filesystem, as N% of its size or a size in MiB/GiB (2048, 2GiB): a sandbox or volume create that would promise sparse images more than free space minus this is refused with 507, so the store and the server's own files still have room when every image fills")
 	f.Int64Var(&o.maxImageBytes, "max-image-bytes", api.DefaultMaxImageBytes, "largest image body POST /images accepts; above it 413")
 	f.StringVar(&o.nodeID, "node-id", "local", "ID of the in-process node (a DNS label; sandbox, snapshot and volume rows record it)")
+	f.StringVar(&o.imageStore, "image-store", "", "s3://BUCKET?endpoint=URL&region=R[&prefix=P/][&pathStyle=true]: keep template images there too, shared by every control-plane replica (needed for two or more); credentials from "+envImageAccessKey+"/"+envImageSecretKey+" (or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY); nodes never see them. Default: images live in this replica's data dir only")
 	f.BoolVar(&o.embeddedNode, "embedded-node", true, "run a node in this process; false: a pure control plane driving only remote nodes (`cubicle node run`), which needs TLS")
 	f.BoolVar(&o.reserveCapacity, "reserve-capacity", false, "reserve each sandbox's CPUs and memory on its node in the store's capacity ledger, refusing creates (429) past the node's size, even with only the in-process node (always on while remote nodes are registered)")
 	f.StringVar(&o.snapshotStore, "snapshot-store", "", "s3://BUCKET?endpoint=URL&region=R[&prefix=P/][&pathStyle=true]: upload snapshots there so a sandbox from one (or a rollback) can start on another node; credentials from "+envSnapAccessKey+"/"+envSnapSecretKey+" (or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY); nodes only get presigned URLs. Default: snapshots restore on their own node only")
@@ -144,6 +151,9 @@ func serve(ctx context.Context, o serveOptions) error {
 	// credentials stop serve at once.
 	snaps, err := snapshotStore(o.snapshotStore, os.Getenv)
 	if err != nil {
+		return err
+	}
+	if o.sharedImages, err = imageStore(o.imageStore, os.Getenv); err != nil {
 		return err
 	}
 	if err := clusterFlags(&o); err != nil {

@@ -84,6 +84,14 @@ func setupTemplates(ctx context.Context, o serveOptions, st store.Store, netm *n
 		return nil, fmt.Errorf("image store: %w", err)
 	}
 	ts.images = imgs
+	switch {
+	case o.sharedImages != nil:
+		imgs.SetRemote(o.sharedImages)
+		log.Info("template images are kept in the shared image store (--image-store) as well as in " + imgs.Dir())
+	case !o.embeddedNode:
+		// Another replica would not know the images built or pushed here.
+		log.Warn("template images live in this replica's data dir only (" + imgs.Dir() + "): run one replica, or give every replica the same --image-store")
+	}
 	ln, err := net.Listen("tcp", o.registryListen)
 	if err != nil {
 		return nil, fmt.Errorf("--registry-listen: %w", err)
