@@ -125,9 +125,9 @@ func setupTemplates(ctx context.Context, o serveOptions, st store.Store, netm *n
 		// Each build gets its own registry credentials, revoked when it
 		// ends: a builder node never holds the registry's password.
 		ts.cluster = &clusterbuild.Solver{Nodes: st.ListNodes, TTL: o.replica.nodeLostAfter,
-			Grant: func() (buildkit.Credentials, func()) {
-				u, p, revoke := ocireg.GrantBuild()
-				return buildkit.Credentials{Username: u, Password: p}, revoke
+			Grant: func() (buildkit.Credentials, func(), error) {
+				u, p, revoke, err := ocireg.GrantBuild()
+				return buildkit.Credentials{Username: u, Password: p}, revoke, err
 			}}
 		solver, buildRegistry = ts.cluster, clusterbuild.RegistryHost
 		log.Info("template builds with steps run on nodes labelled " + clusterbuild.Label + "=true")

@@ -100,7 +100,10 @@ func TestForClusterBuilders(t *testing.T) {
 	upload := "/v2/cubicle/tpl/blobs/uploads/"
 	byTag := "/v2/cubicle/tpl/manifests/v1"
 	byDigest := "/v2/cubicle/tpl/manifests/" + dgst.String()
-	bu, bp, revoke := reg.GrantBuild()
+	bu, bp, revoke, err := reg.GrantBuild()
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		node, method, path, user, pass string
 		want                           int

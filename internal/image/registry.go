@@ -70,8 +70,16 @@ func (r *Registry) RequireBasicAuth(user, password string) {
 // builder node's buildkitd through that build's session only, so a node
 // that keeps them gains nothing once the build is over. Call it only on a
 // registry with RequireBasicAuth.
-func (r *Registry) GrantBuild() (user, password string, revoke func()) {
+//
+// With a shared remote (Store.SetRemote) the grant is also written there
+// (the password's SHA-256 and an expiry), so that every replica accepts
+// it: a builder node's push reaches whichever replica its control-plane
+// URL lands on, not necessarily the one running the build.
+func (r *Registry) GrantBuild() (user, password string, revoke func(), err error) {
 	user, password = "build-"+rand.Text()[:16], rand.Text()
+	if err := r.s.putGrant(user, password); err != nil {
+		return "", "", nil, err
+	}
 	r.mu.Lock()
 	if r.grants == nil {
 		r.grants = map[string]string{}
@@ -82,7 +90,8 @@ func (r *Registry) GrantBuild() (user, password string, revoke func()) {
 		r.mu.Lock()
 		delete(r.grants, user)
 		r.mu.Unlock()
-	}
+		r.s.dropGrant(user)
+	}, nil
 }
 
 func (r *Registry) authorized(req *http.Request) bool {
@@ -101,7 +110,11 @@ func (r *Registry) authorized(req *http.Request) bool {
 	r.mu.Lock()
 	want, granted := r.grants[u]
 	r.mu.Unlock()
-	return granted && subtle.ConstantTimeCompare([]byte(p), []byte(want)) == 1
+	if granted {
+		return subtle.ConstantTimeCompare([]byte(p), []byte(want)) == 1
+	}
+	// Granted by another replica, for a build it runs.
+	return r.s.checkGrant(u, p)
 }
 
 type regError struct {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -264,4 +266,73 @@ func (s *Store) pushLocal(h v1.Hash) error {
 		return fmt.Errorf("%w: blob %s is in neither the local nor the shared store", ErrNotFound, h)
 	}
 	return nil
+}
+
+// buildUserRE is GrantBuild's user names: only these are looked up in the
+// remote, so a request cannot make the store read an arbitrary key.
+var buildUserRE = regexp.MustCompile(`^build-[A-Z2-7]{16}$`)
+
+// grantTTL bounds a shared grant whose revoke could not reach the remote:
+// longer than any build.
+const grantTTL = 24 * time.Hour
+
+// remoteGrant is a build's credentials as the remote keeps them: the
+// password's SHA-256, never the password.
+type remoteGrant struct {
+	PasswordSHA256 string    `json:"passwordSHA256"`
+	NotAfter       time.Time `json:"notAfter"`
+}
+
+func grantKey(user string) string { return "grants/" + user }
+
+func (s *Store) putGrant(user, password string) error {
+	if s.remote == nil {
+		return nil
+	}
+	sum := sha256.Sum256([]byte(password))
+	b, err := json.Marshal(remoteGrant{PasswordSHA256: hex.EncodeToString(sum[:]), NotAfter: time.Now().Add(grantTTL).UTC()})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := remoteCtx()
+	defer cancel()
+	if err := s.remote.PutObject(ctx, grantKey(user), bytes.NewReader(b), int64(len(b))); err != nil {
+		return fmt.Errorf("%w: build credentials: %v", ErrRemote, err)
+	}
+	return nil
+}
+
+// dropGrant revokes a shared grant; if the remote cannot be reached the
+// grant still expires at its NotAfter.
+func (s *Store) dropGrant(user string) {
+	if s.remote == nil {
+		return
+	}
+	ctx, cancel := remoteCtx()
+	defer cancel()
+	_ = s.remote.RemoveObject(ctx, grantKey(user))
+}
+
+// checkGrant reports whether user/password is a live grant in the remote.
+func (s *Store) checkGrant(user, password string) bool {
+	if s.remote == nil || !buildUserRE.MatchString(user) {
+		return false
+	}
+	ctx, cancel := remoteCtx()
+	defer cancel()
+	rc, err := s.remote.GetObject(ctx, grantKey(user))
+	if err != nil {
+		return false
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(io.LimitReader(rc, maxTagSize))
+	if err != nil {
+		return false
+	}
+	var g remoteGrant
+	if json.Unmarshal(b, &g) != nil || time.Now().After(g.NotAfter) {
+		return false
+	}
+	sum := sha256.Sum256([]byte(password))
+	return subtle.ConstantTimeCompare([]byte(hex.EncodeToString(sum[:])), []byte(g.PasswordSHA256)) == 1
 }

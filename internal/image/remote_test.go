@@ -202,3 +202,40 @@ func TestRemoteTagPushesTreeAndDeleteKeepsBlobs(t *testing.T) {
 		t.Fatalf("delete of an unknown tag: %v", err)
 	}
 }
+
+// A build's credentials granted on one replica open the registry of
+// another that shares the remote (a builder node's push may land there),
+// until revoked; the remote keeps only the password's hash.
+func TestRemoteBuildGrantAcrossReplicas(t *testing.T) {
+	remote, _ := snapstoretest.New(t)
+	a, b := NewRegistry(openShared(t, remote)), NewRegistry(openShared(t, remote))
+	a.RequireBasicAuth("cubicle", "a-secret")
+	b.RequireBasicAuth("cubicle", "b-secret")
+	user, pass, revoke, err := a.GrantBuild()
+	must(t, err)
+	try := func(r *Registry, u, p string) int {
+		req := httptest.NewRequest(http.MethodPost, "/v2/cubicle/tpl/blobs/uploads/", nil)
+		req.SetBasicAuth(u, p)
+		rec := httptest.NewRecorder()
+		r.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	if c := try(b, user, pass); c != http.StatusAccepted {
+		t.Fatalf("grant of replica A on replica B: %d", c)
+	}
+	if c := try(b, user, pass+"x"); c != http.StatusUnauthorized {
+		t.Fatalf("wrong password on replica B: %d", c)
+	}
+	raw, err := objectBytes(t, remote, grantKey(user))
+	must(t, err)
+	if bytes.Contains(raw, []byte(pass)) {
+		t.Fatal("the remote holds the build's password")
+	}
+	revoke()
+	if c := try(b, user, pass); c != http.StatusUnauthorized {
+		t.Fatalf("revoked grant on replica B: %d", c)
+	}
+	if c := try(a, user, pass); c != http.StatusUnauthorized {
+		t.Fatalf("revoked grant on replica A: %d", c)
+	}
+}

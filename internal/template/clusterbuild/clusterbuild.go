@@ -57,7 +57,7 @@ type Solver struct {
 	// Grant makes the credentials of one build for the control plane's
 	// registry (image.Registry.GrantBuild), valid until revoke: the build's
 	// session hands them to the builder's buildkitd for RegistryHost.
-	Grant func() (creds buildkit.Credentials, revoke func())
+	Grant func() (creds buildkit.Credentials, revoke func(), err error)
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 
@@ -132,7 +132,10 @@ func (s *Solver) Solve(ctx context.Context, dockerfile []byte, contextDir string
 	}
 	defer release()
 	log("info", "building on node "+n.ID, 0)
-	creds, revoke := s.Grant()
+	creds, revoke, err := s.Grant()
+	if err != nil {
+		return fmt.Errorf("registry credentials for the build: %w", err)
+	}
 	defer revoke()
 	r := &buildkit.Remote{
 		Dial:         func(ctx context.Context) (net.Conn, error) { return s.Dial(ctx, n.ID, n.DataAddress) },
