@@ -194,7 +194,7 @@ func checkReferences(t *testing.T, o objects) {
 	external := map[string]bool{ // Secrets the values files name, made by the operator
 		"cubicle-store": true, "cubicle-tls": true, "cubicle-secrets-key": true,
 		"wildcard-cubicle-example-org": true, "managed-postgres": true, "cubicle-join-tokens": true,
-		"snapshot-store-credentials": true, "volume-s3-credentials": true,
+		"snapshot-store-credentials": true, "volume-s3-credentials": true, "image-store-credentials": true,
 	}
 	checkSecret := func(where, name, key string) {
 		s, ok := o.secrets[name]
@@ -519,28 +519,33 @@ func TestExternalTLS(t *testing.T) {
 	if _, ok := o.secrets["cubicle-join"]; ok {
 		t.Error("a join Secret was rendered although join.existingSecret is set")
 	}
-	// The snapshot store: the flag and its credentials on the control
-	// plane only; the nodes never get them.
+	// The snapshot and image stores: the flags and their credentials on
+	// the control plane only; the nodes never get them.
 	cp := container(t, d.Spec.Template.Spec.Containers, "cubicle")
-	if !slices.Contains(cp.Args, "--snapshot-store=s3://cubicle-snapshots?endpoint=https://s3.eu-west-1.amazonaws.com&region=eu-west-1") {
-		t.Errorf("control plane args %v lack --snapshot-store", cp.Args)
-	}
-	for _, name := range []string{"CUBICLE_SNAPSHOT_S3_ACCESS_KEY", "CUBICLE_SNAPSHOT_S3_SECRET_KEY"} {
-		found := false
-		for _, e := range cp.Env {
-			if e.Name == name && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil && e.ValueFrom.SecretKeyRef.Name == "snapshot-store-credentials" {
-				found = true
+	for _, st := range []struct{ flag, env, secret string }{
+		{"--snapshot-store=s3://cubicle-snapshots?endpoint=https://s3.eu-west-1.amazonaws.com&region=eu-west-1", "CUBICLE_SNAPSHOT_S3_", "snapshot-store-credentials"},
+		{"--image-store=s3://cubicle-images?endpoint=https://s3.eu-west-1.amazonaws.com&region=eu-west-1", "CUBICLE_IMAGE_S3_", "image-store-credentials"},
+	} {
+		if !slices.Contains(cp.Args, st.flag) {
+			t.Errorf("control plane args %v lack %s", cp.Args, st.flag)
+		}
+		for _, name := range []string{st.env + "ACCESS_KEY", st.env + "SECRET_KEY"} {
+			found := false
+			for _, e := range cp.Env {
+				if e.Name == name && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil && e.ValueFrom.SecretKeyRef.Name == st.secret {
+					found = true
+				}
+			}
+			if !found {
+				t.Errorf("control plane env lacks %s from the values' Secret", name)
 			}
 		}
-		if !found {
-			t.Errorf("control plane env lacks %s from the values' Secret", name)
-		}
-	}
-	ns := o.daemonSets["cubicle-node"].Spec.Template.Spec
-	for _, c := range slices.Concat(ns.InitContainers, ns.Containers) {
-		for _, e := range c.Env {
-			if strings.HasPrefix(e.Name, "CUBICLE_SNAPSHOT_S3_") {
-				t.Errorf("node container %s gets %s", c.Name, e.Name)
+		ns := o.daemonSets["cubicle-node"].Spec.Template.Spec
+		for _, c := range slices.Concat(ns.InitContainers, ns.Containers) {
+			for _, e := range c.Env {
+				if strings.HasPrefix(e.Name, st.env) {
+					t.Errorf("node container %s gets %s", c.Name, e.Name)
+				}
 			}
 		}
 	}
@@ -590,6 +595,8 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{"snapshot store not s3", "snapshotStore: {url: 'https://bucket', existingSecret: creds}", "url"},
 		{"s3 volumes without credentials", "volumes: {s3: {enabled: true}}", "existingSecret"},
 		{"snapshot store without credentials", "snapshotStore: {url: 's3://snaps?region=eu-west-1'}", "existingSecret"},
+		{"image store not s3", "imageStore: {url: 'https://bucket', existingSecret: creds}", "url"},
+		{"image store without credentials", "imageStore: {url: 's3://images?region=eu-west-1'}", "existingSecret"},
 		{"accelerator backend unknown", "nodes: {accelerators: {enabled: true, backend: cuda}}", "backend"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
