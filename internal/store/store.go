@@ -510,6 +510,11 @@ type TemplateStore interface {
 	GetTemplateBuild(ctx context.Context, id string) (*TemplateBuild, error)
 	ListTemplateBuilds(ctx context.Context, templateID string) ([]*TemplateBuild, error)
 	UpdateTemplateBuild(ctx context.Context, b *TemplateBuild) error
+	// TouchTemplateBuild sets the UpdatedAt of a build in progress
+	// (building or uploaded) to now: the heartbeat by which the replica
+	// running it tells the others it is alive. A build in another state is
+	// left alone (no error); ErrNotFound when there is no such build.
+	TouchTemplateBuild(ctx context.Context, id string) error
 	AppendBuildLogs(ctx context.Context, buildID string, logs []BuildLog) error
 	ListBuildLogs(ctx context.Context, buildID string, offset, limit int) ([]BuildLog, error)
 	SetTemplateTag(ctx context.Context, templateID, tag, buildID string) error

@@ -6,9 +6,11 @@ import (
 	"crypto/x509"
 	"errors"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,10 +18,12 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/dataplane"
 	"github.com/cubicle-dev/cubicle/internal/nodejoin"
 	"github.com/cubicle-dev/cubicle/internal/secret"
+	"github.com/cubicle-dev/cubicle/internal/volume/s3/s3test"
 )
 
-// TestClusterBuilderNode: a pure control plane (PostgreSQL, no embedded
-// node) builds a template with a RUN step on the node joined with the
+// TestClusterBuilderNode: two pure control-plane replicas (PostgreSQL, no
+// embedded node) sharing one image store in S3 (--image-store on
+// versitygw); replica A builds a template with a RUN step on the node joined with the
 // label builder=true: buildkitd there is reached through the node's data
 // plane, pulls the base and pushes the image through its relay to the
 // control plane's registry, the ready command's check sandbox passes on a
@@ -28,15 +32,21 @@ import (
 // with credentials of its own, pushes too. A node without the
 // label has no builder target and cannot push; the builder's certificate
 // without the build's credentials cannot push; with no builder ready a
-// build with steps is refused (501) naming the label.
+// build with steps is refused (501) naming the label. Replica B, which
+// never ran the build, creates a sandbox of it (its image named from the
+// build's row, read through from S3 when a node pulls through it), and so
+// does replica A after a restart with an empty data dir.
 func TestClusterBuilderNode(t *testing.T) {
 	requireBuildkit(t)
-	c := startCluster(t, 1, 2, clusterOptions{
+	gw := s3test.Start(t)
+	imageStore := "s3://" + gw.Bucket + "?endpoint=" + url.QueryEscape(gw.Endpoint) + "&region=" + gw.Region + "&pathStyle=true&prefix=images/"
+	c := startCluster(t, 2, 2, clusterOptions{
 		// --buildkitd= undoes the harness's "off": builds go to builder nodes.
-		replica: []string{"--buildkitd="},
-		labels:  map[int][]string{0: {"builder=true"}},
+		replica:    []string{"--buildkitd=", "--image-store", imageStore},
+		replicaEnv: []string{"CUBICLE_IMAGE_S3_ACCESS_KEY=" + gw.AccessKey, "CUBICLE_IMAGE_S3_SECRET_KEY=" + gw.SecretKey},
+		labels:     map[int][]string{0: {"builder=true"}},
 	})
-	r0 := c.replicas[0]
+	r0, r1 := c.replicas[0], c.replicas[1]
 	builderNode, plainNode := c.nodes[0], c.nodes[1]
 
 	start := time.Now()
@@ -55,6 +65,29 @@ func TestClusterBuilderNode(t *testing.T) {
 	sb := r0.create(map[string]any{"templateID": tpl.TemplateID, "timeout": 300})
 	if out := r0.mustRun(sb, "cat /etc/cluster-build"); strings.TrimSpace(out) != "built-on-"+builderNode.ID {
 		t.Fatalf("the RUN step's file in a sandbox of the build: %q", out)
+	}
+	// Replica B never saw the build: the image is named from the build's
+	// row and served to nodes from the shared store.
+	sbB := r1.create(map[string]any{"templateID": tpl.TemplateID, "timeout": 300})
+	if out := r1.mustRun(sbB, "cat /etc/cluster-build"); strings.TrimSpace(out) != "built-on-"+builderNode.ID {
+		t.Fatalf("the RUN step's file in a sandbox created through replica B: %q", out)
+	}
+	// Replica A restarts with an empty data dir (a pod's emptyDir): its
+	// images come back from the shared store.
+	r0.stop(syscall.SIGTERM)
+	ents, err := os.ReadDir(r0.DataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if err := os.RemoveAll(filepath.Join(r0.DataDir, e.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r0.start()
+	sbA := r0.create(map[string]any{"templateID": tpl.TemplateID, "timeout": 300})
+	if out := r0.mustRun(sbA, "cat /etc/cluster-build"); strings.TrimSpace(out) != "built-on-"+builderNode.ID {
+		t.Fatalf("the RUN step's file through replica A after its data dir was wiped: %q", out)
 	}
 	// A second build gets its own registry credentials (the first's were
 	// revoked when it ended) and pushes too.

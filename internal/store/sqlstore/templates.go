@@ -383,6 +383,22 @@ func (s *Store) ListTemplateBuilds(ctx context.Context, templateID string) ([]*s
 	return queryAll(ctx, s.db, scanBuild, `SELECT `+buildCols+` FROM template_builds WHERE template_id=? ORDER BY created_at DESC, id DESC`, templateID)
 }
 
+// TouchTemplateBuild implements store.Store.
+func (s *Store) TouchTemplateBuild(ctx context.Context, id string) error {
+	if _, err := s.db.ExecContext(ctx, `UPDATE template_builds SET updated_at=? WHERE id=? AND status IN (?, ?)`,
+		ts(time.Now().UTC()), id, store.BuildBuilding, store.BuildUploaded); err != nil {
+		return err
+	}
+	var n int
+	if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM template_builds WHERE id=?`, id).Scan(&n); err != nil {
+		return err
+	}
+	if n == 0 {
+		return store.ErrNotFound
+	}
+	return nil
+}
+
 // UpdateTemplateBuild writes every mutable column.
 func (s *Store) UpdateTemplateBuild(ctx context.Context, b *store.TemplateBuild) error {
 	b.UpdatedAt = time.Now().UTC()

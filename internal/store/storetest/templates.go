@@ -58,6 +58,34 @@ func testTemplates(t *testing.T, s store.Store) {
 	if err := s.UpdateTemplateBuild(ctx, b2); err != nil {
 		t.Fatal(err)
 	}
+	// A touch moves a build in progress only.
+	b2.Status = store.BuildBuilding
+	if err := s.UpdateTemplateBuild(ctx, b2); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := s.GetTemplateBuild(ctx, b2.ID)
+	time.Sleep(5 * time.Millisecond)
+	if err := s.TouchTemplateBuild(ctx, b2.ID); err != nil {
+		t.Fatal(err)
+	}
+	if after, _ := s.GetTemplateBuild(ctx, b2.ID); !after.UpdatedAt.After(before.UpdatedAt) {
+		t.Fatalf("touch of a building build: updated %v, before %v", after.UpdatedAt, before.UpdatedAt)
+	}
+	if err := s.TouchTemplateBuild(ctx, "bld_missing"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("touch of a missing build: %v", err)
+	}
+	b2.Status = store.BuildError
+	if err := s.UpdateTemplateBuild(ctx, b2); err != nil {
+		t.Fatal(err)
+	}
+	done, _ := s.GetTemplateBuild(ctx, b2.ID)
+	time.Sleep(5 * time.Millisecond)
+	if err := s.TouchTemplateBuild(ctx, b2.ID); err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := s.GetTemplateBuild(ctx, b2.ID); !again.UpdatedAt.Equal(done.UpdatedAt) {
+		t.Fatal("touch moved a finished build")
+	}
 	if gb, _ := s.GetTemplateBuild(ctx, b2.ID); gb.Status != store.BuildError || gb.Step != "2" || gb.FinishedAt.IsZero() ||
 		gb.Image != b2.Image || gb.ImageDigest != b2.ImageDigest {
 		t.Fatalf("build update: %+v", gb)

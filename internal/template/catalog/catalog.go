@@ -127,6 +127,14 @@ type Config struct {
 	StoreRetries    int
 	StoreRetryDelay time.Duration
 	SweepInterval   time.Duration
+	// SharedStore says other control-plane replicas use the same store
+	// (PostgreSQL): a build in progress may be another replica's, so it is
+	// an orphan only when its row's heartbeat (TouchTemplateBuild, every
+	// OrphanAfter/4 while it runs) is older than OrphanAfter (default 2m).
+	// False: this process runs every build, and one it does not run is an
+	// orphan at once.
+	SharedStore bool
+	OrphanAfter time.Duration
 }
 
 // Catalog is the template service.
@@ -176,6 +184,9 @@ func New(cfg Config) *Catalog {
 	}
 	if cfg.SweepInterval == 0 {
 		cfg.SweepInterval = 30 * time.Second
+	}
+	if cfg.OrphanAfter == 0 {
+		cfg.OrphanAfter = 2 * time.Minute
 	}
 	return &Catalog{cfg: cfg, st: cfg.Store, log: cfg.Logger, queue: make(chan string, 256), secrets: map[string][]string{}, unrecorded: map[string]func(context.Context) error{},
 		metrics: newMetrics(cfg.Registry, cfg.Store)}

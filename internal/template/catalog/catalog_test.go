@@ -364,3 +364,36 @@ func TestSeedMovesCodeInterpreterNamesOffBase(t *testing.T) {
 		t.Fatalf("python after the upgrade: %+v %v", tpl, err)
 	}
 }
+
+// With a store shared by replicas, another replica's build in progress is
+// left alone while its heartbeat is recent, at start and at each sweep,
+// and failed as an orphan once the heartbeat is older than OrphanAfter.
+func TestSharedStoreLeavesOtherReplicasBuilds(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	r, _ := e.cat.Create(ctx, dev, catalog.CreateRequest{Name: "elsewhere"}, "", nil)
+	b, _ := e.st.GetTemplateBuild(ctx, r.BuildID)
+	b.Status, b.Spec = store.BuildBuilding, `{"fromTemplate":"base"}`
+	if err := e.st.UpdateTemplateBuild(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	// A long OrphanAfter: the build was touched just now.
+	other := catalog.New(catalog.Config{Store: e.st, BaseRootfs: e.base, SharedStore: true, OrphanAfter: time.Hour})
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if err := other.Start(cctx); err != nil {
+		t.Fatal(err)
+	}
+	other.Sweep(ctx)
+	if st, err := other.BuildStatus(ctx, dev, r.TemplateID, r.BuildID, 0, 100, ""); err != nil || st.Status != store.BuildBuilding {
+		t.Fatalf("another replica's running build after start and a sweep: %+v %v", st, err)
+	}
+	// Its heartbeat stops: older than OrphanAfter, the build is failed.
+	stale := catalog.New(catalog.Config{Store: e.st, BaseRootfs: e.base, SharedStore: true, OrphanAfter: time.Millisecond})
+	time.Sleep(5 * time.Millisecond)
+	stale.Sweep(ctx)
+	st, err := stale.BuildStatus(ctx, dev, r.TemplateID, r.BuildID, 0, 100, "")
+	if err != nil || st.Status != store.BuildError || st.Reason == nil || st.Reason.Message != "builder disappeared" {
+		t.Fatalf("a build without heartbeat: %+v %v", st, err)
+	}
+}

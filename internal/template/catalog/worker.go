@@ -82,6 +82,10 @@ func (c *Catalog) run(ctx context.Context, buildID string) {
 	if v, ok := c.pending.LoadAndDelete(b.ID); ok {
 		req.FromImageRegistry, _ = v.(*Registry)
 	}
+	if c.cfg.SharedStore {
+		stop := c.heartbeat(ctx, b.ID)
+		defer stop()
+	}
 	b.Status = store.BuildBuilding
 	if err := c.retry(ctx, "mark build building", b.ID, func(ctx context.Context) error { return c.st.RecordTemplateBuild(ctx, b, nil) }); err != nil {
 		// Still waiting with its spec: fail it rather than leave it queued forever.
@@ -255,12 +259,39 @@ func (c *Catalog) Sweep(ctx context.Context) {
 	}
 }
 
+// heartbeat touches the build's row until stop is called, so that the
+// other replicas' sweeps see it is running.
+func (c *Catalog) heartbeat(ctx context.Context, buildID string) (stop func()) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(c.cfg.OrphanAfter / 4)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if err := c.st.TouchTemplateBuild(ctx, buildID); err != nil && ctx.Err() == nil {
+					c.log.Warn("template build heartbeat", "build", buildID, "err", err)
+				}
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
 // failOrphans fails builds in building/uploaded whose outcome is not
-// waiting to be written; with runMu held no worker runs, so their builder
-// session is gone and they cannot finish.
+// waiting to be written; with runMu held no worker of this process runs,
+// so their builder session is gone and they cannot finish. With a shared
+// store a build whose heartbeat is recent is another replica's.
 func (c *Catalog) failOrphans(ctx context.Context) error {
 	return c.eachBuild(ctx, func(t *store.Template, b *store.TemplateBuild) error {
 		if b.Status != store.BuildBuilding && b.Status != store.BuildUploaded {
+			return nil
+		}
+		if c.cfg.SharedStore && time.Since(b.UpdatedAt) < c.cfg.OrphanAfter {
 			return nil
 		}
 		c.mu.Lock()
