@@ -232,6 +232,16 @@ func (r *Registry) uploadsHandler(w http.ResponseWriter, req *http.Request, repo
 	r.mu.Lock()
 	u := r.uploads[id]
 	r.mu.Unlock()
+	if u == nil && r.s.remote != nil && req.Method == http.MethodPut && uploadIDRE.MatchString(id) && req.URL.Query().Get("digest") != "" {
+		// Begun (POST) on another replica sharing the image store: behind a
+		// balancer a push's POST and its PUT may reach different replicas.
+		// A PUT that carries the whole blob stands alone, since the digest
+		// decides what the bytes are: the body is taken as the blob and
+		// refused unless it hashes to it (so one whose earlier chunks went
+		// to the other replica fails, it is never stored wrong).
+		r.putUnknownUpload(w, req, repo, id)
+		return
+	}
 	if u == nil {
 		writeErr(w, regError{http.StatusNotFound, "BLOB_UPLOAD_UNKNOWN", "upload unknown"})
 		return
@@ -314,6 +324,32 @@ func (r *Registry) startUpload(w http.ResponseWriter, req *http.Request, repo st
 	w.Header().Set("Range", "0-0")
 	w.Header().Set("Docker-Upload-UUID", id)
 	w.WriteHeader(http.StatusAccepted)
+}
+
+// uploadIDRE is newID's shape.
+var uploadIDRE = regexp.MustCompile(`^[0-9a-f]{32}$`)
+
+// putUnknownUpload finishes, from the PUT's body alone, an upload this
+// replica did not begin.
+func (r *Registry) putUnknownUpload(w http.ResponseWriter, req *http.Request, repo, id string) {
+	f, err := os.CreateTemp(filepath.Join(r.s.dir, "uploads"), "blob-")
+	if err != nil {
+		writeErr(w, regError{http.StatusInternalServerError, "UNKNOWN", err.Error()})
+		return
+	}
+	f.Close()
+	u := &upload{path: f.Name()}
+	r.mu.Lock()
+	r.uploads[id] = u
+	r.mu.Unlock()
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if err := r.appendUpload(u, req.Body); err != nil {
+		r.dropUpload(id, u)
+		writeErr(w, regError{http.StatusInternalServerError, "BLOB_UPLOAD_INVALID", err.Error()})
+		return
+	}
+	r.finishUpload(w, repo, id, u, req.URL.Query().Get("digest"))
 }
 
 func (r *Registry) appendUpload(u *upload, body io.Reader) error {

@@ -3,6 +3,8 @@ package image
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"io"
 	"net/http"
@@ -237,5 +239,47 @@ func TestRemoteBuildGrantAcrossReplicas(t *testing.T) {
 	}
 	if c := try(a, user, pass); c != http.StatusUnauthorized {
 		t.Fatalf("revoked grant on replica A: %d", c)
+	}
+}
+
+// A push's POST and its PUT may reach different replicas behind a
+// balancer: with a shared store, a PUT carrying the whole blob finishes an
+// upload this replica did not begin, and only if the body hashes to the
+// digest. Without one, an unknown upload is still 404.
+func TestRemoteUploadBegunOnAnotherReplica(t *testing.T) {
+	remote, _ := snapstoretest.New(t)
+	a, b := NewRegistry(openShared(t, remote)), NewRegistry(openShared(t, remote))
+	do := func(r *Registry, method, path string, body []byte) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(method, path, bytes.NewReader(body))
+		rec := httptest.NewRecorder()
+		r.ServeHTTP(rec, req)
+		return rec
+	}
+	post := do(a, http.MethodPost, "/v2/cubicle/tpl/blobs/uploads/", nil)
+	if post.Code != http.StatusAccepted {
+		t.Fatalf("POST on replica A: %d", post.Code)
+	}
+	loc := post.Header().Get("Location")
+	blob := []byte("a layer pushed through the balancer")
+	sum := sha256.Sum256(blob)
+	dgst := "sha256:" + hex.EncodeToString(sum[:])
+	if rec := do(b, http.MethodPut, loc+"?digest="+dgst, []byte("the wrong bytes")); rec.Code != http.StatusBadRequest {
+		t.Fatalf("PUT of bytes that do not hash to the digest on replica B: %d", rec.Code)
+	}
+	if rec := do(b, http.MethodPut, loc+"?digest="+dgst, blob); rec.Code != http.StatusCreated {
+		t.Fatalf("PUT on replica B of an upload begun on A: %d %s", rec.Code, rec.Body)
+	}
+	h, _ := v1.NewHash(dgst)
+	if got, err := objectBytes(t, remote, blobKey(h)); err != nil || !bytes.Equal(got, blob) {
+		t.Fatalf("blob not in the shared store: %v", err)
+	}
+	if rec := do(a, http.MethodGet, "/v2/cubicle/tpl/blobs/"+dgst, nil); rec.Code != http.StatusOK || !bytes.Equal(rec.Body.Bytes(), blob) {
+		t.Fatalf("the blob through replica A: %d", rec.Code)
+	}
+	ls, err := Open(filepath.Join(t.TempDir(), "oci"))
+	must(t, err)
+	local := NewRegistry(ls)
+	if rec := do(local, http.MethodPut, loc+"?digest="+dgst, blob); rec.Code != http.StatusNotFound {
+		t.Fatalf("unknown upload without a shared store: %d", rec.Code)
 	}
 }

@@ -2,9 +2,13 @@ package integration
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"net/url"
 	"os"
@@ -181,6 +185,46 @@ func TestClusterBuilderNode(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode
 	}
+	// The build's row names its image by digest, and a node pulling it by
+	// digest through the balancer gets the verified bytes from either
+	// replica (new connections alternate), replica A's read through from
+	// S3 since its wipe.
+	brow, err := c.st.GetTemplateBuild(ctx, tpl.BuildID)
+	if err != nil || !strings.HasPrefix(brow.ImageDigest, "sha256:") {
+		t.Fatalf("the build's row has no image digest: %+v %v", brow, err)
+	}
+	pull := func(path, digest string) []byte {
+		t.Helper()
+		tr := &http.Transport{TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots, ServerName: clusterpki.JoinServerName,
+			Certificates: []tls.Certificate{plainPair}}}
+		defer tr.CloseIdleConnections()
+		req, _ := http.NewRequest("GET", c.cp+path, nil)
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if sum := sha256.Sum256(body); err != nil || resp.StatusCode != http.StatusOK || "sha256:"+hex.EncodeToString(sum[:]) != digest {
+			t.Fatalf("a node's GET %s: %d, %d bytes, %v", path, resp.StatusCode, len(body), err)
+		}
+		return body
+	}
+	repo := "cubicle/" + tpl.TemplateID
+	for range 2 {
+		var m struct {
+			Layers []struct {
+				Digest string `json:"digest"`
+			} `json:"layers"`
+		}
+		if err := json.Unmarshal(pull("/v2/"+repo+"/manifests/"+brow.ImageDigest, brow.ImageDigest), &m); err != nil || len(m.Layers) == 0 {
+			t.Fatalf("manifest: %v", err)
+		}
+		for _, l := range m.Layers {
+			pull("/v2/"+repo+"/blobs/"+l.Digest, l.Digest)
+		}
+	}
+
 	if code := push(plainPair, "", ""); code != http.StatusForbidden {
 		t.Fatalf("a push by a node without the label: %d, want 403", code)
 	}
