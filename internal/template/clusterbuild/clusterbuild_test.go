@@ -139,4 +139,4 @@ func refuseDial(context.Context, string, string) (net.Conn, error) {
 	return nil, errors.New("not dialled in this test")
 }
 
-func noGrant() (buildkit.Credentials, func()) { return buildkit.Credentials{}, func() {} }
+func noGrant(string, string) (buildkit.Credentials, func()) { return buildkit.Credentials{}, func() {} }
