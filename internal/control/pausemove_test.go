@@ -513,3 +513,45 @@ func TestReturnedRunningClearsPausePackage(t *testing.T) {
 		t.Fatalf("after its node returned with it running: %s, package %+v", row.State, row.PausePackage)
 	}
 }
+
+// A pause package taken on a node that was lost and then forgotten
+// (`cubicle node forget`, after the sandbox moved away) is still deleted
+// once its sandbox ends: the forgotten node's files went with it, so the
+// snapshot pass deletes the package and purges the row instead of
+// retrying a node that will never answer, every pass, forever.
+func TestPausePackageOfForgottenNodeIsPurged(t *testing.T) {
+	ctx := context.Background()
+	c, gw := newSnapCluster(t, true)
+	sb, err := c.m.Create(ctx, CreateOptions{TemplateID: "tpl", Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	from := sb.Node
+	if err := c.m.Pause(ctx, sb.ID, false); err != nil {
+		t.Fatal(err)
+	}
+	row, _ := c.st.GetSandbox(ctx, sb.ID)
+	if row.PausePackage == nil {
+		t.Fatal("no pause package")
+	}
+	pp := row.PausePackage
+	c.loseNode(t, from)
+	if _, _, err := c.m.Connect(ctx, sb.ID, time.Minute, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.st.ForgetNode(ctx, from); err != nil {
+		t.Fatalf("forget the lost node the sandbox left: %v", err)
+	}
+	if err := c.m.Kill(ctx, sb.ID, "done"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.m.reconcileSnapshots(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if keys := gw.Keys(t, pp.SnapshotID+"/"); len(keys) != 0 {
+		t.Fatalf("pause package of the forgotten node left after its sandbox was killed: %v", keys)
+	}
+	if _, err := c.st.GetSnapshot(ctx, pp.SnapshotID); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("pause package row after the pass: %v", err)
+	}
+}

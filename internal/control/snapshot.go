@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/nodeset"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/template"
@@ -561,6 +562,11 @@ func (m *Manager) reconcileSnapshots(ctx context.Context) error {
 			nd, err := m.nodeFor(ctx, sn.Node)
 			if err == nil {
 				err = nd.DeleteSnapshot(ctx, sn.ID)
+			} else if errors.Is(err, nodeset.ErrUnknownNode) {
+				// Its node was forgotten: its files went with it (should
+				// the ID join again, the pass below removes files no row
+				// names), and the package and the row go now.
+				err = nil
 			}
 			if err != nil {
 				m.log.Error("delete snapshot files", "snapshot", sn.ID, "err", err)
