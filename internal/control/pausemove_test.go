@@ -627,3 +627,50 @@ func TestLostPausedWithVolumesKilledAfterTheGrace(t *testing.T) {
 		t.Fatalf("forget the lost node: %v", err)
 	}
 }
+
+// The pause package's snapshot row is written (born deleted: internal)
+// before the sandbox's row names it, and the snapshot pass may run on
+// another replica in between: it keeps the internal snapshots of a
+// paused sandbox whose row names no package yet, so it never deletes the
+// package the pause is about to record.
+func TestPausePackageKeptBeforeItsRowNamesIt(t *testing.T) {
+	ctx := context.Background()
+	c, gw := newSnapCluster(t, true)
+	sb, err := c.m.Create(ctx, CreateOptions{TemplateID: "tpl", Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.m.Pause(ctx, sb.ID, false); err != nil {
+		t.Fatal(err)
+	}
+	row, _ := c.st.GetSandbox(ctx, sb.ID)
+	// The window of packagePause: the snapshot is taken and pushed, the
+	// row does not name it yet.
+	row.PausePackage = nil
+	if err := c.st.UpdateSandbox(ctx, row); err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.m.takeSnapshot(ctx, row, "", true, true)
+	if err != nil || len(info.Package) == 0 {
+		t.Fatalf("package snapshot: %v", err)
+	}
+	if err := c.m.reconcileSnapshots(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if keys := gw.Keys(t, info.ID+"/"); len(keys) == 0 {
+		t.Fatal("the snapshot pass deleted a pause package before the row could name it")
+	}
+	if _, err := c.st.GetSnapshot(ctx, info.ID); err != nil {
+		t.Fatalf("its row: %v", err)
+	}
+	// Once the sandbox is killed, it goes.
+	if err := c.m.Kill(ctx, sb.ID, "done"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.m.reconcileSnapshots(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if keys := gw.Keys(t, info.ID+"/"); len(keys) != 0 {
+		t.Fatalf("package left after the sandbox was killed: %v", keys)
+	}
+}

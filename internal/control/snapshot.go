@@ -538,10 +538,18 @@ func (m *Manager) reconcileSnapshots(ctx context.Context) error {
 			used[id] = true
 		}
 	}
+	// packaging: paused sandboxes whose row names no package yet. The
+	// pause call writes its package's snapshot row (internal, born
+	// deleted) before the sandbox's row names it, and this pass may run
+	// on another replica in between: their internal snapshots stay until
+	// the sandbox leaves the pause (a failed package's with them).
+	packaging := map[string]bool{}
 	for _, sb := range live {
 		// The package of its current pause (resume on another node).
 		if sb.PausePackage != nil {
 			used[sb.PausePackage.SnapshotID] = true
+		} else if sb.State == store.StatePaused {
+			packaging[sb.ID] = true
 		}
 	}
 	for _, sn := range rows {
@@ -558,7 +566,7 @@ func (m *Manager) reconcileSnapshots(ctx context.Context) error {
 	var bytes, count float64
 	for _, sn := range rows {
 		known[sn.ID] = true
-		if !sn.DeletedAt.IsZero() && len(sn.Layers) > 0 && !used[sn.Layers[0]] && !used[sn.ID] {
+		if !sn.DeletedAt.IsZero() && len(sn.Layers) > 0 && !used[sn.Layers[0]] && !used[sn.ID] && !(sn.Internal && packaging[sn.SandboxID]) {
 			nd, err := m.nodeFor(ctx, sn.Node)
 			if err == nil {
 				err = nd.DeleteSnapshot(ctx, sn.ID)
