@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/cubicle-dev/cubicle/internal/lease"
 	"github.com/cubicle-dev/cubicle/internal/store"
 )
 
@@ -85,6 +87,11 @@ when it had joined but never registered. It is refused while any live sandbox na
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return with(cmd, func(ctx context.Context, st store.Store) error {
+				release, err := claimForForget(ctx, storeDSN, args[0])
+				if err != nil {
+					return err
+				}
+				defer release()
 				if err := st.ForgetNode(ctx, args[0]); err != nil {
 					return nodeErr(args[0], err)
 				}
@@ -102,6 +109,32 @@ when it had joined but never registered. It is refused while any live sandbox na
 	cmd.AddCommand(list, cordon, uncordon, drain, forget, nodeTokenCmd(), nodeJoinCmd(), nodeRunCmd())
 	return cmd
 }
+
+// claimForForget takes node id's claim (the one an embedded serve holds
+// for its whole life on PostgreSQL, serve's "node/<id>") for the forget:
+// held, the node is alive in a running serve, and a forget, which
+// declares it dead, is refused. Taken, it keeps such a serve from
+// starting until the forget is done. SQLite has no claims: nothing to take.
+func claimForForget(ctx context.Context, dsn, id string) (release func(), err error) {
+	if dsn == "" {
+		return func() {}, nil
+	}
+	pl, err := lease.NewPostgres(dsn, 0, slog.New(slog.DiscardHandler))
+	if err != nil {
+		return nil, fmt.Errorf("--store: %w", err)
+	}
+	claim, err := pl.Claim(ctx, nodeClaim(id))
+	if errors.Is(err, lease.ErrHeld) {
+		return nil, fmt.Errorf("an embedded `cubicle serve` runs node %s (%w): it is alive, so it is not forgotten; stop that serve first", id, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("node %s: %w", id, err)
+	}
+	return claim.Close, nil
+}
+
+// nodeClaim is the lease.Claim an embedded serve holds for its node ID.
+func nodeClaim(id string) string { return "node/" + id }
 
 func getNode(ctx context.Context, st store.Store, id string) (*store.Node, error) {
 	n, err := st.GetNode(ctx, id)

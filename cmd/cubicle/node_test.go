@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/lease"
 	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/internal/store/postgres/pgtest"
 	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
 )
 
@@ -145,4 +148,52 @@ func compact(t *testing.T, b []byte) string {
 		t.Fatal(err)
 	}
 	return out.String()
+}
+
+// `node forget` declares a node dead. On PostgreSQL an embedded serve
+// holds its node ID's claim (lease.Claim, "node/<id>") for its whole
+// life: while it does, the node is alive, and forget is refused naming
+// that (a forget would drop the volume references of its killed
+// sandboxes that it still holds, and free its ID for a join). Once the
+// serve is gone, the claim is free and forget goes ahead.
+func TestNodeForgetRefusesAClaimedEmbeddedNode(t *testing.T) {
+	ctx := context.Background()
+	dsn, err := pgtest.StartT(t).NewDatabase(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := openStore(ctx, "", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if err := st.RegisterNode(ctx, &store.Node{ID: "local", Runtime: "runc", Capacity: store.Capacity{MilliCPU: 2000, MemoryMiB: 4096}}); err != nil {
+		t.Fatal(err)
+	}
+	pl, err := lease.NewPostgres(dsn, time.Second, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim, err := pl.Claim(ctx, "node/local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = run(t, "node", "forget", "local", "--store", dsn)
+	if err == nil || !strings.Contains(err.Error(), "runs node local") {
+		claim.Close()
+		t.Fatalf("forget a node an embedded serve runs: %v", err)
+	}
+	if _, err := st.GetNode(ctx, "local"); err != nil {
+		t.Fatalf("a refused forget removed the row: %v", err)
+	}
+	claim.Close()
+	if out, err := run(t, "node", "forget", "local", "--store", dsn); err != nil || !strings.Contains(out, "forgotten") {
+		t.Fatalf("forget once the serve is gone: %q %v", out, err)
+	}
+	// The forget released the claim it took: a serve starts again.
+	again, err := pl.Claim(ctx, "node/local")
+	if err != nil {
+		t.Fatalf("claim after the forget: %v", err)
+	}
+	again.Close()
 }

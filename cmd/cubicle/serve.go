@@ -244,7 +244,7 @@ func serve(ctx context.Context, o serveOptions) error {
 		// Taken before anything touches the host; released by PostgreSQL
 		// when this process ends, however it ends, so a restart finds it
 		// free.
-		claim, err := pl.Claim(ctx, "node/"+o.nodeID)
+		claim, err := pl.Claim(ctx, nodeClaim(o.nodeID))
 		if errors.Is(err, lease.ErrHeld) {
 			return fmt.Errorf("--node-id %s: another embedded `cubicle serve` on this database runs the node of that ID (%w): give each embedded replica its own --node-id, or run cluster replicas with --embedded-node=false", o.nodeID, err)
 		}

@@ -97,6 +97,11 @@ func (m *Manager) detectNodeLoss(ctx context.Context) error {
 		if since > m.cfg.NodeLostAfter+m.cfg.NodeLostGrace {
 			reason := fmt.Sprintf("killed: node %s lost for %s (no heartbeat since %s)", n.ID, since.Round(time.Second), n.HeartbeatAt.UTC().Format(time.RFC3339))
 			for _, sb := range append(lostOn[n.ID], liveOn[n.ID]...) {
+				if movesWhenLost(sb) {
+					// It resumes on another node at its next connect: the
+					// grace does not end it.
+					continue
+				}
 				m.killLost(ctx, sb.ID, reason)
 			}
 		}
@@ -129,8 +134,25 @@ func (m *Manager) markLost(ctx context.Context, n *store.Node, id string) {
 		return // an operation moved it first
 	}
 	m.log.Warn("sandbox lost with its node", "sandbox", id, "node", n.ID, "was", was)
+	if movesWhenLost(cur) {
+		how := "its next connect"
+		if cur.PausePackage.FilesOnly {
+			how = "a connect with memory: false (onResume: 'reboot')"
+		}
+		m.event(ctx, id, "lost", "warn", "node %s lost: no heartbeat since %s; the sandbox was paused, and its pause package lets it resume on another node at %s, so it is not killed after the grace",
+			n.ID, n.HeartbeatAt.UTC().Format(time.RFC3339), how)
+		return
+	}
 	m.event(ctx, id, "lost", "warn", "node %s lost: no heartbeat since %s; the sandbox was %s and is killed after %s unless the node returns",
 		n.ID, n.HeartbeatAt.UTC().Format(time.RFC3339), was, m.cfg.NodeLostGrace)
+}
+
+// movesWhenLost: sb, lost while paused, can resume on another node
+// while its node stays lost (movePaused): its pause has a package
+// (packagePause made one only for a sandbox nothing pins), and it mounts
+// no volume, which a lost node holds until it confirms or is forgotten.
+func movesWhenLost(sb *store.Sandbox) bool {
+	return sb.State != store.StateRunning && sb.PausePackage != nil && len(sb.Volumes) == 0
 }
 
 // killLost kills a lost sandbox whose node stayed silent past the grace.

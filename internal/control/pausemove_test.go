@@ -513,3 +513,164 @@ func TestReturnedRunningClearsPausePackage(t *testing.T) {
 		t.Fatalf("after its node returned with it running: %s, package %+v", row.State, row.PausePackage)
 	}
 }
+
+// A pause package taken on a node that was lost and then forgotten
+// (`cubicle node forget`, after the sandbox moved away) is still deleted
+// once its sandbox ends: the forgotten node's files went with it, so the
+// snapshot pass deletes the package and purges the row instead of
+// retrying a node that will never answer, every pass, forever.
+func TestPausePackageOfForgottenNodeIsPurged(t *testing.T) {
+	ctx := context.Background()
+	c, gw := newSnapCluster(t, true)
+	sb, err := c.m.Create(ctx, CreateOptions{TemplateID: "tpl", Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	from := sb.Node
+	if err := c.m.Pause(ctx, sb.ID, false); err != nil {
+		t.Fatal(err)
+	}
+	row, _ := c.st.GetSandbox(ctx, sb.ID)
+	if row.PausePackage == nil {
+		t.Fatal("no pause package")
+	}
+	pp := row.PausePackage
+	c.loseNode(t, from)
+	if _, _, err := c.m.Connect(ctx, sb.ID, time.Minute, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.st.ForgetNode(ctx, from); err != nil {
+		t.Fatalf("forget the lost node the sandbox left: %v", err)
+	}
+	if err := c.m.Kill(ctx, sb.ID, "done"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.m.reconcileSnapshots(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if keys := gw.Keys(t, pp.SnapshotID+"/"); len(keys) != 0 {
+		t.Fatalf("pause package of the forgotten node left after its sandbox was killed: %v", keys)
+	}
+	if _, err := c.st.GetSnapshot(ctx, pp.SnapshotID); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("pause package row after the pass: %v", err)
+	}
+}
+
+// Past the node-loss grace, a lost sandbox is killed, except a paused one
+// with a package: the package makes it resumable on another node, so the
+// grace does not destroy a pause the user can still connect to (e2b
+// keeps paused sandboxes). A running one of the same node is killed.
+func TestLostPausedWithPackageSurvivesTheGrace(t *testing.T) {
+	ctx := context.Background()
+	c, _ := newSnapCluster(t, true)
+	paused, err := c.m.Create(ctx, CreateOptions{TemplateID: "tpl", Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	from := paused.Node
+	if err := c.m.Pause(ctx, paused.ID, false); err != nil {
+		t.Fatal(err)
+	}
+	if row, _ := c.st.GetSandbox(ctx, paused.ID); row.PausePackage == nil {
+		t.Fatal("no pause package")
+	}
+	c.loseNode(t, from)
+	if evs := c.events(t, paused.ID); !slices.ContainsFunc(evs, func(e string) bool {
+		return strings.HasPrefix(e, "lost: node "+from+" lost") && strings.Contains(e, "resume on another node") && !strings.Contains(e, "is killed after")
+	}) {
+		t.Fatalf("lost event of a movable pause: %q", evs)
+	}
+	beatAt(t, c.st, from, time.Now().Add(-DefaultNodeLostAfter-DefaultNodeLostGrace-time.Minute))
+	if err := c.m.detectNodeLoss(ctx); err != nil {
+		t.Fatal(err)
+	}
+	row, _ := c.st.GetSandbox(ctx, paused.ID)
+	if row.State != store.StateLost || row.PausePackage == nil {
+		t.Fatalf("a lost pause with a package past the grace: %s (package %+v)", row.State, row.PausePackage)
+	}
+	got, resumed, err := c.m.Connect(ctx, paused.ID, time.Minute, false)
+	if err != nil || !resumed || got.Node == from {
+		t.Fatalf("connect past the grace: %v (resumed %v, node %v)", err, resumed, got)
+	}
+}
+
+// One with volumes cannot leave a lost node (the node holds them until it
+// confirms, or is forgotten, which a live sandbox refuses): the grace
+// kills it as before, so a forget is not refused forever.
+func TestLostPausedWithVolumesKilledAfterTheGrace(t *testing.T) {
+	ctx := context.Background()
+	c, _ := newSnapCluster(t, true)
+	c.withSharedVolume(t)
+	sb, err := c.m.Create(ctx, CreateOptions{TemplateID: "tpl", TeamID: store.DefaultTeamID, Timeout: time.Minute,
+		VolumeMounts: []VolumeMount{{Name: "data", Path: "/data"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.m.Pause(ctx, sb.ID, false); err != nil {
+		t.Fatal(err)
+	}
+	if row, _ := c.st.GetSandbox(ctx, sb.ID); row.PausePackage == nil {
+		t.Fatal("no pause package")
+	}
+	c.loseNode(t, sb.Node)
+	if evs := c.events(t, sb.ID); !slices.ContainsFunc(evs, func(e string) bool { return strings.Contains(e, "is killed after") }) {
+		t.Fatalf("lost event of a pause that cannot move: %q", evs)
+	}
+	beatAt(t, c.st, sb.Node, time.Now().Add(-DefaultNodeLostAfter-DefaultNodeLostGrace-time.Minute))
+	if err := c.m.detectNodeLoss(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if row, _ := c.st.GetSandbox(ctx, sb.ID); row.State != store.StateKilled {
+		t.Fatalf("a lost pause with volumes past the grace: %s", row.State)
+	}
+	if err := c.st.ForgetNode(ctx, sb.Node); err != nil {
+		t.Fatalf("forget the lost node: %v", err)
+	}
+}
+
+// The pause package's snapshot row is written (born deleted: internal)
+// before the sandbox's row names it, and the snapshot pass may run on
+// another replica in between: it keeps the internal snapshots of a
+// paused sandbox whose row names no package yet, so it never deletes the
+// package the pause is about to record.
+func TestPausePackageKeptBeforeItsRowNamesIt(t *testing.T) {
+	ctx := context.Background()
+	c, gw := newSnapCluster(t, true)
+	sb, err := c.m.Create(ctx, CreateOptions{TemplateID: "tpl", Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.m.Pause(ctx, sb.ID, false); err != nil {
+		t.Fatal(err)
+	}
+	row, _ := c.st.GetSandbox(ctx, sb.ID)
+	// The window of packagePause: the snapshot is taken and pushed, the
+	// row does not name it yet.
+	row.PausePackage = nil
+	if err := c.st.UpdateSandbox(ctx, row); err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.m.takeSnapshot(ctx, row, "", true, true)
+	if err != nil || len(info.Package) == 0 {
+		t.Fatalf("package snapshot: %v", err)
+	}
+	if err := c.m.reconcileSnapshots(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if keys := gw.Keys(t, info.ID+"/"); len(keys) == 0 {
+		t.Fatal("the snapshot pass deleted a pause package before the row could name it")
+	}
+	if _, err := c.st.GetSnapshot(ctx, info.ID); err != nil {
+		t.Fatalf("its row: %v", err)
+	}
+	// Once the sandbox is killed, it goes.
+	if err := c.m.Kill(ctx, sb.ID, "done"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.m.reconcileSnapshots(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if keys := gw.Keys(t, info.ID+"/"); len(keys) != 0 {
+		t.Fatalf("package left after the sandbox was killed: %v", keys)
+	}
+}

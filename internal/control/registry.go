@@ -27,8 +27,26 @@ func (m *Manager) RegisterNode(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := m.ownID(ctx, n.ID); err != nil {
+		return err
+	}
 	if err := m.store.RegisterNode(ctx, n); err != nil {
 		return fmt.Errorf("register node %s: %w", n.ID, err)
+	}
+	return nil
+}
+
+// ownID refuses an ID a remote node joined under (after the in-process
+// node's row was forgotten): registering or heartbeating under it would
+// make the two nodes share one row, and replicas without the in-process
+// node would send its sandboxes' calls to the remote node.
+func (m *Manager) ownID(ctx context.Context, id string) error {
+	joined, err := m.store.NodeJoined(ctx, id)
+	if err != nil {
+		return fmt.Errorf("node %s: %w", id, err)
+	}
+	if joined {
+		return fmt.Errorf("%w: node ID %s was joined by a remote node (`cubicle node join`), so this process's in-process node does not take it: give this serve another --node-id, or `cubicle node forget %s` first", ErrConflict, id, id)
 	}
 	return nil
 }
@@ -67,6 +85,9 @@ func (m *Manager) nodeRow(ctx context.Context) (*store.Node, error) {
 func (m *Manager) heartbeat(ctx context.Context) error {
 	n, err := m.nodeRow(ctx)
 	if err != nil {
+		return err
+	}
+	if err := m.ownID(ctx, n.ID); err != nil {
 		return err
 	}
 	err = m.store.HeartbeatNode(ctx, n.ID, store.NodeHeartbeat{Address: n.Address, Labels: n.Labels, Capacity: n.Capacity,

@@ -81,3 +81,42 @@ func TestCordonedNodeRefusesCreates(t *testing.T) {
 		t.Fatalf("create after uncordon: %v", err)
 	}
 }
+
+// A node ID that a remote node joined under (a join token redeemed for
+// it, after the in-process node's row was forgotten) is that node's: the
+// in-process node neither registers nor heartbeats under it, so the two
+// never share one row (a pure replica would send the in-process node's
+// sandboxes' calls to the remote node).
+func TestInProcessNodeRefusesAJoinedID(t *testing.T) {
+	ctx := context.Background()
+	m, _, st := newPoolManager(t)
+	if err := m.RegisterNode(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.ForgetNode(ctx, "local"); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	if err := st.CreateJoinToken(ctx, &store.JoinToken{ID: "jt", SecretHash: "h", CreatedAt: now, ExpiresAt: now.Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.RedeemJoinToken(ctx, "jt", "h", "local", now); err != nil {
+		t.Fatalf("a join under the forgotten ID: %v", err)
+	}
+	if err := m.heartbeat(ctx); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "joined") {
+		t.Fatalf("heartbeat under a joined ID: %v, want ErrConflict", err)
+	}
+	if _, err := st.GetNode(ctx, "local"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the in-process node registered under a joined ID: %v", err)
+	}
+	if err := m.RegisterNode(ctx); !errors.Is(err, ErrConflict) {
+		t.Fatalf("register (a restart) under a joined ID: %v, want ErrConflict", err)
+	}
+	// Forgotten again (the operator's call), the ID is free.
+	if err := st.ForgetNode(ctx, "local"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.RegisterNode(ctx); err != nil {
+		t.Fatalf("register after the joined node was forgotten: %v", err)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/nodeset"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/template"
@@ -537,10 +538,18 @@ func (m *Manager) reconcileSnapshots(ctx context.Context) error {
 			used[id] = true
 		}
 	}
+	// packaging: paused sandboxes whose row names no package yet. The
+	// pause call writes its package's snapshot row (internal, born
+	// deleted) before the sandbox's row names it, and this pass may run
+	// on another replica in between: their internal snapshots stay until
+	// the sandbox leaves the pause (a failed package's with them).
+	packaging := map[string]bool{}
 	for _, sb := range live {
 		// The package of its current pause (resume on another node).
 		if sb.PausePackage != nil {
 			used[sb.PausePackage.SnapshotID] = true
+		} else if sb.State == store.StatePaused {
+			packaging[sb.ID] = true
 		}
 	}
 	for _, sn := range rows {
@@ -557,10 +566,15 @@ func (m *Manager) reconcileSnapshots(ctx context.Context) error {
 	var bytes, count float64
 	for _, sn := range rows {
 		known[sn.ID] = true
-		if !sn.DeletedAt.IsZero() && len(sn.Layers) > 0 && !used[sn.Layers[0]] && !used[sn.ID] {
+		if !sn.DeletedAt.IsZero() && len(sn.Layers) > 0 && !used[sn.Layers[0]] && !used[sn.ID] && !(sn.Internal && packaging[sn.SandboxID]) {
 			nd, err := m.nodeFor(ctx, sn.Node)
 			if err == nil {
 				err = nd.DeleteSnapshot(ctx, sn.ID)
+			} else if errors.Is(err, nodeset.ErrUnknownNode) {
+				// Its node was forgotten: its files went with it (should
+				// the ID join again, the pass below removes files no row
+				// names), and the package and the row go now.
+				err = nil
 			}
 			if err != nil {
 				m.log.Error("delete snapshot files", "snapshot", sn.ID, "err", err)

@@ -73,6 +73,11 @@ type ServerConfig struct {
 	// MaxTunnels bounds open tunnels (0: DefaultMaxTunnels); one more is
 	// answered 503.
 	MaxTunnels int
+	// MaxVolumeTunnels bounds the volume-content tunnels among them (0: a
+	// quarter of MaxTunnels, at least 1): they serve API requests any team
+	// with a volume token makes, so they must not take the slots of every
+	// team's traffic to its sandboxes on this node. One more is 503.
+	MaxVolumeTunnels int
 	// HandshakeTimeout bounds TLS handshake plus CONNECT request (0:
 	// DefaultHandshakeTimeout).
 	HandshakeTimeout time.Duration
@@ -91,6 +96,9 @@ type Server struct {
 	tls     *tls.Config
 	log     *slog.Logger
 	tunnels chan struct{}
+	// volumes holds a slot per volume-content tunnel, besides its slot
+	// in tunnels (MaxVolumeTunnels).
+	volumes chan struct{}
 	pending chan struct{}
 	// refused counts tunnel requests answered with an error, by reason
 	// (handshake: the TLS handshake or the request failed).
@@ -123,11 +131,19 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		return nil, errors.New("dataplane: ServerConfig.Cert or GetCertificate is required")
 	case cfg.MaxTunnels < 0:
 		return nil, fmt.Errorf("dataplane: MaxTunnels %d is negative", cfg.MaxTunnels)
+	case cfg.MaxVolumeTunnels < 0:
+		return nil, fmt.Errorf("dataplane: MaxVolumeTunnels %d is negative", cfg.MaxVolumeTunnels)
 	case cfg.HandshakeTimeout < 0 || cfg.DialTimeout < 0:
 		return nil, errors.New("dataplane: timeouts must not be negative")
 	}
 	if cfg.MaxTunnels == 0 {
 		cfg.MaxTunnels = DefaultMaxTunnels
+	}
+	if cfg.MaxVolumeTunnels == 0 {
+		cfg.MaxVolumeTunnels = max(1, cfg.MaxTunnels/4)
+	}
+	if cfg.MaxVolumeTunnels > cfg.MaxTunnels {
+		return nil, fmt.Errorf("dataplane: MaxVolumeTunnels %d is over MaxTunnels %d", cfg.MaxVolumeTunnels, cfg.MaxTunnels)
 	}
 	if cfg.HandshakeTimeout == 0 {
 		cfg.HandshakeTimeout = DefaultHandshakeTimeout
@@ -140,7 +156,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	}
 	s := &Server{
 		cfg: cfg, tls: clusterpki.NodeServerConfig(cfg.Cert, cfg.CA), log: cfg.Logger,
-		tunnels: make(chan struct{}, cfg.MaxTunnels), pending: make(chan struct{}, maxPending),
+		tunnels: make(chan struct{}, cfg.MaxTunnels), volumes: make(chan struct{}, cfg.MaxVolumeTunnels), pending: make(chan struct{}, maxPending),
 		lns: map[net.Listener]struct{}{}, conns: map[net.Conn]struct{}{},
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "cubicle_dataplane_tunnels_refused_total",
@@ -423,6 +439,14 @@ func (s *Server) serveVolumes(raw net.Conn, tc *tls.Conn, br *bufio.Reader) {
 		s.refuse(tc, http.StatusNotFound, reasonBadTarget, "this node serves no volume content")
 		return
 	}
+	select {
+	case s.volumes <- struct{}{}:
+	default:
+		s.refuse(tc, http.StatusServiceUnavailable, reasonBusy,
+			"the node has "+strconv.Itoa(s.cfg.MaxVolumeTunnels)+" volume-content tunnels open, their share of its limit")
+		return
+	}
+	defer func() { <-s.volumes }()
 	if !s.acquire(tc) {
 		return
 	}

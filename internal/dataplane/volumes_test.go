@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -194,5 +195,40 @@ func TestVolumeContentStreamsBigFiles(t *testing.T) {
 	t.Logf("allocated %d MiB", (after.TotalAlloc-before.TotalAlloc)>>20)
 	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 40<<20 {
 		t.Fatalf("200 MB through the proxy and the node allocated %d MiB: a body is buffered", alloc>>20)
+	}
+}
+
+// TestVolumeTunnelsLeaveRoomForSandboxes: volume-content tunnels are
+// opened for API requests that any team with a volume token can make
+// (and hold, streaming a large file slowly), so they get a share of the
+// node's tunnel limit, not all of it: past the share a volume tunnel is
+// 503 (ErrBusy) while sandbox tunnels, every team's traffic to its
+// sandboxes on this node, still open.
+func TestVolumeTunnelsLeaveRoomForSandboxes(t *testing.T) {
+	l, _ := localnode.New(t)
+	port := rawSandbox(t, func(c *net.TCPConn) { io.Copy(c, c) })
+	f := nodeA(t, dataplane.ServerConfig{MaxTunnels: 4, Volumes: l})
+	ctx := context.Background()
+	vols := 0
+	for range 4 {
+		c, err := f.cl.DialVolumes(ctx, "node-a", f.addr)
+		if errors.Is(err, dataplane.ErrBusy) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		vols++
+	}
+	if vols == 4 {
+		t.Fatal("volume-content tunnels took every tunnel of the node")
+	}
+	for i := range 4 - vols {
+		c, err := f.cl.Dial(ctx, "node-a", f.addr, "sb1", port)
+		if err != nil {
+			t.Fatalf("sandbox tunnel %d with %d volume tunnels open: %v", i, vols, err)
+		}
+		defer c.Close()
 	}
 }

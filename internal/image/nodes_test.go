@@ -1,6 +1,7 @@
 package image
 
 import (
+	"bytes"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -100,7 +101,7 @@ func TestForClusterBuilders(t *testing.T) {
 	upload := "/v2/cubicle/tpl/blobs/uploads/"
 	byTag := "/v2/cubicle/tpl/manifests/v1"
 	byDigest := "/v2/cubicle/tpl/manifests/" + dgst.String()
-	bu, bp, revoke, err := reg.GrantBuild()
+	bu, bp, revoke, err := reg.GrantBuild("cubicle/tpl", "v2")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,5 +136,72 @@ func TestForClusterBuilders(t *testing.T) {
 	revoke()
 	if code, _ := do("builder-1", http.MethodPost, upload, bu, bp); code != http.StatusUnauthorized {
 		t.Fatalf("a push with a revoked build's credentials: %d, want 401", code)
+	}
+}
+
+// A build's credentials write only the build's own image: a builder node
+// that keeps them while its build runs cannot retag, overwrite or delete
+// another template's image (which sandboxes of another team boot by
+// that tag), nor its own template's other builds; it still reads what
+// its FROM lines name.
+func TestGrantBuildScope(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim, err := random.Image(64, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Put("cubicle/victim:b1", victim); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Put("cubicle/mine:old", victim); err != nil {
+		t.Fatal(err)
+	}
+	vd, _ := victim.Digest()
+	raw, err := victim.RawManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mt, _ := victim.MediaType()
+	reg := NewRegistry(s)
+	reg.RequireBasicAuth("cubicle", "registry-secret")
+	h := ForCluster(reg, func(*http.Request) (string, error) { return "builder-1", nil },
+		func(*http.Request, string) (bool, error) { return true, nil })
+	bu, bp, revoke, err := reg.GrantBuild("cubicle/mine", "b2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer revoke()
+	do := func(method, path string, body []byte) int {
+		req := httptest.NewRequest(method, path, bytes.NewReader(body))
+		req.Header.Set("Content-Type", string(mt))
+		req.SetBasicAuth(bu, bp)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	for _, c := range []struct {
+		method, path string
+		body         []byte
+		want         int
+	}{
+		{http.MethodPut, "/v2/cubicle/victim/manifests/b1", raw, http.StatusForbidden},
+		{http.MethodDelete, "/v2/cubicle/victim/manifests/b1", nil, http.StatusForbidden},
+		{http.MethodPost, "/v2/cubicle/victim/blobs/uploads/", nil, http.StatusForbidden},
+		{http.MethodPut, "/v2/cubicle/mine/manifests/old", raw, http.StatusForbidden},
+		{http.MethodDelete, "/v2/cubicle/mine/manifests/b2", nil, http.StatusForbidden},
+		{http.MethodGet, "/v2/cubicle/victim/manifests/b1", nil, http.StatusOK},
+		{http.MethodPost, "/v2/cubicle/mine/blobs/uploads/", nil, http.StatusAccepted},
+		{http.MethodPut, "/v2/cubicle/mine/manifests/" + vd.String(), raw, http.StatusCreated},
+		{http.MethodPut, "/v2/cubicle/mine/manifests/b2", raw, http.StatusCreated},
+	} {
+		if got := do(c.method, c.path, c.body); got != c.want {
+			t.Errorf("%s %s with a build's credentials: %d, want %d", c.method, c.path, got, c.want)
+		}
+	}
+	if d, err := s.Resolve("cubicle/victim:b1"); err != nil || d.Digest != vd {
+		t.Fatalf("the other template's image after the builder's requests: %v %v", d.Digest, err)
 	}
 }

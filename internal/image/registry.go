@@ -45,7 +45,7 @@ type Registry struct {
 	password string
 	// grants are extra credentials, each valid for one build (GrantBuild),
 	// by user name; under mu.
-	grants map[string]string
+	grants map[string]grant
 }
 
 type upload struct {
@@ -68,23 +68,28 @@ func (r *Registry) RequireBasicAuth(user, password string) {
 // GrantBuild makes a fresh pair of credentials valid, besides
 // RequireBasicAuth's, until revoke is called: one build's, handed to a
 // builder node's buildkitd through that build's session only, so a node
-// that keeps them gains nothing once the build is over. Call it only on a
-// registry with RequireBasicAuth.
+// that keeps them gains nothing once the build is over. They read
+// anything (the build's FROM lines) but write only the build's own
+// image: blob uploads to repo, and its manifest by digest or as tag; a
+// builder node is hostile too, and another template's tag is what that
+// template's sandboxes boot. Call it only on a registry with
+// RequireBasicAuth.
 //
-// With a shared remote (Store.SetRemote) the grant is also written there
-// (the password's SHA-256 and an expiry), so that every replica accepts
-// it: a builder node's push reaches whichever replica its control-plane
-// URL lands on, not necessarily the one running the build.
-func (r *Registry) GrantBuild() (user, password string, revoke func(), err error) {
+// With a shared remote (Store.SetRemote) the grant, with its scope, is
+// also written there (the password's SHA-256 and an expiry), so that
+// every replica accepts it: a builder node's push reaches whichever
+// replica its control-plane URL lands on, not necessarily the one running
+// the build.
+func (r *Registry) GrantBuild(repo, tag string) (user, password string, revoke func(), err error) {
 	user, password = "build-"+rand.Text()[:16], rand.Text()
-	if err := r.s.putGrant(user, password); err != nil {
+	if err := r.s.putGrant(user, password, repo, tag); err != nil {
 		return "", "", nil, err
 	}
 	r.mu.Lock()
 	if r.grants == nil {
-		r.grants = map[string]string{}
+		r.grants = map[string]grant{}
 	}
-	r.grants[user] = password
+	r.grants[user] = grant{password: password, repo: repo, tag: tag}
 	r.mu.Unlock()
 	return user, password, func() {
 		r.mu.Lock()
@@ -94,27 +99,65 @@ func (r *Registry) GrantBuild() (user, password string, revoke func(), err error
 	}, nil
 }
 
-func (r *Registry) authorized(req *http.Request) bool {
-	if r.user == "" {
+// grant is one build's credentials and the image they may write.
+type grant struct {
+	password, repo, tag string
+}
+
+// writes reports whether req, from a holder of g, stays within g's image:
+// reads anywhere, uploads to g.repo, and g.repo's manifest by digest or
+// g.tag. Deletes are never a build's.
+func (g grant) writes(req *http.Request) bool {
+	if req.Method == http.MethodGet || req.Method == http.MethodHead {
 		return true
+	}
+	rest, ok := strings.CutPrefix(req.URL.Path, "/v2/")
+	if !ok || req.Method == http.MethodDelete {
+		return false
+	}
+	// As route judges the path, in its order.
+	switch {
+	case strings.HasSuffix(rest, "/tags/list"):
+		return false
+	case strings.Contains(rest, "/blobs/uploads"):
+		return rest[:strings.LastIndex(rest, "/blobs/uploads")] == g.repo
+	case strings.Contains(rest, "/manifests/"):
+		i := strings.LastIndex(rest, "/manifests/")
+		ref := rest[i+len("/manifests/"):]
+		return rest[:i] == g.repo && (ref == g.tag || digestRE.MatchString(ref))
+	}
+	return false
+}
+
+// authorized checks req's credentials: ok, and the build grant they are
+// (nil: the registry's own, or no authentication required).
+func (r *Registry) authorized(req *http.Request) (ok bool, g *grant) {
+	if r.user == "" {
+		return true, nil
 	}
 	u, p, ok := req.BasicAuth()
 	if !ok {
-		return false
+		return false, nil
 	}
 	uok := subtle.ConstantTimeCompare([]byte(u), []byte(r.user)) == 1
 	pok := subtle.ConstantTimeCompare([]byte(p), []byte(r.password)) == 1
 	if uok && pok {
-		return true
+		return true, nil
 	}
 	r.mu.Lock()
 	want, granted := r.grants[u]
 	r.mu.Unlock()
 	if granted {
-		return subtle.ConstantTimeCompare([]byte(p), []byte(want)) == 1
+		if subtle.ConstantTimeCompare([]byte(p), []byte(want.password)) != 1 {
+			return false, nil
+		}
+		return true, &want
 	}
 	// Granted by another replica, for a build it runs.
-	return r.s.checkGrant(u, p)
+	if g, ok := r.s.checkGrant(u, p); ok {
+		return true, &g
+	}
+	return false, nil
 }
 
 type regError struct {
@@ -133,9 +176,14 @@ var digestRE = regexp.MustCompile(`^sha256:[a-f0-9]{64}$`)
 
 func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
-	if !r.authorized(req) {
+	ok, g := r.authorized(req)
+	if !ok {
 		w.Header().Set("WWW-Authenticate", `Basic realm="cubicle"`)
 		writeErr(w, regError{http.StatusUnauthorized, "UNAUTHORIZED", "authentication required"})
+		return
+	}
+	if g != nil && !g.writes(req) {
+		writeErr(w, regError{http.StatusForbidden, "DENIED", "a build's credentials write only that build's image " + g.repo + ":" + g.tag})
 		return
 	}
 	r.route(w, req)

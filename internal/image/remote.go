@@ -281,16 +281,19 @@ const grantTTL = 24 * time.Hour
 type remoteGrant struct {
 	PasswordSHA256 string    `json:"passwordSHA256"`
 	NotAfter       time.Time `json:"notAfter"`
+	// Repo and Tag are the one image the grant may write (grant.writes).
+	Repo string `json:"repo"`
+	Tag  string `json:"tag"`
 }
 
 func grantKey(user string) string { return "grants/" + user }
 
-func (s *Store) putGrant(user, password string) error {
+func (s *Store) putGrant(user, password, repo, tag string) error {
 	if s.remote == nil {
 		return nil
 	}
 	sum := sha256.Sum256([]byte(password))
-	b, err := json.Marshal(remoteGrant{PasswordSHA256: hex.EncodeToString(sum[:]), NotAfter: time.Now().Add(grantTTL).UTC()})
+	b, err := json.Marshal(remoteGrant{PasswordSHA256: hex.EncodeToString(sum[:]), NotAfter: time.Now().Add(grantTTL).UTC(), Repo: repo, Tag: tag})
 	if err != nil {
 		return err
 	}
@@ -313,26 +316,30 @@ func (s *Store) dropGrant(user string) {
 	_ = s.remote.RemoveObject(ctx, grantKey(user))
 }
 
-// checkGrant reports whether user/password is a live grant in the remote.
-func (s *Store) checkGrant(user, password string) bool {
+// checkGrant returns user/password's grant if it is a live one in the
+// remote.
+func (s *Store) checkGrant(user, password string) (grant, bool) {
 	if s.remote == nil || !buildUserRE.MatchString(user) {
-		return false
+		return grant{}, false
 	}
 	ctx, cancel := remoteCtx()
 	defer cancel()
 	rc, err := s.remote.GetObject(ctx, grantKey(user))
 	if err != nil {
-		return false
+		return grant{}, false
 	}
 	defer rc.Close()
 	b, err := io.ReadAll(io.LimitReader(rc, maxTagSize))
 	if err != nil {
-		return false
+		return grant{}, false
 	}
 	var g remoteGrant
-	if json.Unmarshal(b, &g) != nil || time.Now().After(g.NotAfter) {
-		return false
+	if json.Unmarshal(b, &g) != nil || time.Now().After(g.NotAfter) || g.Repo == "" {
+		return grant{}, false
 	}
 	sum := sha256.Sum256([]byte(password))
-	return subtle.ConstantTimeCompare([]byte(hex.EncodeToString(sum[:])), []byte(g.PasswordSHA256)) == 1
+	if subtle.ConstantTimeCompare([]byte(hex.EncodeToString(sum[:])), []byte(g.PasswordSHA256)) != 1 {
+		return grant{}, false
+	}
+	return grant{repo: g.Repo, tag: g.Tag}, true
 }

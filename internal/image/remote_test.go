@@ -213,14 +213,15 @@ func TestRemoteBuildGrantAcrossReplicas(t *testing.T) {
 	a, b := NewRegistry(openShared(t, remote)), NewRegistry(openShared(t, remote))
 	a.RequireBasicAuth("cubicle", "a-secret")
 	b.RequireBasicAuth("cubicle", "b-secret")
-	user, pass, revoke, err := a.GrantBuild()
+	user, pass, revoke, err := a.GrantBuild("cubicle/tpl", "b1")
 	must(t, err)
 	try := func(r *Registry, u, p string) int {
-		req := httptest.NewRequest(http.MethodPost, "/v2/cubicle/tpl/blobs/uploads/", nil)
-		req.SetBasicAuth(u, p)
-		rec := httptest.NewRecorder()
-		r.ServeHTTP(rec, req)
-		return rec.Code
+		return tryUpload(r, "cubicle/tpl", u, p)
+	}
+	// The grant's scope travels with it: on replica B too it writes only
+	// the build's own repository.
+	if c := tryUpload(b, "cubicle/other", user, pass); c != http.StatusForbidden {
+		t.Fatalf("grant of replica A writing another repository on replica B: %d", c)
 	}
 	if c := try(b, user, pass); c != http.StatusAccepted {
 		t.Fatalf("grant of replica A on replica B: %d", c)
@@ -240,6 +241,15 @@ func TestRemoteBuildGrantAcrossReplicas(t *testing.T) {
 	if c := try(a, user, pass); c != http.StatusUnauthorized {
 		t.Fatalf("revoked grant on replica A: %d", c)
 	}
+}
+
+// tryUpload starts a blob upload to repo on r as u:p and returns the status.
+func tryUpload(r *Registry, repo, u, p string) int {
+	req := httptest.NewRequest(http.MethodPost, "/v2/"+repo+"/blobs/uploads/", nil)
+	req.SetBasicAuth(u, p)
+	rec := httptest.NewRecorder()
+	r.ServeHTTP(rec, req)
+	return rec.Code
 }
 
 // A push's POST and its PUT may reach different replicas behind a

@@ -78,4 +78,8 @@ type ClusterStore interface {
 	// certificate for id whose NotBefore is before it is revoked. One read
 	// by primary key.
 	NodeRevokedAt(ctx context.Context, id string) (time.Time, error)
+	// NodeJoined reports whether a join token was redeemed for node id
+	// since its last ForgetNode: a remote node holds that ID (registered
+	// or not yet). One read by primary key.
+	NodeJoined(ctx context.Context, id string) (bool, error)
 }

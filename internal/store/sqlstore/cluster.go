@@ -156,6 +156,16 @@ func redeemRefusal(ctx context.Context, tx *txn, id, secretHash, nodeID string, 
 	}
 }
 
+// NodeJoined implements store.ClusterStore.
+func (s *Store) NodeJoined(ctx context.Context, id string) (bool, error) {
+	var joined bool
+	err := s.db.QueryRowContext(ctx, `SELECT joined FROM node_identities WHERE node_id=?`, id).Scan(&joined)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	return joined, err
+}
+
 // NodeRevokedAt implements store.ClusterStore.
 func (s *Store) NodeRevokedAt(ctx context.Context, id string) (time.Time, error) {
 	var revoked int64

@@ -137,6 +137,24 @@ func testForgetRevokes(t *testing.T, s store.Store) {
 	if at, err := s.NodeRevokedAt(ctx, "unknown"); err != nil || !at.IsZero() {
 		t.Fatalf("NodeRevokedAt of an unknown ID = %v, %v", at, err)
 	}
+	if joined, err := s.NodeJoined(ctx, "old"); err != nil || joined {
+		t.Fatalf("NodeJoined of a node that registered without a join = %v, %v", joined, err)
+	}
+	if err := s.CreateJoinToken(ctx, &store.JoinToken{ID: "jt-old", SecretHash: "h", CreatedAt: time.Now(), ExpiresAt: time.Now().Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.RedeemJoinToken(ctx, "jt-old", "h", "joiner", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if joined, err := s.NodeJoined(ctx, "joiner"); err != nil || !joined {
+		t.Fatalf("NodeJoined after a redeem = %v, %v", joined, err)
+	}
+	if err := s.ForgetNode(ctx, "joiner"); err != nil {
+		t.Fatal(err)
+	}
+	if joined, err := s.NodeJoined(ctx, "joiner"); err != nil || joined {
+		t.Fatalf("NodeJoined after a forget = %v, %v", joined, err)
+	}
 	before := time.Now().UTC()
 	if err := s.ForgetNode(ctx, "old"); err != nil {
 		t.Fatal(err)

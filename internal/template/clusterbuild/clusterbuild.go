@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"net"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -55,9 +56,10 @@ type Solver struct {
 	// (dataplane.Client.DialBuilder).
 	Dial func(ctx context.Context, nodeID, dataAddr string) (net.Conn, error)
 	// Grant makes the credentials of one build for the control plane's
-	// registry (image.Registry.GrantBuild), valid until revoke: the build's
-	// session hands them to the builder's buildkitd for RegistryHost.
-	Grant func() (creds buildkit.Credentials, revoke func(), err error)
+	// registry (image.Registry.GrantBuild), valid until revoke and for
+	// writing only the build's image repo:tag: the build's session hands
+	// them to the builder's buildkitd for RegistryHost.
+	Grant func(repo, tag string) (creds buildkit.Credentials, revoke func(), err error)
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 
@@ -126,13 +128,20 @@ func (s *Solver) pick(ctx context.Context) (*store.Node, func(), error) {
 // Solve implements builder.Solver on a builder node.
 func (s *Solver) Solve(ctx context.Context, dockerfile []byte, contextDir string, noCache bool, push string, secrets map[string][]byte,
 	log func(level, msg string, line int)) error {
+	// The credentials write this image only, so the push must name it
+	// in the control plane's registry.
+	ref, ok := strings.CutPrefix(push, RegistryHost+"/")
+	i := strings.LastIndex(ref, ":")
+	if !ok || i <= 0 || strings.Contains(ref[i:], "/") {
+		return fmt.Errorf("clusterbuild: push %q is not a repository:tag in %s", push, RegistryHost)
+	}
 	n, release, err := s.pick(ctx)
 	if err != nil {
 		return err
 	}
 	defer release()
 	log("info", "building on node "+n.ID, 0)
-	creds, revoke, err := s.Grant()
+	creds, revoke, err := s.Grant(ref[:i], ref[i+1:])
 	if err != nil {
 		return fmt.Errorf("registry credentials for the build: %w", err)
 	}
