@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cubicle-dev/cubicle/internal/agentapi"
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/idlock"
 	clusterlease "github.com/cubicle-dev/cubicle/internal/lease"
 	"github.com/cubicle-dev/cubicle/internal/loop"
@@ -1080,8 +1081,8 @@ func (m *Manager) resumeLocked(ctx context.Context, sb *store.Sandbox) (err erro
 
 // resumePaused resumes sb, paused or lost with its node, for Connect: on
 // its node, or on another node from the current pause's package when its
-// node is lost, cordoned or draining, or fails the resume as unavailable
-// or out of resources. A sandbox that cannot move (movePaused says why)
+// node is lost, cordoned or draining, or fails the resume as unavailable,
+// out of resources or without the sandbox. A sandbox that cannot move (movePaused says why)
 // resumes on its own node, and a lost one is refused with that reason.
 func (m *Manager) resumePaused(ctx context.Context, sb *store.Sandbox, reboot bool) error {
 	from := m.rowNode(sb)
@@ -1107,7 +1108,10 @@ func (m *Manager) resumePaused(ctx context.Context, sb *store.Sandbox, reboot bo
 		}
 	}
 	err := m.resumeHere(ctx, sb, reboot)
-	if err == nil || !retryable(err) {
+	// A node without the sandbox (back from a loss without its files)
+	// cannot resume it; its pause package can, elsewhere.
+	missing := errors.Is(err, errdefs.ErrNotFound) && sb.PausePackage != nil
+	if err == nil || !(retryable(err) || missing) {
 		return err
 	}
 	sn, merr := m.movePaused(ctx, sb, reboot, false)

@@ -303,7 +303,14 @@ func (m *Manager) reconcileNode(ctx context.Context, nodeID string, nd node.Node
 			}
 			cur, err := m.store.GetSandbox(ctx, sb.ID)
 			if err == nil && (cur.State == store.StateRunning || cur.State == store.StatePaused) {
-				if again, err := nd.Get(ctx, sb.ID); errors.Is(err, node.ErrNotFound) || (err == nil && again.State == runtime.StateStopped) {
+				again, err := nd.Get(ctx, sb.ID)
+				if errors.Is(err, node.ErrNotFound) && cur.State == store.StatePaused && movesWhenLost(cur) {
+					// Gone from its node, but its pause package boots it
+					// elsewhere at its next connect (resumePaused).
+					unlock()
+					continue
+				}
+				if errors.Is(err, node.ErrNotFound) || (err == nil && again.State == runtime.StateStopped) {
 					derr := nd.Delete(ctx, sb.ID)
 					m.markKilled(ctx, cur, reasonExited, derr)
 				}

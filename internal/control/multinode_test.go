@@ -64,6 +64,9 @@ func (r *remoteNode) Resume(ctx context.Context, id string, req node.CreateReque
 	if r.down.Load() {
 		return errNodeDown
 	}
+	if !r.has(id) {
+		return errdefs.New(errdefs.ErrNotFound, "runtime: sandbox not found") // as node.Local answers
+	}
 	return r.fakeNode.Resume(ctx, id, req)
 }
 

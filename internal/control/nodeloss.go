@@ -217,6 +217,14 @@ func (m *Manager) restoreLost(ctx context.Context, nodeID string, nd node.Node, 
 		want = store.StateRunning
 	case ok && ns.State == runtime.StatePaused:
 		want = store.StatePaused
+	case movesWhenLost(cur):
+		// The node is back without it (its data dir was lost or wiped),
+		// but its pause package can still boot it elsewhere: paused again,
+		// its next connect finds it missing there and moves it.
+		if _, err := m.store.CompareAndSetState(ctx, id, []store.SandboxState{store.StateLost}, store.StatePaused); err == nil {
+			m.event(ctx, id, "recovered", "warn", "node %s returned without the sandbox; it stays paused, and its pause package lets it resume on another node at its next connect", nodeID)
+		}
+		return
 	default:
 		// The node is back without it: it confirms nothing holds the
 		// volumes, so the attachments go too.

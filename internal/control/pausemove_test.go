@@ -674,3 +674,43 @@ func TestPausePackageKeptBeforeItsRowNamesIt(t *testing.T) {
 		t.Fatalf("package left after the sandbox was killed: %v", keys)
 	}
 }
+
+// A lost node that returns without a paused sandbox (its data dir was
+// wiped) leaves it paused, not killed, when its pause has a package: its
+// next connect finds it missing there and resumes it on another node.
+func TestReturnedWithoutPausedSandboxMovesAtConnect(t *testing.T) {
+	ctx := context.Background()
+	c, _ := newSnapCluster(t, true)
+	sb, err := c.m.Create(ctx, CreateOptions{TemplateID: "tpl", Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	from, to := sb.Node, other(sb.Node)
+	if err := c.m.Pause(ctx, sb.ID, false); err != nil {
+		t.Fatal(err)
+	}
+	c.loseNode(t, from)
+	// It comes back without the sandbox.
+	if err := c.nodes[from].fakeNode.Delete(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	c.nodes[from].down.Store(false)
+	beatAt(t, c.st, from, time.Now())
+	if err := c.m.detectNodeLoss(ctx); err != nil {
+		t.Fatal(err)
+	}
+	row, err := c.st.GetSandbox(ctx, sb.ID)
+	if err != nil || row.State != store.StatePaused || row.PausePackage == nil {
+		t.Fatalf("after its node returned without it: %+v %v", row, err)
+	}
+	if evs := c.events(t, sb.ID); !eventWith(evs, "recovered: node "+from+" returned without the sandbox; it stays paused") {
+		t.Fatalf("events: %q", evs)
+	}
+	got, resumed, err := c.m.Connect(ctx, sb.ID, time.Minute, false)
+	if err != nil || !resumed || got.Node != to || got.State != store.StateRunning {
+		t.Fatalf("connect: %+v resumed %v: %v", got, resumed, err)
+	}
+	if !c.nodes[to].has(sb.ID) {
+		t.Fatalf("node %s does not run the moved sandbox", to)
+	}
+}
