@@ -125,8 +125,8 @@ func setupTemplates(ctx context.Context, o serveOptions, st store.Store, netm *n
 		// Each build gets its own registry credentials, revoked when it
 		// ends: a builder node never holds the registry's password.
 		ts.cluster = &clusterbuild.Solver{Nodes: st.ListNodes, TTL: o.replica.nodeLostAfter,
-			Grant: func(repo, tag string) (buildkit.Credentials, func(), error) {
-				u, p, revoke, err := ocireg.GrantBuild(repo, tag)
+			Grant: func(repo, tag string, reads []string) (buildkit.Credentials, func(), error) {
+				u, p, revoke, err := ocireg.GrantBuild(repo, tag, reads...)
 				return buildkit.Credentials{Username: u, Password: p}, revoke, err
 			}}
 		solver, buildRegistry = ts.cluster, clusterbuild.RegistryHost

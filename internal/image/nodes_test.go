@@ -142,8 +142,9 @@ func TestForClusterBuilders(t *testing.T) {
 // A build's credentials write only the build's own image: a builder node
 // that keeps them while its build runs cannot retag, overwrite or delete
 // another template's image (which sandboxes of another team boot by
-// that tag), nor its own template's other builds; it still reads what
-// its FROM lines name.
+// that tag), nor its own template's other builds, nor resolve another
+// template's tags; it still reads what its FROM lines name, and anything
+// by digest.
 func TestGrantBuildScope(t *testing.T) {
 	s, err := Open(t.TempDir())
 	if err != nil {
@@ -169,7 +170,10 @@ func TestGrantBuildScope(t *testing.T) {
 	reg.RequireBasicAuth("cubicle", "registry-secret")
 	h := ForCluster(reg, func(*http.Request) (string, error) { return "builder-1", nil },
 		func(*http.Request, string) (bool, error) { return true, nil })
-	bu, bp, revoke, err := reg.GrantBuild("cubicle/mine", "b2")
+	if err := s.Put("cubicle/parent:b7", victim); err != nil {
+		t.Fatal(err)
+	}
+	bu, bp, revoke, err := reg.GrantBuild("cubicle/mine", "b2", "cubicle/parent")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +196,13 @@ func TestGrantBuildScope(t *testing.T) {
 		{http.MethodPost, "/v2/cubicle/victim/blobs/uploads/", nil, http.StatusForbidden},
 		{http.MethodPut, "/v2/cubicle/mine/manifests/old", raw, http.StatusForbidden},
 		{http.MethodDelete, "/v2/cubicle/mine/manifests/b2", nil, http.StatusForbidden},
-		{http.MethodGet, "/v2/cubicle/victim/manifests/b1", nil, http.StatusOK},
+		{http.MethodGet, "/v2/cubicle/victim/manifests/b1", nil, http.StatusForbidden},
+		{http.MethodHead, "/v2/cubicle/victim/manifests/b1", nil, http.StatusForbidden},
+		{http.MethodGet, "/v2/cubicle/victim/tags/list", nil, http.StatusForbidden},
+		{http.MethodGet, "/v2/cubicle/victim/manifests/" + vd.String(), nil, http.StatusOK},
+		{http.MethodGet, "/v2/cubicle/parent/manifests/b7", nil, http.StatusOK},
+		{http.MethodGet, "/v2/cubicle/parent/tags/list", nil, http.StatusOK},
+		{http.MethodGet, "/v2/cubicle/mine/manifests/old", nil, http.StatusOK},
 		{http.MethodPost, "/v2/cubicle/mine/blobs/uploads/", nil, http.StatusAccepted},
 		{http.MethodPut, "/v2/cubicle/mine/manifests/" + vd.String(), raw, http.StatusCreated},
 		{http.MethodPut, "/v2/cubicle/mine/manifests/b2", raw, http.StatusCreated},

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -68,28 +69,30 @@ func (r *Registry) RequireBasicAuth(user, password string) {
 // GrantBuild makes a fresh pair of credentials valid, besides
 // RequireBasicAuth's, until revoke is called: one build's, handed to a
 // builder node's buildkitd through that build's session only, so a node
-// that keeps them gains nothing once the build is over. They read
-// anything (the build's FROM lines) but write only the build's own
-// image: blob uploads to repo, and its manifest by digest or as tag; a
-// builder node is hostile too, and another template's tag is what that
-// template's sandboxes boot. Call it only on a registry with
-// RequireBasicAuth.
+// that keeps them gains nothing once the build is over. They write only
+// the build's own image (blob uploads to repo, and its manifest by digest
+// or as tag), and resolve tags only in repo and in reads (the build's FROM
+// repositories): a builder node is hostile too, another template's tag is
+// what that template's sandboxes boot, and the tags of other teams'
+// templates are theirs. Reads by digest stay open, as they are to every
+// node. Call it only on a registry with RequireBasicAuth.
 //
 // With a shared remote (Store.SetRemote) the grant, with its scope, is
 // also written there (the password's SHA-256 and an expiry), so that
 // every replica accepts it: a builder node's push reaches whichever
 // replica its control-plane URL lands on, not necessarily the one running
 // the build.
-func (r *Registry) GrantBuild(repo, tag string) (user, password string, revoke func(), err error) {
+func (r *Registry) GrantBuild(repo, tag string, reads ...string) (user, password string, revoke func(), err error) {
 	user, password = "build-"+rand.Text()[:16], rand.Text()
-	if err := r.s.putGrant(user, password, repo, tag); err != nil {
+	reads = slices.Clone(reads)
+	if err := r.s.putGrant(user, password, repo, tag, reads); err != nil {
 		return "", "", nil, err
 	}
 	r.mu.Lock()
 	if r.grants == nil {
 		r.grants = map[string]grant{}
 	}
-	r.grants[user] = grant{password: password, repo: repo, tag: tag}
+	r.grants[user] = grant{password: password, repo: repo, tag: tag, reads: reads}
 	r.mu.Unlock()
 	return user, password, func() {
 		r.mu.Lock()
@@ -99,23 +102,40 @@ func (r *Registry) GrantBuild(repo, tag string) (user, password string, revoke f
 	}, nil
 }
 
-// grant is one build's credentials and the image they may write.
+// grant is one build's credentials, the image they may write and the
+// repositories whose tags they may resolve besides it.
 type grant struct {
 	password, repo, tag string
+	reads               []string
 }
 
-// writes reports whether req, from a holder of g, stays within g's image:
-// reads anywhere, uploads to g.repo, and g.repo's manifest by digest or
-// g.tag. Deletes are never a build's.
-func (g grant) writes(req *http.Request) bool {
-	if req.Method == http.MethodGet || req.Method == http.MethodHead {
-		return true
-	}
+// allows reports whether req, from a holder of g, stays within g's scope:
+// reads by digest anywhere, tags and tag lists of g.repo and g.reads,
+// uploads to g.repo, and g.repo's manifest by digest or g.tag. Deletes
+// are never a build's.
+func (g grant) allows(req *http.Request) bool {
 	rest, ok := strings.CutPrefix(req.URL.Path, "/v2/")
+	if req.Method == http.MethodGet || req.Method == http.MethodHead {
+		if !ok {
+			return true // the /v2/ ping
+		}
+		// As route judges the path, in its order.
+		switch {
+		case strings.HasSuffix(rest, "/tags/list"):
+			return g.resolves(strings.TrimSuffix(rest, "/tags/list"))
+		case strings.Contains(rest, "/blobs/uploads"):
+			return rest[:strings.LastIndex(rest, "/blobs/uploads")] == g.repo
+		case strings.Contains(rest, "/manifests/"):
+			i := strings.LastIndex(rest, "/manifests/")
+			return digestRE.MatchString(rest[i+len("/manifests/"):]) || g.resolves(rest[:i])
+		case strings.Contains(rest, "/blobs/"):
+			return true
+		}
+		return false
+	}
 	if !ok || req.Method == http.MethodDelete {
 		return false
 	}
-	// As route judges the path, in its order.
 	switch {
 	case strings.HasSuffix(rest, "/tags/list"):
 		return false
@@ -127,6 +147,11 @@ func (g grant) writes(req *http.Request) bool {
 		return rest[:i] == g.repo && (ref == g.tag || digestRE.MatchString(ref))
 	}
 	return false
+}
+
+// resolves reports whether g may read repo's tags.
+func (g grant) resolves(repo string) bool {
+	return repo == g.repo || slices.Contains(g.reads, repo)
 }
 
 // authorized checks req's credentials: ok, and the build grant they are
@@ -182,8 +207,8 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		writeErr(w, regError{http.StatusUnauthorized, "UNAUTHORIZED", "authentication required"})
 		return
 	}
-	if g != nil && !g.writes(req) {
-		writeErr(w, regError{http.StatusForbidden, "DENIED", "a build's credentials write only that build's image " + g.repo + ":" + g.tag})
+	if g != nil && !g.allows(req) {
+		writeErr(w, regError{http.StatusForbidden, "DENIED", "a build's credentials write only that build's image " + g.repo + ":" + g.tag + " and resolve tags only of it and its FROM images"})
 		return
 	}
 	r.route(w, req)

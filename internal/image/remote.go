@@ -281,19 +281,21 @@ const grantTTL = 24 * time.Hour
 type remoteGrant struct {
 	PasswordSHA256 string    `json:"passwordSHA256"`
 	NotAfter       time.Time `json:"notAfter"`
-	// Repo and Tag are the one image the grant may write (grant.writes).
-	Repo string `json:"repo"`
-	Tag  string `json:"tag"`
+	// Repo and Tag are the one image the grant may write, Reads the
+	// repositories whose tags it may resolve besides Repo (grant.allows).
+	Repo  string   `json:"repo"`
+	Tag   string   `json:"tag"`
+	Reads []string `json:"reads,omitempty"`
 }
 
 func grantKey(user string) string { return "grants/" + user }
 
-func (s *Store) putGrant(user, password, repo, tag string) error {
+func (s *Store) putGrant(user, password, repo, tag string, reads []string) error {
 	if s.remote == nil {
 		return nil
 	}
 	sum := sha256.Sum256([]byte(password))
-	b, err := json.Marshal(remoteGrant{PasswordSHA256: hex.EncodeToString(sum[:]), NotAfter: time.Now().Add(grantTTL).UTC(), Repo: repo, Tag: tag})
+	b, err := json.Marshal(remoteGrant{PasswordSHA256: hex.EncodeToString(sum[:]), NotAfter: time.Now().Add(grantTTL).UTC(), Repo: repo, Tag: tag, Reads: reads})
 	if err != nil {
 		return err
 	}
@@ -341,5 +343,5 @@ func (s *Store) checkGrant(user, password string) (grant, bool) {
 	if subtle.ConstantTimeCompare([]byte(hex.EncodeToString(sum[:])), []byte(g.PasswordSHA256)) != 1 {
 		return grant{}, false
 	}
-	return grant{repo: g.Repo, tag: g.Tag}, true
+	return grant{repo: g.Repo, tag: g.Tag, reads: g.Reads}, true
 }

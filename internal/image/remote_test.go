@@ -213,10 +213,20 @@ func TestRemoteBuildGrantAcrossReplicas(t *testing.T) {
 	a, b := NewRegistry(openShared(t, remote)), NewRegistry(openShared(t, remote))
 	a.RequireBasicAuth("cubicle", "a-secret")
 	b.RequireBasicAuth("cubicle", "b-secret")
-	user, pass, revoke, err := a.GrantBuild("cubicle/tpl", "b1")
+	user, pass, revoke, err := a.GrantBuild("cubicle/tpl", "b1", "cubicle/parent")
 	must(t, err)
 	try := func(r *Registry, u, p string) int {
 		return tryUpload(r, "cubicle/tpl", u, p)
+	}
+	// So do the repositories whose tags it may resolve.
+	for repo, denied := range map[string]bool{"cubicle/other": true, "cubicle/parent": false, "cubicle/tpl": false} {
+		req := httptest.NewRequest(http.MethodGet, "/v2/"+repo+"/manifests/latest", nil)
+		req.SetBasicAuth(user, pass)
+		rec := httptest.NewRecorder()
+		b.ServeHTTP(rec, req)
+		if (rec.Code == http.StatusForbidden) != denied {
+			t.Fatalf("grant of replica A resolving a tag of %s on replica B: %d", repo, rec.Code)
+		}
 	}
 	// The grant's scope travels with it: on replica B too it writes only
 	// the build's own repository.

@@ -56,10 +56,12 @@ type Solver struct {
 	// (dataplane.Client.DialBuilder).
 	Dial func(ctx context.Context, nodeID, dataAddr string) (net.Conn, error)
 	// Grant makes the credentials of one build for the control plane's
-	// registry (image.Registry.GrantBuild), valid until revoke and for
-	// writing only the build's image repo:tag: the build's session hands
-	// them to the builder's buildkitd for RegistryHost.
-	Grant func(repo, tag string) (creds buildkit.Credentials, revoke func(), err error)
+	// registry (image.Registry.GrantBuild), valid until revoke, for
+	// writing only the build's image repo:tag and resolving tags only of
+	// repo and reads (the Dockerfile's images in that registry): the
+	// build's session hands them to the builder's buildkitd for
+	// RegistryHost.
+	Grant func(repo, tag string, reads []string) (creds buildkit.Credentials, revoke func(), err error)
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 
@@ -141,7 +143,7 @@ func (s *Solver) Solve(ctx context.Context, dockerfile []byte, contextDir string
 	}
 	defer release()
 	log("info", "building on node "+n.ID, 0)
-	creds, revoke, err := s.Grant(ref[:i], ref[i+1:])
+	creds, revoke, err := s.Grant(ref[:i], ref[i+1:], registryRepos(dockerfile))
 	if err != nil {
 		return fmt.Errorf("registry credentials for the build: %w", err)
 	}
@@ -156,6 +158,32 @@ func (s *Solver) Solve(ctx context.Context, dockerfile []byte, contextDir string
 		err = fmt.Errorf("builder node %s: %w", n.ID, err)
 	}
 	return SolveError(err)
+}
+
+// registryRepos is the repository in the control plane's registry that
+// dockerfile builds FROM, if any: the tags a build's credentials may
+// resolve besides its own image's. The renderer writes FROM as the first
+// line and the user's steps after it, so only the first line is read.
+func registryRepos(dockerfile []byte) []string {
+	line, _, _ := strings.Cut(string(dockerfile), "\n")
+	f := strings.Fields(line)
+	if len(f) < 2 || !strings.EqualFold(f[0], "FROM") {
+		return nil
+	}
+	ref, ok := strings.CutPrefix(f[1], RegistryHost+"/")
+	if !ok {
+		return nil
+	}
+	if i := strings.IndexByte(ref, '@'); i >= 0 {
+		ref = ref[:i]
+	}
+	if i := strings.LastIndexByte(ref, ':'); i >= 0 && !strings.Contains(ref[i:], "/") {
+		ref = ref[:i]
+	}
+	if ref == "" {
+		return nil
+	}
+	return []string{ref}
 }
 
 // SolveError gives a buildkit build error the builder's type (the

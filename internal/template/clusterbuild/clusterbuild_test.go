@@ -139,6 +139,6 @@ func refuseDial(context.Context, string, string) (net.Conn, error) {
 	return nil, errors.New("not dialled in this test")
 }
 
-func noGrant(string, string) (buildkit.Credentials, func(), error) {
+func noGrant(string, string, []string) (buildkit.Credentials, func(), error) {
 	return buildkit.Credentials{}, func() {}, nil
 }
