@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
+	"path/filepath"
 	"text/tabwriter"
 	"time"
 
@@ -87,7 +89,7 @@ when it had joined but never registered. It is refused while any live sandbox na
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return with(cmd, func(ctx context.Context, st store.Store) error {
-				release, err := claimForForget(ctx, storeDSN, args[0])
+				release, err := claimForForget(ctx, storeDSN, dataDir, args[0])
 				if err != nil {
 					return err
 				}
@@ -111,13 +113,21 @@ when it had joined but never registered. It is refused while any live sandbox na
 }
 
 // claimForForget takes node id's claim (the one an embedded serve holds
-// for its whole life on PostgreSQL, serve's "node/<id>") for the forget:
-// held, the node is alive in a running serve, and a forget, which
-// declares it dead, is refused. Taken, it keeps such a serve from
-// starting until the forget is done. SQLite has no claims: nothing to take.
-func claimForForget(ctx context.Context, dsn, id string) (release func(), err error) {
+// for its whole life: serve's "node/<id>", on PostgreSQL an advisory lock,
+// on SQLite a file lock in the data dir) for the forget: held, the node is
+// alive in a running serve, and a forget, which declares it dead, is
+// refused. Taken, it keeps such a serve from starting until the forget is
+// done.
+func claimForForget(ctx context.Context, dsn, dataDir, id string) (release func(), err error) {
+	held := func(err error) error {
+		return fmt.Errorf("an embedded `cubicle serve` runs node %s (%w): it is alive, so it is not forgotten; stop that serve first", id, err)
+	}
 	if dsn == "" {
-		return func() {}, nil
+		release, err := lease.ClaimFile(nodeClaimFile(dataDir, id), nodeClaim(id))
+		if errors.Is(err, lease.ErrHeld) {
+			return nil, held(err)
+		}
+		return release, err
 	}
 	pl, err := lease.NewPostgres(dsn, 0, slog.New(slog.DiscardHandler))
 	if err != nil {
@@ -125,7 +135,7 @@ func claimForForget(ctx context.Context, dsn, id string) (release func(), err er
 	}
 	claim, err := pl.Claim(ctx, nodeClaim(id))
 	if errors.Is(err, lease.ErrHeld) {
-		return nil, fmt.Errorf("an embedded `cubicle serve` runs node %s (%w): it is alive, so it is not forgotten; stop that serve first", id, err)
+		return nil, held(err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("node %s: %w", id, err)
@@ -135,6 +145,12 @@ func claimForForget(ctx context.Context, dsn, id string) (release func(), err er
 
 // nodeClaim is the lease.Claim an embedded serve holds for its node ID.
 func nodeClaim(id string) string { return "node/" + id }
+
+// nodeClaimFile is nodeClaim's lock file on SQLite, in the data dir that
+// holds the database (the ID escaped, so it stays one file name).
+func nodeClaimFile(dataDir, id string) string {
+	return filepath.Join(dataDir, "claims", "node-"+url.PathEscape(id))
+}
 
 func getNode(ctx context.Context, st store.Store, id string) (*store.Node, error) {
 	n, err := st.GetNode(ctx, id)

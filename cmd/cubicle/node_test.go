@@ -197,3 +197,40 @@ func TestNodeForgetRefusesAClaimedEmbeddedNode(t *testing.T) {
 	}
 	again.Close()
 }
+
+// On SQLite the claim is a file lock in the data dir (serve takes it for
+// its embedded node): held, forget is refused and changes nothing; free,
+// it goes ahead.
+func TestNodeForgetRefusesAClaimedEmbeddedNodeOnSQLite(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	st, err := openStore(ctx, dir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if err := st.RegisterNode(ctx, &store.Node{ID: "local", Runtime: "runc", Capacity: store.Capacity{MilliCPU: 2000, MemoryMiB: 4096}}); err != nil {
+		t.Fatal(err)
+	}
+	release, err := lease.ClaimFile(nodeClaimFile(dir, "local"), nodeClaim("local"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = run(t, "node", "forget", "local", "--data-dir", dir)
+	if err == nil || !strings.Contains(err.Error(), "runs node local") {
+		release()
+		t.Fatalf("forget a node an embedded serve runs: %v", err)
+	}
+	if _, err := st.GetNode(ctx, "local"); err != nil {
+		t.Fatalf("a refused forget removed the row: %v", err)
+	}
+	release()
+	if out, err := run(t, "node", "forget", "local", "--data-dir", dir); err != nil || !strings.Contains(out, "forgotten") {
+		t.Fatalf("forget once the serve is gone: %q %v", out, err)
+	}
+	again, err := lease.ClaimFile(nodeClaimFile(dir, "local"), nodeClaim("local"))
+	if err != nil {
+		t.Fatalf("claim after the forget: %v", err)
+	}
+	again()
+}

@@ -237,6 +237,18 @@ func serve(ctx context.Context, o serveOptions) error {
 		return err
 	}
 	defer closeLocks()
+	if o.store == "" && o.embeddedNode {
+		// SQLite has no lease server; the same one-process-per-node-ID
+		// rule, and the forget guard, through a file lock in the data dir.
+		release, err := lease.ClaimFile(nodeClaimFile(o.dataDir, o.nodeID), nodeClaim(o.nodeID))
+		if errors.Is(err, lease.ErrHeld) {
+			return fmt.Errorf("--node-id %s: another `cubicle serve` on data dir %s runs the node of that ID (%w)", o.nodeID, o.dataDir, err)
+		}
+		if err != nil {
+			return fmt.Errorf("--node-id %s: %w", o.nodeID, err)
+		}
+		defer release()
+	}
 	if pl, ok := leaser.(*lease.Postgres); ok && o.embeddedNode {
 		// One process per node ID: two embedded replicas on one database
 		// with the same --node-id would each drive the other's sandboxes

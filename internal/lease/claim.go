@@ -102,6 +102,10 @@ func (c *Claim) Close() {
 	defer c.mu.Unlock()
 	if c.conn != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), c.p.poll)
+		// Unlocked before the close returns: a closed connection's backend
+		// drops its locks only when it exits, after Close, so the next
+		// taker (a serve restarting, a forget) could still find it held.
+		c.conn.Exec(ctx, `SELECT pg_advisory_unlock($1)`, c.key)
 		c.conn.Close(ctx)
 		cancel()
 		c.conn = nil
