@@ -588,6 +588,11 @@ func TestLostPausedWithPackageSurvivesTheGrace(t *testing.T) {
 	if row.State != store.StateLost || row.PausePackage == nil {
 		t.Fatalf("a lost pause with a package past the grace: %s (package %+v)", row.State, row.PausePackage)
 	}
+	// It does not hold its dead node: the operator forgets that, and it
+	// still moves at its next connect.
+	if err := c.st.ForgetNode(ctx, from); err != nil {
+		t.Fatalf("forget the lost node of a movable pause: %v", err)
+	}
 	got, resumed, err := c.m.Connect(ctx, paused.ID, time.Minute, false)
 	if err != nil || !resumed || got.Node == from {
 		t.Fatalf("connect past the grace: %v (resumed %v, node %v)", err, resumed, got)

@@ -129,8 +129,13 @@ func (s *Store) forgetNodeTx(ctx context.Context, id string) error {
 		return err
 	}
 	defer tx.Rollback()
+	// A sandbox lost while paused, with its pause's package and no volume
+	// (control's movesWhenLost), resumes elsewhere at its next connect: it
+	// does not hold the node, and its row stays.
 	var live int
-	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM sandboxes WHERE node=? AND state != ?`, id, string(store.StateKilled)).Scan(&live); err != nil {
+	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM sandboxes WHERE node=? AND state != ?
+AND NOT (state = ? AND pause_package != '' AND volumes IN ('', '[]', 'null'))`,
+		id, string(store.StateKilled), string(store.StateLost)).Scan(&live); err != nil {
 		return err
 	}
 	if live > 0 {

@@ -13,6 +13,7 @@ import (
 func runNodes(t *testing.T, open func(t *testing.T) store.Store) {
 	t.Run("NodeRegistry", func(t *testing.T) { testNodeRegistry(t, open(t)) })
 	t.Run("NodeForgetGuard", func(t *testing.T) { testNodeForget(t, open(t)) })
+	t.Run("NodeForgetLeavesMovablePaused", func(t *testing.T) { testNodeForgetMovable(t, open(t)) })
 	t.Run("CapacityLedgerFollowsKills", func(t *testing.T) { testCapacityKills(t, open(t)) })
 }
 
@@ -152,6 +153,60 @@ func testNodeForget(t *testing.T, s store.Store) {
 	}
 	if err := s.ReserveCapacity(ctx, a.ID, "n2", store.Capacity{MilliCPU: 500}, func(_, _ store.Capacity) error { return nil }); err != nil {
 		t.Fatalf("reserve after the old node was forgotten: %v", err)
+	}
+}
+
+// testNodeForgetMovable: a sandbox lost while paused whose pause has a
+// package and which mounts no volume resumes on another node at its next
+// connect, so it does not keep its lost node from being forgotten; its row
+// stays (lost, naming the node) and its reservation goes with the node's.
+// One lost with a volume still holds the node (the seed: its attachments
+// wait for the node or the forget of a node it no longer names).
+func testNodeForgetMovable(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	if err := s.RegisterNode(ctx, &store.Node{ID: "gone"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetAllocatable(ctx, "gone", store.Capacity{MilliCPU: 4000}); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	mv, vol, bare := sample("mmmmmmmmmmmmmmmmmmmm", now), sample("vvvvvvvvvvvvvvvvvvvv", now), sample("llllllllllllllllllll", now)
+	if err := s.CreateVolume(ctx, &store.Volume{ID: "pv", Name: "pv", Driver: "s3", State: store.VolumeReady}); err != nil {
+		t.Fatal(err)
+	}
+	vol.Volumes = []store.VolumeMount{{VolumeID: "pv", Path: "/data"}}
+	for _, sb := range []*store.Sandbox{mv, vol, bare} {
+		sb.Node, sb.State = "gone", store.StateLost
+	}
+	mv.PausePackage = &store.PausePackage{SnapshotID: "pkg-mv"}
+	vol.PausePackage = &store.PausePackage{SnapshotID: "pkg-vol"}
+	for _, sb := range []*store.Sandbox{mv, vol, bare} {
+		if err := s.CreateSandbox(ctx, sb); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.ReserveCapacity(ctx, sb.ID, "gone", store.Capacity{MilliCPU: 1000}, func(_, _ store.Capacity) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var inUse *store.NodeInUseError
+	if err := s.ForgetNode(ctx, "gone"); !errors.As(err, &inUse) || inUse.Sandboxes != 2 {
+		t.Fatalf("forget a node holding a lost sandbox with a volume and one without a package: %v, want 2 in use", err)
+	}
+	for _, id := range []string{vol.ID, bare.ID} {
+		if _, err := s.CompareAndSetState(ctx, id, []store.SandboxState{store.StateLost}, store.StateKilled); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.ForgetNode(ctx, "gone"); err != nil {
+		t.Fatalf("forget a node whose only live sandbox moves at its next connect: %v", err)
+	}
+	got, err := s.GetSandbox(ctx, mv.ID)
+	if err != nil || got.State != store.StateLost || got.Node != "gone" || got.PausePackage == nil || got.PausePackage.SnapshotID != "pkg-mv" {
+		t.Fatalf("the movable sandbox after the forget: %+v %v", got, err)
+	}
+	if c, err := s.CommittedCapacity(ctx); err != nil || len(c) != 0 {
+		t.Fatalf("the forgotten node's reservations remain: %v %v", c, err)
 	}
 }
 
