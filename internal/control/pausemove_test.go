@@ -44,6 +44,32 @@ func eventWith(evs []string, prefix string) bool {
 	return slices.ContainsFunc(evs, func(e string) bool { return strings.HasPrefix(e, prefix) })
 }
 
+// paused creates a sandbox with opts (template "tpl" for a minute unless
+// they say otherwise) and pauses it, with its memory when keepMemory. It
+// returns the sandbox as created and its row after the pause (the pause
+// package is on the row only).
+func (c *cluster) paused(t *testing.T, opts CreateOptions, keepMemory bool) (sb, row *store.Sandbox) {
+	t.Helper()
+	ctx := context.Background()
+	if opts.TemplateID == "" {
+		opts.TemplateID = "tpl"
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = time.Minute
+	}
+	sb, err := c.m.Create(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.m.Pause(ctx, sb.ID, keepMemory); err != nil {
+		t.Fatal(err)
+	}
+	if row, err = c.st.GetSandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	return sb, row
+}
+
 // A filesystem pause with a snapshot store is packaged in the pause call;
 // when the sandbox's node is lost, connect resumes it on the other node,
 // which fetches the package (real bytes through versitygw) and boots the
@@ -53,15 +79,8 @@ func eventWith(evs []string, prefix string) bool {
 func TestPausedSandboxResumesOnAnotherNode(t *testing.T) {
 	ctx := context.Background()
 	c, gw := newSnapCluster(t, true)
-	sb, err := c.m.Create(ctx, CreateOptions{TemplateID: "tpl", Timeout: time.Minute, EnvVars: map[string]string{"K": "v"}, Metadata: map[string]string{"m": "1"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sb, row := c.paused(t, CreateOptions{EnvVars: map[string]string{"K": "v"}, Metadata: map[string]string{"m": "1"}}, false)
 	from, to := sb.Node, other(sb.Node)
-	if err := c.m.Pause(ctx, sb.ID, false); err != nil {
-		t.Fatal(err)
-	}
-	row, _ := c.st.GetSandbox(ctx, sb.ID)
 	pp := row.PausePackage
 	if pp == nil || pp.FilesOnly {
 		t.Fatalf("pause package after a filesystem pause: %+v", pp)
@@ -160,11 +179,7 @@ func TestPausedSandboxResumesOnAnotherNode(t *testing.T) {
 func TestStalePausePackageRefused(t *testing.T) {
 	ctx := context.Background()
 	c, gw := newSnapCluster(t, true)
-	sb := c.create(t)
-	if err := c.m.Pause(ctx, sb.ID, false); err != nil {
-		t.Fatal(err)
-	}
-	row, _ := c.st.GetSandbox(ctx, sb.ID)
+	sb, row := c.paused(t, CreateOptions{}, false)
 	first := row.PausePackage.SnapshotID
 	if _, _, err := c.m.Connect(ctx, sb.ID, time.Minute, false); err != nil {
 		t.Fatal(err)
@@ -221,10 +236,7 @@ func TestPinnedPausedSandboxes(t *testing.T) {
 	}
 	t.Run("NoSnapshotStore", func(t *testing.T) {
 		c, _ := newSnapCluster(t, false)
-		sb := c.create(t)
-		if err := c.m.Pause(ctx, sb.ID, false); err != nil {
-			t.Fatal(err)
-		}
+		sb, _ := c.paused(t, CreateOptions{}, false)
 		refused(t, c, sb, "--snapshot-store")
 	})
 	t.Run("BootedByPath", func(t *testing.T) {
@@ -232,19 +244,12 @@ func TestPinnedPausedSandboxes(t *testing.T) {
 		for _, n := range c.nodes {
 			n.pulls = false
 		}
-		sb := c.create(t)
-		if err := c.m.Pause(ctx, sb.ID, false); err != nil {
-			t.Fatal(err)
-		}
+		sb, _ := c.paused(t, CreateOptions{}, false)
 		refused(t, c, sb, "not by reference")
 	})
 	pausedWith := func(t *testing.T, edit func(c *cluster, sb *store.Sandbox)) (*cluster, *store.Sandbox) {
 		c, _ := newSnapCluster(t, true)
-		sb := c.create(t)
-		if err := c.m.Pause(ctx, sb.ID, false); err != nil {
-			t.Fatal(err)
-		}
-		row, _ := c.st.GetSandbox(ctx, sb.ID)
+		_, row := c.paused(t, CreateOptions{}, false)
 		edit(c, row)
 		if err := c.st.UpdateSandbox(ctx, row); err != nil {
 			t.Fatal(err)
@@ -266,10 +271,7 @@ func TestPinnedPausedSandboxes(t *testing.T) {
 	})
 	t.Run("CordonedResumesInPlace", func(t *testing.T) {
 		c, _ := newSnapCluster(t, false)
-		sb := c.create(t)
-		if err := c.m.Pause(ctx, sb.ID, false); err != nil {
-			t.Fatal(err)
-		}
+		sb, _ := c.paused(t, CreateOptions{}, false)
 		if _, err := c.st.SetNodeFlags(ctx, sb.Node, true, false); err != nil {
 			t.Fatal(err)
 		}
@@ -285,11 +287,7 @@ func TestPinnedPausedSandboxes(t *testing.T) {
 func TestRuncMemoryPauseMovesOnlyWithReboot(t *testing.T) {
 	ctx := context.Background()
 	c, _ := newSnapCluster(t, true)
-	sb := c.create(t)
-	if err := c.m.Pause(ctx, sb.ID, true); err != nil {
-		t.Fatal(err)
-	}
-	row, _ := c.st.GetSandbox(ctx, sb.ID)
+	sb, row := c.paused(t, CreateOptions{}, true)
 	if row.PausePackage == nil || !row.PausePackage.FilesOnly {
 		t.Fatalf("package of a runc memory pause: %+v", row.PausePackage)
 	}
@@ -322,11 +320,7 @@ func TestRunscMemoryPauseMovesWithMemory(t *testing.T) {
 	for _, n := range c.nodes {
 		n.snapKind = runtime.SnapshotMemory
 	}
-	sb := c.create(t)
-	if err := c.m.Pause(ctx, sb.ID, true); err != nil {
-		t.Fatal(err)
-	}
-	row, _ := c.st.GetSandbox(ctx, sb.ID)
+	sb, row := c.paused(t, CreateOptions{}, true)
 	pp := row.PausePackage
 	if pp == nil || pp.FilesOnly {
 		t.Fatalf("package of a runsc memory pause: %+v", pp)
@@ -364,10 +358,7 @@ func TestRunscMemoryPauseMovesWithMemory(t *testing.T) {
 func TestResumeFailureMovesPaused(t *testing.T) {
 	ctx := context.Background()
 	c, _ := newSnapCluster(t, true)
-	sb := c.create(t)
-	if err := c.m.Pause(ctx, sb.ID, false); err != nil {
-		t.Fatal(err)
-	}
+	sb, _ := c.paused(t, CreateOptions{}, false)
 	c.nodes[sb.Node].down.Store(true) // silent, not yet judged lost
 	got, _, err := c.m.Connect(ctx, sb.ID, time.Minute, false)
 	if err != nil || got.Node != other(sb.Node) {
@@ -448,16 +439,9 @@ func TestPausedSandboxMovesWithVolumes(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			c, _ := newSnapCluster(t, true)
 			v := c.withSharedVolume(t)
-			sb, err := c.m.Create(ctx, CreateOptions{TemplateID: "tpl", TeamID: store.DefaultTeamID, Timeout: time.Minute,
-				VolumeMounts: []VolumeMount{{Name: "data", Path: "/data"}}})
-			if err != nil {
-				t.Fatal(err)
-			}
+			sb, row := c.paused(t, CreateOptions{TeamID: store.DefaultTeamID, VolumeMounts: []VolumeMount{{Name: "data", Path: "/data"}}}, false)
 			from, to := sb.Node, other(sb.Node)
-			if err := c.m.Pause(ctx, sb.ID, false); err != nil {
-				t.Fatal(err)
-			}
-			if row, _ := c.st.GetSandbox(ctx, sb.ID); row.PausePackage == nil {
+			if row.PausePackage == nil {
 				t.Fatalf("a sandbox with a shared volume was not packaged")
 			}
 			if lost {
@@ -498,10 +482,7 @@ func TestPausedSandboxMovesWithVolumes(t *testing.T) {
 func TestReturnedRunningClearsPausePackage(t *testing.T) {
 	ctx := context.Background()
 	c, _ := newSnapCluster(t, true)
-	sb := c.create(t)
-	if err := c.m.Pause(ctx, sb.ID, false); err != nil {
-		t.Fatal(err)
-	}
+	sb, _ := c.paused(t, CreateOptions{}, false)
 	c.loseNode(t, sb.Node)
 	c.nodes[sb.Node].down.Store(false) // the fake node reports its sandboxes running
 	beatAt(t, c.st, sb.Node, time.Now())
@@ -522,15 +503,8 @@ func TestReturnedRunningClearsPausePackage(t *testing.T) {
 func TestPausePackageOfForgottenNodeIsPurged(t *testing.T) {
 	ctx := context.Background()
 	c, gw := newSnapCluster(t, true)
-	sb, err := c.m.Create(ctx, CreateOptions{TemplateID: "tpl", Timeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sb, row := c.paused(t, CreateOptions{}, false)
 	from := sb.Node
-	if err := c.m.Pause(ctx, sb.ID, false); err != nil {
-		t.Fatal(err)
-	}
-	row, _ := c.st.GetSandbox(ctx, sb.ID)
 	if row.PausePackage == nil {
 		t.Fatal("no pause package")
 	}
@@ -563,15 +537,9 @@ func TestPausePackageOfForgottenNodeIsPurged(t *testing.T) {
 func TestLostPausedWithPackageSurvivesTheGrace(t *testing.T) {
 	ctx := context.Background()
 	c, _ := newSnapCluster(t, true)
-	paused, err := c.m.Create(ctx, CreateOptions{TemplateID: "tpl", Timeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	paused, row := c.paused(t, CreateOptions{}, false)
 	from := paused.Node
-	if err := c.m.Pause(ctx, paused.ID, false); err != nil {
-		t.Fatal(err)
-	}
-	if row, _ := c.st.GetSandbox(ctx, paused.ID); row.PausePackage == nil {
+	if row.PausePackage == nil {
 		t.Fatal("no pause package")
 	}
 	c.loseNode(t, from)
@@ -584,7 +552,7 @@ func TestLostPausedWithPackageSurvivesTheGrace(t *testing.T) {
 	if err := c.m.detectNodeLoss(ctx); err != nil {
 		t.Fatal(err)
 	}
-	row, _ := c.st.GetSandbox(ctx, paused.ID)
+	row, _ = c.st.GetSandbox(ctx, paused.ID)
 	if row.State != store.StateLost || row.PausePackage == nil {
 		t.Fatalf("a lost pause with a package past the grace: %s (package %+v)", row.State, row.PausePackage)
 	}
@@ -601,15 +569,8 @@ func TestLostPausedWithVolumesKilledAfterTheGrace(t *testing.T) {
 	ctx := context.Background()
 	c, _ := newSnapCluster(t, true)
 	c.withSharedVolume(t)
-	sb, err := c.m.Create(ctx, CreateOptions{TemplateID: "tpl", TeamID: store.DefaultTeamID, Timeout: time.Minute,
-		VolumeMounts: []VolumeMount{{Name: "data", Path: "/data"}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.m.Pause(ctx, sb.ID, false); err != nil {
-		t.Fatal(err)
-	}
-	if row, _ := c.st.GetSandbox(ctx, sb.ID); row.PausePackage == nil {
+	sb, row := c.paused(t, CreateOptions{TeamID: store.DefaultTeamID, VolumeMounts: []VolumeMount{{Name: "data", Path: "/data"}}}, false)
+	if row.PausePackage == nil {
 		t.Fatal("no pause package")
 	}
 	c.loseNode(t, sb.Node)
@@ -636,14 +597,7 @@ func TestLostPausedWithVolumesKilledAfterTheGrace(t *testing.T) {
 func TestPausePackageKeptBeforeItsRowNamesIt(t *testing.T) {
 	ctx := context.Background()
 	c, gw := newSnapCluster(t, true)
-	sb, err := c.m.Create(ctx, CreateOptions{TemplateID: "tpl", Timeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.m.Pause(ctx, sb.ID, false); err != nil {
-		t.Fatal(err)
-	}
-	row, _ := c.st.GetSandbox(ctx, sb.ID)
+	sb, row := c.paused(t, CreateOptions{}, false)
 	// The window of packagePause: the snapshot is taken and pushed, the
 	// row does not name it yet.
 	row.PausePackage = nil
@@ -681,14 +635,8 @@ func TestPausePackageKeptBeforeItsRowNamesIt(t *testing.T) {
 func TestReturnedWithoutPausedSandboxMovesAtConnect(t *testing.T) {
 	ctx := context.Background()
 	c, _ := newSnapCluster(t, true)
-	sb, err := c.m.Create(ctx, CreateOptions{TemplateID: "tpl", Timeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sb, _ := c.paused(t, CreateOptions{}, false)
 	from, to := sb.Node, other(sb.Node)
-	if err := c.m.Pause(ctx, sb.ID, false); err != nil {
-		t.Fatal(err)
-	}
 	c.loseNode(t, from)
 	// It comes back without the sandbox.
 	if err := c.nodes[from].fakeNode.Delete(ctx, sb.ID); err != nil {
