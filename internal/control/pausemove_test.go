@@ -15,6 +15,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/scheduler/storeledger"
 	"github.com/cubicle-dev/cubicle/internal/snapstore"
 	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/internal/volume/s3/s3test"
 )
 
 // loseNode makes nodeID silent (its calls fail as an unreachable node's
@@ -68,6 +69,41 @@ func (c *cluster) paused(t *testing.T, opts CreateOptions, keepMemory bool) (sb,
 		t.Fatal(err)
 	}
 	return sb, row
+}
+
+// moveRefused loses sb's node; connect must then refuse to move sb with
+// ErrConflict naming want, and change nothing: the row stays lost on its
+// node, and the other node has no copy.
+func (c *cluster) moveRefused(t *testing.T, sb *store.Sandbox, want string) {
+	t.Helper()
+	ctx := context.Background()
+	c.loseNode(t, sb.Node)
+	_, _, err := c.m.Connect(ctx, sb.ID, time.Minute, false)
+	if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("connect: %v, want ErrConflict naming %q", err, want)
+	}
+	if row, _ := c.st.GetSandbox(ctx, sb.ID); row.State != store.StateLost || row.Node != sb.Node {
+		t.Fatalf("a refused move changed the row: %s on %s", row.State, row.Node)
+	}
+	if c.nodes[other(sb.Node)].has(sb.ID) {
+		t.Fatalf("a refused move left a sandbox on the other node")
+	}
+}
+
+// killPurges kills sandbox id and runs the snapshot pass, which must
+// delete the objects of its pause package snapshotID from gw.
+func (c *cluster) killPurges(t *testing.T, gw *s3test.Server, id, snapshotID string) {
+	t.Helper()
+	ctx := context.Background()
+	if err := c.m.Kill(ctx, id, "done"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.m.reconcileSnapshots(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if keys := gw.Keys(t, snapshotID+"/"); len(keys) != 0 {
+		t.Fatalf("pause package %s left after its sandbox was killed: %v", snapshotID, keys)
+	}
 }
 
 // A filesystem pause with a snapshot store is packaged in the pause call;
@@ -161,15 +197,7 @@ func TestPausedSandboxResumesOnAnotherNode(t *testing.T) {
 		t.Fatalf("the reconcile removed the sandbox from its new node")
 	}
 	// Killed: its chain (the pause package among it) is purged.
-	if err := c.m.Kill(ctx, sb.ID, "done"); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.m.reconcileSnapshots(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if keys := gw.Keys(t, pp.SnapshotID+"/"); len(keys) != 0 {
-		t.Fatalf("pause package left after the sandbox was killed: %v", keys)
-	}
+	c.killPurges(t, gw, sb.ID, pp.SnapshotID)
 }
 
 // A package is only ever this pause's: a resume clears it (and the next
@@ -203,41 +231,17 @@ func TestStalePausePackageRefused(t *testing.T) {
 	if evs := c.events(t, sb.ID); !eventWith(evs, "pause-package-failed") {
 		t.Fatalf("events: %q", evs)
 	}
-	c.loseNode(t, sb.Node)
-	_, _, err := c.m.Connect(ctx, sb.ID, time.Minute, false)
-	if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "no package") {
-		t.Fatalf("connect without a package of the current pause: %v, want ErrConflict naming it", err)
-	}
-	if row, _ = c.st.GetSandbox(ctx, sb.ID); row.State != store.StateLost || row.Node != sb.Node {
-		t.Fatalf("a refused move changed the row: %s on %s", row.State, row.Node)
-	}
-	if c.nodes[other(sb.Node)].has(sb.ID) {
-		t.Fatalf("a refused move left a sandbox on the other node")
-	}
+	c.moveRefused(t, sb, "no package")
 }
 
 // Pinned paused sandboxes: each refusal is 409 with the reason and
 // changes nothing; a pinned sandbox on a cordoned node resumes there.
 func TestPinnedPausedSandboxes(t *testing.T) {
 	ctx := context.Background()
-	refused := func(t *testing.T, c *cluster, sb *store.Sandbox, want string) {
-		t.Helper()
-		c.loseNode(t, sb.Node)
-		_, _, err := c.m.Connect(ctx, sb.ID, time.Minute, false)
-		if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), want) {
-			t.Fatalf("connect: %v, want ErrConflict naming %q", err, want)
-		}
-		if row, _ := c.st.GetSandbox(ctx, sb.ID); row.State != store.StateLost || row.Node != sb.Node {
-			t.Fatalf("a refused move changed the row: %s on %s", row.State, row.Node)
-		}
-		if c.nodes[other(sb.Node)].has(sb.ID) {
-			t.Fatalf("a refused move left a sandbox on the other node")
-		}
-	}
 	t.Run("NoSnapshotStore", func(t *testing.T) {
 		c, _ := newSnapCluster(t, false)
 		sb, _ := c.paused(t, CreateOptions{}, false)
-		refused(t, c, sb, "--snapshot-store")
+		c.moveRefused(t, sb, "--snapshot-store")
 	})
 	t.Run("BootedByPath", func(t *testing.T) {
 		c, _ := newSnapCluster(t, true)
@@ -245,7 +249,7 @@ func TestPinnedPausedSandboxes(t *testing.T) {
 			n.pulls = false
 		}
 		sb, _ := c.paused(t, CreateOptions{}, false)
-		refused(t, c, sb, "not by reference")
+		c.moveRefused(t, sb, "not by reference")
 	})
 	pausedWith := func(t *testing.T, edit func(c *cluster, sb *store.Sandbox)) (*cluster, *store.Sandbox) {
 		c, _ := newSnapCluster(t, true)
@@ -258,7 +262,7 @@ func TestPinnedPausedSandboxes(t *testing.T) {
 	}
 	t.Run("Accelerators", func(t *testing.T) {
 		c, sb := pausedWith(t, func(_ *cluster, sb *store.Sandbox) { sb.Accelerators = `[{"count":1}]` })
-		refused(t, c, sb, "accelerators")
+		c.moveRefused(t, sb, "accelerators")
 	})
 	t.Run("LocalVolume", func(t *testing.T) {
 		c, sb := pausedWith(t, func(c *cluster, sb *store.Sandbox) {
@@ -267,7 +271,7 @@ func TestPinnedPausedSandboxes(t *testing.T) {
 			}
 			sb.Volumes = []store.VolumeMount{{VolumeID: "vol", Path: "/data"}}
 		})
-		refused(t, c, sb, "local driver")
+		c.moveRefused(t, sb, "local driver")
 	})
 	t.Run("CordonedResumesInPlace", func(t *testing.T) {
 		c, _ := newSnapCluster(t, false)
@@ -291,14 +295,7 @@ func TestRuncMemoryPauseMovesOnlyWithReboot(t *testing.T) {
 	if row.PausePackage == nil || !row.PausePackage.FilesOnly {
 		t.Fatalf("package of a runc memory pause: %+v", row.PausePackage)
 	}
-	c.loseNode(t, sb.Node)
-	_, _, err := c.m.Connect(ctx, sb.ID, time.Minute, false)
-	if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "reboot") {
-		t.Fatalf("connect keeping memory: %v, want ErrConflict naming the reboot", err)
-	}
-	if row, _ = c.st.GetSandbox(ctx, sb.ID); row.State != store.StateLost || row.Node != sb.Node {
-		t.Fatalf("a refused move changed the row: %s on %s", row.State, row.Node)
-	}
+	c.moveRefused(t, sb, "reboot") // keeping its memory
 	got, _, err := c.m.Connect(ctx, sb.ID, time.Minute, true)
 	if err != nil || got.Node != other(sb.Node) {
 		t.Fatalf("connect with reboot: %v", err)
@@ -516,15 +513,8 @@ func TestPausePackageOfForgottenNodeIsPurged(t *testing.T) {
 	if err := c.st.ForgetNode(ctx, from); err != nil {
 		t.Fatalf("forget the lost node the sandbox left: %v", err)
 	}
-	if err := c.m.Kill(ctx, sb.ID, "done"); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.m.reconcileSnapshots(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if keys := gw.Keys(t, pp.SnapshotID+"/"); len(keys) != 0 {
-		t.Fatalf("pause package of the forgotten node left after its sandbox was killed: %v", keys)
-	}
+	// The forgotten node's package goes all the same.
+	c.killPurges(t, gw, sb.ID, pp.SnapshotID)
 	if _, err := c.st.GetSnapshot(ctx, pp.SnapshotID); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("pause package row after the pass: %v", err)
 	}
@@ -618,15 +608,7 @@ func TestPausePackageKeptBeforeItsRowNamesIt(t *testing.T) {
 		t.Fatalf("its row: %v", err)
 	}
 	// Once the sandbox is killed, it goes.
-	if err := c.m.Kill(ctx, sb.ID, "done"); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.m.reconcileSnapshots(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if keys := gw.Keys(t, info.ID+"/"); len(keys) != 0 {
-		t.Fatalf("package left after the sandbox was killed: %v", keys)
-	}
+	c.killPurges(t, gw, sb.ID, info.ID)
 }
 
 // A lost node that returns without a paused sandbox (its data dir was
