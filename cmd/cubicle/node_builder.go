@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -34,27 +33,9 @@ func startNodeBuilder(ctx context.Context, o *nodeRunOptions, netm *network.Linu
 	if u.Port() == "" {
 		cpAddr = net.JoinHostPort(u.Hostname(), "443")
 	}
-	bin := o.buildkitd
-	if bin == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return nil, nil, err
-		}
-		bin = filepath.Join(filepath.Dir(exe), "buildkitd")
-	}
-	if _, err := os.Stat(bin); err != nil {
-		return nil, nil, fmt.Errorf("buildkitd binary: %w (make build produces bin/buildkitd; --buildkitd off builds nothing here)", err)
-	}
-	nsPath, err := builderNetns(ctx, netm, o.bridge)
+	bin, nsPath, teardown, err := startBuilderNetns(ctx, netm, o.buildkitd, o.bridge, "make build produces bin/buildkitd; --buildkitd off builds nothing here", log)
 	if err != nil {
-		return nil, nil, fmt.Errorf("builder network: %w", err)
-	}
-	teardown := func() {
-		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-		defer cancel()
-		if err := netm.Teardown(tctx, builderNetID(o.bridge)); err != nil {
-			log.Error("removing the builder's network", "err", err)
-		}
+		return nil, nil, err
 	}
 	conf := tlsConf.Clone()
 	conf.NextProtos = nil // buildkitd speaks HTTP/1.1 to the relay

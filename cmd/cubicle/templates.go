@@ -289,6 +289,36 @@ func builderNetns(ctx context.Context, netm *network.Linux, bridge string) (stri
 	return ep.NetNSPath, nil
 }
 
+// startBuilderNetns readies what buildkitd needs here, for serve and node
+// run alike: its binary (flagBin, else next to this binary) and a fresh
+// builder netns on bridge, which teardown removes. noBinary is the
+// command's own hint for a missing binary.
+func startBuilderNetns(ctx context.Context, netm *network.Linux, flagBin, bridge, noBinary string, log *slog.Logger) (bin, nsPath string, teardown func(), err error) {
+	bin = flagBin
+	if bin == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return "", "", nil, err
+		}
+		bin = filepath.Join(filepath.Dir(exe), "buildkitd")
+	}
+	if _, err := os.Stat(bin); err != nil {
+		return "", "", nil, fmt.Errorf("buildkitd binary: %w (%s)", err, noBinary)
+	}
+	nsPath, err = builderNetns(ctx, netm, bridge)
+	if err != nil {
+		return "", "", nil, fmt.Errorf("builder network: %w", err)
+	}
+	teardown = func() {
+		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if err := netm.Teardown(tctx, builderNetID(bridge)); err != nil {
+			log.Error("removing the builder's network", "err", err)
+		}
+	}
+	return bin, nsPath, teardown, nil
+}
+
 // startSolver starts buildkitd when its binary is present (next to this
 // binary, or --buildkitd), in its own user namespace and in the builder's
 // netns.
@@ -296,27 +326,9 @@ func startSolver(ctx context.Context, o serveOptions, netm *network.Linux, regis
 	if o.buildkitd == "off" {
 		return nil, nil, fmt.Errorf("disabled by --buildkitd=off")
 	}
-	bin := o.buildkitd
-	if bin == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return nil, nil, err
-		}
-		bin = filepath.Join(filepath.Dir(exe), "buildkitd")
-	}
-	if _, err := os.Stat(bin); err != nil {
-		return nil, nil, fmt.Errorf("buildkitd binary: %w (make build produces bin/buildkitd)", err)
-	}
-	nsPath, err := builderNetns(ctx, netm, o.bridge)
+	bin, nsPath, teardown, err := startBuilderNetns(ctx, netm, o.buildkitd, o.bridge, "make build produces bin/buildkitd", log)
 	if err != nil {
-		return nil, nil, fmt.Errorf("builder network: %w", err)
-	}
-	teardown := func() {
-		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-		defer cancel()
-		if err := netm.Teardown(tctx, builderNetID(o.bridge)); err != nil {
-			log.Error("removing the builder's network", "err", err)
-		}
+		return nil, nil, err
 	}
 	d, err := buildkit.Start(ctx, buildkit.Config{Binary: bin, Root: filepath.Join(o.dataDir, "buildkit"), InsecureRegistries: []string{registry},
 		RegistryAuth: map[string]buildkit.Credentials{registry: {Username: "cubicle", Password: registryPassword}}, NetNS: nsPath, Logger: log})

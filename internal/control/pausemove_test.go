@@ -15,6 +15,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/scheduler/storeledger"
 	"github.com/cubicle-dev/cubicle/internal/snapstore"
 	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/internal/volume/s3/s3test"
 )
 
 // loseNode makes nodeID silent (its calls fail as an unreachable node's
@@ -44,6 +45,67 @@ func eventWith(evs []string, prefix string) bool {
 	return slices.ContainsFunc(evs, func(e string) bool { return strings.HasPrefix(e, prefix) })
 }
 
+// paused creates a sandbox with opts (template "tpl" for a minute unless
+// they say otherwise) and pauses it, with its memory when keepMemory. It
+// returns the sandbox as created and its row after the pause (the pause
+// package is on the row only).
+func (c *cluster) paused(t *testing.T, opts CreateOptions, keepMemory bool) (sb, row *store.Sandbox) {
+	t.Helper()
+	ctx := context.Background()
+	if opts.TemplateID == "" {
+		opts.TemplateID = "tpl"
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = time.Minute
+	}
+	sb, err := c.m.Create(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.m.Pause(ctx, sb.ID, keepMemory); err != nil {
+		t.Fatal(err)
+	}
+	if row, err = c.st.GetSandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	return sb, row
+}
+
+// moveRefused loses sb's node; connect must then refuse to move sb with
+// ErrConflict naming want, and change nothing: the row stays lost on its
+// node, and the other node has no copy.
+func (c *cluster) moveRefused(t *testing.T, sb *store.Sandbox, want string) {
+	t.Helper()
+	ctx := context.Background()
+	c.loseNode(t, sb.Node)
+	_, _, err := c.m.Connect(ctx, sb.ID, time.Minute, false)
+	if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("connect: %v, want ErrConflict naming %q", err, want)
+	}
+	if row, _ := c.st.GetSandbox(ctx, sb.ID); row.State != store.StateLost || row.Node != sb.Node {
+		t.Fatalf("a refused move changed the row: %s on %s", row.State, row.Node)
+	}
+	if c.nodes[other(sb.Node)].has(sb.ID) {
+		t.Fatalf("a refused move left a sandbox on the other node")
+	}
+}
+
+// killPurges kills sandbox id and runs the snapshot pass, which must
+// delete the objects of its pause package snapshotID from gw.
+func (c *cluster) killPurges(t *testing.T, gw *s3test.Server, id, snapshotID string) {
+	t.Helper()
+	ctx := context.Background()
+	if err := c.m.Kill(ctx, id, "done"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.m.reconcileSnapshots(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if keys := gw.Keys(t, snapshotID+"/"); len(keys) != 0 {
+		t.Fatalf("pause package %s left after its sandbox was killed: %v", snapshotID, keys)
+	}
+}
+
 // A filesystem pause with a snapshot store is packaged in the pause call;
 // when the sandbox's node is lost, connect resumes it on the other node,
 // which fetches the package (real bytes through versitygw) and boots the
@@ -53,15 +115,8 @@ func eventWith(evs []string, prefix string) bool {
 func TestPausedSandboxResumesOnAnotherNode(t *testing.T) {
 	ctx := context.Background()
 	c, gw := newSnapCluster(t, true)
-	sb, err := c.m.Create(ctx, CreateOptions{TemplateID: "tpl", Timeout: time.Minute, EnvVars: map[string]string{"K": "v"}, Metadata: map[string]string{"m": "1"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sb, row := c.paused(t, CreateOptions{EnvVars: map[string]string{"K": "v"}, Metadata: map[string]string{"m": "1"}}, false)
 	from, to := sb.Node, other(sb.Node)
-	if err := c.m.Pause(ctx, sb.ID, false); err != nil {
-		t.Fatal(err)
-	}
-	row, _ := c.st.GetSandbox(ctx, sb.ID)
 	pp := row.PausePackage
 	if pp == nil || pp.FilesOnly {
 		t.Fatalf("pause package after a filesystem pause: %+v", pp)
@@ -142,15 +197,7 @@ func TestPausedSandboxResumesOnAnotherNode(t *testing.T) {
 		t.Fatalf("the reconcile removed the sandbox from its new node")
 	}
 	// Killed: its chain (the pause package among it) is purged.
-	if err := c.m.Kill(ctx, sb.ID, "done"); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.m.reconcileSnapshots(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if keys := gw.Keys(t, pp.SnapshotID+"/"); len(keys) != 0 {
-		t.Fatalf("pause package left after the sandbox was killed: %v", keys)
-	}
+	c.killPurges(t, gw, sb.ID, pp.SnapshotID)
 }
 
 // A package is only ever this pause's: a resume clears it (and the next
@@ -160,11 +207,7 @@ func TestPausedSandboxResumesOnAnotherNode(t *testing.T) {
 func TestStalePausePackageRefused(t *testing.T) {
 	ctx := context.Background()
 	c, gw := newSnapCluster(t, true)
-	sb := c.create(t)
-	if err := c.m.Pause(ctx, sb.ID, false); err != nil {
-		t.Fatal(err)
-	}
-	row, _ := c.st.GetSandbox(ctx, sb.ID)
+	sb, row := c.paused(t, CreateOptions{}, false)
 	first := row.PausePackage.SnapshotID
 	if _, _, err := c.m.Connect(ctx, sb.ID, time.Minute, false); err != nil {
 		t.Fatal(err)
@@ -188,63 +231,29 @@ func TestStalePausePackageRefused(t *testing.T) {
 	if evs := c.events(t, sb.ID); !eventWith(evs, "pause-package-failed") {
 		t.Fatalf("events: %q", evs)
 	}
-	c.loseNode(t, sb.Node)
-	_, _, err := c.m.Connect(ctx, sb.ID, time.Minute, false)
-	if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "no package") {
-		t.Fatalf("connect without a package of the current pause: %v, want ErrConflict naming it", err)
-	}
-	if row, _ = c.st.GetSandbox(ctx, sb.ID); row.State != store.StateLost || row.Node != sb.Node {
-		t.Fatalf("a refused move changed the row: %s on %s", row.State, row.Node)
-	}
-	if c.nodes[other(sb.Node)].has(sb.ID) {
-		t.Fatalf("a refused move left a sandbox on the other node")
-	}
+	c.moveRefused(t, sb, "no package")
 }
 
 // Pinned paused sandboxes: each refusal is 409 with the reason and
 // changes nothing; a pinned sandbox on a cordoned node resumes there.
 func TestPinnedPausedSandboxes(t *testing.T) {
 	ctx := context.Background()
-	refused := func(t *testing.T, c *cluster, sb *store.Sandbox, want string) {
-		t.Helper()
-		c.loseNode(t, sb.Node)
-		_, _, err := c.m.Connect(ctx, sb.ID, time.Minute, false)
-		if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), want) {
-			t.Fatalf("connect: %v, want ErrConflict naming %q", err, want)
-		}
-		if row, _ := c.st.GetSandbox(ctx, sb.ID); row.State != store.StateLost || row.Node != sb.Node {
-			t.Fatalf("a refused move changed the row: %s on %s", row.State, row.Node)
-		}
-		if c.nodes[other(sb.Node)].has(sb.ID) {
-			t.Fatalf("a refused move left a sandbox on the other node")
-		}
-	}
 	t.Run("NoSnapshotStore", func(t *testing.T) {
 		c, _ := newSnapCluster(t, false)
-		sb := c.create(t)
-		if err := c.m.Pause(ctx, sb.ID, false); err != nil {
-			t.Fatal(err)
-		}
-		refused(t, c, sb, "--snapshot-store")
+		sb, _ := c.paused(t, CreateOptions{}, false)
+		c.moveRefused(t, sb, "--snapshot-store")
 	})
 	t.Run("BootedByPath", func(t *testing.T) {
 		c, _ := newSnapCluster(t, true)
 		for _, n := range c.nodes {
 			n.pulls = false
 		}
-		sb := c.create(t)
-		if err := c.m.Pause(ctx, sb.ID, false); err != nil {
-			t.Fatal(err)
-		}
-		refused(t, c, sb, "not by reference")
+		sb, _ := c.paused(t, CreateOptions{}, false)
+		c.moveRefused(t, sb, "not by reference")
 	})
 	pausedWith := func(t *testing.T, edit func(c *cluster, sb *store.Sandbox)) (*cluster, *store.Sandbox) {
 		c, _ := newSnapCluster(t, true)
-		sb := c.create(t)
-		if err := c.m.Pause(ctx, sb.ID, false); err != nil {
-			t.Fatal(err)
-		}
-		row, _ := c.st.GetSandbox(ctx, sb.ID)
+		_, row := c.paused(t, CreateOptions{}, false)
 		edit(c, row)
 		if err := c.st.UpdateSandbox(ctx, row); err != nil {
 			t.Fatal(err)
@@ -253,7 +262,7 @@ func TestPinnedPausedSandboxes(t *testing.T) {
 	}
 	t.Run("Accelerators", func(t *testing.T) {
 		c, sb := pausedWith(t, func(_ *cluster, sb *store.Sandbox) { sb.Accelerators = `[{"count":1}]` })
-		refused(t, c, sb, "accelerators")
+		c.moveRefused(t, sb, "accelerators")
 	})
 	t.Run("LocalVolume", func(t *testing.T) {
 		c, sb := pausedWith(t, func(c *cluster, sb *store.Sandbox) {
@@ -262,14 +271,11 @@ func TestPinnedPausedSandboxes(t *testing.T) {
 			}
 			sb.Volumes = []store.VolumeMount{{VolumeID: "vol", Path: "/data"}}
 		})
-		refused(t, c, sb, "local driver")
+		c.moveRefused(t, sb, "local driver")
 	})
 	t.Run("CordonedResumesInPlace", func(t *testing.T) {
 		c, _ := newSnapCluster(t, false)
-		sb := c.create(t)
-		if err := c.m.Pause(ctx, sb.ID, false); err != nil {
-			t.Fatal(err)
-		}
+		sb, _ := c.paused(t, CreateOptions{}, false)
 		if _, err := c.st.SetNodeFlags(ctx, sb.Node, true, false); err != nil {
 			t.Fatal(err)
 		}
@@ -285,22 +291,11 @@ func TestPinnedPausedSandboxes(t *testing.T) {
 func TestRuncMemoryPauseMovesOnlyWithReboot(t *testing.T) {
 	ctx := context.Background()
 	c, _ := newSnapCluster(t, true)
-	sb := c.create(t)
-	if err := c.m.Pause(ctx, sb.ID, true); err != nil {
-		t.Fatal(err)
-	}
-	row, _ := c.st.GetSandbox(ctx, sb.ID)
+	sb, row := c.paused(t, CreateOptions{}, true)
 	if row.PausePackage == nil || !row.PausePackage.FilesOnly {
 		t.Fatalf("package of a runc memory pause: %+v", row.PausePackage)
 	}
-	c.loseNode(t, sb.Node)
-	_, _, err := c.m.Connect(ctx, sb.ID, time.Minute, false)
-	if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "reboot") {
-		t.Fatalf("connect keeping memory: %v, want ErrConflict naming the reboot", err)
-	}
-	if row, _ = c.st.GetSandbox(ctx, sb.ID); row.State != store.StateLost || row.Node != sb.Node {
-		t.Fatalf("a refused move changed the row: %s on %s", row.State, row.Node)
-	}
+	c.moveRefused(t, sb, "reboot") // keeping its memory
 	got, _, err := c.m.Connect(ctx, sb.ID, time.Minute, true)
 	if err != nil || got.Node != other(sb.Node) {
 		t.Fatalf("connect with reboot: %v", err)
@@ -322,11 +317,7 @@ func TestRunscMemoryPauseMovesWithMemory(t *testing.T) {
 	for _, n := range c.nodes {
 		n.snapKind = runtime.SnapshotMemory
 	}
-	sb := c.create(t)
-	if err := c.m.Pause(ctx, sb.ID, true); err != nil {
-		t.Fatal(err)
-	}
-	row, _ := c.st.GetSandbox(ctx, sb.ID)
+	sb, row := c.paused(t, CreateOptions{}, true)
 	pp := row.PausePackage
 	if pp == nil || pp.FilesOnly {
 		t.Fatalf("package of a runsc memory pause: %+v", pp)
@@ -364,10 +355,7 @@ func TestRunscMemoryPauseMovesWithMemory(t *testing.T) {
 func TestResumeFailureMovesPaused(t *testing.T) {
 	ctx := context.Background()
 	c, _ := newSnapCluster(t, true)
-	sb := c.create(t)
-	if err := c.m.Pause(ctx, sb.ID, false); err != nil {
-		t.Fatal(err)
-	}
+	sb, _ := c.paused(t, CreateOptions{}, false)
 	c.nodes[sb.Node].down.Store(true) // silent, not yet judged lost
 	got, _, err := c.m.Connect(ctx, sb.ID, time.Minute, false)
 	if err != nil || got.Node != other(sb.Node) {
@@ -448,16 +436,9 @@ func TestPausedSandboxMovesWithVolumes(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			c, _ := newSnapCluster(t, true)
 			v := c.withSharedVolume(t)
-			sb, err := c.m.Create(ctx, CreateOptions{TemplateID: "tpl", TeamID: store.DefaultTeamID, Timeout: time.Minute,
-				VolumeMounts: []VolumeMount{{Name: "data", Path: "/data"}}})
-			if err != nil {
-				t.Fatal(err)
-			}
+			sb, row := c.paused(t, CreateOptions{TeamID: store.DefaultTeamID, VolumeMounts: []VolumeMount{{Name: "data", Path: "/data"}}}, false)
 			from, to := sb.Node, other(sb.Node)
-			if err := c.m.Pause(ctx, sb.ID, false); err != nil {
-				t.Fatal(err)
-			}
-			if row, _ := c.st.GetSandbox(ctx, sb.ID); row.PausePackage == nil {
+			if row.PausePackage == nil {
 				t.Fatalf("a sandbox with a shared volume was not packaged")
 			}
 			if lost {
@@ -498,10 +479,7 @@ func TestPausedSandboxMovesWithVolumes(t *testing.T) {
 func TestReturnedRunningClearsPausePackage(t *testing.T) {
 	ctx := context.Background()
 	c, _ := newSnapCluster(t, true)
-	sb := c.create(t)
-	if err := c.m.Pause(ctx, sb.ID, false); err != nil {
-		t.Fatal(err)
-	}
+	sb, _ := c.paused(t, CreateOptions{}, false)
 	c.loseNode(t, sb.Node)
 	c.nodes[sb.Node].down.Store(false) // the fake node reports its sandboxes running
 	beatAt(t, c.st, sb.Node, time.Now())
@@ -522,15 +500,8 @@ func TestReturnedRunningClearsPausePackage(t *testing.T) {
 func TestPausePackageOfForgottenNodeIsPurged(t *testing.T) {
 	ctx := context.Background()
 	c, gw := newSnapCluster(t, true)
-	sb, err := c.m.Create(ctx, CreateOptions{TemplateID: "tpl", Timeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sb, row := c.paused(t, CreateOptions{}, false)
 	from := sb.Node
-	if err := c.m.Pause(ctx, sb.ID, false); err != nil {
-		t.Fatal(err)
-	}
-	row, _ := c.st.GetSandbox(ctx, sb.ID)
 	if row.PausePackage == nil {
 		t.Fatal("no pause package")
 	}
@@ -542,15 +513,8 @@ func TestPausePackageOfForgottenNodeIsPurged(t *testing.T) {
 	if err := c.st.ForgetNode(ctx, from); err != nil {
 		t.Fatalf("forget the lost node the sandbox left: %v", err)
 	}
-	if err := c.m.Kill(ctx, sb.ID, "done"); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.m.reconcileSnapshots(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if keys := gw.Keys(t, pp.SnapshotID+"/"); len(keys) != 0 {
-		t.Fatalf("pause package of the forgotten node left after its sandbox was killed: %v", keys)
-	}
+	// The forgotten node's package goes all the same.
+	c.killPurges(t, gw, sb.ID, pp.SnapshotID)
 	if _, err := c.st.GetSnapshot(ctx, pp.SnapshotID); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("pause package row after the pass: %v", err)
 	}
@@ -563,15 +527,9 @@ func TestPausePackageOfForgottenNodeIsPurged(t *testing.T) {
 func TestLostPausedWithPackageSurvivesTheGrace(t *testing.T) {
 	ctx := context.Background()
 	c, _ := newSnapCluster(t, true)
-	paused, err := c.m.Create(ctx, CreateOptions{TemplateID: "tpl", Timeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	paused, row := c.paused(t, CreateOptions{}, false)
 	from := paused.Node
-	if err := c.m.Pause(ctx, paused.ID, false); err != nil {
-		t.Fatal(err)
-	}
-	if row, _ := c.st.GetSandbox(ctx, paused.ID); row.PausePackage == nil {
+	if row.PausePackage == nil {
 		t.Fatal("no pause package")
 	}
 	c.loseNode(t, from)
@@ -584,7 +542,7 @@ func TestLostPausedWithPackageSurvivesTheGrace(t *testing.T) {
 	if err := c.m.detectNodeLoss(ctx); err != nil {
 		t.Fatal(err)
 	}
-	row, _ := c.st.GetSandbox(ctx, paused.ID)
+	row, _ = c.st.GetSandbox(ctx, paused.ID)
 	if row.State != store.StateLost || row.PausePackage == nil {
 		t.Fatalf("a lost pause with a package past the grace: %s (package %+v)", row.State, row.PausePackage)
 	}
@@ -606,15 +564,8 @@ func TestLostPausedWithVolumesKilledAfterTheGrace(t *testing.T) {
 	ctx := context.Background()
 	c, _ := newSnapCluster(t, true)
 	c.withSharedVolume(t)
-	sb, err := c.m.Create(ctx, CreateOptions{TemplateID: "tpl", TeamID: store.DefaultTeamID, Timeout: time.Minute,
-		VolumeMounts: []VolumeMount{{Name: "data", Path: "/data"}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.m.Pause(ctx, sb.ID, false); err != nil {
-		t.Fatal(err)
-	}
-	if row, _ := c.st.GetSandbox(ctx, sb.ID); row.PausePackage == nil {
+	sb, row := c.paused(t, CreateOptions{TeamID: store.DefaultTeamID, VolumeMounts: []VolumeMount{{Name: "data", Path: "/data"}}}, false)
+	if row.PausePackage == nil {
 		t.Fatal("no pause package")
 	}
 	c.loseNode(t, sb.Node)
@@ -641,14 +592,7 @@ func TestLostPausedWithVolumesKilledAfterTheGrace(t *testing.T) {
 func TestPausePackageKeptBeforeItsRowNamesIt(t *testing.T) {
 	ctx := context.Background()
 	c, gw := newSnapCluster(t, true)
-	sb, err := c.m.Create(ctx, CreateOptions{TemplateID: "tpl", Timeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.m.Pause(ctx, sb.ID, false); err != nil {
-		t.Fatal(err)
-	}
-	row, _ := c.st.GetSandbox(ctx, sb.ID)
+	sb, row := c.paused(t, CreateOptions{}, false)
 	// The window of packagePause: the snapshot is taken and pushed, the
 	// row does not name it yet.
 	row.PausePackage = nil
@@ -669,15 +613,7 @@ func TestPausePackageKeptBeforeItsRowNamesIt(t *testing.T) {
 		t.Fatalf("its row: %v", err)
 	}
 	// Once the sandbox is killed, it goes.
-	if err := c.m.Kill(ctx, sb.ID, "done"); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.m.reconcileSnapshots(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if keys := gw.Keys(t, info.ID+"/"); len(keys) != 0 {
-		t.Fatalf("package left after the sandbox was killed: %v", keys)
-	}
+	c.killPurges(t, gw, sb.ID, info.ID)
 }
 
 // A lost node that returns without a paused sandbox (its data dir was
@@ -686,14 +622,8 @@ func TestPausePackageKeptBeforeItsRowNamesIt(t *testing.T) {
 func TestReturnedWithoutPausedSandboxMovesAtConnect(t *testing.T) {
 	ctx := context.Background()
 	c, _ := newSnapCluster(t, true)
-	sb, err := c.m.Create(ctx, CreateOptions{TemplateID: "tpl", Timeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sb, _ := c.paused(t, CreateOptions{}, false)
 	from, to := sb.Node, other(sb.Node)
-	if err := c.m.Pause(ctx, sb.ID, false); err != nil {
-		t.Fatal(err)
-	}
 	c.loseNode(t, from)
 	// It comes back without the sandbox.
 	if err := c.nodes[from].fakeNode.Delete(ctx, sb.ID); err != nil {

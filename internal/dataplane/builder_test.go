@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/cubicle-dev/cubicle/internal/dataplane"
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 // TestBuilderTarget: on a builder node the control plane's BuilderTarget
@@ -19,24 +20,10 @@ import (
 // identity never gets a tunnel to it; a sandbox-shaped Dial cannot name it.
 func TestBuilderTarget(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "buildkitd.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				c.Write([]byte("buildkitd:"))
-				io.Copy(c, c)
-			}()
-		}
-	}()
+	testenv.Serve(t, "unix", sock, func(c net.Conn) {
+		c.Write([]byte("buildkitd:"))
+		io.Copy(c, c)
+	})
 	var dials atomic.Int64
 	f := nodeA(t, dataplane.ServerConfig{Builder: func(ctx context.Context) (net.Conn, error) {
 		dials.Add(1)

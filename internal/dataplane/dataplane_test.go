@@ -31,6 +31,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/dataplane"
 	"github.com/cubicle-dev/cubicle/internal/dataplane/dataplanetest"
 	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 var loopback = netip.MustParseAddr("127.0.0.1")
@@ -227,24 +228,8 @@ func TestStreamArrivesInPieces(t *testing.T) {
 // rawSandbox runs a TCP service: serve gets each connection.
 func rawSandbox(t *testing.T, serve func(*net.TCPConn)) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				serve(c.(*net.TCPConn))
-			}()
-		}
-	}()
-	return ln.Addr().(*net.TCPAddr).Port
+	addr := testenv.Serve(t, "tcp", "127.0.0.1:0", func(c net.Conn) { serve(c.(*net.TCPConn)) })
+	return addr.(*net.TCPAddr).Port
 }
 
 // TestHalfClose: the end of one side's sending reaches the other side,

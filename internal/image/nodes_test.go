@@ -7,15 +7,14 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/random"
 )
 
-// The node view refuses, before routing, everything the registry would
-// route as a listing: a tags list whose repository has a "blobs"
-// component (so the path also contains "/blobs/") is refused like any
-// other, manifests are by digest only, and a request without a node
-// identity is 401 whatever it asks.
-func TestForNodesRefusesListings(t *testing.T) {
+// storeWithRandomImage opens a store in a temp dir holding one random
+// image under each of names, and returns it, the image and its digest.
+func storeWithRandomImage(t *testing.T, names ...string) (*Store, v1.Image, v1.Hash) {
+	t.Helper()
 	s, err := Open(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -24,13 +23,25 @@ func TestForNodesRefusesListings(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Put("cubicle/blobs/x:v1", img); err != nil {
-		t.Fatal(err)
+	for _, name := range names {
+		if err := s.Put(name, img); err != nil {
+			t.Fatal(err)
+		}
 	}
 	dgst, err := img.Digest()
 	if err != nil {
 		t.Fatal(err)
 	}
+	return s, img, dgst
+}
+
+// The node view refuses, before routing, everything the registry would
+// route as a listing: a tags list whose repository has a "blobs"
+// component (so the path also contains "/blobs/") is refused like any
+// other, manifests are by digest only, and a request without a node
+// identity is 401 whatever it asks.
+func TestForNodesRefusesListings(t *testing.T) {
+	s, img, dgst := storeWithRandomImage(t, "cubicle/blobs/x:v1")
 	layers, err := img.Layers()
 	if err != nil {
 		t.Fatal(err)
@@ -72,18 +83,7 @@ func TestForNodesRefusesListings(t *testing.T) {
 // builder is refused a push (403) and refused with the credentials too
 // (403); reads by digest stay open to both.
 func TestForClusterBuilders(t *testing.T) {
-	s, err := Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := random.Image(64, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Put("cubicle/tpl:v1", img); err != nil {
-		t.Fatal(err)
-	}
-	dgst, _ := img.Digest()
+	s, _, dgst := storeWithRandomImage(t, "cubicle/tpl:v1")
 	reg := NewRegistry(s)
 	reg.RequireBasicAuth("cubicle", "build-secret")
 	h := ForCluster(reg, func(r *http.Request) (string, error) { return r.Header.Get("X-Node"), nil },
@@ -146,21 +146,7 @@ func TestForClusterBuilders(t *testing.T) {
 // template's tags; it still reads what its FROM lines name, and anything
 // by digest.
 func TestGrantBuildScope(t *testing.T) {
-	s, err := Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	victim, err := random.Image(64, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Put("cubicle/victim:b1", victim); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Put("cubicle/mine:old", victim); err != nil {
-		t.Fatal(err)
-	}
-	vd, _ := victim.Digest()
+	s, victim, vd := storeWithRandomImage(t, "cubicle/victim:b1", "cubicle/mine:old")
 	raw, err := victim.RawManifest()
 	if err != nil {
 		t.Fatal(err)

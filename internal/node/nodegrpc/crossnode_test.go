@@ -8,22 +8,47 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/node/nodegrpc"
 	"github.com/cubicle-dev/cubicle/internal/node/nodegrpc/nodegrpctest"
 	"github.com/cubicle-dev/cubicle/internal/node/nodetest/localnode"
 	"github.com/cubicle-dev/cubicle/internal/snapstore"
 	"github.com/cubicle-dev/cubicle/internal/snapstore/snapstoretest"
+	"github.com/cubicle-dev/cubicle/internal/volume/local"
 )
+
+// twoNodes is the set-up of a move between nodes: a real S3 snapshot
+// store (versitygw on loopback), node a in this process and node b over
+// gRPC, both made by newNode (localnode.New, NewRunsc), and the base
+// image's layers. All of it goes when tb ends.
+func twoNodes(tb testing.TB, newNode func(testing.TB) (*node.Local, *local.Plugin)) (st *snapstore.Store, a *node.Local, b *nodegrpc.Client, layers []string) {
+	tb.Helper()
+	st, _ = snapstoretest.New(tb)
+	a, _ = newNode(tb)
+	lb, _ := newNode(tb)
+	return st, a, nodegrpctest.Pipe(tb, lb), localnode.Layers(tb)
+}
+
+// pushSnapshot uploads the parts of n's snapshot sid to st through
+// presigned PUT URLs and returns the objects as pushed.
+func pushSnapshot(tb testing.TB, ctx context.Context, st *snapstore.Store, n node.Node, sid string, parts ...string) []node.SnapshotObject {
+	tb.Helper()
+	puts, err := st.PutURLs(ctx, sid, parts...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	pushed, err := n.PushSnapshot(ctx, sid, puts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return pushed
+}
 
 // A snapshot taken on node A is pushed to a real S3 server through
 // presigned PUT URLs, fetched by node B (over gRPC) through presigned GET
 // URLs, and a sandbox on B from it by ID has A's files. A wrong digest
 // leaves B without the snapshot.
 func TestCrossNodeRestoreThroughS3(t *testing.T) {
-	st, _ := snapstoretest.New(t)
-	a, _ := localnode.New(t)
-	lb, _ := localnode.New(t)
-	b := nodegrpctest.Pipe(t, lb)
-	layers := localnode.Layers(t)
+	st, a, b, layers := twoNodes(t, localnode.New)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
@@ -39,14 +64,7 @@ func TestCrossNodeRestoreThroughS3(t *testing.T) {
 	if _, err := a.Snapshot(ctx, src.ID, sid); err != nil {
 		t.Fatal(err)
 	}
-	puts, err := st.PutURLs(ctx, sid, snapstore.PartRootfs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pushed, err := a.PushSnapshot(ctx, sid, puts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pushed := pushSnapshot(t, ctx, st, a, sid, snapstore.PartRootfs)
 	t.Cleanup(func() { _ = st.Delete(context.Background(), sid) })
 
 	// A digest that is not the push's: refused over the wire, nothing kept.

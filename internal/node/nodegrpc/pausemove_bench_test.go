@@ -8,10 +8,8 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/node"
-	"github.com/cubicle-dev/cubicle/internal/node/nodegrpc/nodegrpctest"
 	"github.com/cubicle-dev/cubicle/internal/node/nodetest/localnode"
 	"github.com/cubicle-dev/cubicle/internal/snapstore"
-	"github.com/cubicle-dev/cubicle/internal/snapstore/snapstoretest"
 )
 
 // BenchmarkPauseMove times what a filesystem pause costs with and without
@@ -32,11 +30,7 @@ import (
 //
 //	go test -run '^$' -bench PauseMove -benchtime 5x ./internal/node/nodegrpc/
 func BenchmarkPauseMove(b *testing.B) {
-	st, _ := snapstoretest.New(b)
-	na, _ := localnode.New(b)
-	lb, _ := localnode.New(b)
-	nb := nodegrpctest.Pipe(b, lb)
-	layers := localnode.Layers(b)
+	st, na, nb, layers := twoNodes(b, localnode.New)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	phases := []string{"stop", "package", "resume-here", "resume-elsewhere"}
@@ -63,14 +57,7 @@ func BenchmarkPauseMove(b *testing.B) {
 		if _, err := na.Snapshot(ctx, id, sid); err != nil {
 			b.Fatal(err)
 		}
-		puts, err := st.PutURLs(ctx, sid, snapstore.PartRootfs)
-		if err != nil {
-			b.Fatal(err)
-		}
-		pushed, err := na.PushSnapshot(ctx, sid, puts)
-		if err != nil {
-			b.Fatal(err)
-		}
+		pushed := pushSnapshot(b, ctx, st, na, sid, snapstore.PartRootfs)
 		took["package"] = append(took["package"], time.Since(t0))
 		t0 = time.Now()
 		if err := na.Resume(ctx, id, req); err != nil {

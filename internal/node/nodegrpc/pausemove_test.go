@@ -6,11 +6,9 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/node"
-	"github.com/cubicle-dev/cubicle/internal/node/nodegrpc/nodegrpctest"
 	"github.com/cubicle-dev/cubicle/internal/node/nodetest/localnode"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/snapstore"
-	"github.com/cubicle-dev/cubicle/internal/snapstore/snapstoretest"
 )
 
 // A runsc sandbox paused with its memory (checkpointed) moves to another
@@ -21,11 +19,7 @@ import (
 // memory, with the token its agent holds. A process started before the
 // pause is still running there.
 func TestPausedRunscSandboxMovesWithMemory(t *testing.T) {
-	st, _ := snapstoretest.New(t)
-	a, _ := localnode.NewRunsc(t)
-	lb, _ := localnode.NewRunsc(t)
-	b := nodegrpctest.Pipe(t, lb)
-	layers := localnode.Layers(t)
+	st, a, b, layers := twoNodes(t, localnode.NewRunsc)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 
@@ -54,14 +48,7 @@ func TestPausedRunscSandboxMovesWithMemory(t *testing.T) {
 	if sn.Kind != runtime.SnapshotMemory {
 		t.Fatalf("snapshot of a checkpointed runsc pause: kind %q, want memory", sn.Kind)
 	}
-	puts, err := st.PutURLs(ctx, sid, snapstore.PartRootfs, snapstore.PartCheckpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pushed, err := a.PushSnapshot(ctx, sid, puts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pushed := pushSnapshot(t, ctx, st, a, sid, snapstore.PartRootfs, snapstore.PartCheckpoint)
 	t.Cleanup(func() { _ = st.Delete(context.Background(), sid) })
 	// Node A is gone (its copy deleted, as the reconcile does when it returns).
 	if err := a.Delete(ctx, id); err != nil {

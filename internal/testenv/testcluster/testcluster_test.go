@@ -5,30 +5,17 @@ import (
 	"fmt"
 	"net"
 	"testing"
+
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 // echo serves one line back, prefixed with name, on a loopback port.
 func echo(t *testing.T, name string) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				line, _ := bufio.NewReader(c).ReadString('\n')
-				fmt.Fprintf(c, "%s %s", name, line)
-			}()
-		}
-	}()
-	return ln.Addr().String()
+	return testenv.Serve(t, "tcp", "127.0.0.1:0", func(c net.Conn) {
+		line, _ := bufio.NewReader(c).ReadString('\n')
+		fmt.Fprintf(c, "%s %s", name, line)
+	}).String()
 }
 
 // The balancer passes each connection, both ways, to the next backend
