@@ -6,7 +6,7 @@
 //                            [--baseline N] [--runtime runc|runsc]
 //                            [--cgroup-path '/sys/fs/cgroup/memory/cubicle/{id}']
 //                            [--max-seconds S] [--no-volumes] [--pool N] [--json]
-//                            [--trace]
+//                            [--trace] [--disk-size-mb N] [--serve-flag F]...
 //
 // It starts its own `cubicle serve` (like the JS test harness: temp data dir, free
 // loopback port, own bridge and pool) and measures, with the unmodified e2b SDK, the
@@ -25,7 +25,10 @@
 // /v2/sandboxes, c in flight, levels from --concurrency, default 1,50) whose
 // Server-Timing headers give each phase, then the first commands.run('true') through
 // the SDK on the created sandbox, and prints p50/p95 per phase at each level
-// (`make bench BENCH_FLAGS=--trace`).
+// (`make bench BENCH_FLAGS=--trace`). --disk-size-mb N is serve's (each sandbox's disk;
+// 1024 by default): c=50 promises c × N MiB of sparse images, which serve refuses (507)
+// beyond the data filesystem's free space less its reserve. --serve-flag passes one more
+// argument to serve (repeat it: --serve-flag --max-concurrent-creates --serve-flag 64).
 // Everything it starts is killed and removed before it exits.
 
 const path = require('node:path')
@@ -52,6 +55,8 @@ function parseArgs(argv) {
     volumes: true,
     pool: 0,
     trace: false,
+    diskSizeMB: 0,
+    serveFlags: [],
   }
   let levelsGiven = false
   for (let i = 0; i < argv.length; i++) {
@@ -72,8 +77,10 @@ function parseArgs(argv) {
       case '--no-volumes': o.volumes = false; break
       case '--pool': o.pool = Number(next()); break
       case '--trace': o.trace = true; break
+      case '--disk-size-mb': o.diskSizeMB = Number(next()); break
+      case '--serve-flag': o.serveFlags.push(next()); break
       case '-h': case '--help':
-        console.log(fs.readFileSync(__filename, 'utf8').split('\n').slice(2, 29).map((l) => l.replace(/^\/\/ ?/, '')).join('\n'))
+        console.log(fs.readFileSync(__filename, 'utf8').split('\n').slice(2, 32).map((l) => l.replace(/^\/\/ ?/, '')).join('\n'))
         process.exit(0)
       default: throw new Error(`unknown argument ${a}`)
     }
@@ -323,7 +330,7 @@ async function main() {
   process.once('SIGINT', () => cleanup().then(() => process.exit(130)))
   process.once('SIGTERM', () => cleanup().then(() => process.exit(143)))
   try {
-    await srv.start()
+    await srv.start([...(o.diskSizeMB > 0 ? ['--disk-size-mb', String(o.diskSizeMB)] : []), ...o.serveFlags])
     console.log(`cubicle serve at ${srv.url} (runtime ${o.runtime}, data ${srv.dataDir})`)
     // Warm-up (first create pays one-off costs such as bridge/nftables setup).
     await createLatency(srv, 1, 1, deadline)
@@ -337,7 +344,7 @@ async function main() {
         console.log(`trace c=${c}: ${r.samples.length} creates` + (r.errors.length ? `  errors=${r.errors.length} (${r.errors[0]})` : ''))
       }
       const { text, table } = traceTable(levels)
-      console.log(`per-phase trace (runtime ${o.runtime}; phases overlap: lock_wait is inside the phase that waited, idmap inside rootfs)`)
+      console.log(`per-phase trace (runtime ${o.runtime}${o.diskSizeMB > 0 ? `, ${o.diskSizeMB} MiB disks` : ''}${o.serveFlags.length ? `, serve ${o.serveFlags.join(' ')}` : ''}; phases overlap: lock_wait is inside the phase that waited, idmap inside rootfs)`)
       console.log(text)
       results.trace = table
       return
