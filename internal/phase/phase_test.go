@@ -113,3 +113,20 @@ func TestNamesAreTokens(t *testing.T) {
 		}
 	}
 }
+
+// The cost of one mark (go test -bench Mark ./internal/phase/): the
+// create path makes about twenty.
+func BenchmarkMark(b *testing.B) {
+	b.Run("no-trace", func(b *testing.B) {
+		ctx := context.Background()
+		for b.Loop() {
+			Start(ctx, Disk)()
+		}
+	})
+	b.Run("trace", func(b *testing.B) {
+		ctx := With(context.Background(), New())
+		for b.Loop() {
+			Start(ctx, Disk)()
+		}
+	})
+}
