@@ -18,6 +18,26 @@ func TestCreateServerTimingAndPhaseHistogram(t *testing.T) {
 	if c.SandboxID == "" {
 		t.Fatal("no sandbox")
 	}
+	requirePhases(t, s)
+}
+
+// Through a remote node (`cubicle node run`, a pure control plane on
+// PostgreSQL): the node's phases come back in its gRPC create answer, so
+// the replica's header and histogram have them as the embedded node's.
+func TestClusterCreateTrace(t *testing.T) {
+	c := startCluster(t, 1, 1, clusterOptions{})
+	r := c.replicas[0]
+	sb := r.create(map[string]any{"templateID": "base", "timeout": 60})
+	if row := c.row(sb.SandboxID); row.Node != c.nodes[0].ID {
+		t.Fatalf("sandbox on node %q, want the remote %s", row.Node, c.nodes[0].ID)
+	}
+	requirePhases(t, r)
+}
+
+// requirePhases checks the last create's Server-Timing names every phase
+// (each within the create's total) and s's /metrics has one sample of each.
+func requirePhases(t *testing.T, s *server) {
+	t.Helper()
 	h := s.lastHeader.Get("Server-Timing")
 	t.Logf("Server-Timing: %s", h)
 	got := map[string]float64{}
