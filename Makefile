@@ -99,6 +99,8 @@ test-deploy:
 test-e2b: deps build
 	cd test/e2b-js && CUBICLE_IMAGES_DIR=$${CUBICLE_IMAGES_DIR:-$(DATA_DIR)/images} npm test
 
+# `make bench BENCH_FLAGS=--trace`: p50/p95 per create phase at c=1 and c=50
+# instead (docs/performance.md).
 bench: deps build
 	CUBICLE_IMAGES_DIR=$${CUBICLE_IMAGES_DIR:-$(DATA_DIR)/images} node bench/create/run.js $(BENCH_FLAGS)
 

@@ -6,6 +6,7 @@
 //                            [--baseline N] [--runtime runc|runsc]
 //                            [--cgroup-path '/sys/fs/cgroup/memory/cubicle/{id}']
 //                            [--max-seconds S] [--no-volumes] [--pool N] [--json]
+//                            [--trace] [--disk-size-mb N] [--serve-flag F]...
 //
 // It starts its own `cubicle serve` (like the JS test harness: temp data dir, free
 // loopback port, own bridge and pool) and measures, with the unmodified e2b SDK, the
@@ -20,6 +21,14 @@
 // N standbys and measures the same create→first command pooled at each concurrency
 // level, in rounds of c creates each started on a full pool (a round bigger than N
 // boots the rest), printing hits/misses and the ratio pooled/unpooled.
+// With --trace it measures only the per-phase trace instead: raw creates (POST
+// /v2/sandboxes, c in flight, levels from --concurrency, default 1,50) whose
+// Server-Timing headers give each phase, then the first commands.run('true') through
+// the SDK on the created sandbox, and prints p50/p95 per phase at each level
+// (`make bench BENCH_FLAGS=--trace`). --disk-size-mb N is serve's (each sandbox's disk;
+// 1024 by default): c=50 promises c × N MiB of sparse images, which serve refuses (507)
+// beyond the data filesystem's free space less its reserve. --serve-flag passes one more
+// argument to serve (repeat it: --serve-flag --max-concurrent-creates --serve-flag 64).
 // Everything it starts is killed and removed before it exits.
 
 const path = require('node:path')
@@ -45,7 +54,11 @@ function parseArgs(argv) {
     json: false,
     volumes: true,
     pool: 0,
+    trace: false,
+    diskSizeMB: 0,
+    serveFlags: [],
   }
+  let levelsGiven = false
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i]
     const next = () => {
@@ -54,7 +67,7 @@ function parseArgs(argv) {
     }
     switch (a) {
       case '--samples': o.samples = Number(next()); break
-      case '--concurrency': o.concurrency = next().split(',').map(Number).filter((n) => n > 0); break
+      case '--concurrency': o.concurrency = next().split(',').map(Number).filter((n) => n > 0); levelsGiven = true; break
       case '--idle': o.idle = Number(next()); break
       case '--baseline': o.baseline = Number(next()); break
       case '--runtime': o.runtime = next(); break
@@ -63,12 +76,16 @@ function parseArgs(argv) {
       case '--json': o.json = true; break
       case '--no-volumes': o.volumes = false; break
       case '--pool': o.pool = Number(next()); break
+      case '--trace': o.trace = true; break
+      case '--disk-size-mb': o.diskSizeMB = Number(next()); break
+      case '--serve-flag': o.serveFlags.push(next()); break
       case '-h': case '--help':
-        console.log(fs.readFileSync(__filename, 'utf8').split('\n').slice(2, 24).map((l) => l.replace(/^\/\/ ?/, '')).join('\n'))
+        console.log(fs.readFileSync(__filename, 'utf8').split('\n').slice(2, 32).map((l) => l.replace(/^\/\/ ?/, '')).join('\n'))
         process.exit(0)
       default: throw new Error(`unknown argument ${a}`)
     }
   }
+  if (o.trace && !levelsGiven) o.concurrency = [1, 50]
   return o
 }
 
@@ -100,6 +117,79 @@ async function createLatency(srv, c, total, deadline, createOpts = {}) {
   }
   await Promise.all(Array.from({ length: c }, worker))
   return { samples, errors }
+}
+
+// ---- per-phase trace (Server-Timing of raw creates) ----------------------------------
+// parseServerTiming turns "network;dur=3.1, disk;dur=24.9" into { network: 3.1, disk: 24.9 }.
+function parseServerTiming(h) {
+  const out = {}
+  for (const entry of (h || '').split(',')) {
+    const m = /^\s*([A-Za-z0-9_]+)\s*;\s*dur=([0-9.]+)\s*$/.exec(entry)
+    if (m) out[m[1]] = Number(m[2])
+  }
+  return out
+}
+async function traceLatency(srv, c, total, deadline) {
+  const samples = [] // { phases, create, firstCommand, createToRun }
+  const errors = []
+  let started = 0
+  async function worker() {
+    while (started < total && Date.now() < deadline) {
+      started++
+      const t0 = process.hrtime.bigint()
+      let sbx
+      try {
+        const res = await fetch(`${srv.url}/v2/sandboxes`, {
+          method: 'POST',
+          headers: { 'X-API-KEY': srv.apiKey, 'Content-Type': 'application/json' },
+          body: JSON.stringify({ templateID: 'base', timeout: 120 }),
+          signal: AbortSignal.timeout(120000),
+        })
+        const body = await res.json()
+        if (res.status !== 201) throw new Error(`POST /v2/sandboxes: ${res.status} ${JSON.stringify(body)}`)
+        const t1 = process.hrtime.bigint()
+        // What Sandbox.create builds from the same answer (no extra round trip).
+        sbx = new Sandbox({ sandboxId: body.sandboxID, sandboxDomain: body.domain || undefined, envdVersion: body.envdVersion,
+          envdAccessToken: body.envdAccessToken, trafficAccessToken: body.trafficAccessToken, requestTimeoutMs: 120000 })
+        await sbx.commands.run('true', { requestTimeoutMs: 60000 })
+        const t2 = process.hrtime.bigint()
+        samples.push({ phases: parseServerTiming(res.headers.get('server-timing')), create: Number(t1 - t0) / 1e6,
+          firstCommand: Number(t2 - t1) / 1e6, createToRun: Number(t2 - t0) / 1e6 })
+      } catch (e) {
+        errors.push(String(e && e.message ? e.message : e).slice(0, 200))
+      } finally {
+        if (sbx) await sbx.kill({ requestTimeoutMs: 60000 }).catch(() => {})
+      }
+    }
+  }
+  await Promise.all(Array.from({ length: c }, worker))
+  return { samples, errors }
+}
+// Phases in path order (internal/phase.Names); any other name a server sends is
+// printed after them.
+const PHASES = ['validate', 'store', 'schedule', 'lock_wait', 'network', 'disk', 'rootfs', 'idmap',
+  'oci_create', 'oci_start', 'agent_ready', 'init', 'total']
+function traceTable(levels) {
+  const cs = Object.keys(levels).map(Number)
+  const names = [...PHASES]
+  for (const c of cs) for (const s of levels[c].samples) for (const n of Object.keys(s.phases)) if (!names.includes(n)) names.push(n)
+  const rows = names.map((n) => [n, (s) => s.phases[n]])
+  rows.push(['create (client)', (s) => s.create], ['first command', (s) => s.firstCommand], ['create→first command', (s) => s.createToRun])
+  const head = ['phase (ms)'.padEnd(22)]
+  for (const c of cs) head.push(`c=${c} p50`.padStart(11), `c=${c} p95`.padStart(11))
+  const out = [head.join(' ')]
+  const table = {}
+  for (const [name, get] of rows) {
+    const cells = [name.padEnd(22)]
+    table[name] = {}
+    for (const c of cs) {
+      const st = summary(levels[c].samples.map(get).filter((x) => Number.isFinite(x)))
+      table[name][c] = { p50: st.p50, p95: st.p95, n: st.n }
+      cells.push(f1(st.p50).padStart(11), f1(st.p95).padStart(11))
+    }
+    out.push(cells.join(' '))
+  }
+  return { text: out.join('\n'), table }
 }
 
 // ---- warm pool ----------------------------------------------------------------------------
@@ -240,10 +330,25 @@ async function main() {
   process.once('SIGINT', () => cleanup().then(() => process.exit(130)))
   process.once('SIGTERM', () => cleanup().then(() => process.exit(143)))
   try {
-    await srv.start()
+    await srv.start([...(o.diskSizeMB > 0 ? ['--disk-size-mb', String(o.diskSizeMB)] : []), ...o.serveFlags])
     console.log(`cubicle serve at ${srv.url} (runtime ${o.runtime}, data ${srv.dataDir})`)
     // Warm-up (first create pays one-off costs such as bridge/nftables setup).
     await createLatency(srv, 1, 1, deadline)
+
+    if (o.trace) {
+      const levels = {}
+      for (const c of o.concurrency) {
+        const total = Math.max(o.samples, c)
+        const r = await traceLatency(srv, c, total, deadline)
+        levels[c] = r
+        console.log(`trace c=${c}: ${r.samples.length} creates` + (r.errors.length ? `  errors=${r.errors.length} (${r.errors[0]})` : ''))
+      }
+      const { text, table } = traceTable(levels)
+      console.log(`per-phase trace (runtime ${o.runtime}${o.diskSizeMB > 0 ? `, ${o.diskSizeMB} MiB disks` : ''}${o.serveFlags.length ? `, serve ${o.serveFlags.join(' ')}` : ''}; phases overlap: lock_wait is inside the phase that waited, idmap inside rootfs)`)
+      console.log(text)
+      results.trace = table
+      return
+    }
 
     for (const c of o.concurrency) {
       const total = Math.max(o.samples, c)

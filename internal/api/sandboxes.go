@@ -17,6 +17,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/cubicle-dev/cubicle/internal/control"
+	"github.com/cubicle-dev/cubicle/internal/phase"
 	"github.com/cubicle-dev/cubicle/internal/store"
 )
 
@@ -264,7 +265,11 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, v2 bool) {
 		opts.APIKeyID = k.ID
 	}
 	opts.TeamID = teamOf(r)
-	sb, err := s.mgr.Create(r.Context(), opts)
+	// Server-Timing carries the create's phases (phase.Names) to whoever
+	// measures: browsers and HTTP clients ignore a header they don't read.
+	tr := phase.New()
+	sb, err := s.mgr.Create(phase.With(r.Context(), tr), opts)
+	w.Header().Set("Server-Timing", tr.ServerTiming())
 	var rt *control.ReadyTimeoutError
 	if errors.As(err, &rt) {
 		// The CEP's body: the sandbox stays so its start-command log can be read.

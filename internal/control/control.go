@@ -26,6 +26,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/nodeset"
+	"github.com/cubicle-dev/cubicle/internal/phase"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/scheduler"
 	"github.com/cubicle-dev/cubicle/internal/store"
@@ -172,6 +173,7 @@ type Manager struct {
 	samples     sampler
 	sampleEvery time.Duration // sampleInterval; tests shorten it
 	metrics     *opMetrics
+	phases      *phaseMetrics
 	volumes     VolumeRegistry
 	volMetrics  *VolumeMetrics
 	leases      *leases
@@ -238,7 +240,7 @@ func New(cfg Config, st store.Store, n node.Node, tr template.Resolver) *Manager
 		nodes = nodeset.Single(cfg.NodeID, n)
 	}
 	m := &Manager{cfg: cfg, store: st, nodes: nodes, templates: tr, log: cfg.Logger,
-		createSlots: make(chan struct{}, cfg.MaxConcurrentCreates), metrics: newOpMetrics(cfg.Registry),
+		createSlots: make(chan struct{}, cfg.MaxConcurrentCreates), metrics: newOpMetrics(cfg.Registry), phases: newPhaseMetrics(cfg.Registry),
 		volumes: cfg.Volumes, volMetrics: cfg.VolumeMetrics, pool: newPoolMetrics(cfg.Registry), poolKick: make(chan struct{}, 1),
 		sampleEvery: sampleInterval, snapMetrics: newSnapshotMetrics(cfg.Registry), snapKick: make(chan struct{}, 1),
 		snapInFlight: map[string]bool{}, locks: cfg.Locks, loops: loop.New(cfg.Leaser, cfg.Logger)}
@@ -452,17 +454,14 @@ func (m *Manager) event(ctx context.Context, id, typ, level, format string, a ..
 	}
 }
 
-// Create starts a sandbox. The store row is written first (state creating) so
-// a crash mid-create is visible to recovery.
-func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ *store.Sandbox, err error) {
-	defer m.metrics.observe("create", time.Now(), &err)
-	if err := m.validate(ctx, &o); err != nil {
-		return nil, err
+// validateCreate checks o (normalising it) and resolves its template.
+func (m *Manager) validateCreate(ctx context.Context, o *CreateOptions) (tpl template.Template, err error) {
+	if err := m.validate(ctx, o); err != nil {
+		return tpl, err
 	}
 	if err := m.sealNetwork(o.TeamID, &o.Network); err != nil {
-		return nil, err
+		return tpl, err
 	}
-	var tpl template.Template
 	if tr, ok := m.templates.(TeamResolver); ok {
 		tpl, err = tr.ResolveTeam(ctx, o.TeamID, o.TemplateID)
 	} else {
@@ -470,14 +469,38 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ *store.Sandbox
 	}
 	if err != nil {
 		if errors.Is(err, template.ErrNotFound) {
-			return nil, fmt.Errorf("%w: template '%s' not found", ErrTemplateNotFound, o.TemplateID)
+			return tpl, fmt.Errorf("%w: template '%s' not found", ErrTemplateNotFound, o.TemplateID)
 		}
 		if errors.Is(err, template.ErrNotReady) {
-			return nil, fmt.Errorf("%w: template '%s' is not ready", ErrConflict, o.TemplateID)
+			return tpl, fmt.Errorf("%w: template '%s' is not ready", ErrConflict, o.TemplateID)
 		}
+		return tpl, err
+	}
+	return tpl, nil
+}
+
+// Create starts a sandbox. The store row is written first (state creating) so
+// a crash mid-create is visible to recovery.
+func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ *store.Sandbox, err error) {
+	defer m.metrics.observe("create", time.Now(), &err)
+	// The caller's trace (the API's, for its Server-Timing header) or
+	// one of our own: every create feeds the phase histogram.
+	tr := phase.From(ctx)
+	if tr == nil {
+		tr = phase.New()
+		ctx = phase.With(ctx, tr)
+	}
+	defer m.phases.observe(tr, time.Now(), &err)
+	endValidate := phase.Start(ctx, phase.Validate)
+	tpl, err := m.validateCreate(ctx, &o)
+	endValidate()
+	if err != nil {
 		return nil, err
 	}
-	if sn, err := m.store.GetSnapshot(ctx, tpl.ID); err == nil {
+	endStore := phase.Start(ctx, phase.Store)
+	sn, err := m.store.GetSnapshot(ctx, tpl.ID)
+	endStore()
+	if err == nil {
 		if len(o.Accelerators) > 0 {
 			return nil, invalid("accelerators: a sandbox from a snapshot cannot have accelerators")
 		}
@@ -572,12 +595,30 @@ func (m *Manager) checkSize(tpl template.Template) error {
 	return nil
 }
 
+// takeCreateSlot waits for one of the MaxConcurrentCreates start slots
+// (released with <-m.createSlots), at most CreateQueueWait.
+func (m *Manager) takeCreateSlot(ctx context.Context) error {
+	defer phase.Start(ctx, phase.LockWait)()
+	wait := time.NewTimer(m.cfg.CreateQueueWait)
+	defer wait.Stop()
+	select {
+	case m.createSlots <- struct{}{}:
+		return nil
+	case <-wait.C:
+		return fmt.Errorf("%w: too many sandboxes starting at once, try again", ErrBusy)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.Template) (_ *store.Sandbox, err error) {
 	if err := m.checkSize(tpl); err != nil {
 		return nil, err
 	}
 	if m.cfg.MaxSandboxes > 0 {
+		endStore := phase.Start(ctx, phase.Store)
 		n, err := m.store.CountSandboxes(ctx, []store.SandboxState{store.StateCreating, store.StateRunning, store.StatePausing, store.StateResuming})
+		endStore()
 		if err != nil {
 			return nil, err
 		}
@@ -585,14 +626,8 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 			return nil, fmt.Errorf("%w: %d running sandboxes, the limit is %d", ErrCapacity, n, m.cfg.MaxSandboxes)
 		}
 	}
-	wait := time.NewTimer(m.cfg.CreateQueueWait)
-	defer wait.Stop()
-	select {
-	case m.createSlots <- struct{}{}:
-	case <-wait.C:
-		return nil, fmt.Errorf("%w: too many sandboxes starting at once, try again", ErrBusy)
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	if err := m.takeCreateSlot(ctx); err != nil {
+		return nil, err
 	}
 	released := false
 	release := func() {
@@ -624,7 +659,9 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 		// pulls images.
 		pr.movable = m.movable(ctx, sn) == nil
 	}
+	endSchedule := phase.Start(ctx, phase.Schedule)
 	pl, err := m.place(ctx, o, tpl, pr)
+	endSchedule()
 	if err != nil {
 		return nil, m.pinnedError(ctx, o.snapshot, err)
 	}
@@ -708,7 +745,10 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 		}
 	}
 	defer releaseDisk()
-	if err := m.store.CreateSandbox(ctx, sb); err != nil {
+	endStore := phase.Start(ctx, phase.Store)
+	err = m.store.CreateSandbox(ctx, sb)
+	endStore()
+	if err != nil {
 		if errors.Is(err, store.ErrConflict) && len(mounts) > 0 {
 			return nil, fmt.Errorf("%w: %v", ErrConflict, err)
 		}
@@ -718,7 +758,9 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 	// The node work must not be abandoned half way because the client went away.
 	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
+	endWait := phase.Start(nctx, phase.LockWait)
 	unlock, err := m.lock(nctx, sb.ID)
+	endWait()
 	if err != nil {
 		m.markKilled(nctx, sb, "create failed: "+err.Error(), nil) // nothing reached the node
 		return nil, err
@@ -751,11 +793,15 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 	}
 	sb.Addr = placed.Addr.String()
 	sb.State = store.StateRunning
-	if err := m.store.UpdateSandbox(nctx, sb); err != nil {
+	endStore = phase.Start(ctx, phase.Store)
+	err = m.store.UpdateSandbox(nctx, sb)
+	if err != nil {
+		endStore()
 		_ = pl.node.Delete(nctx, sb.ID)
 		return nil, err
 	}
 	m.event(ctx, sb.ID, "created", "info", "sandbox created from template %s on node %s", sb.TemplateID, sb.Node)
+	endStore()
 	// The start slot is for booting; waiting on a slow ready command must
 	// not hold up other creates.
 	release()

@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/phase"
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -484,7 +485,9 @@ func (l *Linux) Setup(ctx context.Context, id string, p Policy) (ep Endpoint, er
 	if err := ctx.Err(); err != nil {
 		return Endpoint{}, err
 	}
+	endWait := phase.Start(ctx, phase.LockWait)
 	l.mu.Lock()
+	endWait()
 	defer l.mu.Unlock()
 	if _, ok := l.endpoints[id]; ok {
 		return Endpoint{}, ErrExists

@@ -21,6 +21,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/agentapi"
 	"github.com/cubicle-dev/cubicle/internal/cacerts"
 	"github.com/cubicle-dev/cubicle/internal/network"
+	"github.com/cubicle-dev/cubicle/internal/phase"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/volume"
 )
@@ -187,8 +188,14 @@ func NewLocal(cfg LocalConfig) (*Local, error) {
 // Create wires network, starts the runtime and initialises the agent. Any
 // failure undoes the steps already taken.
 func (l *Local) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err error) {
-	defer l.begin(req.ID, false)()
+	phase.From(ctx).SetRuntime(l.cfg.Runtime.Name())
+	endWait := phase.Start(ctx, phase.LockWait)
+	done := l.begin(req.ID, false)
+	endWait()
+	defer done()
+	endNetwork := phase.Start(ctx, phase.Network)
 	ep, err := l.cfg.Network.Setup(ctx, req.ID, req.Policy)
+	endNetwork()
 	if err != nil {
 		return Sandbox{}, fmt.Errorf("network setup: %w", err)
 	}
@@ -340,6 +347,7 @@ func agentURL(id string, addr netip.Addr, path string) string {
 func (l *Local) initAgent(ctx context.Context, id string, addr netip.Addr, req CreateRequest, currentToken string) error {
 	deadline := time.Now().Add(l.cfg.AgentReadyTimeout)
 	delay := 2 * time.Millisecond
+	endReady := phase.Start(ctx, phase.AgentReady)
 	for {
 		hctx, cancel := context.WithTimeout(ctx, time.Second)
 		r, _ := http.NewRequestWithContext(hctx, http.MethodGet, agentURL(id, addr, "/health"), nil)
@@ -363,6 +371,8 @@ func (l *Local) initAgent(ctx context.Context, id string, addr netip.Addr, req C
 			delay *= 2
 		}
 	}
+	endReady()
+	defer phase.Start(ctx, phase.Init)()
 	body, err := json.Marshal(initBody(req, l.cfg.EgressCA, time.Now()))
 	if err != nil {
 		return fmt.Errorf("agent init: %w", err)

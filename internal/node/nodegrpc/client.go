@@ -15,6 +15,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/phase"
 )
 
 // Client is a node.Node whose node is at the other end of a gRPC
@@ -66,7 +67,15 @@ func sandbox(p *nodev1.Sandbox, err error) (node.Sandbox, error) {
 }
 
 func (c *Client) Create(ctx context.Context, req node.CreateRequest) (node.Sandbox, error) {
-	return sandbox(c.sb.Create(ctx, createToProto(req), c.opts...))
+	p, err := c.sb.Create(ctx, createToProto(req), c.opts...)
+	if err == nil {
+		tr := phase.From(ctx)
+		tr.Merge(phasesFromProto(p.GetPhases()))
+		if rt := p.GetRuntime(); rt != "" {
+			tr.SetRuntime(rt)
+		}
+	}
+	return sandbox(p, err)
 }
 
 func (c *Client) Delete(ctx context.Context, id string) error {

@@ -3,6 +3,7 @@ package nodegrpc
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -11,6 +12,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/accel"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/phase"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 )
 
@@ -307,4 +309,24 @@ func exitToProto(e node.Exit) *nodev1.Exit {
 
 func exitFromProto(p *nodev1.Exit) node.Exit {
 	return node.Exit{ID: p.GetId(), Pid: int(p.GetPid()), At: fromTS(p.GetAt()), OOM: p.GetOom()}
+}
+
+func phasesToProto(ps []phase.Phase) []*nodev1.Phase {
+	out := make([]*nodev1.Phase, len(ps))
+	for i, p := range ps {
+		out[i] = &nodev1.Phase{Name: p.Name, Nanos: int64(p.Duration)}
+	}
+	return out
+}
+
+// phasesFromProto keeps only the known phases: a node's answer must not
+// grow the control plane's histogram with label values it invents.
+func phasesFromProto(ps []*nodev1.Phase) []phase.Phase {
+	out := make([]phase.Phase, 0, len(ps))
+	for _, p := range ps {
+		if slices.Contains(phase.Names, p.GetName()) && p.GetNanos() >= 0 {
+			out = append(out, phase.Phase{Name: p.GetName(), Duration: time.Duration(p.GetNanos())})
+		}
+	}
+	return out
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/accel"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/phase"
 )
 
 // fill sets every field of v, recursively, to a value that is not its
@@ -132,5 +133,24 @@ func TestStructsSurviveTheWire(t *testing.T) {
 	}
 	if _, err := sandboxFromProto(&nodev1.Sandbox{Id: "x", Addr: "not an address"}); err == nil {
 		t.Error("a bad address from the node was accepted")
+	}
+}
+
+// A node's phases cross the wire as they were; a name outside phase.Names
+// (or a negative duration) from a hostile node is dropped, so it cannot
+// mint label values in the control plane's histogram.
+func TestPhasesRoundTrip(t *testing.T) {
+	in := []phase.Phase{{Name: phase.Network, Duration: 3 * time.Millisecond}, {Name: phase.Disk, Duration: 25 * time.Millisecond}}
+	wire := append(phasesToProto(in), &nodev1.Phase{Name: "evil\"label", Nanos: 1}, &nodev1.Phase{Name: phase.Init, Nanos: -5})
+	b, err := proto.Marshal(&nodev1.Sandbox{Id: "x", Phases: wire, Runtime: "runc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back nodev1.Sandbox
+	if err := proto.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if got := phasesFromProto(back.GetPhases()); !reflect.DeepEqual(got, in) {
+		t.Fatalf("phases %+v, want %+v", got, in)
 	}
 }

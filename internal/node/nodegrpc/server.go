@@ -18,6 +18,7 @@ import (
 	nodev1 "github.com/cubicle-dev/cubicle/api/proto/node/v1"
 	"github.com/cubicle-dev/cubicle/internal/accel"
 	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/phase"
 )
 
 // MaxMessageSize bounds one message in each direction, on both sides. The
@@ -96,11 +97,16 @@ type sandboxesServer struct {
 }
 
 func (s *sandboxesServer) Create(ctx context.Context, r *nodev1.CreateRequest) (*nodev1.Sandbox, error) {
-	sb, err := s.n.Create(ctx, createFromProto(r))
+	// The node's phases go back in the answer: the control plane's
+	// trace (Server-Timing, the phase histogram) includes them.
+	tr := phase.New()
+	sb, err := s.n.Create(phase.With(ctx, tr), createFromProto(r))
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return sandboxToProto(sb), nil
+	p := sandboxToProto(sb)
+	p.Phases, p.Runtime = phasesToProto(tr.Phases()), tr.Runtime()
+	return p, nil
 }
 
 func (s *sandboxesServer) Delete(ctx context.Context, r *nodev1.IDRequest) (*nodev1.Empty, error) {

@@ -16,6 +16,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/accel"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
+	"github.com/cubicle-dev/cubicle/internal/phase"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 )
 
@@ -53,6 +54,7 @@ func Run(t *testing.T, newNode func(t *testing.T) node.Node, o Options) {
 		{"Facts", s.facts},
 		{"UnknownIDs", s.unknownIDs},
 		{"Lifecycle", s.lifecycle},
+		{"CreateTrace", s.createTrace},
 		{"PauseResume", s.pauseResume},
 		{"StopResume", s.stopResume},
 		{"NetworkPolicy", s.networkPolicy},
@@ -116,6 +118,46 @@ func (s *suite) create(t *testing.T, n node.Node, req node.CreateRequest) node.S
 		t.Fatalf("Create returned %+v, want %s running with an address", sb, req.ID)
 	}
 	return sb
+}
+
+// createTrace: the phases a node runs reach the caller's trace (over the
+// wire too, in the create answer), named for the node's runtime.
+func (s *suite) createTrace(t *testing.T, n node.Node) {
+	info, err := n.Info(s.ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := phase.New()
+	req := s.request(t)
+	sb, err := n.Create(phase.With(s.ctx(t), tr), req)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), s.o.Timeout)
+		defer cancel()
+		if err := n.Delete(ctx, req.ID); err != nil {
+			t.Errorf("cleanup delete %s: %v", req.ID, err)
+		}
+	})
+	if err != nil || sb.State != runtime.StateRunning {
+		t.Fatalf("Create: %+v, %v", sb, err)
+	}
+	got := map[string]bool{}
+	for _, p := range tr.Phases() {
+		if p.Duration < 0 || (p.Duration == 0 && p.Name != phase.LockWait) {
+			t.Errorf("phase %s took %v", p.Name, p.Duration)
+		}
+		got[p.Name] = true
+	}
+	for _, want := range []string{phase.LockWait, phase.Network, phase.Disk, phase.Rootfs, phase.OCICreate, phase.OCIStart, phase.AgentReady, phase.Init} {
+		if !got[want] {
+			t.Errorf("no %s phase in %+v", want, tr.Phases())
+		}
+	}
+	if tr.Runtime() != info.Runtime || tr.Runtime() == "" {
+		t.Errorf("trace runtime %q, node runtime %q", tr.Runtime(), info.Runtime)
+	}
+	// Without a trace the create runs as before.
+	plain := s.request(t)
+	s.create(t, n, plain)
 }
 
 // run executes cmd as user and returns its exit code.

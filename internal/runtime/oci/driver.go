@@ -22,6 +22,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/diskimage"
 	"github.com/cubicle-dev/cubicle/internal/idlock"
+	"github.com/cubicle-dev/cubicle/internal/phase"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 )
 
@@ -459,7 +460,9 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Info,
 	if err := validateDevices(spec.Devices); err != nil {
 		return runtime.Info{}, err
 	}
+	endWait := phase.Start(ctx, phase.LockWait)
 	unlock := d.lock(spec.ID)
+	endWait()
 	defer unlock()
 
 	dir := d.dir(spec.ID)
@@ -509,37 +512,13 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Info,
 			return runtime.Info{}, err
 		}
 	}
-	if err := d.setupDisk(ctx, spec.ID, spec.Resources.DiskMB); err != nil {
-		return runtime.Info{}, err
-	}
-	upper, work := d.UpperDir(spec.ID), filepath.Join(d.diskDir(spec.ID), "work")
-	for _, p := range []string{upper, work} {
-		if err := os.Mkdir(p, 0o755); err != nil {
-			return runtime.Info{}, err
-		}
-	}
-	if err := seedFiles(upper, spec.Files, int(nsBase)); err != nil {
-		return runtime.Info{}, err
-	}
-	if nsBase != 0 {
-		if spec.Mounts, err = d.idmappedRootfs(spec.ID, nsBase, spec.Layers, upper, work, rootfs, spec.Mounts, spec.Devices); err != nil {
-			return runtime.Info{}, err
-		}
-	} else if err := mountOverlay(spec.Layers, upper, work, rootfs); err != nil {
-		return runtime.Info{}, err
-	}
-	if err := prepareRootfs(rootfs, spec.Mounts); err != nil {
-		return runtime.Info{}, err
-	}
-	ociSpec, err := d.buildSpec(spec, rootfs, nsBase)
+	endDisk := phase.Start(ctx, phase.Disk)
+	err = d.setupDisk(ctx, spec.ID, spec.Resources.DiskMB)
+	endDisk()
 	if err != nil {
 		return runtime.Info{}, err
 	}
-	b, err := json.MarshalIndent(ociSpec, "", "  ")
-	if err != nil {
-		return runtime.Info{}, err
-	}
-	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600); err != nil {
+	if err := d.rootfs(ctx, &spec, rootfs, bundle, nsBase); err != nil {
 		return runtime.Info{}, err
 	}
 	if d.cfg.Runtime == "runsc" && spec.NetNSPath != "" {
@@ -567,13 +546,53 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Info,
 		}
 		return d.inspectLocked(ctx, spec.ID)
 	}
-	if err := d.createContainer(ctx, spec.ID); err != nil {
+	endCreate := phase.Start(ctx, phase.OCICreate)
+	err = d.createContainer(ctx, spec.ID)
+	endCreate()
+	if err != nil {
 		return runtime.Info{}, err
 	}
-	if _, err := d.run(ctx, "start", spec.ID); err != nil {
+	endStart := phase.Start(ctx, phase.OCIStart)
+	_, err = d.run(ctx, "start", spec.ID)
+	endStart()
+	if err != nil {
 		return runtime.Info{}, err
 	}
 	return d.inspectLocked(ctx, spec.ID)
+}
+
+// rootfs assembles the sandbox's root (upper dirs on its disk, the
+// overlay, idmapped for a user namespace) and writes its OCI bundle.
+func (d *Driver) rootfs(ctx context.Context, spec *runtime.Spec, rootfs, bundle string, nsBase uint32) (err error) {
+	defer phase.Start(ctx, phase.Rootfs)()
+	upper, work := d.UpperDir(spec.ID), filepath.Join(d.diskDir(spec.ID), "work")
+	for _, p := range []string{upper, work} {
+		if err := os.Mkdir(p, 0o755); err != nil {
+			return err
+		}
+	}
+	if err := seedFiles(upper, spec.Files, int(nsBase)); err != nil {
+		return err
+	}
+	if nsBase != 0 {
+		if spec.Mounts, err = d.idmappedRootfs(ctx, spec.ID, nsBase, spec.Layers, upper, work, rootfs, spec.Mounts, spec.Devices); err != nil {
+			return err
+		}
+	} else if err := mountOverlay(spec.Layers, upper, work, rootfs); err != nil {
+		return err
+	}
+	if err := prepareRootfs(rootfs, spec.Mounts); err != nil {
+		return err
+	}
+	ociSpec, err := d.buildSpec(*spec, rootfs, nsBase)
+	if err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(ociSpec, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600)
 }
 
 // createContainer runs the runtime's create for id's bundle. A

@@ -1,6 +1,7 @@
 package oci
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cubicle-dev/cubicle/internal/phase"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 )
 
@@ -101,7 +103,9 @@ func (d *Driver) ownedUserns() bool { return d.userns() && d.cfg.Runtime != "run
 // bind otherwise) and returns the mounts with their staged sources: runc
 // resolves sources inside the user namespace, which cannot traverse the
 // host's root-only dirs.
-func (d *Driver) idmappedRootfs(id string, base uint32, layers []string, upper, work, rootfs string, mounts []runtime.Mount, devs []runtime.Device) ([]runtime.Mount, error) {
+func (d *Driver) idmappedRootfs(ctx context.Context, id string, base uint32, layers []string, upper, work, rootfs string, mounts []runtime.Mount, devs []runtime.Device) ([]runtime.Mount, error) {
+	// Inside rootfs's phase: what user namespaces add to it.
+	defer phase.Start(ctx, phase.Idmap)()
 	ns, err := newUserns(base, usernsSize)
 	if err != nil {
 		return nil, err

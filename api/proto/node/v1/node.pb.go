@@ -805,11 +805,15 @@ func (x *RebuildRequest) GetRequest() *CreateRequest {
 
 // Sandbox is node.Sandbox.
 type Sandbox struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Addr          string                 `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`   // netip.Addr text; empty when invalid
-	State         string                 `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"` // runtime.State
-	Pid           int64                  `protobuf:"varint,4,opt,name=pid,proto3" json:"pid,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Addr  string                 `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`   // netip.Addr text; empty when invalid
+	State string                 `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"` // runtime.State
+	Pid   int64                  `protobuf:"varint,4,opt,name=pid,proto3" json:"pid,omitempty"`
+	// Create's answer only: the phases the node ran (internal/phase), for
+	// the control plane's trace, and the runtime that booted it.
+	Phases        []*Phase `protobuf:"bytes,5,rep,name=phases,proto3" json:"phases,omitempty"`
+	Runtime       string   `protobuf:"bytes,6,opt,name=runtime,proto3" json:"runtime,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -872,6 +876,73 @@ func (x *Sandbox) GetPid() int64 {
 	return 0
 }
 
+func (x *Sandbox) GetPhases() []*Phase {
+	if x != nil {
+		return x.Phases
+	}
+	return nil
+}
+
+func (x *Sandbox) GetRuntime() string {
+	if x != nil {
+		return x.Runtime
+	}
+	return ""
+}
+
+// Phase is phase.Phase: one create phase's accumulated duration.
+type Phase struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Nanos         int64                  `protobuf:"varint,2,opt,name=nanos,proto3" json:"nanos,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Phase) Reset() {
+	*x = Phase{}
+	mi := &file_node_v1_node_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Phase) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Phase) ProtoMessage() {}
+
+func (x *Phase) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Phase.ProtoReflect.Descriptor instead.
+func (*Phase) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *Phase) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Phase) GetNanos() int64 {
+	if x != nil {
+		return x.Nanos
+	}
+	return 0
+}
+
 type ListRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -880,7 +951,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[12]
+	mi := &file_node_v1_node_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -892,7 +963,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[12]
+	mi := &file_node_v1_node_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -905,7 +976,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{12}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{13}
 }
 
 type ListResponse struct {
@@ -917,7 +988,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[13]
+	mi := &file_node_v1_node_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -929,7 +1000,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[13]
+	mi := &file_node_v1_node_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -942,7 +1013,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{13}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -962,7 +1033,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[14]
+	mi := &file_node_v1_node_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -974,7 +1045,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[14]
+	mi := &file_node_v1_node_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -987,7 +1058,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{14}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *StatsRequest) GetId() string {
@@ -1021,7 +1092,7 @@ type Stats struct {
 
 func (x *Stats) Reset() {
 	*x = Stats{}
-	mi := &file_node_v1_node_proto_msgTypes[15]
+	mi := &file_node_v1_node_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1033,7 +1104,7 @@ func (x *Stats) String() string {
 func (*Stats) ProtoMessage() {}
 
 func (x *Stats) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[15]
+	mi := &file_node_v1_node_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1046,7 +1117,7 @@ func (x *Stats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stats.ProtoReflect.Descriptor instead.
 func (*Stats) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{15}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Stats) GetTime() *timestamppb.Timestamp {
@@ -1114,7 +1185,7 @@ type LogsResponse struct {
 
 func (x *LogsResponse) Reset() {
 	*x = LogsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[16]
+	mi := &file_node_v1_node_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1126,7 +1197,7 @@ func (x *LogsResponse) String() string {
 func (*LogsResponse) ProtoMessage() {}
 
 func (x *LogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[16]
+	mi := &file_node_v1_node_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1139,7 +1210,7 @@ func (x *LogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsResponse.ProtoReflect.Descriptor instead.
 func (*LogsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{16}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LogsResponse) GetData() []byte {
@@ -1161,7 +1232,7 @@ type Mount struct {
 
 func (x *Mount) Reset() {
 	*x = Mount{}
-	mi := &file_node_v1_node_proto_msgTypes[17]
+	mi := &file_node_v1_node_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1173,7 +1244,7 @@ func (x *Mount) String() string {
 func (*Mount) ProtoMessage() {}
 
 func (x *Mount) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[17]
+	mi := &file_node_v1_node_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1186,7 +1257,7 @@ func (x *Mount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Mount.ProtoReflect.Descriptor instead.
 func (*Mount) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{17}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Mount) GetSource() string {
@@ -1227,7 +1298,7 @@ type Policy struct {
 
 func (x *Policy) Reset() {
 	*x = Policy{}
-	mi := &file_node_v1_node_proto_msgTypes[18]
+	mi := &file_node_v1_node_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1239,7 +1310,7 @@ func (x *Policy) String() string {
 func (*Policy) ProtoMessage() {}
 
 func (x *Policy) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[18]
+	mi := &file_node_v1_node_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1252,7 +1323,7 @@ func (x *Policy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Policy.ProtoReflect.Descriptor instead.
 func (*Policy) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{18}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Policy) GetAllowInternet() bool {
@@ -1306,7 +1377,7 @@ type Rules struct {
 
 func (x *Rules) Reset() {
 	*x = Rules{}
-	mi := &file_node_v1_node_proto_msgTypes[19]
+	mi := &file_node_v1_node_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1318,7 +1389,7 @@ func (x *Rules) String() string {
 func (*Rules) ProtoMessage() {}
 
 func (x *Rules) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[19]
+	mi := &file_node_v1_node_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1331,7 +1402,7 @@ func (x *Rules) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rules.ProtoReflect.Descriptor instead.
 func (*Rules) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{19}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Rules) GetRules() []*Rule {
@@ -1350,7 +1421,7 @@ type Rule struct {
 
 func (x *Rule) Reset() {
 	*x = Rule{}
-	mi := &file_node_v1_node_proto_msgTypes[20]
+	mi := &file_node_v1_node_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1362,7 +1433,7 @@ func (x *Rule) String() string {
 func (*Rule) ProtoMessage() {}
 
 func (x *Rule) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[20]
+	mi := &file_node_v1_node_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1375,7 +1446,7 @@ func (x *Rule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rule.ProtoReflect.Descriptor instead.
 func (*Rule) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{20}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Rule) GetHeaders() map[string]string {
@@ -1397,7 +1468,7 @@ type Upstream struct {
 
 func (x *Upstream) Reset() {
 	*x = Upstream{}
-	mi := &file_node_v1_node_proto_msgTypes[21]
+	mi := &file_node_v1_node_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1409,7 +1480,7 @@ func (x *Upstream) String() string {
 func (*Upstream) ProtoMessage() {}
 
 func (x *Upstream) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[21]
+	mi := &file_node_v1_node_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1422,7 +1493,7 @@ func (x *Upstream) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Upstream.ProtoReflect.Descriptor instead.
 func (*Upstream) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{21}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Upstream) GetAddress() string {
@@ -1463,7 +1534,7 @@ type UpstreamTLS struct {
 
 func (x *UpstreamTLS) Reset() {
 	*x = UpstreamTLS{}
-	mi := &file_node_v1_node_proto_msgTypes[22]
+	mi := &file_node_v1_node_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1475,7 +1546,7 @@ func (x *UpstreamTLS) String() string {
 func (*UpstreamTLS) ProtoMessage() {}
 
 func (x *UpstreamTLS) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[22]
+	mi := &file_node_v1_node_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1488,7 +1559,7 @@ func (x *UpstreamTLS) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpstreamTLS.ProtoReflect.Descriptor instead.
 func (*UpstreamTLS) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{22}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *UpstreamTLS) GetServerName() string {
@@ -1514,7 +1585,7 @@ type DNSServers struct {
 
 func (x *DNSServers) Reset() {
 	*x = DNSServers{}
-	mi := &file_node_v1_node_proto_msgTypes[23]
+	mi := &file_node_v1_node_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1526,7 +1597,7 @@ func (x *DNSServers) String() string {
 func (*DNSServers) ProtoMessage() {}
 
 func (x *DNSServers) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[23]
+	mi := &file_node_v1_node_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1539,7 +1610,7 @@ func (x *DNSServers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DNSServers.ProtoReflect.Descriptor instead.
 func (*DNSServers) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{23}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DNSServers) GetServers() []string {
@@ -1560,7 +1631,7 @@ type ReinitRequest struct {
 
 func (x *ReinitRequest) Reset() {
 	*x = ReinitRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[24]
+	mi := &file_node_v1_node_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1572,7 +1643,7 @@ func (x *ReinitRequest) String() string {
 func (*ReinitRequest) ProtoMessage() {}
 
 func (x *ReinitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[24]
+	mi := &file_node_v1_node_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1585,7 +1656,7 @@ func (x *ReinitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReinitRequest.ProtoReflect.Descriptor instead.
 func (*ReinitRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{24}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReinitRequest) GetId() string {
@@ -1621,7 +1692,7 @@ type RunRequest struct {
 
 func (x *RunRequest) Reset() {
 	*x = RunRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[25]
+	mi := &file_node_v1_node_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1633,7 +1704,7 @@ func (x *RunRequest) String() string {
 func (*RunRequest) ProtoMessage() {}
 
 func (x *RunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[25]
+	mi := &file_node_v1_node_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1646,7 +1717,7 @@ func (x *RunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunRequest.ProtoReflect.Descriptor instead.
 func (*RunRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{25}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RunRequest) GetId() string {
@@ -1686,7 +1757,7 @@ type RunResponse struct {
 
 func (x *RunResponse) Reset() {
 	*x = RunResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[26]
+	mi := &file_node_v1_node_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1698,7 +1769,7 @@ func (x *RunResponse) String() string {
 func (*RunResponse) ProtoMessage() {}
 
 func (x *RunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[26]
+	mi := &file_node_v1_node_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1711,7 +1782,7 @@ func (x *RunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResponse.ProtoReflect.Descriptor instead.
 func (*RunResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{26}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RunResponse) GetExitCode() int64 {
@@ -1731,7 +1802,7 @@ type UpdatePolicyRequest struct {
 
 func (x *UpdatePolicyRequest) Reset() {
 	*x = UpdatePolicyRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[27]
+	mi := &file_node_v1_node_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1743,7 +1814,7 @@ func (x *UpdatePolicyRequest) String() string {
 func (*UpdatePolicyRequest) ProtoMessage() {}
 
 func (x *UpdatePolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[27]
+	mi := &file_node_v1_node_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1756,7 +1827,7 @@ func (x *UpdatePolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePolicyRequest.ProtoReflect.Descriptor instead.
 func (*UpdatePolicyRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{27}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *UpdatePolicyRequest) GetId() string {
@@ -1782,7 +1853,7 @@ type CheckUpstreamRequest struct {
 
 func (x *CheckUpstreamRequest) Reset() {
 	*x = CheckUpstreamRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[28]
+	mi := &file_node_v1_node_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1794,7 +1865,7 @@ func (x *CheckUpstreamRequest) String() string {
 func (*CheckUpstreamRequest) ProtoMessage() {}
 
 func (x *CheckUpstreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[28]
+	mi := &file_node_v1_node_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1807,7 +1878,7 @@ func (x *CheckUpstreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckUpstreamRequest.ProtoReflect.Descriptor instead.
 func (*CheckUpstreamRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{28}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CheckUpstreamRequest) GetAddress() string {
@@ -1831,7 +1902,7 @@ type SnapshotObject struct {
 
 func (x *SnapshotObject) Reset() {
 	*x = SnapshotObject{}
-	mi := &file_node_v1_node_proto_msgTypes[29]
+	mi := &file_node_v1_node_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1843,7 +1914,7 @@ func (x *SnapshotObject) String() string {
 func (*SnapshotObject) ProtoMessage() {}
 
 func (x *SnapshotObject) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[29]
+	mi := &file_node_v1_node_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1856,7 +1927,7 @@ func (x *SnapshotObject) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotObject.ProtoReflect.Descriptor instead.
 func (*SnapshotObject) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{29}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SnapshotObject) GetPart() string {
@@ -1897,7 +1968,7 @@ type PushSnapshotRequest struct {
 
 func (x *PushSnapshotRequest) Reset() {
 	*x = PushSnapshotRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[30]
+	mi := &file_node_v1_node_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1909,7 +1980,7 @@ func (x *PushSnapshotRequest) String() string {
 func (*PushSnapshotRequest) ProtoMessage() {}
 
 func (x *PushSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[30]
+	mi := &file_node_v1_node_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1922,7 +1993,7 @@ func (x *PushSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*PushSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{30}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PushSnapshotRequest) GetSnapshotId() string {
@@ -1948,7 +2019,7 @@ type PushSnapshotResponse struct {
 
 func (x *PushSnapshotResponse) Reset() {
 	*x = PushSnapshotResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[31]
+	mi := &file_node_v1_node_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1960,7 +2031,7 @@ func (x *PushSnapshotResponse) String() string {
 func (*PushSnapshotResponse) ProtoMessage() {}
 
 func (x *PushSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[31]
+	mi := &file_node_v1_node_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1973,7 +2044,7 @@ func (x *PushSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*PushSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{31}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *PushSnapshotResponse) GetObjects() []*SnapshotObject {
@@ -1993,7 +2064,7 @@ type FetchSnapshotRequest struct {
 
 func (x *FetchSnapshotRequest) Reset() {
 	*x = FetchSnapshotRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[32]
+	mi := &file_node_v1_node_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2005,7 +2076,7 @@ func (x *FetchSnapshotRequest) String() string {
 func (*FetchSnapshotRequest) ProtoMessage() {}
 
 func (x *FetchSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[32]
+	mi := &file_node_v1_node_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2018,7 +2089,7 @@ func (x *FetchSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*FetchSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{32}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *FetchSnapshotRequest) GetSnapshotId() string {
@@ -2045,7 +2116,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[33]
+	mi := &file_node_v1_node_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2057,7 +2128,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[33]
+	mi := &file_node_v1_node_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2070,7 +2141,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{33}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SnapshotRequest) GetId() string {
@@ -2101,7 +2172,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_node_v1_node_proto_msgTypes[34]
+	mi := &file_node_v1_node_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2113,7 +2184,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[34]
+	mi := &file_node_v1_node_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2126,7 +2197,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{34}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Snapshot) GetId() string {
@@ -2173,7 +2244,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[35]
+	mi := &file_node_v1_node_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2185,7 +2256,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[35]
+	mi := &file_node_v1_node_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2198,7 +2269,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{35}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *DeleteSnapshotRequest) GetSnapshotId() string {
@@ -2216,7 +2287,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[36]
+	mi := &file_node_v1_node_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2228,7 +2299,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[36]
+	mi := &file_node_v1_node_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2241,7 +2312,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{36}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{37}
 }
 
 type ListSnapshotsResponse struct {
@@ -2253,7 +2324,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[37]
+	mi := &file_node_v1_node_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2265,7 +2336,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[37]
+	mi := &file_node_v1_node_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2278,7 +2349,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{37}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshotIds() []string {
@@ -2302,7 +2373,7 @@ type VolumeAttachment struct {
 
 func (x *VolumeAttachment) Reset() {
 	*x = VolumeAttachment{}
-	mi := &file_node_v1_node_proto_msgTypes[38]
+	mi := &file_node_v1_node_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2314,7 +2385,7 @@ func (x *VolumeAttachment) String() string {
 func (*VolumeAttachment) ProtoMessage() {}
 
 func (x *VolumeAttachment) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[38]
+	mi := &file_node_v1_node_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2327,7 +2398,7 @@ func (x *VolumeAttachment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeAttachment.ProtoReflect.Descriptor instead.
 func (*VolumeAttachment) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{38}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *VolumeAttachment) GetVolumeId() string {
@@ -2375,7 +2446,7 @@ type AttachVolumeRequest struct {
 
 func (x *AttachVolumeRequest) Reset() {
 	*x = AttachVolumeRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[39]
+	mi := &file_node_v1_node_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2387,7 +2458,7 @@ func (x *AttachVolumeRequest) String() string {
 func (*AttachVolumeRequest) ProtoMessage() {}
 
 func (x *AttachVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[39]
+	mi := &file_node_v1_node_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2400,7 +2471,7 @@ func (x *AttachVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachVolumeRequest.ProtoReflect.Descriptor instead.
 func (*AttachVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{39}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *AttachVolumeRequest) GetHolder() string {
@@ -2426,7 +2497,7 @@ type AttachVolumeResponse struct {
 
 func (x *AttachVolumeResponse) Reset() {
 	*x = AttachVolumeResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[40]
+	mi := &file_node_v1_node_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2438,7 +2509,7 @@ func (x *AttachVolumeResponse) String() string {
 func (*AttachVolumeResponse) ProtoMessage() {}
 
 func (x *AttachVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[40]
+	mi := &file_node_v1_node_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2451,7 +2522,7 @@ func (x *AttachVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachVolumeResponse.ProtoReflect.Descriptor instead.
 func (*AttachVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{40}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *AttachVolumeResponse) GetHostPath() string {
@@ -2471,7 +2542,7 @@ type DetachVolumeRequest struct {
 
 func (x *DetachVolumeRequest) Reset() {
 	*x = DetachVolumeRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[41]
+	mi := &file_node_v1_node_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2483,7 +2554,7 @@ func (x *DetachVolumeRequest) String() string {
 func (*DetachVolumeRequest) ProtoMessage() {}
 
 func (x *DetachVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[41]
+	mi := &file_node_v1_node_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2496,7 +2567,7 @@ func (x *DetachVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DetachVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{41}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *DetachVolumeRequest) GetHolder() string {
@@ -2521,7 +2592,7 @@ type VolumeRefsRequest struct {
 
 func (x *VolumeRefsRequest) Reset() {
 	*x = VolumeRefsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[42]
+	mi := &file_node_v1_node_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2533,7 +2604,7 @@ func (x *VolumeRefsRequest) String() string {
 func (*VolumeRefsRequest) ProtoMessage() {}
 
 func (x *VolumeRefsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[42]
+	mi := &file_node_v1_node_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2546,7 +2617,7 @@ func (x *VolumeRefsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeRefsRequest.ProtoReflect.Descriptor instead.
 func (*VolumeRefsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{42}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{43}
 }
 
 // VolumeRef is node.VolumeRef.
@@ -2568,7 +2639,7 @@ type VolumeRef struct {
 
 func (x *VolumeRef) Reset() {
 	*x = VolumeRef{}
-	mi := &file_node_v1_node_proto_msgTypes[43]
+	mi := &file_node_v1_node_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2580,7 +2651,7 @@ func (x *VolumeRef) String() string {
 func (*VolumeRef) ProtoMessage() {}
 
 func (x *VolumeRef) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[43]
+	mi := &file_node_v1_node_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2593,7 +2664,7 @@ func (x *VolumeRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeRef.ProtoReflect.Descriptor instead.
 func (*VolumeRef) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{43}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *VolumeRef) GetVolumeId() string {
@@ -2675,7 +2746,7 @@ type VolumeRefsResponse struct {
 
 func (x *VolumeRefsResponse) Reset() {
 	*x = VolumeRefsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[44]
+	mi := &file_node_v1_node_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2687,7 +2758,7 @@ func (x *VolumeRefsResponse) String() string {
 func (*VolumeRefsResponse) ProtoMessage() {}
 
 func (x *VolumeRefsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[44]
+	mi := &file_node_v1_node_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2700,7 +2771,7 @@ func (x *VolumeRefsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeRefsResponse.ProtoReflect.Descriptor instead.
 func (*VolumeRefsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{44}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *VolumeRefsResponse) GetRefs() []*VolumeRef {
@@ -2718,7 +2789,7 @@ type AcceleratorInventoryRequest struct {
 
 func (x *AcceleratorInventoryRequest) Reset() {
 	*x = AcceleratorInventoryRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[45]
+	mi := &file_node_v1_node_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2730,7 +2801,7 @@ func (x *AcceleratorInventoryRequest) String() string {
 func (*AcceleratorInventoryRequest) ProtoMessage() {}
 
 func (x *AcceleratorInventoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[45]
+	mi := &file_node_v1_node_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2743,7 +2814,7 @@ func (x *AcceleratorInventoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcceleratorInventoryRequest.ProtoReflect.Descriptor instead.
 func (*AcceleratorInventoryRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{45}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{46}
 }
 
 type AcceleratorInventoryResponse struct {
@@ -2755,7 +2826,7 @@ type AcceleratorInventoryResponse struct {
 
 func (x *AcceleratorInventoryResponse) Reset() {
 	*x = AcceleratorInventoryResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[46]
+	mi := &file_node_v1_node_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2767,7 +2838,7 @@ func (x *AcceleratorInventoryResponse) String() string {
 func (*AcceleratorInventoryResponse) ProtoMessage() {}
 
 func (x *AcceleratorInventoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[46]
+	mi := &file_node_v1_node_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2780,7 +2851,7 @@ func (x *AcceleratorInventoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcceleratorInventoryResponse.ProtoReflect.Descriptor instead.
 func (*AcceleratorInventoryResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{46}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *AcceleratorInventoryResponse) GetDevices() []*Device {
@@ -2800,7 +2871,7 @@ type DeviceIDRequest struct {
 
 func (x *DeviceIDRequest) Reset() {
 	*x = DeviceIDRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[47]
+	mi := &file_node_v1_node_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2812,7 +2883,7 @@ func (x *DeviceIDRequest) String() string {
 func (*DeviceIDRequest) ProtoMessage() {}
 
 func (x *DeviceIDRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[47]
+	mi := &file_node_v1_node_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2825,7 +2896,7 @@ func (x *DeviceIDRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceIDRequest.ProtoReflect.Descriptor instead.
 func (*DeviceIDRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{47}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *DeviceIDRequest) GetId() string {
@@ -2845,7 +2916,7 @@ type DisableAcceleratorRequest struct {
 
 func (x *DisableAcceleratorRequest) Reset() {
 	*x = DisableAcceleratorRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[48]
+	mi := &file_node_v1_node_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2857,7 +2928,7 @@ func (x *DisableAcceleratorRequest) String() string {
 func (*DisableAcceleratorRequest) ProtoMessage() {}
 
 func (x *DisableAcceleratorRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[48]
+	mi := &file_node_v1_node_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2870,7 +2941,7 @@ func (x *DisableAcceleratorRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DisableAcceleratorRequest.ProtoReflect.Descriptor instead.
 func (*DisableAcceleratorRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{48}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *DisableAcceleratorRequest) GetId() string {
@@ -2899,7 +2970,7 @@ type DenyAcceleratorsRequest struct {
 
 func (x *DenyAcceleratorsRequest) Reset() {
 	*x = DenyAcceleratorsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[49]
+	mi := &file_node_v1_node_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2911,7 +2982,7 @@ func (x *DenyAcceleratorsRequest) String() string {
 func (*DenyAcceleratorsRequest) ProtoMessage() {}
 
 func (x *DenyAcceleratorsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[49]
+	mi := &file_node_v1_node_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2924,7 +2995,7 @@ func (x *DenyAcceleratorsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DenyAcceleratorsRequest.ProtoReflect.Descriptor instead.
 func (*DenyAcceleratorsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{49}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *DenyAcceleratorsRequest) GetSandboxId() string {
@@ -2950,7 +3021,7 @@ type AcceleratorEventsRequest struct {
 
 func (x *AcceleratorEventsRequest) Reset() {
 	*x = AcceleratorEventsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[50]
+	mi := &file_node_v1_node_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2962,7 +3033,7 @@ func (x *AcceleratorEventsRequest) String() string {
 func (*AcceleratorEventsRequest) ProtoMessage() {}
 
 func (x *AcceleratorEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[50]
+	mi := &file_node_v1_node_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2975,7 +3046,7 @@ func (x *AcceleratorEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcceleratorEventsRequest.ProtoReflect.Descriptor instead.
 func (*AcceleratorEventsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{50}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *AcceleratorEventsRequest) GetLimit() int64 {
@@ -2994,7 +3065,7 @@ type AcceleratorEventsResponse struct {
 
 func (x *AcceleratorEventsResponse) Reset() {
 	*x = AcceleratorEventsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[51]
+	mi := &file_node_v1_node_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3006,7 +3077,7 @@ func (x *AcceleratorEventsResponse) String() string {
 func (*AcceleratorEventsResponse) ProtoMessage() {}
 
 func (x *AcceleratorEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[51]
+	mi := &file_node_v1_node_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3019,7 +3090,7 @@ func (x *AcceleratorEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcceleratorEventsResponse.ProtoReflect.Descriptor instead.
 func (*AcceleratorEventsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{51}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *AcceleratorEventsResponse) GetEvents() []*AcceleratorEvent {
@@ -3061,7 +3132,7 @@ type Device struct {
 
 func (x *Device) Reset() {
 	*x = Device{}
-	mi := &file_node_v1_node_proto_msgTypes[52]
+	mi := &file_node_v1_node_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3073,7 +3144,7 @@ func (x *Device) String() string {
 func (*Device) ProtoMessage() {}
 
 func (x *Device) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[52]
+	mi := &file_node_v1_node_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3086,7 +3157,7 @@ func (x *Device) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Device.ProtoReflect.Descriptor instead.
 func (*Device) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{52}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *Device) GetId() string {
@@ -3265,7 +3336,7 @@ type AcceleratorRequest struct {
 
 func (x *AcceleratorRequest) Reset() {
 	*x = AcceleratorRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[53]
+	mi := &file_node_v1_node_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3277,7 +3348,7 @@ func (x *AcceleratorRequest) String() string {
 func (*AcceleratorRequest) ProtoMessage() {}
 
 func (x *AcceleratorRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[53]
+	mi := &file_node_v1_node_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3290,7 +3361,7 @@ func (x *AcceleratorRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcceleratorRequest.ProtoReflect.Descriptor instead.
 func (*AcceleratorRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{53}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *AcceleratorRequest) GetClass() string {
@@ -3357,7 +3428,7 @@ type AcceleratorContract struct {
 
 func (x *AcceleratorContract) Reset() {
 	*x = AcceleratorContract{}
-	mi := &file_node_v1_node_proto_msgTypes[54]
+	mi := &file_node_v1_node_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3369,7 +3440,7 @@ func (x *AcceleratorContract) String() string {
 func (*AcceleratorContract) ProtoMessage() {}
 
 func (x *AcceleratorContract) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[54]
+	mi := &file_node_v1_node_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3382,7 +3453,7 @@ func (x *AcceleratorContract) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcceleratorContract.ProtoReflect.Descriptor instead.
 func (*AcceleratorContract) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{54}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *AcceleratorContract) GetClass() string {
@@ -3492,7 +3563,7 @@ type AcceleratorEvent struct {
 
 func (x *AcceleratorEvent) Reset() {
 	*x = AcceleratorEvent{}
-	mi := &file_node_v1_node_proto_msgTypes[55]
+	mi := &file_node_v1_node_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3504,7 +3575,7 @@ func (x *AcceleratorEvent) String() string {
 func (*AcceleratorEvent) ProtoMessage() {}
 
 func (x *AcceleratorEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[55]
+	mi := &file_node_v1_node_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3517,7 +3588,7 @@ func (x *AcceleratorEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcceleratorEvent.ProtoReflect.Descriptor instead.
 func (*AcceleratorEvent) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{55}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *AcceleratorEvent) GetTime() *timestamppb.Timestamp {
@@ -3578,7 +3649,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[56]
+	mi := &file_node_v1_node_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3590,7 +3661,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[56]
+	mi := &file_node_v1_node_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3603,7 +3674,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{56}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *PullImageRequest) GetImage() *Image {
@@ -3621,7 +3692,7 @@ type ExitsRequest struct {
 
 func (x *ExitsRequest) Reset() {
 	*x = ExitsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[57]
+	mi := &file_node_v1_node_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3633,7 +3704,7 @@ func (x *ExitsRequest) String() string {
 func (*ExitsRequest) ProtoMessage() {}
 
 func (x *ExitsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[57]
+	mi := &file_node_v1_node_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3646,7 +3717,7 @@ func (x *ExitsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExitsRequest.ProtoReflect.Descriptor instead.
 func (*ExitsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{57}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{58}
 }
 
 // Exit is node.Exit.
@@ -3662,7 +3733,7 @@ type Exit struct {
 
 func (x *Exit) Reset() {
 	*x = Exit{}
-	mi := &file_node_v1_node_proto_msgTypes[58]
+	mi := &file_node_v1_node_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3674,7 +3745,7 @@ func (x *Exit) String() string {
 func (*Exit) ProtoMessage() {}
 
 func (x *Exit) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[58]
+	mi := &file_node_v1_node_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3687,7 +3758,7 @@ func (x *Exit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Exit.ProtoReflect.Descriptor instead.
 func (*Exit) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{58}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *Exit) GetId() string {
@@ -3731,7 +3802,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_node_v1_node_proto_msgTypes[59]
+	mi := &file_node_v1_node_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3743,7 +3814,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[59]
+	mi := &file_node_v1_node_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3756,7 +3827,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{59}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *Error) GetCode() uint32 {
@@ -3793,7 +3864,7 @@ type FieldErrorDetail struct {
 
 func (x *FieldErrorDetail) Reset() {
 	*x = FieldErrorDetail{}
-	mi := &file_node_v1_node_proto_msgTypes[60]
+	mi := &file_node_v1_node_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3805,7 +3876,7 @@ func (x *FieldErrorDetail) String() string {
 func (*FieldErrorDetail) ProtoMessage() {}
 
 func (x *FieldErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[60]
+	mi := &file_node_v1_node_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3818,7 +3889,7 @@ func (x *FieldErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FieldErrorDetail.ProtoReflect.Descriptor instead.
 func (*FieldErrorDetail) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{60}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *FieldErrorDetail) GetField() string {
@@ -3855,7 +3926,7 @@ type CompatErrorDetail struct {
 
 func (x *CompatErrorDetail) Reset() {
 	*x = CompatErrorDetail{}
-	mi := &file_node_v1_node_proto_msgTypes[61]
+	mi := &file_node_v1_node_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3867,7 +3938,7 @@ func (x *CompatErrorDetail) String() string {
 func (*CompatErrorDetail) ProtoMessage() {}
 
 func (x *CompatErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[61]
+	mi := &file_node_v1_node_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3880,7 +3951,7 @@ func (x *CompatErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompatErrorDetail.ProtoReflect.Descriptor instead.
 func (*CompatErrorDetail) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{61}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *CompatErrorDetail) GetStage() string {
@@ -3981,12 +4052,17 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\arequest\x18\x02 \x01(\v2\x1e.cubicle.node.v1.CreateRequestR\arequest\"Z\n" +
 	"\x0eRebuildRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x128\n" +
-	"\arequest\x18\x02 \x01(\v2\x1e.cubicle.node.v1.CreateRequestR\arequest\"U\n" +
+	"\arequest\x18\x02 \x01(\v2\x1e.cubicle.node.v1.CreateRequestR\arequest\"\x9f\x01\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x14\n" +
 	"\x05state\x18\x03 \x01(\tR\x05state\x12\x10\n" +
-	"\x03pid\x18\x04 \x01(\x03R\x03pid\"\r\n" +
+	"\x03pid\x18\x04 \x01(\x03R\x03pid\x12.\n" +
+	"\x06phases\x18\x05 \x03(\v2\x16.cubicle.node.v1.PhaseR\x06phases\x12\x18\n" +
+	"\aruntime\x18\x06 \x01(\tR\aruntime\"1\n" +
+	"\x05Phase\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05nanos\x18\x02 \x01(\x03R\x05nanos\"\r\n" +
 	"\vListRequest\"F\n" +
 	"\fListResponse\x126\n" +
 	"\tsandboxes\x18\x01 \x03(\v2\x18.cubicle.node.v1.SandboxR\tsandboxes\"4\n" +
@@ -4290,7 +4366,7 @@ func file_node_v1_node_proto_rawDescGZIP() []byte {
 	return file_node_v1_node_proto_rawDescData
 }
 
-var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 70)
+var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 71)
 var file_node_v1_node_proto_goTypes = []any{
 	(*InfoRequest)(nil),                  // 0: cubicle.node.v1.InfoRequest
 	(*NodeInfo)(nil),                     // 1: cubicle.node.v1.NodeInfo
@@ -4304,178 +4380,180 @@ var file_node_v1_node_proto_goTypes = []any{
 	(*ResumeRequest)(nil),                // 9: cubicle.node.v1.ResumeRequest
 	(*RebuildRequest)(nil),               // 10: cubicle.node.v1.RebuildRequest
 	(*Sandbox)(nil),                      // 11: cubicle.node.v1.Sandbox
-	(*ListRequest)(nil),                  // 12: cubicle.node.v1.ListRequest
-	(*ListResponse)(nil),                 // 13: cubicle.node.v1.ListResponse
-	(*StatsRequest)(nil),                 // 14: cubicle.node.v1.StatsRequest
-	(*Stats)(nil),                        // 15: cubicle.node.v1.Stats
-	(*LogsResponse)(nil),                 // 16: cubicle.node.v1.LogsResponse
-	(*Mount)(nil),                        // 17: cubicle.node.v1.Mount
-	(*Policy)(nil),                       // 18: cubicle.node.v1.Policy
-	(*Rules)(nil),                        // 19: cubicle.node.v1.Rules
-	(*Rule)(nil),                         // 20: cubicle.node.v1.Rule
-	(*Upstream)(nil),                     // 21: cubicle.node.v1.Upstream
-	(*UpstreamTLS)(nil),                  // 22: cubicle.node.v1.UpstreamTLS
-	(*DNSServers)(nil),                   // 23: cubicle.node.v1.DNSServers
-	(*ReinitRequest)(nil),                // 24: cubicle.node.v1.ReinitRequest
-	(*RunRequest)(nil),                   // 25: cubicle.node.v1.RunRequest
-	(*RunResponse)(nil),                  // 26: cubicle.node.v1.RunResponse
-	(*UpdatePolicyRequest)(nil),          // 27: cubicle.node.v1.UpdatePolicyRequest
-	(*CheckUpstreamRequest)(nil),         // 28: cubicle.node.v1.CheckUpstreamRequest
-	(*SnapshotObject)(nil),               // 29: cubicle.node.v1.SnapshotObject
-	(*PushSnapshotRequest)(nil),          // 30: cubicle.node.v1.PushSnapshotRequest
-	(*PushSnapshotResponse)(nil),         // 31: cubicle.node.v1.PushSnapshotResponse
-	(*FetchSnapshotRequest)(nil),         // 32: cubicle.node.v1.FetchSnapshotRequest
-	(*SnapshotRequest)(nil),              // 33: cubicle.node.v1.SnapshotRequest
-	(*Snapshot)(nil),                     // 34: cubicle.node.v1.Snapshot
-	(*DeleteSnapshotRequest)(nil),        // 35: cubicle.node.v1.DeleteSnapshotRequest
-	(*ListSnapshotsRequest)(nil),         // 36: cubicle.node.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),        // 37: cubicle.node.v1.ListSnapshotsResponse
-	(*VolumeAttachment)(nil),             // 38: cubicle.node.v1.VolumeAttachment
-	(*AttachVolumeRequest)(nil),          // 39: cubicle.node.v1.AttachVolumeRequest
-	(*AttachVolumeResponse)(nil),         // 40: cubicle.node.v1.AttachVolumeResponse
-	(*DetachVolumeRequest)(nil),          // 41: cubicle.node.v1.DetachVolumeRequest
-	(*VolumeRefsRequest)(nil),            // 42: cubicle.node.v1.VolumeRefsRequest
-	(*VolumeRef)(nil),                    // 43: cubicle.node.v1.VolumeRef
-	(*VolumeRefsResponse)(nil),           // 44: cubicle.node.v1.VolumeRefsResponse
-	(*AcceleratorInventoryRequest)(nil),  // 45: cubicle.node.v1.AcceleratorInventoryRequest
-	(*AcceleratorInventoryResponse)(nil), // 46: cubicle.node.v1.AcceleratorInventoryResponse
-	(*DeviceIDRequest)(nil),              // 47: cubicle.node.v1.DeviceIDRequest
-	(*DisableAcceleratorRequest)(nil),    // 48: cubicle.node.v1.DisableAcceleratorRequest
-	(*DenyAcceleratorsRequest)(nil),      // 49: cubicle.node.v1.DenyAcceleratorsRequest
-	(*AcceleratorEventsRequest)(nil),     // 50: cubicle.node.v1.AcceleratorEventsRequest
-	(*AcceleratorEventsResponse)(nil),    // 51: cubicle.node.v1.AcceleratorEventsResponse
-	(*Device)(nil),                       // 52: cubicle.node.v1.Device
-	(*AcceleratorRequest)(nil),           // 53: cubicle.node.v1.AcceleratorRequest
-	(*AcceleratorContract)(nil),          // 54: cubicle.node.v1.AcceleratorContract
-	(*AcceleratorEvent)(nil),             // 55: cubicle.node.v1.AcceleratorEvent
-	(*PullImageRequest)(nil),             // 56: cubicle.node.v1.PullImageRequest
-	(*ExitsRequest)(nil),                 // 57: cubicle.node.v1.ExitsRequest
-	(*Exit)(nil),                         // 58: cubicle.node.v1.Exit
-	(*Error)(nil),                        // 59: cubicle.node.v1.Error
-	(*FieldErrorDetail)(nil),             // 60: cubicle.node.v1.FieldErrorDetail
-	(*CompatErrorDetail)(nil),            // 61: cubicle.node.v1.CompatErrorDetail
-	nil,                                  // 62: cubicle.node.v1.AcceleratorCounts.ByStateEntry
-	nil,                                  // 63: cubicle.node.v1.CreateRequest.EnvVarsEntry
-	nil,                                  // 64: cubicle.node.v1.Policy.RulesEntry
-	nil,                                  // 65: cubicle.node.v1.Rule.HeadersEntry
-	nil,                                  // 66: cubicle.node.v1.VolumeRef.MetadataEntry
-	nil,                                  // 67: cubicle.node.v1.Device.LabelsEntry
-	nil,                                  // 68: cubicle.node.v1.AcceleratorRequest.LabelsEntry
-	nil,                                  // 69: cubicle.node.v1.AcceleratorContract.LabelsEntry
-	(*timestamppb.Timestamp)(nil),        // 70: google.protobuf.Timestamp
+	(*Phase)(nil),                        // 12: cubicle.node.v1.Phase
+	(*ListRequest)(nil),                  // 13: cubicle.node.v1.ListRequest
+	(*ListResponse)(nil),                 // 14: cubicle.node.v1.ListResponse
+	(*StatsRequest)(nil),                 // 15: cubicle.node.v1.StatsRequest
+	(*Stats)(nil),                        // 16: cubicle.node.v1.Stats
+	(*LogsResponse)(nil),                 // 17: cubicle.node.v1.LogsResponse
+	(*Mount)(nil),                        // 18: cubicle.node.v1.Mount
+	(*Policy)(nil),                       // 19: cubicle.node.v1.Policy
+	(*Rules)(nil),                        // 20: cubicle.node.v1.Rules
+	(*Rule)(nil),                         // 21: cubicle.node.v1.Rule
+	(*Upstream)(nil),                     // 22: cubicle.node.v1.Upstream
+	(*UpstreamTLS)(nil),                  // 23: cubicle.node.v1.UpstreamTLS
+	(*DNSServers)(nil),                   // 24: cubicle.node.v1.DNSServers
+	(*ReinitRequest)(nil),                // 25: cubicle.node.v1.ReinitRequest
+	(*RunRequest)(nil),                   // 26: cubicle.node.v1.RunRequest
+	(*RunResponse)(nil),                  // 27: cubicle.node.v1.RunResponse
+	(*UpdatePolicyRequest)(nil),          // 28: cubicle.node.v1.UpdatePolicyRequest
+	(*CheckUpstreamRequest)(nil),         // 29: cubicle.node.v1.CheckUpstreamRequest
+	(*SnapshotObject)(nil),               // 30: cubicle.node.v1.SnapshotObject
+	(*PushSnapshotRequest)(nil),          // 31: cubicle.node.v1.PushSnapshotRequest
+	(*PushSnapshotResponse)(nil),         // 32: cubicle.node.v1.PushSnapshotResponse
+	(*FetchSnapshotRequest)(nil),         // 33: cubicle.node.v1.FetchSnapshotRequest
+	(*SnapshotRequest)(nil),              // 34: cubicle.node.v1.SnapshotRequest
+	(*Snapshot)(nil),                     // 35: cubicle.node.v1.Snapshot
+	(*DeleteSnapshotRequest)(nil),        // 36: cubicle.node.v1.DeleteSnapshotRequest
+	(*ListSnapshotsRequest)(nil),         // 37: cubicle.node.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),        // 38: cubicle.node.v1.ListSnapshotsResponse
+	(*VolumeAttachment)(nil),             // 39: cubicle.node.v1.VolumeAttachment
+	(*AttachVolumeRequest)(nil),          // 40: cubicle.node.v1.AttachVolumeRequest
+	(*AttachVolumeResponse)(nil),         // 41: cubicle.node.v1.AttachVolumeResponse
+	(*DetachVolumeRequest)(nil),          // 42: cubicle.node.v1.DetachVolumeRequest
+	(*VolumeRefsRequest)(nil),            // 43: cubicle.node.v1.VolumeRefsRequest
+	(*VolumeRef)(nil),                    // 44: cubicle.node.v1.VolumeRef
+	(*VolumeRefsResponse)(nil),           // 45: cubicle.node.v1.VolumeRefsResponse
+	(*AcceleratorInventoryRequest)(nil),  // 46: cubicle.node.v1.AcceleratorInventoryRequest
+	(*AcceleratorInventoryResponse)(nil), // 47: cubicle.node.v1.AcceleratorInventoryResponse
+	(*DeviceIDRequest)(nil),              // 48: cubicle.node.v1.DeviceIDRequest
+	(*DisableAcceleratorRequest)(nil),    // 49: cubicle.node.v1.DisableAcceleratorRequest
+	(*DenyAcceleratorsRequest)(nil),      // 50: cubicle.node.v1.DenyAcceleratorsRequest
+	(*AcceleratorEventsRequest)(nil),     // 51: cubicle.node.v1.AcceleratorEventsRequest
+	(*AcceleratorEventsResponse)(nil),    // 52: cubicle.node.v1.AcceleratorEventsResponse
+	(*Device)(nil),                       // 53: cubicle.node.v1.Device
+	(*AcceleratorRequest)(nil),           // 54: cubicle.node.v1.AcceleratorRequest
+	(*AcceleratorContract)(nil),          // 55: cubicle.node.v1.AcceleratorContract
+	(*AcceleratorEvent)(nil),             // 56: cubicle.node.v1.AcceleratorEvent
+	(*PullImageRequest)(nil),             // 57: cubicle.node.v1.PullImageRequest
+	(*ExitsRequest)(nil),                 // 58: cubicle.node.v1.ExitsRequest
+	(*Exit)(nil),                         // 59: cubicle.node.v1.Exit
+	(*Error)(nil),                        // 60: cubicle.node.v1.Error
+	(*FieldErrorDetail)(nil),             // 61: cubicle.node.v1.FieldErrorDetail
+	(*CompatErrorDetail)(nil),            // 62: cubicle.node.v1.CompatErrorDetail
+	nil,                                  // 63: cubicle.node.v1.AcceleratorCounts.ByStateEntry
+	nil,                                  // 64: cubicle.node.v1.CreateRequest.EnvVarsEntry
+	nil,                                  // 65: cubicle.node.v1.Policy.RulesEntry
+	nil,                                  // 66: cubicle.node.v1.Rule.HeadersEntry
+	nil,                                  // 67: cubicle.node.v1.VolumeRef.MetadataEntry
+	nil,                                  // 68: cubicle.node.v1.Device.LabelsEntry
+	nil,                                  // 69: cubicle.node.v1.AcceleratorRequest.LabelsEntry
+	nil,                                  // 70: cubicle.node.v1.AcceleratorContract.LabelsEntry
+	(*timestamppb.Timestamp)(nil),        // 71: google.protobuf.Timestamp
 }
 var file_node_v1_node_proto_depIdxs = []int32{
 	3,  // 0: cubicle.node.v1.NodeInfo.abilities:type_name -> cubicle.node.v1.Abilities
 	4,  // 1: cubicle.node.v1.NodeInfo.accelerators:type_name -> cubicle.node.v1.AcceleratorCounts
 	5,  // 2: cubicle.node.v1.NodeInfo.capacity:type_name -> cubicle.node.v1.Capacity
 	2,  // 3: cubicle.node.v1.NodeInfo.images:type_name -> cubicle.node.v1.Image
-	62, // 4: cubicle.node.v1.AcceleratorCounts.by_state:type_name -> cubicle.node.v1.AcceleratorCounts.ByStateEntry
-	63, // 5: cubicle.node.v1.CreateRequest.env_vars:type_name -> cubicle.node.v1.CreateRequest.EnvVarsEntry
-	18, // 6: cubicle.node.v1.CreateRequest.policy:type_name -> cubicle.node.v1.Policy
-	17, // 7: cubicle.node.v1.CreateRequest.mounts:type_name -> cubicle.node.v1.Mount
-	38, // 8: cubicle.node.v1.CreateRequest.volumes:type_name -> cubicle.node.v1.VolumeAttachment
-	53, // 9: cubicle.node.v1.CreateRequest.accelerators:type_name -> cubicle.node.v1.AcceleratorRequest
-	54, // 10: cubicle.node.v1.CreateRequest.accel_contract:type_name -> cubicle.node.v1.AcceleratorContract
+	63, // 4: cubicle.node.v1.AcceleratorCounts.by_state:type_name -> cubicle.node.v1.AcceleratorCounts.ByStateEntry
+	64, // 5: cubicle.node.v1.CreateRequest.env_vars:type_name -> cubicle.node.v1.CreateRequest.EnvVarsEntry
+	19, // 6: cubicle.node.v1.CreateRequest.policy:type_name -> cubicle.node.v1.Policy
+	18, // 7: cubicle.node.v1.CreateRequest.mounts:type_name -> cubicle.node.v1.Mount
+	39, // 8: cubicle.node.v1.CreateRequest.volumes:type_name -> cubicle.node.v1.VolumeAttachment
+	54, // 9: cubicle.node.v1.CreateRequest.accelerators:type_name -> cubicle.node.v1.AcceleratorRequest
+	55, // 10: cubicle.node.v1.CreateRequest.accel_contract:type_name -> cubicle.node.v1.AcceleratorContract
 	2,  // 11: cubicle.node.v1.CreateRequest.image:type_name -> cubicle.node.v1.Image
 	8,  // 12: cubicle.node.v1.ResumeRequest.request:type_name -> cubicle.node.v1.CreateRequest
 	8,  // 13: cubicle.node.v1.RebuildRequest.request:type_name -> cubicle.node.v1.CreateRequest
-	11, // 14: cubicle.node.v1.ListResponse.sandboxes:type_name -> cubicle.node.v1.Sandbox
-	70, // 15: cubicle.node.v1.Stats.time:type_name -> google.protobuf.Timestamp
-	64, // 16: cubicle.node.v1.Policy.rules:type_name -> cubicle.node.v1.Policy.RulesEntry
-	21, // 17: cubicle.node.v1.Policy.upstream:type_name -> cubicle.node.v1.Upstream
-	23, // 18: cubicle.node.v1.Policy.dns_servers:type_name -> cubicle.node.v1.DNSServers
-	20, // 19: cubicle.node.v1.Rules.rules:type_name -> cubicle.node.v1.Rule
-	65, // 20: cubicle.node.v1.Rule.headers:type_name -> cubicle.node.v1.Rule.HeadersEntry
-	22, // 21: cubicle.node.v1.Upstream.tls:type_name -> cubicle.node.v1.UpstreamTLS
-	8,  // 22: cubicle.node.v1.ReinitRequest.request:type_name -> cubicle.node.v1.CreateRequest
-	18, // 23: cubicle.node.v1.UpdatePolicyRequest.policy:type_name -> cubicle.node.v1.Policy
-	29, // 24: cubicle.node.v1.PushSnapshotRequest.targets:type_name -> cubicle.node.v1.SnapshotObject
-	29, // 25: cubicle.node.v1.PushSnapshotResponse.objects:type_name -> cubicle.node.v1.SnapshotObject
-	29, // 26: cubicle.node.v1.FetchSnapshotRequest.sources:type_name -> cubicle.node.v1.SnapshotObject
-	38, // 27: cubicle.node.v1.AttachVolumeRequest.attachment:type_name -> cubicle.node.v1.VolumeAttachment
-	66, // 28: cubicle.node.v1.VolumeRef.metadata:type_name -> cubicle.node.v1.VolumeRef.MetadataEntry
-	70, // 29: cubicle.node.v1.VolumeRef.updated_at:type_name -> google.protobuf.Timestamp
-	43, // 30: cubicle.node.v1.VolumeRefsResponse.refs:type_name -> cubicle.node.v1.VolumeRef
-	52, // 31: cubicle.node.v1.AcceleratorInventoryResponse.devices:type_name -> cubicle.node.v1.Device
-	59, // 32: cubicle.node.v1.DenyAcceleratorsRequest.reason:type_name -> cubicle.node.v1.Error
-	55, // 33: cubicle.node.v1.AcceleratorEventsResponse.events:type_name -> cubicle.node.v1.AcceleratorEvent
-	67, // 34: cubicle.node.v1.Device.labels:type_name -> cubicle.node.v1.Device.LabelsEntry
-	70, // 35: cubicle.node.v1.Device.since:type_name -> google.protobuf.Timestamp
-	68, // 36: cubicle.node.v1.AcceleratorRequest.labels:type_name -> cubicle.node.v1.AcceleratorRequest.LabelsEntry
-	69, // 37: cubicle.node.v1.AcceleratorContract.labels:type_name -> cubicle.node.v1.AcceleratorContract.LabelsEntry
-	70, // 38: cubicle.node.v1.AcceleratorEvent.time:type_name -> google.protobuf.Timestamp
-	2,  // 39: cubicle.node.v1.PullImageRequest.image:type_name -> cubicle.node.v1.Image
-	70, // 40: cubicle.node.v1.Exit.at:type_name -> google.protobuf.Timestamp
-	19, // 41: cubicle.node.v1.Policy.RulesEntry.value:type_name -> cubicle.node.v1.Rules
-	0,  // 42: cubicle.node.v1.Info.Info:input_type -> cubicle.node.v1.InfoRequest
-	8,  // 43: cubicle.node.v1.Sandboxes.Create:input_type -> cubicle.node.v1.CreateRequest
-	7,  // 44: cubicle.node.v1.Sandboxes.Delete:input_type -> cubicle.node.v1.IDRequest
-	7,  // 45: cubicle.node.v1.Sandboxes.Pause:input_type -> cubicle.node.v1.IDRequest
-	9,  // 46: cubicle.node.v1.Sandboxes.Resume:input_type -> cubicle.node.v1.ResumeRequest
-	7,  // 47: cubicle.node.v1.Sandboxes.Stop:input_type -> cubicle.node.v1.IDRequest
-	10, // 48: cubicle.node.v1.Sandboxes.Rebuild:input_type -> cubicle.node.v1.RebuildRequest
-	7,  // 49: cubicle.node.v1.Sandboxes.Get:input_type -> cubicle.node.v1.IDRequest
-	12, // 50: cubicle.node.v1.Sandboxes.List:input_type -> cubicle.node.v1.ListRequest
-	14, // 51: cubicle.node.v1.Sandboxes.Stats:input_type -> cubicle.node.v1.StatsRequest
-	7,  // 52: cubicle.node.v1.Sandboxes.Logs:input_type -> cubicle.node.v1.IDRequest
-	24, // 53: cubicle.node.v1.Agent.Reinit:input_type -> cubicle.node.v1.ReinitRequest
-	25, // 54: cubicle.node.v1.Agent.Run:input_type -> cubicle.node.v1.RunRequest
-	27, // 55: cubicle.node.v1.Network.UpdatePolicy:input_type -> cubicle.node.v1.UpdatePolicyRequest
-	28, // 56: cubicle.node.v1.Network.CheckUpstream:input_type -> cubicle.node.v1.CheckUpstreamRequest
-	33, // 57: cubicle.node.v1.Snapshots.Snapshot:input_type -> cubicle.node.v1.SnapshotRequest
-	35, // 58: cubicle.node.v1.Snapshots.DeleteSnapshot:input_type -> cubicle.node.v1.DeleteSnapshotRequest
-	36, // 59: cubicle.node.v1.Snapshots.Snapshots:input_type -> cubicle.node.v1.ListSnapshotsRequest
-	30, // 60: cubicle.node.v1.Snapshots.PushSnapshot:input_type -> cubicle.node.v1.PushSnapshotRequest
-	32, // 61: cubicle.node.v1.Snapshots.FetchSnapshot:input_type -> cubicle.node.v1.FetchSnapshotRequest
-	39, // 62: cubicle.node.v1.Volumes.AttachVolume:input_type -> cubicle.node.v1.AttachVolumeRequest
-	41, // 63: cubicle.node.v1.Volumes.DetachVolume:input_type -> cubicle.node.v1.DetachVolumeRequest
-	42, // 64: cubicle.node.v1.Volumes.VolumeRefs:input_type -> cubicle.node.v1.VolumeRefsRequest
-	45, // 65: cubicle.node.v1.Accelerators.AcceleratorInventory:input_type -> cubicle.node.v1.AcceleratorInventoryRequest
-	47, // 66: cubicle.node.v1.Accelerators.Accelerator:input_type -> cubicle.node.v1.DeviceIDRequest
-	48, // 67: cubicle.node.v1.Accelerators.DisableAccelerator:input_type -> cubicle.node.v1.DisableAcceleratorRequest
-	47, // 68: cubicle.node.v1.Accelerators.EnableAccelerator:input_type -> cubicle.node.v1.DeviceIDRequest
-	47, // 69: cubicle.node.v1.Accelerators.RecoverAccelerator:input_type -> cubicle.node.v1.DeviceIDRequest
-	49, // 70: cubicle.node.v1.Accelerators.DenyAccelerators:input_type -> cubicle.node.v1.DenyAcceleratorsRequest
-	50, // 71: cubicle.node.v1.Accelerators.AcceleratorEvents:input_type -> cubicle.node.v1.AcceleratorEventsRequest
-	56, // 72: cubicle.node.v1.Images.PullImage:input_type -> cubicle.node.v1.PullImageRequest
-	57, // 73: cubicle.node.v1.Events.Exits:input_type -> cubicle.node.v1.ExitsRequest
-	1,  // 74: cubicle.node.v1.Info.Info:output_type -> cubicle.node.v1.NodeInfo
-	11, // 75: cubicle.node.v1.Sandboxes.Create:output_type -> cubicle.node.v1.Sandbox
-	6,  // 76: cubicle.node.v1.Sandboxes.Delete:output_type -> cubicle.node.v1.Empty
-	6,  // 77: cubicle.node.v1.Sandboxes.Pause:output_type -> cubicle.node.v1.Empty
-	6,  // 78: cubicle.node.v1.Sandboxes.Resume:output_type -> cubicle.node.v1.Empty
-	6,  // 79: cubicle.node.v1.Sandboxes.Stop:output_type -> cubicle.node.v1.Empty
-	6,  // 80: cubicle.node.v1.Sandboxes.Rebuild:output_type -> cubicle.node.v1.Empty
-	11, // 81: cubicle.node.v1.Sandboxes.Get:output_type -> cubicle.node.v1.Sandbox
-	13, // 82: cubicle.node.v1.Sandboxes.List:output_type -> cubicle.node.v1.ListResponse
-	15, // 83: cubicle.node.v1.Sandboxes.Stats:output_type -> cubicle.node.v1.Stats
-	16, // 84: cubicle.node.v1.Sandboxes.Logs:output_type -> cubicle.node.v1.LogsResponse
-	6,  // 85: cubicle.node.v1.Agent.Reinit:output_type -> cubicle.node.v1.Empty
-	26, // 86: cubicle.node.v1.Agent.Run:output_type -> cubicle.node.v1.RunResponse
-	6,  // 87: cubicle.node.v1.Network.UpdatePolicy:output_type -> cubicle.node.v1.Empty
-	6,  // 88: cubicle.node.v1.Network.CheckUpstream:output_type -> cubicle.node.v1.Empty
-	34, // 89: cubicle.node.v1.Snapshots.Snapshot:output_type -> cubicle.node.v1.Snapshot
-	6,  // 90: cubicle.node.v1.Snapshots.DeleteSnapshot:output_type -> cubicle.node.v1.Empty
-	37, // 91: cubicle.node.v1.Snapshots.Snapshots:output_type -> cubicle.node.v1.ListSnapshotsResponse
-	31, // 92: cubicle.node.v1.Snapshots.PushSnapshot:output_type -> cubicle.node.v1.PushSnapshotResponse
-	6,  // 93: cubicle.node.v1.Snapshots.FetchSnapshot:output_type -> cubicle.node.v1.Empty
-	40, // 94: cubicle.node.v1.Volumes.AttachVolume:output_type -> cubicle.node.v1.AttachVolumeResponse
-	6,  // 95: cubicle.node.v1.Volumes.DetachVolume:output_type -> cubicle.node.v1.Empty
-	44, // 96: cubicle.node.v1.Volumes.VolumeRefs:output_type -> cubicle.node.v1.VolumeRefsResponse
-	46, // 97: cubicle.node.v1.Accelerators.AcceleratorInventory:output_type -> cubicle.node.v1.AcceleratorInventoryResponse
-	52, // 98: cubicle.node.v1.Accelerators.Accelerator:output_type -> cubicle.node.v1.Device
-	52, // 99: cubicle.node.v1.Accelerators.DisableAccelerator:output_type -> cubicle.node.v1.Device
-	52, // 100: cubicle.node.v1.Accelerators.EnableAccelerator:output_type -> cubicle.node.v1.Device
-	52, // 101: cubicle.node.v1.Accelerators.RecoverAccelerator:output_type -> cubicle.node.v1.Device
-	6,  // 102: cubicle.node.v1.Accelerators.DenyAccelerators:output_type -> cubicle.node.v1.Empty
-	51, // 103: cubicle.node.v1.Accelerators.AcceleratorEvents:output_type -> cubicle.node.v1.AcceleratorEventsResponse
-	6,  // 104: cubicle.node.v1.Images.PullImage:output_type -> cubicle.node.v1.Empty
-	58, // 105: cubicle.node.v1.Events.Exits:output_type -> cubicle.node.v1.Exit
-	74, // [74:106] is the sub-list for method output_type
-	42, // [42:74] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	12, // 14: cubicle.node.v1.Sandbox.phases:type_name -> cubicle.node.v1.Phase
+	11, // 15: cubicle.node.v1.ListResponse.sandboxes:type_name -> cubicle.node.v1.Sandbox
+	71, // 16: cubicle.node.v1.Stats.time:type_name -> google.protobuf.Timestamp
+	65, // 17: cubicle.node.v1.Policy.rules:type_name -> cubicle.node.v1.Policy.RulesEntry
+	22, // 18: cubicle.node.v1.Policy.upstream:type_name -> cubicle.node.v1.Upstream
+	24, // 19: cubicle.node.v1.Policy.dns_servers:type_name -> cubicle.node.v1.DNSServers
+	21, // 20: cubicle.node.v1.Rules.rules:type_name -> cubicle.node.v1.Rule
+	66, // 21: cubicle.node.v1.Rule.headers:type_name -> cubicle.node.v1.Rule.HeadersEntry
+	23, // 22: cubicle.node.v1.Upstream.tls:type_name -> cubicle.node.v1.UpstreamTLS
+	8,  // 23: cubicle.node.v1.ReinitRequest.request:type_name -> cubicle.node.v1.CreateRequest
+	19, // 24: cubicle.node.v1.UpdatePolicyRequest.policy:type_name -> cubicle.node.v1.Policy
+	30, // 25: cubicle.node.v1.PushSnapshotRequest.targets:type_name -> cubicle.node.v1.SnapshotObject
+	30, // 26: cubicle.node.v1.PushSnapshotResponse.objects:type_name -> cubicle.node.v1.SnapshotObject
+	30, // 27: cubicle.node.v1.FetchSnapshotRequest.sources:type_name -> cubicle.node.v1.SnapshotObject
+	39, // 28: cubicle.node.v1.AttachVolumeRequest.attachment:type_name -> cubicle.node.v1.VolumeAttachment
+	67, // 29: cubicle.node.v1.VolumeRef.metadata:type_name -> cubicle.node.v1.VolumeRef.MetadataEntry
+	71, // 30: cubicle.node.v1.VolumeRef.updated_at:type_name -> google.protobuf.Timestamp
+	44, // 31: cubicle.node.v1.VolumeRefsResponse.refs:type_name -> cubicle.node.v1.VolumeRef
+	53, // 32: cubicle.node.v1.AcceleratorInventoryResponse.devices:type_name -> cubicle.node.v1.Device
+	60, // 33: cubicle.node.v1.DenyAcceleratorsRequest.reason:type_name -> cubicle.node.v1.Error
+	56, // 34: cubicle.node.v1.AcceleratorEventsResponse.events:type_name -> cubicle.node.v1.AcceleratorEvent
+	68, // 35: cubicle.node.v1.Device.labels:type_name -> cubicle.node.v1.Device.LabelsEntry
+	71, // 36: cubicle.node.v1.Device.since:type_name -> google.protobuf.Timestamp
+	69, // 37: cubicle.node.v1.AcceleratorRequest.labels:type_name -> cubicle.node.v1.AcceleratorRequest.LabelsEntry
+	70, // 38: cubicle.node.v1.AcceleratorContract.labels:type_name -> cubicle.node.v1.AcceleratorContract.LabelsEntry
+	71, // 39: cubicle.node.v1.AcceleratorEvent.time:type_name -> google.protobuf.Timestamp
+	2,  // 40: cubicle.node.v1.PullImageRequest.image:type_name -> cubicle.node.v1.Image
+	71, // 41: cubicle.node.v1.Exit.at:type_name -> google.protobuf.Timestamp
+	20, // 42: cubicle.node.v1.Policy.RulesEntry.value:type_name -> cubicle.node.v1.Rules
+	0,  // 43: cubicle.node.v1.Info.Info:input_type -> cubicle.node.v1.InfoRequest
+	8,  // 44: cubicle.node.v1.Sandboxes.Create:input_type -> cubicle.node.v1.CreateRequest
+	7,  // 45: cubicle.node.v1.Sandboxes.Delete:input_type -> cubicle.node.v1.IDRequest
+	7,  // 46: cubicle.node.v1.Sandboxes.Pause:input_type -> cubicle.node.v1.IDRequest
+	9,  // 47: cubicle.node.v1.Sandboxes.Resume:input_type -> cubicle.node.v1.ResumeRequest
+	7,  // 48: cubicle.node.v1.Sandboxes.Stop:input_type -> cubicle.node.v1.IDRequest
+	10, // 49: cubicle.node.v1.Sandboxes.Rebuild:input_type -> cubicle.node.v1.RebuildRequest
+	7,  // 50: cubicle.node.v1.Sandboxes.Get:input_type -> cubicle.node.v1.IDRequest
+	13, // 51: cubicle.node.v1.Sandboxes.List:input_type -> cubicle.node.v1.ListRequest
+	15, // 52: cubicle.node.v1.Sandboxes.Stats:input_type -> cubicle.node.v1.StatsRequest
+	7,  // 53: cubicle.node.v1.Sandboxes.Logs:input_type -> cubicle.node.v1.IDRequest
+	25, // 54: cubicle.node.v1.Agent.Reinit:input_type -> cubicle.node.v1.ReinitRequest
+	26, // 55: cubicle.node.v1.Agent.Run:input_type -> cubicle.node.v1.RunRequest
+	28, // 56: cubicle.node.v1.Network.UpdatePolicy:input_type -> cubicle.node.v1.UpdatePolicyRequest
+	29, // 57: cubicle.node.v1.Network.CheckUpstream:input_type -> cubicle.node.v1.CheckUpstreamRequest
+	34, // 58: cubicle.node.v1.Snapshots.Snapshot:input_type -> cubicle.node.v1.SnapshotRequest
+	36, // 59: cubicle.node.v1.Snapshots.DeleteSnapshot:input_type -> cubicle.node.v1.DeleteSnapshotRequest
+	37, // 60: cubicle.node.v1.Snapshots.Snapshots:input_type -> cubicle.node.v1.ListSnapshotsRequest
+	31, // 61: cubicle.node.v1.Snapshots.PushSnapshot:input_type -> cubicle.node.v1.PushSnapshotRequest
+	33, // 62: cubicle.node.v1.Snapshots.FetchSnapshot:input_type -> cubicle.node.v1.FetchSnapshotRequest
+	40, // 63: cubicle.node.v1.Volumes.AttachVolume:input_type -> cubicle.node.v1.AttachVolumeRequest
+	42, // 64: cubicle.node.v1.Volumes.DetachVolume:input_type -> cubicle.node.v1.DetachVolumeRequest
+	43, // 65: cubicle.node.v1.Volumes.VolumeRefs:input_type -> cubicle.node.v1.VolumeRefsRequest
+	46, // 66: cubicle.node.v1.Accelerators.AcceleratorInventory:input_type -> cubicle.node.v1.AcceleratorInventoryRequest
+	48, // 67: cubicle.node.v1.Accelerators.Accelerator:input_type -> cubicle.node.v1.DeviceIDRequest
+	49, // 68: cubicle.node.v1.Accelerators.DisableAccelerator:input_type -> cubicle.node.v1.DisableAcceleratorRequest
+	48, // 69: cubicle.node.v1.Accelerators.EnableAccelerator:input_type -> cubicle.node.v1.DeviceIDRequest
+	48, // 70: cubicle.node.v1.Accelerators.RecoverAccelerator:input_type -> cubicle.node.v1.DeviceIDRequest
+	50, // 71: cubicle.node.v1.Accelerators.DenyAccelerators:input_type -> cubicle.node.v1.DenyAcceleratorsRequest
+	51, // 72: cubicle.node.v1.Accelerators.AcceleratorEvents:input_type -> cubicle.node.v1.AcceleratorEventsRequest
+	57, // 73: cubicle.node.v1.Images.PullImage:input_type -> cubicle.node.v1.PullImageRequest
+	58, // 74: cubicle.node.v1.Events.Exits:input_type -> cubicle.node.v1.ExitsRequest
+	1,  // 75: cubicle.node.v1.Info.Info:output_type -> cubicle.node.v1.NodeInfo
+	11, // 76: cubicle.node.v1.Sandboxes.Create:output_type -> cubicle.node.v1.Sandbox
+	6,  // 77: cubicle.node.v1.Sandboxes.Delete:output_type -> cubicle.node.v1.Empty
+	6,  // 78: cubicle.node.v1.Sandboxes.Pause:output_type -> cubicle.node.v1.Empty
+	6,  // 79: cubicle.node.v1.Sandboxes.Resume:output_type -> cubicle.node.v1.Empty
+	6,  // 80: cubicle.node.v1.Sandboxes.Stop:output_type -> cubicle.node.v1.Empty
+	6,  // 81: cubicle.node.v1.Sandboxes.Rebuild:output_type -> cubicle.node.v1.Empty
+	11, // 82: cubicle.node.v1.Sandboxes.Get:output_type -> cubicle.node.v1.Sandbox
+	14, // 83: cubicle.node.v1.Sandboxes.List:output_type -> cubicle.node.v1.ListResponse
+	16, // 84: cubicle.node.v1.Sandboxes.Stats:output_type -> cubicle.node.v1.Stats
+	17, // 85: cubicle.node.v1.Sandboxes.Logs:output_type -> cubicle.node.v1.LogsResponse
+	6,  // 86: cubicle.node.v1.Agent.Reinit:output_type -> cubicle.node.v1.Empty
+	27, // 87: cubicle.node.v1.Agent.Run:output_type -> cubicle.node.v1.RunResponse
+	6,  // 88: cubicle.node.v1.Network.UpdatePolicy:output_type -> cubicle.node.v1.Empty
+	6,  // 89: cubicle.node.v1.Network.CheckUpstream:output_type -> cubicle.node.v1.Empty
+	35, // 90: cubicle.node.v1.Snapshots.Snapshot:output_type -> cubicle.node.v1.Snapshot
+	6,  // 91: cubicle.node.v1.Snapshots.DeleteSnapshot:output_type -> cubicle.node.v1.Empty
+	38, // 92: cubicle.node.v1.Snapshots.Snapshots:output_type -> cubicle.node.v1.ListSnapshotsResponse
+	32, // 93: cubicle.node.v1.Snapshots.PushSnapshot:output_type -> cubicle.node.v1.PushSnapshotResponse
+	6,  // 94: cubicle.node.v1.Snapshots.FetchSnapshot:output_type -> cubicle.node.v1.Empty
+	41, // 95: cubicle.node.v1.Volumes.AttachVolume:output_type -> cubicle.node.v1.AttachVolumeResponse
+	6,  // 96: cubicle.node.v1.Volumes.DetachVolume:output_type -> cubicle.node.v1.Empty
+	45, // 97: cubicle.node.v1.Volumes.VolumeRefs:output_type -> cubicle.node.v1.VolumeRefsResponse
+	47, // 98: cubicle.node.v1.Accelerators.AcceleratorInventory:output_type -> cubicle.node.v1.AcceleratorInventoryResponse
+	53, // 99: cubicle.node.v1.Accelerators.Accelerator:output_type -> cubicle.node.v1.Device
+	53, // 100: cubicle.node.v1.Accelerators.DisableAccelerator:output_type -> cubicle.node.v1.Device
+	53, // 101: cubicle.node.v1.Accelerators.EnableAccelerator:output_type -> cubicle.node.v1.Device
+	53, // 102: cubicle.node.v1.Accelerators.RecoverAccelerator:output_type -> cubicle.node.v1.Device
+	6,  // 103: cubicle.node.v1.Accelerators.DenyAccelerators:output_type -> cubicle.node.v1.Empty
+	52, // 104: cubicle.node.v1.Accelerators.AcceleratorEvents:output_type -> cubicle.node.v1.AcceleratorEventsResponse
+	6,  // 105: cubicle.node.v1.Images.PullImage:output_type -> cubicle.node.v1.Empty
+	59, // 106: cubicle.node.v1.Events.Exits:output_type -> cubicle.node.v1.Exit
+	75, // [75:107] is the sub-list for method output_type
+	43, // [43:75] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_node_v1_node_proto_init() }
@@ -4489,7 +4567,7 @@ func file_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_v1_node_proto_rawDesc), len(file_node_v1_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   70,
+			NumMessages:   71,
 			NumExtensions: 0,
 			NumServices:   9,
 		},
