@@ -20,6 +20,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"golang.org/x/sys/unix"
 )
 
 const repoRoot = "../.."
@@ -110,6 +111,7 @@ func TestImages(t *testing.T) {
 		// Every built-in's .recipe-sha256, as the host has it, and mini's shell.
 		names := map[string][]byte{}
 		links := map[string]string{}
+		paxs := map[string]map[string]string{}
 		rc := mutate.Extract(img)
 		defer rc.Close()
 		tr := tar.NewReader(rc)
@@ -128,6 +130,7 @@ func TestImages(t *testing.T) {
 				}
 			}
 			names[h.Name] = b
+			paxs[h.Name] = h.PAXRecords
 			if h.Typeflag == tar.TypeSymlink {
 				links[h.Name] = h.Linkname
 			}
@@ -150,14 +153,36 @@ func TestImages(t *testing.T) {
 		if _, ok := names[sh]; !ok {
 			t.Errorf("no images/mini/rootfs/bin/sh (%s)", sh)
 		}
-		// The chart's init container runs the image's sh and cp: copy mini
+		// base's ping keeps its file capability (cap_net_raw), as the host has it.
+		const capXattr = "security.capability"
+		ping := filepath.Join(imagesDir, "base/rootfs/usr/bin/ping")
+		capability := make([]byte, 64)
+		n, err := unix.Lgetxattr(ping, capXattr, capability)
+		if err != nil {
+			t.Fatalf("%s: %s: %v (scripts/build-rootfs gives ping a file capability)", ping, capXattr, err)
+		}
+		capability = capability[:n]
+		if got := paxs["images/base/rootfs/usr/bin/ping"]["SCHILY.xattr."+capXattr]; got != string(capability) {
+			t.Errorf("images/base/rootfs/usr/bin/ping: %s %x, want the host's %x", capXattr, got, capability)
+		}
+
+		// The chart's init container runs the image's sh and cp -a: copy mini
 		// out with them (base and code-interpreter-v1 are left packed, for
-		// time and disk).
+		// time and disk), a file capability set on its busybox first, which
+		// the copy must keep.
 		root := t.TempDir()
 		unpack(t, img, root, func(name string) bool {
 			return !strings.HasPrefix(name, "images/base/") && !strings.HasPrefix(name, "images/code-interpreter-v1/")
 		})
+		if err := unix.Setxattr(filepath.Join(root, "images/mini/rootfs/usr/bin/busybox"), capXattr, capability, 0); err != nil {
+			t.Fatal(err)
+		}
 		chrootRun(t, root, "mkdir -p /dst && cp -a /images/mini /dst/ && test -e /dst/mini/rootfs/bin/sh && test -s /dst/mini/.recipe-sha256")
+		got := make([]byte, 64)
+		n, err = unix.Lgetxattr(filepath.Join(root, "dst/mini/rootfs/usr/bin/busybox"), capXattr, got)
+		if err != nil || string(got[:n]) != string(capability) {
+			t.Errorf("the image's cp -a dropped a file capability: %x (%v), want %x", got[:max(n, 0)], err, capability)
+		}
 	})
 }
 

@@ -9,8 +9,9 @@
 //	      --layer SRC=DEST[,SRC=DEST...] [--layer ...]
 //
 // In a --layer, SRC is a file or a directory of this host (a directory's
-// contents go under DEST, owners, modes and mtimes kept) or @TARGET for a
-// symlink DEST -> TARGET. Each compressed layer is cached under --cache,
+// contents go under DEST, owners, modes, mtimes and extended attributes
+// kept: ping's file capability must survive) or @TARGET for a symlink
+// DEST -> TARGET. Each compressed layer is cached under --cache,
 // keyed by its sources' paths, modes, owners, sizes and mtimes, so a rebuild
 // with unchanged inputs compresses nothing again.
 package main
@@ -27,11 +28,13 @@ import (
 	"hash"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"os/signal"
 	"path"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -46,11 +49,12 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/klauspost/compress/gzip"
+	"golang.org/x/sys/unix"
 )
 
 // layerFormat is part of every cache key: bump it when the tar layout
 // written for the same sources changes.
-const layerFormat = "cubicle-image-layer-v1"
+const layerFormat = "cubicle-image-layer-v2"
 
 type layerList []string
 
@@ -213,6 +217,7 @@ func parseLayer(s string) ([]entry, error) {
 type item struct {
 	name, src, link string
 	fi              fs.FileInfo
+	xattrs          map[string]string
 }
 
 // items lists a layer's files in tar order: parents first, then each
@@ -256,7 +261,11 @@ func items(spec []entry) ([]item, error) {
 			if err != nil {
 				return err
 			}
-			out = append(out, item{name: n, src: p, fi: fi})
+			xa, err := xattrs(p)
+			if err != nil {
+				return err
+			}
+			out = append(out, item{name: n, src: p, fi: fi, xattrs: xa})
 			return nil
 		})
 		if err != nil {
@@ -288,6 +297,9 @@ func cacheKey(its []item) (string, error) {
 				target = t
 			}
 			fmt.Fprintf(h, " %o %d:%d %d %d %q", it.fi.Mode(), uid, gid, it.fi.Size(), it.fi.ModTime().UnixNano(), target)
+			for _, k := range slices.Sorted(maps.Keys(it.xattrs)) {
+				fmt.Fprintf(h, " %q=%q", k, it.xattrs[k])
+			}
 		}
 		fmt.Fprintln(h)
 	}
@@ -478,10 +490,16 @@ func writeItem(tw *tar.Writer, it item, hardlink func(*syscall.Stat_t) (string, 
 	hdr.Uname, hdr.Gname = "", ""
 	hdr.AccessTime, hdr.ChangeTime = time.Time{}, time.Time{}
 	hdr.Format = tar.FormatPAX
+	for k, v := range it.xattrs {
+		if hdr.PAXRecords == nil {
+			hdr.PAXRecords = map[string]string{}
+		}
+		hdr.PAXRecords["SCHILY.xattr."+k] = v
+	}
 	st, _ := it.fi.Sys().(*syscall.Stat_t)
 	if mode.IsRegular() {
 		if first, ok := hardlink(st); ok {
-			hdr.Typeflag, hdr.Linkname, hdr.Size = tar.TypeLink, first, 0
+			hdr.Typeflag, hdr.Linkname, hdr.Size, hdr.PAXRecords = tar.TypeLink, first, 0, nil
 			return tw.WriteHeader(hdr)
 		}
 	}
@@ -504,4 +522,39 @@ func writeItem(tw *tar.Writer, it item, hardlink func(*syscall.Stat_t) (string, 
 		return fmt.Errorf("%s changed while read (%d bytes, stat said %d)", it.src, n, hdr.Size)
 	}
 	return nil
+}
+
+// xattrs reads a file's extended attributes but the build host's SELinux
+// label. A file system without them has none.
+func xattrs(p string) (map[string]string, error) {
+	size, err := unix.Llistxattr(p, nil)
+	if errors.Is(err, unix.ENOTSUP) || size == 0 {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: listing extended attributes: %w", p, err)
+	}
+	buf := make([]byte, size)
+	if size, err = unix.Llistxattr(p, buf); err != nil {
+		return nil, fmt.Errorf("%s: listing extended attributes: %w", p, err)
+	}
+	var out map[string]string
+	for k := range strings.SplitSeq(strings.TrimRight(string(buf[:size]), "\x00"), "\x00") {
+		if k == "" || k == "security.selinux" {
+			continue
+		}
+		n, err := unix.Lgetxattr(p, k, nil)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %s: %w", p, k, err)
+		}
+		v := make([]byte, n)
+		if n, err = unix.Lgetxattr(p, k, v); err != nil {
+			return nil, fmt.Errorf("%s: %s: %w", p, k, err)
+		}
+		if out == nil {
+			out = map[string]string{}
+		}
+		out[k] = string(v[:n])
+	}
+	return out, nil
 }

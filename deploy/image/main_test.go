@@ -17,6 +17,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"golang.org/x/sys/unix"
 )
 
 // TestBuildCachePush builds an image from a small tree twice (the second
@@ -29,6 +30,8 @@ func TestBuildCachePush(t *testing.T) {
 	must(t, os.WriteFile(filepath.Join(src, "etc", "deep", "a"), []byte("alpha"), 0o640))
 	must(t, os.Link(filepath.Join(src, "etc", "deep", "a"), filepath.Join(src, "etc", "b")))
 	must(t, os.Symlink("deep/a", filepath.Join(src, "etc", "c")))
+	// Extended attributes go into the layer (ping's file capability is one).
+	must(t, unix.Setxattr(filepath.Join(src, "etc", "b"), "user.cubicle", []byte("kept"), 0))
 	bin := filepath.Join(t.TempDir(), "tool")
 	must(t, os.WriteFile(bin, []byte("#!/bin/sh\n"), 0o755))
 
@@ -93,6 +96,9 @@ func TestBuildCachePush(t *testing.T) {
 	// Walked in lexical order: etc/b is written first, etc/deep/a links to it.
 	if h := files["etc/b"]; h != nil && h.Mode&0o777 != 0o640 {
 		t.Errorf("etc/b mode %o, want 640", h.Mode)
+	}
+	if h := files["etc/b"]; h != nil && h.PAXRecords["SCHILY.xattr.user.cubicle"] != "kept" {
+		t.Errorf("etc/b extended attributes %q, want user.cubicle=kept", h.PAXRecords)
 	}
 	if h := files["etc/deep/a"]; h != nil && h.Linkname != "etc/b" {
 		t.Errorf("etc/deep/a links to %q, want etc/b", h.Linkname)

@@ -77,8 +77,8 @@ func TestBuiltinsInitContainer(t *testing.T) {
 	sc := init.SecurityContext
 	if sc == nil || sc.Privileged != nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
 		sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) ||
-		!slices.Equal(sc.Capabilities.Add, []corev1.Capability{"CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID"}) {
-		t.Errorf("init security context %+v: want ALL dropped, only CHOWN DAC_OVERRIDE FOWNER FSETID added", sc)
+		!slices.Equal(sc.Capabilities.Add, []corev1.Capability{"CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETFCAP"}) {
+		t.Errorf("init security context %+v: want ALL dropped, only CHOWN DAC_OVERRIDE FOWNER FSETID SETFCAP added", sc)
 	}
 
 	c := container(t, p.Containers, "cubicle")
