@@ -15,7 +15,7 @@ FUZZTIME_TEST ?= 2s
 
 export PATH := /usr/local/go/bin:/usr/local/bin:$(PATH)
 
-.PHONY: all build run test test-unit test-e2b test-deploy test-cluster-sdk bench proto clean install deps
+.PHONY: all build run test test-unit test-e2b test-deploy test-cluster-sdk bench proto clean install deps image
 
 all: build
 
@@ -93,8 +93,27 @@ test-unit: build
 # module does not pull Kubernetes; its modules come from the Go proxy. The
 # flags the chart and the systemd units pass are checked against the binary
 # by cmd/cubicle's TestDeployFlagsExist, in the main module's run.
-test-deploy:
+#
+# Then the chart's two images: deploy/image's TestImages (build tag
+# deployimage, so `go test ./...` leaves it to this target) runs
+# scripts/build-image and runs every program the node execs inside the
+# result. Its debootstrap root and layers are cached in
+# /var/cache/cubicle-image (CUBICLE_IMAGE_CACHE): a cold run adds minutes,
+# a warm one well under one.
+test-deploy: build
 	cd deploy/helm/charttest && $(GO) vet ./... && staticcheck ./... && $(GO) test -count=1 ./...
+	$(GO) vet -tags deployimage ./deploy/image && staticcheck -tags deployimage ./deploy/image
+	$(GO) test -tags deployimage -count=1 -timeout 20m ./deploy/image
+
+# The chart's container images, without Docker (scripts/build-image;
+# docs/cluster.md, "Installing a cluster"): dist/cubicle.tar and
+# dist/cubicle-builtins.tar, docker-archive tars for `ctr -n k8s.io images
+# import`. PUSH=REGISTRY/REPO:TAG also pushes both (REPO and REPO-builtins).
+IMAGE_REPO ?= ghcr.io/cubicle-dev/cubicle
+IMAGE_TAG  ?= dev
+PUSH       ?=
+image: build
+	scripts/build-image --repo $(IMAGE_REPO) --tag $(IMAGE_TAG) $(if $(PUSH),--push $(PUSH))
 
 test-e2b: deps build
 	cd test/e2b-js && CUBICLE_IMAGES_DIR=$${CUBICLE_IMAGES_DIR:-$(DATA_DIR)/images} npm test
@@ -137,4 +156,4 @@ proto:
 	scripts/gen-proto
 
 clean:
-	rm -rf bin .cache test/e2b-js/node_modules
+	rm -rf bin dist .cache test/e2b-js/node_modules

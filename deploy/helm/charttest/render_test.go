@@ -598,6 +598,13 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{"image store not s3", "imageStore: {url: 'https://bucket', existingSecret: creds}", "url"},
 		{"image store without credentials", "imageStore: {url: 's3://images?region=eu-west-1'}", "existingSecret"},
 		{"accelerator backend unknown", "nodes: {accelerators: {enabled: true, backend: cuda}}", "backend"},
+		{"builtins enabled not a boolean", "builtins: {enabled: 'yes'}", "enabled"},
+		{"builtins image without a repository", "builtins: {image: {repository: ''}}", "repository"},
+		{"builtins pull policy unknown", "builtins: {image: {pullPolicy: Sometimes}}", "pullPolicy"},
+		{"builtins unknown key", "builtins: {images: [base]}", "images"},
+		{"builtins image unknown key", "builtins: {image: {digest: 'sha256:00'}}", "digest"},
+		{"images volume size not a quantity", "controlPlane: {imagesVolume: {sizeLimit: lots}}", "sizeLimit"},
+		{"images volume unknown key", "controlPlane: {imagesVolume: {claimName: images}}", "claimName"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			vals := readValues(t, "default")

@@ -24,6 +24,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
+{{- define "cubicle.builtinsImage" -}}
+{{- printf "%s:%s" .Values.builtins.image.repository (default .Chart.AppVersion .Values.builtins.image.tag) -}}
+{{- end -}}
+
 {{/* The Secret holding the store's dsn (and optional password). */}}
 {{- define "cubicle.storeSecret" -}}
 {{- if .Values.store.bundled.enabled -}}
