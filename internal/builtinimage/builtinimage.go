@@ -105,12 +105,13 @@ func Present(dir string) ([]string, error) {
 // its reference. The code interpreter is two layers, base's then its own:
 // base is published first and its layer blob is shared.
 func Publish(s *image.Store, dir, name string) (im node.Image, published bool, err error) {
-	im, _, published, err = publish(s, dir, name)
+	im, _, published, err = publish(s, dir, name, nil)
 	return im, published, err
 }
 
-// publish is Publish, also returning the tagged reference.
-func publish(s *image.Store, dir, name string) (im node.Image, ref string, published bool, err error) {
+// publish is Publish, also returning the tagged reference; progress is
+// image.Store.PublishDir's, for each layer written.
+func publish(s *image.Store, dir, name string, progress func(layer string, written int64)) (im node.Image, ref string, published bool, err error) {
 	if !nameRE.MatchString(name) || len(name) > 128 {
 		return node.Image{}, "", false, fmt.Errorf("builtinimage: %q is not a built-in image name", name)
 	}
@@ -122,12 +123,16 @@ func publish(s *image.Store, dir, name string) (im node.Image, ref string, publi
 	if layers := template.ImageLayers(dir, name); len(layers) == 2 {
 		// The lower layer's own image (template.ImageLayers: base).
 		lower := filepath.Base(filepath.Dir(layers[1]))
-		if _, below, _, err = publish(s, dir, lower); err != nil {
+		if _, below, _, err = publish(s, dir, lower, progress); err != nil {
 			return node.Image{}, "", false, fmt.Errorf("builtinimage: %s's lower layer: %w", name, err)
 		}
 	}
 	ref = Repository(name) + ":" + tag
-	d, published, err := s.PublishDir(ref, below, filepath.Join(dir, name, "rootfs"))
+	var layerProgress func(int64)
+	if progress != nil {
+		layerProgress = func(n int64) { progress(name, n) }
+	}
+	d, published, err := s.PublishDir(ref, below, filepath.Join(dir, name, "rootfs"), layerProgress)
 	if err != nil {
 		return node.Image{}, "", false, fmt.Errorf("builtinimage: publish %s: %w", name, err)
 	}
@@ -157,10 +162,26 @@ func (p *Publisher) Lookup(name string) (node.Image, bool) {
 	return im, ok
 }
 
+// progressEvery is how often a publish in progress is logged.
+const progressEvery = 10 * time.Second
+
+// progress logs, at most every progressEvery, how much of image's layers
+// has been written.
+func (p *Publisher) progress(image string) func(layer string, written int64) {
+	next := time.Now().Add(progressEvery)
+	return func(layer string, written int64) {
+		if now := time.Now(); now.After(next) {
+			next = now.Add(progressEvery)
+			p.Logger.Info("built-in image: publishing", "image", image, "layer", layer, "written_mib", written>>20)
+		}
+	}
+}
+
 // Run publishes each built-in present in Dir, base first, retrying
 // failures with a doubling wait bounded by MaxBackoff, until all are
-// published or ctx ends. It logs each image's start, end (digest, time,
-// whether it was already there) and failures.
+// published or ctx ends. It logs each image's start, its progress every
+// progressEvery, its end (digest, time, whether it was already there) and
+// failures.
 func (p *Publisher) Run(ctx context.Context) {
 	maxWait := p.MaxBackoff
 	if maxWait <= 0 {
@@ -182,7 +203,7 @@ func (p *Publisher) Run(ctx context.Context) {
 			}
 			p.Logger.Info("built-in image: publishing", "image", name, "n", i+1, "of", len(names))
 			start := time.Now()
-			im, published, err := Publish(p.Store, p.Dir, name)
+			im, _, published, err := publish(p.Store, p.Dir, name, p.progress(name))
 			if err != nil {
 				failed = true
 				p.Logger.Error("built-in image: publish failed (retried)", "image", name, "err", err, "retry_in", wait)

@@ -37,7 +37,10 @@ var ErrOverlayWhiteout = errors.New("image: overlay upper directory entry cannot
 // layer is deterministic for a given tree (sorted entries, no timestamps
 // but the files', fixed gzip level, a config without a creation time), so
 // the same tree gives the same digest in any store.
-func (s *Store) PublishDir(ref, below, dir string) (digest v1.Hash, published bool, err error) {
+//
+// progress, when not nil, is called as the layer is written with the
+// bytes of tar stream written so far (before compression).
+func (s *Store) PublishDir(ref, below, dir string, progress func(written int64)) (digest v1.Hash, published bool, err error) {
 	name, err := NormalizeRef(ref)
 	if err != nil {
 		return v1.Hash{}, false, err
@@ -65,7 +68,7 @@ func (s *Store) PublishDir(ref, below, dir string) (digest v1.Hash, published bo
 		return v1.Hash{}, false, err
 	}
 	defer os.Remove(f.Name())
-	if err := writeLayerGzip(f, dir); err != nil {
+	if err := writeLayerGzip(f, dir, progress); err != nil {
 		f.Close()
 		return v1.Hash{}, false, err
 	}
@@ -109,7 +112,21 @@ func (s *Store) PublishDir(ref, below, dir string) (digest v1.Hash, published bo
 	return d.Digest, true, nil
 }
 
-func writeLayerGzip(w io.Writer, dir string) error {
+// counter reports the bytes written through it.
+type counter struct {
+	w        io.Writer
+	n        int64
+	progress func(int64)
+}
+
+func (c *counter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	c.progress(c.n)
+	return n, err
+}
+
+func writeLayerGzip(w io.Writer, dir string, progress func(int64)) error {
 	// BestSpeed: a built-in is large and local; CPU time matters more than
 	// bytes, and a fixed level keeps the bytes (and digest) stable.
 	zw, err := gzip.NewWriterLevel(w, gzip.BestSpeed)
@@ -117,7 +134,12 @@ func writeLayerGzip(w io.Writer, dir string) error {
 		return err
 	}
 	bw := bufio.NewWriterSize(zw, 1<<20)
-	tw := tar.NewWriter(bw)
+	var tw *tar.Writer
+	if progress != nil {
+		tw = tar.NewWriter(&counter{w: bw, progress: progress})
+	} else {
+		tw = tar.NewWriter(bw)
+	}
 	if err := writeTree(tw, dir, true); err != nil {
 		return err
 	}
