@@ -21,7 +21,8 @@ import (
 // --publish-builtins whose images dir holds only mini publishes it as
 // builtin/mini:<recipe hash>; a joined `cubicle node run` whose images dir
 // is empty boots a sandbox of template mini from it (pulled by digest over
-// the cluster's mTLS), and the sandbox row names the image by digest.
+// the cluster's mTLS), and the sandbox row names the image by digest. The
+// images API refuses to replace or delete builtin/* (403).
 func TestNodePullsBuiltinFromControlPlane(t *testing.T) {
 	src := filepath.Join(imagesDir(t), "mini")
 	recipe, err := os.ReadFile(filepath.Join(src, ".recipe-sha256"))
@@ -56,6 +57,11 @@ func TestNodePullsBuiltinFromControlPlane(t *testing.T) {
 		}
 	}
 	t.Logf("serve start to mini published: %v", time.Since(published).Round(time.Millisecond))
+	// The built-ins' repositories are serve's: an admin can neither
+	// replace nor delete what nodes boot.
+	errShape(t, s, "POST", "/images?ref=builtin/mini:other", "not a tar", 403)
+	errShape(t, s, "POST", "/images?ref=localhost:5000/builtin/base", "not a tar", 403)
+	errShape(t, s, "DELETE", "/images?ref="+wantRef, nil, 403)
 
 	// A node with an empty images dir.
 	cubicle := func(args ...string) (string, error) {
