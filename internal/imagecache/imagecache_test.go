@@ -585,3 +585,37 @@ func TestSourceBuiltins(t *testing.T) {
 		t.Fatalf("a node holding the built-in cached %v", cached)
 	}
 }
+
+// The code interpreter published as two layers (base's, then its own)
+// unpacks on a node without it as base's tree with its own on top.
+func TestSourcePullsTwoLayerBuiltin(t *testing.T) {
+	testenv.RequireRoot(t, "unpacking keeps owners and chroots")
+	c := newCluster(t)
+	src := t.TempDir()
+	write := func(name string, files map[string]string) {
+		for p, body := range files {
+			full := filepath.Join(src, name, "rootfs", p)
+			os.MkdirAll(filepath.Dir(full), 0o755)
+			if err := os.WriteFile(full, []byte(body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	write(template.BaseTemplate, map[string]string{"etc/hostname": "base\n", "usr/bin/python3": "py"})
+	write(template.CodeInterpreterTemplate, map[string]string{"etc/hostname": "ci\n", "usr/local/bin/jupyter": "j"})
+	im, _, err := builtinimage.Publish(c.store, src, template.CodeInterpreterTemplate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache, _ := newCache(t, c, c.nodeTLS(t, "node-a"))
+	s := &imagecache.Source{Cache: cache, ImagesDir: t.TempDir()}
+	layers, err := s.Layers(context.Background(), im)
+	if err != nil || len(layers) != 1 {
+		t.Fatalf("pull %v: %v %v", im, layers, err)
+	}
+	for p, want := range map[string]string{"etc/hostname": "ci\n", "usr/bin/python3": "py", "usr/local/bin/jupyter": "j"} {
+		if got := readFile(t, filepath.Join(layers[0], p)); got != want {
+			t.Errorf("%s = %q, want %q", p, got, want)
+		}
+	}
+}
