@@ -35,6 +35,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"golang.org/x/sys/unix"
 )
 
 // TestMain removes the agent binary localnode builds.
@@ -587,7 +588,8 @@ func TestSourceBuiltins(t *testing.T) {
 }
 
 // The code interpreter published as two layers (base's, then its own)
-// unpacks on a node without it as base's tree with its own on top.
+// unpacks on a node without it as base's tree with its own on top, the
+// overlay upper dir's whiteout and opaque directory applied.
 func TestSourcePullsTwoLayerBuiltin(t *testing.T) {
 	testenv.RequireRoot(t, "unpacking keeps owners and chroots")
 	c := newCluster(t)
@@ -601,8 +603,16 @@ func TestSourcePullsTwoLayerBuiltin(t *testing.T) {
 			}
 		}
 	}
-	write(template.BaseTemplate, map[string]string{"etc/hostname": "base\n", "usr/bin/python3": "py"})
-	write(template.CodeInterpreterTemplate, map[string]string{"etc/hostname": "ci\n", "usr/local/bin/jupyter": "j"})
+	write(template.BaseTemplate, map[string]string{"etc/hostname": "base\n", "usr/bin/python3": "py", "etc/gone": "g", "opt/old": "o"})
+	write(template.CodeInterpreterTemplate, map[string]string{"etc/hostname": "ci\n", "usr/local/bin/jupyter": "j", "opt/new": "n"})
+	// An overlay upper dir's whiteout and opaque directory.
+	upper := filepath.Join(src, template.CodeInterpreterTemplate, "rootfs")
+	if err := unix.Mknod(filepath.Join(upper, "etc/gone"), unix.S_IFCHR, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Setxattr(filepath.Join(upper, "opt"), "trusted.overlay.opaque", []byte("y"), 0); err != nil {
+		t.Fatal(err)
+	}
 	im, _, err := builtinimage.Publish(c.store, src, template.CodeInterpreterTemplate)
 	if err != nil {
 		t.Fatal(err)
@@ -613,9 +623,14 @@ func TestSourcePullsTwoLayerBuiltin(t *testing.T) {
 	if err != nil || len(layers) != 1 {
 		t.Fatalf("pull %v: %v %v", im, layers, err)
 	}
-	for p, want := range map[string]string{"etc/hostname": "ci\n", "usr/bin/python3": "py", "usr/local/bin/jupyter": "j"} {
+	for p, want := range map[string]string{"etc/hostname": "ci\n", "usr/bin/python3": "py", "usr/local/bin/jupyter": "j", "opt/new": "n"} {
 		if got := readFile(t, filepath.Join(layers[0], p)); got != want {
 			t.Errorf("%s = %q, want %q", p, got, want)
+		}
+	}
+	for _, p := range []string{"etc/gone", "opt/old"} {
+		if _, err := os.Lstat(filepath.Join(layers[0], p)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s, hidden by the upper layer, is in the pulled tree: %v", p, err)
 		}
 	}
 }
