@@ -30,6 +30,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/cubicle-dev/cubicle/internal/builtinimage"
 	"github.com/cubicle-dev/cubicle/internal/clusterpki"
 	"github.com/cubicle-dev/cubicle/internal/control"
 	"github.com/cubicle-dev/cubicle/internal/dataplane"
@@ -201,7 +202,7 @@ func nodeRun(ctx context.Context, o nodeRunOptions) error {
 	if p, err := strconv.Atoi(dataPort); err != nil || p < 1 || p > 65535 {
 		return fmt.Errorf("--data-listen %q: want host:port with a port 1-65535", o.dataListen)
 	}
-	userns, pool, err := o.nodeHostOptions.prepare()
+	userns, pool, err := o.nodeHostOptions.prepare(false)
 	if err != nil {
 		return err
 	}
@@ -340,12 +341,18 @@ func (a *nodeAgent) status(ctx context.Context) (nodeclient.Status, error) {
 
 // cachedImages lists the images the node has unpacked (<dir>/<name>/rootfs).
 // nodeTemplates are the templates whose images this node holds: the
-// built-ins in its images dir and the registry images it has pulled (the
-// scheduler's "image cached" score).
+// built-ins in its images dir, the registry images it has pulled and the
+// built-ins it pulled (builtin/<name>), as the scheduler's "image cached"
+// score names them.
 func nodeTemplates(dir string, pulled []node.Image) []string {
 	out := cachedImages(dir)
 	for _, im := range pulled {
-		if id, ok := builder.TemplateOfRepository(im.Name); ok && !slices.Contains(out, id) {
+		id, ok := builder.TemplateOfRepository(im.Name)
+		if !ok {
+			// A built-in the control plane published: template <name>.
+			id, ok = builtinimage.NameOf(im.Name)
+		}
+		if ok && !slices.Contains(out, id) {
 			out = append(out, id)
 		}
 	}

@@ -72,8 +72,10 @@ func (o *nodeHostOptions) flags(f *pflag.FlagSet) {
 }
 
 // prepare fills the defaults that depend on other flags and checks what
-// can be checked before anything touches the host.
-func (o *nodeHostOptions) prepare() (userns bool, pool netip.Prefix, err error) {
+// can be checked before anything touches the host. requireBase: the base
+// image must be in the images dir (serve's embedded node boots from it;
+// `node run` pulls built-ins it lacks from the control plane).
+func (o *nodeHostOptions) prepare(requireBase bool) (userns bool, pool netip.Prefix, err error) {
 	if err := checkAccelBackend(o.accel.backend, o.runtime); err != nil {
 		return false, pool, err
 	}
@@ -102,7 +104,7 @@ func (o *nodeHostOptions) prepare() (userns bool, pool netip.Prefix, err error) 
 	if pool, err = netip.ParsePrefix(o.pool); err != nil {
 		return false, pool, fmt.Errorf("--pool: %w", err)
 	}
-	if _, err := os.Stat(filepath.Join(o.imagesDir, template.BaseTemplate, "rootfs")); err != nil {
+	if _, err := os.Stat(filepath.Join(o.imagesDir, template.BaseTemplate, "rootfs")); requireBase && err != nil {
 		return false, pool, fmt.Errorf("base image missing at %s (build it with scripts/build-rootfs): %w",
 			filepath.Join(o.imagesDir, template.BaseTemplate, "rootfs"), err)
 	}

@@ -83,6 +83,9 @@ type serveOptions struct {
 	imageStore string
 	// sharedImages is --image-store's bucket once parsed (nil: none).
 	sharedImages *snapstore.Store
+	// publishBuiltins publishes the built-in images of --images-dir to
+	// the image store, for nodes that lack them (builtinimage).
+	publishBuiltins bool
 }
 
 func serveCmd() *cobra.Command {
@@ -135,6 +138,7 @@ func serveCmd() *cobra.Command {
 	f.BoolVar(&o.embeddedNode, "embedded-node", true, "run a node in this process; false: a pure control plane driving only remote nodes (`cubicle node run`), which needs TLS")
 	f.BoolVar(&o.reserveCapacity, "reserve-capacity", false, "reserve each sandbox's CPUs and memory on its node in the store's capacity ledger, refusing creates (429) past the node's size, even with only the in-process node (always on while remote nodes are registered)")
 	f.StringVar(&o.snapshotStore, "snapshot-store", "", "s3://BUCKET?endpoint=URL&region=R[&prefix=P/][&pathStyle=true]: upload snapshots there so a sandbox from one (or a rollback) can start on another node; credentials from "+envSnapAccessKey+"/"+envSnapSecretKey+" (or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY); nodes only get presigned URLs. Default: snapshots restore on their own node only")
+	f.BoolVar(&o.publishBuiltins, "publish-builtins", false, "publish the built-in images in --images-dir (base, mini, code-interpreter-v1) to this server's image store as builtin/<name>:<recipe hash>, in the background, so joined nodes without them pull them by digest (needs TLS for joins)")
 	o.nodeHostOptions.flags(f)
 	o.conns.flags(f)
 	return cmd
@@ -159,7 +163,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err := clusterFlags(&o); err != nil {
 		return err
 	}
-	userns, pool, err := o.nodeHostOptions.prepare()
+	userns, pool, err := o.nodeHostOptions.prepare(o.embeddedNode)
 	if err != nil {
 		return err
 	}
@@ -339,6 +343,10 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err != nil {
 		return fmt.Errorf("cluster CA: %w", err)
 	}
+	builtins, err := publishBuiltins(ctx, o, join, tpls.images, log)
+	if err != nil {
+		return err
+	}
 	// Before the catalog starts (it may resume a build).
 	if err := tpls.setClusterBuilds(cp); err != nil {
 		return err
@@ -347,7 +355,7 @@ func serve(ctx context.Context, o serveOptions) error {
 		CreateQueueWait: o.createWait, Logger: log, Registry: reg, Volumes: ctrlPlugins, VolumeMetrics: volMetrics, ContentIdle: o.contentIdle,
 		ReadyTimeout: o.readyTimeout, MaxSandboxCPU: o.maxCPU, MaxSandboxMemoryMB: o.maxMemoryMB, MaxSandboxDiskMB: o.maxDiskMB, Scheduler: sched,
 		Leaser: leaser, Locks: locks, NodeLostAfter: o.replica.nodeLostAfter, NodeLostGrace: o.replica.nodeLostGrace,
-		ImageDigest: tpls.imageDigest, SnapshotStore: snaps}, st, nil, tpls.catalog)
+		ImageDigest: tpls.imageDigest, BuiltinImage: builtins, SnapshotStore: snaps}, st, nil, tpls.catalog)
 	// Registered (its heartbeat renewed) before anything places a sandbox:
 	// after a long stop the old heartbeat would read as a lost node.
 	if err := mgr.RegisterNode(ctx); err != nil {

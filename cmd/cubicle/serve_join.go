@@ -127,6 +127,9 @@ func clusterFlags(o *serveOptions) error {
 	if !o.embeddedNode && o.buildkitd != "" && o.buildkitd != "off" {
 		return fmt.Errorf("--buildkitd %q: a pure control plane (--embedded-node=false) runs no buildkitd; builds with steps go to nodes labelled builder=true (give --buildkitd to their `cubicle node run`), or --buildkitd off turns them off", o.buildkitd)
 	}
+	if o.publishBuiltins && o.tlsCert == "" && !o.tlsSelfSigned {
+		return errors.New("--publish-builtins: this server has no node registry (nodes join only over TLS: add --tls-cert/--tls-key or --tls-self-signed)")
+	}
 	if !o.embeddedNode && o.tlsCert == "" && !o.tlsSelfSigned {
 		return errors.New("--embedded-node=false needs TLS (--tls-cert/--tls-key or --tls-self-signed): remote nodes join and are dialled with the cluster's mTLS identities")
 	}

@@ -2,10 +2,14 @@ package main
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/cubicle-dev/cubicle/internal/clusterpki"
+	"github.com/cubicle-dev/cubicle/internal/node"
 )
 
 // serve's node flags are checked before anything touches the host.
@@ -27,6 +31,8 @@ func TestServeNodeFlags(t *testing.T) {
 		{"overcommit with nothing to act on", serveOptions{nodeID: "local", embeddedNode: true, cpuOvercommit: 4}, "--cpu-overcommit"},
 		{"overcommit with reservations", serveOptions{nodeID: "local", embeddedNode: true, cpuOvercommit: 4, reserveCapacity: true}, ""},
 		{"overcommit for remote nodes", serveOptions{nodeID: "local", embeddedNode: true, cpuOvercommit: 4, tlsSelfSigned: true}, ""},
+		{"publish built-ins without TLS", serveOptions{nodeID: "local", embeddedNode: true, publishBuiltins: true}, "--publish-builtins: this server has no node registry"},
+		{"publish built-ins with TLS", serveOptions{nodeID: "local", embeddedNode: true, publishBuiltins: true, tlsCert: "c.pem"}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := clusterFlags(&tc.o)
@@ -40,5 +46,21 @@ func TestServeNodeFlags(t *testing.T) {
 				t.Fatalf("not typed: %v", err)
 			}
 		})
+	}
+}
+
+// A node's templates: the built-ins in its images dir, templates it
+// pulled (cubicle/<id>) and built-ins it pulled (builtin/<name>), once each.
+func TestNodeTemplates(t *testing.T) {
+	dir := t.TempDir()
+	for _, d := range []string{"mini/rootfs", "cache/abc/rootfs", "refs"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := "sha256:" + strings.Repeat("ab", 32)
+	got := nodeTemplates(dir, []node.Image{{Name: "builtin/base", Digest: d}, {Name: "builtin/mini", Digest: d}, {Name: "cubicle/tpl-1", Digest: d}, {Name: "other/x", Digest: d}})
+	if want := []string{"mini", "base", "tpl-1"}; !slices.Equal(got, want) {
+		t.Fatalf("nodeTemplates = %v, want %v", got, want)
 	}
 }

@@ -6,7 +6,9 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strings"
 
+	"github.com/cubicle-dev/cubicle/internal/builtinimage"
 	"github.com/cubicle-dev/cubicle/internal/image"
 )
 
@@ -29,8 +31,12 @@ func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ref := r.URL.Query().Get("ref")
-	if _, err := image.NormalizeRef(ref); err != nil {
+	norm, err := image.NormalizeRef(ref)
+	if err != nil {
 		writeError(w, http.StatusBadRequest, "ref: "+err.Error())
+		return
+	}
+	if reservedImage(w, norm) {
 		return
 	}
 	max := s.cfg.MaxImageBytes
@@ -90,6 +96,9 @@ func (s *Server) deleteImage(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotImplemented, "the image store is not enabled on this server")
 		return
 	}
+	if norm, err := image.NormalizeRef(r.URL.Query().Get("ref")); err == nil && reservedImage(w, norm) {
+		return
+	}
 	if err := s.cfg.Images.Delete(r.URL.Query().Get("ref")); err != nil {
 		if errors.Is(err, image.ErrNotFound) {
 			writeError(w, http.StatusNotFound, err.Error())
@@ -103,4 +112,15 @@ func (s *Server) deleteImage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// reservedImage refuses (403) an import or delete of a built-in's
+// repository: serve --publish-builtins owns builtin/<name>, and nodes boot
+// whatever it names there.
+func reservedImage(w http.ResponseWriter, ref string) bool {
+	if !strings.HasPrefix(ref, builtinimage.RepositoryPrefix) {
+		return false
+	}
+	writeError(w, http.StatusForbidden, fmt.Sprintf("ref %s: repositories %s* hold the built-in images serve --publish-builtins publishes; they cannot be imported or deleted", ref, builtinimage.RepositoryPrefix))
+	return true
 }

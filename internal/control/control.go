@@ -82,6 +82,11 @@ type Config struct {
 	// pulls images asks the registry for (repository and manifest digest);
 	// nil = templates built here cannot boot on such a node.
 	ImageDigest func(ref string) (node.Image, error)
+	// BuiltinImage is a built-in image (base, mini, code-interpreter-v1)
+	// as this control plane published it to its registry
+	// (builtin/<name>@digest, serve --publish-builtins), from memory;
+	// false (or nil): not published, and nodes get the built-in by name.
+	BuiltinImage func(name string) (node.Image, bool)
 	// SnapshotStore keeps snapshot packages for restores on another node
 	// (serve --snapshot-store; nil: snapshots restore only on their own
 	// node). Nodes get presigned URLs from it, never credentials.

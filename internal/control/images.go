@@ -125,13 +125,19 @@ func (m *Manager) pullsImages(ctx context.Context, nodeID string, nd node.Node) 
 	return info.Abilities.PullsImages, nil
 }
 
-// imageRef is tpl's image as a node asks for it: a built-in by name, or
-// the control plane's registry image by digest.
+// imageRef is tpl's image as a node asks for it: a built-in by name (by
+// its published repository and digest once this control plane has
+// published it), or the control plane's registry image by digest.
 func (m *Manager) imageRef(tpl template.Template) (node.Image, error) {
 	switch {
 	case tpl.Image == "":
 		return node.Image{}, fmt.Errorf("%w: template '%s' has no image a node can pull (rebuild it)", ErrConflict, tpl.ID)
 	case !strings.ContainsAny(tpl.Image, "/:"):
+		if m.cfg.BuiltinImage != nil {
+			if im, ok := m.cfg.BuiltinImage(tpl.Image); ok {
+				return im, nil
+			}
+		}
 		return node.Image{Name: tpl.Image}, nil
 	case tpl.ImageDigest != "":
 		// The build row's digest: any replica names the image the same way,

@@ -241,3 +241,48 @@ func TestCreateRetryResolvesBootImageForSecondNode(t *testing.T) {
 		})
 	}
 }
+
+// A built-in this control plane has published (serve --publish-builtins)
+// goes to a pulling node by repository and digest, and the sandbox row
+// records that reference; before it is published, by name as before. The
+// embedded node still gets layers.
+func TestCreateSendsPublishedBuiltin(t *testing.T) {
+	ctx := context.Background()
+	published := false
+	pub := node.Image{Name: "builtin/base", Digest: "sha256:" + strings.Repeat("ef", 32)}
+	lookup := func(name string) (node.Image, bool) {
+		if name != "base" || !published {
+			return node.Image{}, false
+		}
+		return pub, true
+	}
+	for _, pulls := range []bool{true, false} {
+		published = false
+		m, n := newImageManager(t, pulls)
+		m.cfg.BuiltinImage = lookup
+		create := func() (node.Image, []string, string) {
+			t.Helper()
+			sb, err := m.Create(ctx, CreateOptions{TemplateID: "builtin", Timeout: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			row, err := m.store.GetSandbox(ctx, sb.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n.sbs[sb.ID].Image, n.sbs[sb.ID].Layers, row.Image
+		}
+		im, layers, rowImage := create()
+		if pulls && (im != node.Image{Name: "base"} || layers != nil || rowImage != "base") {
+			t.Fatalf("not yet published: node got %+v %v, row %q; want the built-in by name", im, layers, rowImage)
+		}
+		published = true
+		im, layers, rowImage = create()
+		switch {
+		case pulls && (im != pub || layers != nil || rowImage != pub.String()):
+			t.Fatalf("published: node got %+v %v, row %q; want %v", im, layers, rowImage, pub)
+		case !pulls && (im != node.Image{} || len(layers) != 1):
+			t.Fatalf("embedded node: got image %+v layers %v; want the layers", im, layers)
+		}
+	}
+}

@@ -104,9 +104,18 @@ func (s *Store) importLayerFile(ref, path string) error {
 // lexical order so equal trees give equal layers.
 func WriteTar(w io.Writer, dir string) error {
 	tw := tar.NewWriter(w)
+	if err := writeTree(tw, dir, false); err != nil {
+		return err
+	}
+	return tw.Close()
+}
+
+// writeTree writes dir's entries to tw as WriteTar does; overlay
+// translates an overlayfs upper directory's whiteouts (overlayEntry).
+func writeTree(tw *tar.Writer, dir string, overlay bool) error {
 	type inode struct{ dev, ino uint64 }
 	seen := map[inode]string{}
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -153,8 +162,22 @@ func WriteTar(w io.Writer, dir string) error {
 				}
 			}
 		}
+		opaque := false
+		if overlay {
+			repl, opq, err := overlayEntry(p, fi, hdr)
+			if err != nil {
+				return err
+			}
+			if repl != nil {
+				return tw.WriteHeader(repl)
+			}
+			opaque = opq
+		}
 		if err := tw.WriteHeader(hdr); err != nil {
 			return err
+		}
+		if opaque {
+			return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: hdr.Name + whiteoutOpaque, Mode: 0o600, Format: tar.FormatPAX})
 		}
 		if hdr.Typeflag == tar.TypeReg {
 			f, err := os.Open(p)
@@ -167,10 +190,6 @@ func WriteTar(w io.Writer, dir string) error {
 		}
 		return nil
 	})
-	if err != nil {
-		return err
-	}
-	return tw.Close()
 }
 
 // ImportTar stores the image in path as ref. path may be:

@@ -6,17 +6,21 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/builtinimage"
 	"github.com/cubicle-dev/cubicle/internal/clusterpki"
 	"github.com/cubicle-dev/cubicle/internal/clusterpki/pkitest"
 	"github.com/cubicle-dev/cubicle/internal/image"
@@ -25,11 +29,13 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/node/nodegrpc/nodegrpctest"
 	"github.com/cubicle-dev/cubicle/internal/node/nodetest/localnode"
+	"github.com/cubicle-dev/cubicle/internal/template"
 	"github.com/cubicle-dev/cubicle/internal/testenv"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"golang.org/x/sys/unix"
 )
 
 // TestMain removes the agent binary localnode builds.
@@ -483,5 +489,148 @@ func TestStalledRegistryFailsThePull(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
 		t.Fatalf("a failed pull left %d entries", len(ents))
+	}
+}
+
+// snapshotTree describes every entry under root: type, mode, owner,
+// content or link target.
+func snapshotTree(t *testing.T, root string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := filepath.Walk(root, func(p string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, p)
+		st := fi.Sys().(*syscall.Stat_t)
+		d := fmt.Sprintf("%v %d:%d", fi.Mode(), st.Uid, st.Gid)
+		switch {
+		case fi.Mode()&os.ModeSymlink != 0:
+			l, _ := os.Readlink(p)
+			d += " -> " + l
+		case fi.Mode().IsRegular():
+			d += " " + readFile(t, p)
+		}
+		if rel != "." {
+			out[rel] = d
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// A built-in published by the control plane (builtin/<name>@digest): a
+// node whose images dir lacks it pulls it and gets the source's tree; a
+// node that holds it boots from its own directory and pulls nothing; a
+// built-in by name alone that the node lacks is an error that says it is
+// neither on the node nor published.
+func TestSourceBuiltins(t *testing.T) {
+	testenv.RequireRoot(t, "unpacking keeps owners and chroots")
+	c := newCluster(t)
+	src := t.TempDir()
+	root := filepath.Join(src, "mini", "rootfs")
+	for p, body := range map[string]string{"etc/hostname": "mini\n", "bin/busybox": "#!elf", "usr/share/x/y": "deep"} {
+		os.MkdirAll(filepath.Join(root, filepath.Dir(p)), 0o755)
+		if err := os.WriteFile(filepath.Join(root, p), []byte(body), 0o640); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.Symlink("busybox", filepath.Join(root, "bin/sh"))
+	os.Chown(filepath.Join(root, "etc/hostname"), 1000, 1001)
+	im, _, err := builtinimage.Publish(c.store, src, "mini")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+
+	cache, _ := newCache(t, c, c.nodeTLS(t, "node-a"))
+	empty := &imagecache.Source{Cache: cache, ImagesDir: t.TempDir()}
+	if _, err := empty.Layers(ctx, node.Image{Name: "mini"}); !errors.Is(err, imagecache.ErrUnknownImage) ||
+		!strings.Contains(err.Error(), "not in this node's images dir") || !strings.Contains(err.Error(), "has not published it") {
+		t.Fatalf("a built-in by name on a node without it: %v", err)
+	}
+	layers, err := empty.Layers(ctx, im)
+	if err != nil {
+		t.Fatalf("pull %v: %v", im, err)
+	}
+	if len(layers) != 1 {
+		t.Fatalf("layers %v", layers)
+	}
+	want, got := snapshotTree(t, root), snapshotTree(t, layers[0])
+	if len(want) != len(got) {
+		t.Fatalf("pulled tree has %d entries, source %d:\n%v\n%v", len(got), len(want), got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s: pulled %q, source %q", k, got[k], v)
+		}
+	}
+	if cached, _ := empty.Cached(ctx); len(cached) != 1 || cached[0] != im {
+		t.Fatalf("Cached = %v, want [%v]", cached, im)
+	}
+
+	before := c.requests.Load()
+	cache2, _ := newCache(t, c, c.nodeTLS(t, "node-b"))
+	local := &imagecache.Source{Cache: cache2, ImagesDir: src}
+	layers, err = local.Layers(ctx, im)
+	if err != nil || !slices.Equal(layers, template.ImageLayers(src, "mini")) {
+		t.Fatalf("a node holding mini: %v %v", layers, err)
+	}
+	if n := c.requests.Load() - before; n != 0 {
+		t.Fatalf("a node holding the built-in made %d registry requests", n)
+	}
+	if cached, _ := local.Cached(ctx); len(cached) != 0 {
+		t.Fatalf("a node holding the built-in cached %v", cached)
+	}
+}
+
+// The code interpreter published as two layers (base's, then its own)
+// unpacks on a node without it as base's tree with its own on top, the
+// overlay upper dir's whiteout and opaque directory applied.
+func TestSourcePullsTwoLayerBuiltin(t *testing.T) {
+	testenv.RequireRoot(t, "unpacking keeps owners and chroots")
+	c := newCluster(t)
+	src := t.TempDir()
+	write := func(name string, files map[string]string) {
+		for p, body := range files {
+			full := filepath.Join(src, name, "rootfs", p)
+			os.MkdirAll(filepath.Dir(full), 0o755)
+			if err := os.WriteFile(full, []byte(body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	write(template.BaseTemplate, map[string]string{"etc/hostname": "base\n", "usr/bin/python3": "py", "etc/gone": "g", "opt/old": "o"})
+	write(template.CodeInterpreterTemplate, map[string]string{"etc/hostname": "ci\n", "usr/local/bin/jupyter": "j", "opt/new": "n"})
+	// An overlay upper dir's whiteout and opaque directory.
+	upper := filepath.Join(src, template.CodeInterpreterTemplate, "rootfs")
+	if err := unix.Mknod(filepath.Join(upper, "etc/gone"), unix.S_IFCHR, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Setxattr(filepath.Join(upper, "opt"), "trusted.overlay.opaque", []byte("y"), 0); err != nil {
+		t.Fatal(err)
+	}
+	im, _, err := builtinimage.Publish(c.store, src, template.CodeInterpreterTemplate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache, _ := newCache(t, c, c.nodeTLS(t, "node-a"))
+	s := &imagecache.Source{Cache: cache, ImagesDir: t.TempDir()}
+	layers, err := s.Layers(context.Background(), im)
+	if err != nil || len(layers) != 1 {
+		t.Fatalf("pull %v: %v %v", im, layers, err)
+	}
+	for p, want := range map[string]string{"etc/hostname": "ci\n", "usr/bin/python3": "py", "usr/local/bin/jupyter": "j", "opt/new": "n"} {
+		if got := readFile(t, filepath.Join(layers[0], p)); got != want {
+			t.Errorf("%s = %q, want %q", p, got, want)
+		}
+	}
+	for _, p := range []string{"etc/gone", "opt/old"} {
+		if _, err := os.Lstat(filepath.Join(layers[0], p)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s, hidden by the upper layer, is in the pulled tree: %v", p, err)
+		}
 	}
 }

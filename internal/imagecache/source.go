@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 
+	"github.com/cubicle-dev/cubicle/internal/builtinimage"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/template"
@@ -35,19 +36,25 @@ type Source struct {
 
 var _ node.ImageSource = (*Source)(nil)
 
-// Layers implements node.ImageSource.
+// Layers implements node.ImageSource. A built-in published by the
+// control plane (builtin/<name>@digest, serve --publish-builtins) boots
+// from the node's own images dir when that holds it, as a built-in by name
+// does, and is pulled otherwise.
 func (s *Source) Layers(ctx context.Context, im node.Image) ([]string, error) {
 	if im.Digest == "" {
 		if !builtinRE.MatchString(im.Name) {
 			return nil, fmt.Errorf("%w: built-in image %q", ErrInvalidRef, im.Name)
 		}
-		layers := template.ImageLayers(s.ImagesDir, im.Name)
-		for _, l := range layers {
-			if fi, err := os.Stat(l); err != nil || !fi.IsDir() {
-				return nil, fmt.Errorf("%w: %s (%s)", ErrUnknownImage, im.Name, l)
-			}
+		layers, missing := s.local(im.Name)
+		if missing != "" {
+			return nil, fmt.Errorf("%w: %s is not in this node's images dir (no %s) and the control plane has not published it to its registry (serve --publish-builtins; it may still be publishing)", ErrUnknownImage, im.Name, missing)
 		}
 		return layers, nil
+	}
+	if name, ok := builtinimage.NameOf(im.Name); ok {
+		if layers, missing := s.local(name); missing == "" {
+			return layers, nil
+		}
 	}
 	if s.Cache == nil {
 		return nil, fmt.Errorf("%w: %s", ErrNoRegistry, im)
@@ -57,6 +64,18 @@ func (s *Source) Layers(ctx context.Context, im node.Image) ([]string, error) {
 		return nil, err
 	}
 	return []string{root}, nil
+}
+
+// local is built-in name's layers in the node's images dir, or the first
+// one it lacks.
+func (s *Source) local(name string) (layers []string, missing string) {
+	layers = template.ImageLayers(s.ImagesDir, name)
+	for _, l := range layers {
+		if fi, err := os.Stat(l); err != nil || !fi.IsDir() {
+			return nil, l
+		}
+	}
+	return layers, ""
 }
 
 // Cached implements node.ImageSource.
