@@ -22,6 +22,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	"golang.org/x/sys/unix"
 )
 
 // defaultEnv is what a rootfs import gets, since a bare tree carries no config.
@@ -162,6 +163,11 @@ func writeTree(tw *tar.Writer, dir string, overlay bool) error {
 				}
 			}
 		}
+		if hdr.Typeflag != tar.TypeLink {
+			if err := addXattrs(hdr, p); err != nil {
+				return err
+			}
+		}
 		opaque := false
 		if overlay {
 			repl, opq, err := overlayEntry(p, fi, hdr)
@@ -190,6 +196,49 @@ func writeTree(tw *tar.Writer, dir string, overlay bool) error {
 		}
 		return nil
 	})
+}
+
+// addXattrs records p's extended attributes in hdr as PAX records (what
+// the unpackers apply): file capabilities above all (base's ping carries
+// cap_net_raw, which a sandbox's user needs). trusted.* is left out:
+// overlayfs keeps its own state there (overlayEntry translates it) and
+// only a privileged writer could set it again.
+func addXattrs(hdr *tar.Header, p string) error {
+	buf := make([]byte, 1024)
+	n, err := unix.Llistxattr(p, buf)
+	if errors.Is(err, unix.ERANGE) {
+		if n, err = unix.Llistxattr(p, nil); err == nil {
+			buf = make([]byte, n)
+			n, err = unix.Llistxattr(p, buf)
+		}
+	}
+	if errors.Is(err, unix.ENOTSUP) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("%s: list xattrs: %w", p, err)
+	}
+	for name := range strings.SplitSeq(string(buf[:n]), "\x00") {
+		if name == "" || strings.HasPrefix(name, "trusted.") {
+			continue
+		}
+		sz, err := unix.Lgetxattr(p, name, nil)
+		if errors.Is(err, unix.ENODATA) {
+			continue // removed meanwhile
+		}
+		if err != nil {
+			return fmt.Errorf("%s: xattr %s: %w", p, name, err)
+		}
+		val := make([]byte, sz)
+		if sz, err = unix.Lgetxattr(p, name, val); err != nil {
+			return fmt.Errorf("%s: xattr %s: %w", p, name, err)
+		}
+		if hdr.PAXRecords == nil {
+			hdr.PAXRecords = map[string]string{}
+		}
+		hdr.PAXRecords["SCHILY.xattr."+name] = string(val[:sz])
+	}
+	return nil
 }
 
 // ImportTar stores the image in path as ref. path may be:

@@ -540,6 +540,12 @@ func TestSourceBuiltins(t *testing.T) {
 	}
 	os.Symlink("busybox", filepath.Join(root, "bin/sh"))
 	os.Chown(filepath.Join(root, "etc/hostname"), 1000, 1001)
+	// A file capability (base's ping has cap_net_raw): VFS_CAP_REVISION_2,
+	// effective, permitted CAP_NET_RAW (13).
+	capNetRaw := []byte{1, 0, 0, 2, 0, 0x20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+	if err := unix.Setxattr(filepath.Join(root, "bin/busybox"), "security.capability", capNetRaw, 0); err != nil {
+		t.Fatal(err)
+	}
 	im, _, err := builtinimage.Publish(c.store, src, "mini")
 	if err != nil {
 		t.Fatal(err)
@@ -567,6 +573,10 @@ func TestSourceBuiltins(t *testing.T) {
 		if got[k] != v {
 			t.Errorf("%s: pulled %q, source %q", k, got[k], v)
 		}
+	}
+	buf := make([]byte, 64)
+	if n, err := unix.Getxattr(filepath.Join(layers[0], "bin/busybox"), "security.capability", buf); err != nil || !bytes.Equal(buf[:n], capNetRaw) {
+		t.Fatalf("the pulled file's capability: %x %v, want %x", buf[:max(n, 0)], err, capNetRaw)
 	}
 	if cached, _ := empty.Cached(ctx); len(cached) != 1 || cached[0] != im {
 		t.Fatalf("Cached = %v, want [%v]", cached, im)
