@@ -2,8 +2,6 @@ package integration
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -68,40 +66,9 @@ func TestNodePullsBuiltinFromControlPlane(t *testing.T) {
 		out, err := exec.Command(filepath.Join(binDir, "cubicle"), args...).CombinedOutput()
 		return string(out), err
 	}
-	out, err := cubicle("node", "token", "create", "--data-dir", s.DataDir)
-	if err != nil {
-		t.Fatalf("token create: %v\n%s", err, out)
-	}
-	var tok, pin string
-	for _, l := range strings.Split(out, "\n") {
-		if v, ok := strings.CutPrefix(l, "token: "); ok {
-			tok = v
-		}
-		if v, ok := strings.CutPrefix(l, "ca-pin: "); ok {
-			pin = v
-		}
-	}
-	b := make([]byte, 3)
-	rand.Read(b)
-	suffix := hex.EncodeToString(b)
-	nodeDir, err := os.MkdirTemp("/var/tmp", "cubicle-it-node-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	nd := &server{t: t, DataDir: nodeDir, Bridge: "cnb" + suffix, Cgroup: "cubicle-it-nb" + suffix, seen: map[string]bool{}}
-	t.Cleanup(func() {
-		nd.forceClean()
-		exec.Command("ip", "link", "del", nd.Bridge).Run()
-		exec.Command("nft", "delete", "table", "inet", "cubicle_"+nd.Bridge).Run()
-		exec.Command("nft", "delete", "table", "bridge", "cubicle_"+nd.Bridge).Run()
-		unmountUnder(nd.DataDir)
-		unmountUnder(filepath.Join("/run/cubicle", nd.Bridge))
-		os.RemoveAll(filepath.Join("/run/cubicle", nd.Bridge))
-		os.RemoveAll(nd.DataDir)
-		if left := nd.infraLeftovers(); len(left) > 0 {
-			t.Errorf("node run left host state behind:\n  %s", strings.Join(left, "\n  "))
-		}
-	})
+	tok, pin := joinToken(t, s)
+	nd := newNodeHost(t, "b")
+	nodeDir := nd.DataDir
 	nodeImages := filepath.Join(nodeDir, "images")
 	if err := os.MkdirAll(nodeImages, 0o700); err != nil {
 		t.Fatal(err)
@@ -114,27 +81,9 @@ func TestNodePullsBuiltinFromControlPlane(t *testing.T) {
 	for dataAddr == grpcAddr {
 		dataAddr = freeListenAddr(t)
 	}
-	logs := &lockedBuffer{}
-	run := exec.Command(filepath.Join(binDir, "cubicle"), "node", "run", "--data-dir", nodeDir, "--listen", grpcAddr, "--data-listen", dataAddr,
+	run, exited, logs := startNodeRun(t, []string{"node", "run", "--data-dir", nodeDir, "--listen", grpcAddr, "--data-listen", dataAddr,
 		"--images-dir", nodeImages, "--bridge", nd.Bridge, "--pool", freePool(), "--cgroup-parent", nd.Cgroup,
-		"--agent-bin", filepath.Join(binDir, "cubicle-agent"), "--lxcfs=false")
-	run.Stdout, run.Stderr = logs, logs
-	if err := run.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- run.Wait() }()
-	t.Cleanup(func() {
-		select {
-		case <-exited:
-		default:
-			run.Process.Kill()
-			<-exited
-		}
-		if t.Failed() {
-			t.Logf("node run logs:\n%s", logs.String())
-		}
-	})
+		"--agent-bin", filepath.Join(binDir, "cubicle-agent"), "--lxcfs=false"})
 
 	st, err := sqlite.Open(filepath.Join(s.DataDir, "cubicle.db"))
 	if err != nil {

@@ -73,19 +73,7 @@ func TestNodePullsImageFromControlPlane(t *testing.T) {
 	}
 
 	// Join a node.
-	out, err := exec.Command(filepath.Join(binDir, "cubicle"), "node", "token", "create", "--data-dir", s.DataDir).CombinedOutput()
-	if err != nil {
-		t.Fatalf("token create: %v\n%s", err, out)
-	}
-	var tok, pin string
-	for _, line := range strings.Split(string(out), "\n") {
-		if v, ok := strings.CutPrefix(line, "token: "); ok {
-			tok = v
-		}
-		if v, ok := strings.CutPrefix(line, "ca-pin: "); ok {
-			pin = v
-		}
-	}
+	tok, pin := joinToken(t, s)
 	dir := t.TempDir()
 	if out, err := exec.Command(filepath.Join(binDir, "cubicle"), "node", "join", "--control-plane", "https://"+s.listenOn,
 		"--token", tok, "--ca-pin", pin, "--node-id", "node-img", "--data-dir", dir, "--address", "127.0.0.1").CombinedOutput(); err != nil {

@@ -5,12 +5,13 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"github.com/cubicle-dev/cubicle/internal/testenv/testcluster"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/testenv/testcluster"
 )
 
 // runtimeName is the --runtime the server was started with.

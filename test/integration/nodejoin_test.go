@@ -32,25 +32,7 @@ func TestNodeJoin(t *testing.T) {
 		out, err := exec.Command(filepath.Join(binDir, "cubicle"), args...).CombinedOutput()
 		return string(out), err
 	}
-	tokenCreate := func(args ...string) (tok, pin string) {
-		t.Helper()
-		out, err := cubicle(append([]string{"node", "token", "create", "--data-dir", s.DataDir}, args...)...)
-		if err != nil {
-			t.Fatalf("token create: %v\n%s", err, out)
-		}
-		for _, l := range strings.Split(out, "\n") {
-			if v, ok := strings.CutPrefix(l, "token: "); ok {
-				tok = v
-			}
-			if v, ok := strings.CutPrefix(l, "ca-pin: "); ok {
-				pin = v
-			}
-		}
-		if tok == "" || !strings.HasPrefix(pin, "sha256:") {
-			t.Fatalf("token create printed:\n%s", out)
-		}
-		return tok, pin
-	}
+	tokenCreate := func(args ...string) (tok, pin string) { t.Helper(); return joinToken(t, s, args...) }
 	join := func(tok, pin, id, dir string) (string, error) {
 		return cubicle("node", "join", "--control-plane", cp, "--token", tok, "--ca-pin", pin, "--node-id", id, "--data-dir", dir, "--address", "127.0.0.1")
 	}

@@ -3,9 +3,7 @@ package integration
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"crypto/tls"
-	"encoding/hex"
 	"errors"
 	"os"
 	"os/exec"
@@ -42,45 +40,10 @@ func TestNodeRun(t *testing.T) {
 		out, err := exec.Command(filepath.Join(binDir, "cubicle"), args...).CombinedOutput()
 		return string(out), err
 	}
-	token := func() (tok, pin string) {
-		t.Helper()
-		out, err := cubicle("node", "token", "create", "--data-dir", s.DataDir, "--label", "zone=a")
-		if err != nil {
-			t.Fatalf("token create: %v\n%s", err, out)
-		}
-		for _, l := range strings.Split(out, "\n") {
-			if v, ok := strings.CutPrefix(l, "token: "); ok {
-				tok = v
-			}
-			if v, ok := strings.CutPrefix(l, "ca-pin: "); ok {
-				pin = v
-			}
-		}
-		return tok, pin
-	}
-
+	token := func() (tok, pin string) { return joinToken(t, s, "--label", "zone=a") }
 	// The node's own host resources, cleaned up like a server's.
-	b := make([]byte, 3)
-	rand.Read(b)
-	suffix := hex.EncodeToString(b)
-	nodeDir, err := os.MkdirTemp("/var/tmp", "cubicle-it-node-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	nd := &server{t: t, DataDir: nodeDir, Bridge: "cnr" + suffix, Cgroup: "cubicle-it-nr" + suffix, seen: map[string]bool{}}
-	t.Cleanup(func() {
-		nd.forceClean()
-		exec.Command("ip", "link", "del", nd.Bridge).Run()
-		exec.Command("nft", "delete", "table", "inet", "cubicle_"+nd.Bridge).Run()
-		exec.Command("nft", "delete", "table", "bridge", "cubicle_"+nd.Bridge).Run()
-		unmountUnder(nd.DataDir)
-		unmountUnder(filepath.Join("/run/cubicle", nd.Bridge))
-		os.RemoveAll(filepath.Join("/run/cubicle", nd.Bridge))
-		os.RemoveAll(nd.DataDir)
-		if left := nd.infraLeftovers(); len(left) > 0 {
-			t.Errorf("node run left host state behind:\n  %s", strings.Join(left, "\n  "))
-		}
-	})
+	nd := newNodeHost(t, "r")
+	nodeDir := nd.DataDir
 	grpcAddr, dataAddr := freeListenAddr(t), freeListenAddr(t)
 	for dataAddr == grpcAddr {
 		dataAddr = freeListenAddr(t)
@@ -106,26 +69,7 @@ func TestNodeRun(t *testing.T) {
 	// test did not stop it. Its logs are read while it runs.
 	startRun := func() (*exec.Cmd, chan error, *lockedBuffer) {
 		t.Helper()
-		logs := &lockedBuffer{}
-		run := exec.Command(filepath.Join(binDir, "cubicle"), runArgs...)
-		run.Stdout, run.Stderr = logs, logs
-		if err := run.Start(); err != nil {
-			t.Fatal(err)
-		}
-		exited := make(chan error, 1)
-		go func() { exited <- run.Wait() }()
-		t.Cleanup(func() {
-			select {
-			case <-exited:
-			default:
-				run.Process.Kill()
-				<-exited
-			}
-			if t.Failed() {
-				t.Logf("node run logs:\n%s", logs.String())
-			}
-		})
-		return run, exited, logs
+		return startNodeRun(t, runArgs)
 	}
 	// stopRun sends SIGTERM and checks the clean path.
 	stopRun := func(run *exec.Cmd, exited chan error, logs *lockedBuffer) {
