@@ -94,29 +94,38 @@ function line(name, st) {
   return `${name.padEnd(28)} n=${String(st.n).padStart(3)}  p50=${f1(st.p50).padStart(8)} ms  p95=${f1(st.p95).padStart(8)} ms  p99=${f1(st.p99).padStart(8)} ms`
 }
 
-// ---- SDK create → first command ------------------------------------------------------
-async function createLatency(srv, c, total, deadline, createOpts = {}) {
+// runCreates runs one(…) total times from c concurrent workers until deadline; one
+// returns a sample and may set sbx.current to the sandbox it made, which is killed
+// after it (also when it fails). Errors are collected, not thrown.
+async function runCreates(c, total, deadline, one) {
   const samples = []
   const errors = []
   let started = 0
   async function worker() {
     while (started < total && Date.now() < deadline) {
       started++
-      const t0 = process.hrtime.bigint()
-      let sbx
+      const sbx = { current: null }
       try {
-        sbx = await Sandbox.create('base', { timeoutMs: 120000, requestTimeoutMs: 120000, ...createOpts })
-        await sbx.commands.run('true', { requestTimeoutMs: 60000 })
-        samples.push(Number(process.hrtime.bigint() - t0) / 1e6)
+        samples.push(await one(sbx))
       } catch (e) {
         errors.push(String(e && e.message ? e.message : e).slice(0, 200))
       } finally {
-        if (sbx) await sbx.kill({ requestTimeoutMs: 60000 }).catch(() => {})
+        if (sbx.current) await sbx.current.kill({ requestTimeoutMs: 60000 }).catch(() => {})
       }
     }
   }
   await Promise.all(Array.from({ length: c }, worker))
   return { samples, errors }
+}
+
+// ---- SDK create → first command ------------------------------------------------------
+function createLatency(srv, c, total, deadline, createOpts = {}) {
+  return runCreates(c, total, deadline, async (sbx) => {
+    const t0 = process.hrtime.bigint()
+    sbx.current = await Sandbox.create('base', { timeoutMs: 120000, requestTimeoutMs: 120000, ...createOpts })
+    await sbx.current.commands.run('true', { requestTimeoutMs: 60000 })
+    return Number(process.hrtime.bigint() - t0) / 1e6
+  })
 }
 
 // ---- per-phase trace (Server-Timing of raw creates) ----------------------------------
@@ -129,41 +138,27 @@ function parseServerTiming(h) {
   }
   return out
 }
-async function traceLatency(srv, c, total, deadline) {
-  const samples = [] // { phases, create, firstCommand, createToRun }
-  const errors = []
-  let started = 0
-  async function worker() {
-    while (started < total && Date.now() < deadline) {
-      started++
-      const t0 = process.hrtime.bigint()
-      let sbx
-      try {
-        const res = await fetch(`${srv.url}/v2/sandboxes`, {
-          method: 'POST',
-          headers: { 'X-API-KEY': srv.apiKey, 'Content-Type': 'application/json' },
-          body: JSON.stringify({ templateID: 'base', timeout: 120 }),
-          signal: AbortSignal.timeout(120000),
-        })
-        const body = await res.json()
-        if (res.status !== 201) throw new Error(`POST /v2/sandboxes: ${res.status} ${JSON.stringify(body)}`)
-        const t1 = process.hrtime.bigint()
-        // What Sandbox.create builds from the same answer (no extra round trip).
-        sbx = new Sandbox({ sandboxId: body.sandboxID, sandboxDomain: body.domain || undefined, envdVersion: body.envdVersion,
-          envdAccessToken: body.envdAccessToken, trafficAccessToken: body.trafficAccessToken, requestTimeoutMs: 120000 })
-        await sbx.commands.run('true', { requestTimeoutMs: 60000 })
-        const t2 = process.hrtime.bigint()
-        samples.push({ phases: parseServerTiming(res.headers.get('server-timing')), create: Number(t1 - t0) / 1e6,
-          firstCommand: Number(t2 - t1) / 1e6, createToRun: Number(t2 - t0) / 1e6 })
-      } catch (e) {
-        errors.push(String(e && e.message ? e.message : e).slice(0, 200))
-      } finally {
-        if (sbx) await sbx.kill({ requestTimeoutMs: 60000 }).catch(() => {})
-      }
-    }
-  }
-  await Promise.all(Array.from({ length: c }, worker))
-  return { samples, errors }
+// One sample: { phases, create, firstCommand, createToRun }.
+function traceLatency(srv, c, total, deadline) {
+  return runCreates(c, total, deadline, async (sbx) => {
+    const t0 = process.hrtime.bigint()
+    const res = await fetch(`${srv.url}/v2/sandboxes`, {
+      method: 'POST',
+      headers: { 'X-API-KEY': srv.apiKey, 'Content-Type': 'application/json' },
+      body: JSON.stringify({ templateID: 'base', timeout: 120 }),
+      signal: AbortSignal.timeout(120000),
+    })
+    const body = await res.json()
+    if (res.status !== 201) throw new Error(`POST /v2/sandboxes: ${res.status} ${JSON.stringify(body)}`)
+    const t1 = process.hrtime.bigint()
+    // What Sandbox.create builds from the same answer (no extra round trip).
+    sbx.current = new Sandbox({ sandboxId: body.sandboxID, sandboxDomain: body.domain || undefined, envdVersion: body.envdVersion,
+      envdAccessToken: body.envdAccessToken, trafficAccessToken: body.trafficAccessToken, requestTimeoutMs: 120000 })
+    await sbx.current.commands.run('true', { requestTimeoutMs: 60000 })
+    const t2 = process.hrtime.bigint()
+    return { phases: parseServerTiming(res.headers.get('server-timing')), create: Number(t1 - t0) / 1e6,
+      firstCommand: Number(t2 - t1) / 1e6, createToRun: Number(t2 - t0) / 1e6 }
+  })
 }
 // Phases in path order (internal/phase.Names); any other name a server sends is
 // printed after them.
