@@ -206,7 +206,7 @@ func layerEntries(t *testing.T, s *image.Store, ref string) []string {
 }
 
 // An overlay upper directory's whiteouts (character devices 0/0) and
-// opaque directories become OCI whiteouts; a real device is refused.
+// opaque directories become OCI whiteouts.
 func TestOverlayWhiteoutsTranslated(t *testing.T) {
 	testenv.RequireRoot(t, "mknod and trusted.* xattrs")
 	dir := t.TempDir()
@@ -231,12 +231,24 @@ func TestOverlayWhiteoutsTranslated(t *testing.T) {
 		t.Fatalf("the whiteout device itself is in the layer: %v", names)
 	}
 
+	// A real device node is left out (nodes never make them); a metacopy
+	// file (data in the lower layer) is refused.
 	dev := tree(t, dir, "dev", recipe, map[string]string{"etc/hostname": "d\n"})
 	if err := unix.Mknod(filepath.Join(dev, "null"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := builtinimage.Publish(s, dir, "dev"); !errors.Is(err, image.ErrOverlayWhiteout) {
-		t.Fatalf("a real device in a built-in: %v, want ErrOverlayWhiteout", err)
+	if _, _, err := builtinimage.Publish(s, dir, "dev"); err != nil {
+		t.Fatalf("a device node in a built-in: %v", err)
+	}
+	if names := layerEntries(t, s, "builtin/dev:"+recipe); slices.Contains(names, "null") || !slices.Contains(names, "etc/hostname") {
+		t.Fatalf("layer with a device node: %v", names)
+	}
+	mc := tree(t, dir, "meta", recipe, map[string]string{"etc/hostname": "m\n"})
+	if err := unix.Setxattr(filepath.Join(mc, "etc/hostname"), "trusted.overlay.metacopy", nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := builtinimage.Publish(s, dir, "meta"); !errors.Is(err, image.ErrOverlayEntry) {
+		t.Fatalf("a metacopy file: %v, want ErrOverlayEntry", err)
 	}
 }
 

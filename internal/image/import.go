@@ -170,9 +170,12 @@ func writeTree(tw *tar.Writer, dir string, overlay bool) error {
 		}
 		opaque := false
 		if overlay {
-			repl, opq, err := overlayEntry(p, fi, hdr)
+			repl, skip, opq, err := overlayEntry(p, fi, hdr)
 			if err != nil {
 				return err
+			}
+			if skip {
+				return nil
 			}
 			if repl != nil {
 				return tw.WriteHeader(repl)

@@ -20,10 +20,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ErrOverlayWhiteout: an overlay upper directory holds a whiteout the OCI
-// layer format cannot say (a character device other than 0/0 is a real
-// device, which a layer published for nodes must not carry either).
-var ErrOverlayWhiteout = errors.New("image: overlay upper directory entry cannot be published")
+// ErrOverlayEntry: an overlayfs upper directory entry whose content is
+// not in the directory (a redirected directory or a metacopy file, whose
+// data stays in the lower layer), which an OCI layer cannot say.
+var ErrOverlayEntry = errors.New("image: overlay upper directory entry cannot be published")
 
 // PublishDir stores below's layers (an image already in the store; ""
 // for none) with the tree dir as one more layer on top, tagged ref, and
@@ -33,7 +33,10 @@ var ErrOverlayWhiteout = errors.New("image: overlay upper directory entry cannot
 //
 // dir may be an overlayfs upper directory: its whiteouts (character
 // devices 0/0) become OCI ".wh.<name>" entries and its opaque directories
-// (trusted.overlay.opaque or user.overlay.opaque "y") ".wh..wh..opq". The
+// (trusted.overlay.opaque or user.overlay.opaque "y") ".wh..wh..opq";
+// redirected directories and metacopy files are refused (ErrOverlayEntry).
+// Other device nodes are left out: nodes never make them (UnpackLayers),
+// the sandbox runtime mounts its own /dev. The
 // layer is deterministic for a given tree (sorted entries, no timestamps
 // but the files', fixed gzip level, a config without a creation time), so
 // the same tree gives the same digest in any store.
@@ -153,26 +156,42 @@ func writeLayerGzip(w io.Writer, dir string, progress func(int64)) error {
 }
 
 // overlayEntry turns an overlayfs upper directory's markers into OCI
-// whiteouts: the header to write instead of hdr (nil: hdr as is), and
-// whether the directory p is opaque (its ".wh..wh..opq" follows it).
-func overlayEntry(p string, fi os.FileInfo, hdr *tar.Header) (repl *tar.Header, opaque bool, err error) {
+// whiteouts: the header to write instead of hdr (nil: hdr as is; skip:
+// nothing), and whether the directory p is opaque (its ".wh..wh..opq"
+// follows it).
+func overlayEntry(p string, fi os.FileInfo, hdr *tar.Header) (repl *tar.Header, skip, opaque bool, err error) {
 	switch {
-	case fi.Mode()&os.ModeCharDevice != 0 && fi.Mode()&os.ModeDevice != 0:
-		if hdr.Devmajor != 0 || hdr.Devminor != 0 {
-			return nil, false, fmt.Errorf("%w: %s is a device (%d:%d)", ErrOverlayWhiteout, p, hdr.Devmajor, hdr.Devminor)
+	case fi.Mode()&os.ModeDevice != 0:
+		if fi.Mode()&os.ModeCharDevice == 0 || hdr.Devmajor != 0 || hdr.Devminor != 0 {
+			return nil, true, false, nil // a real device: never made on a node
 		}
 		dir, base := path.Split(hdr.Name)
-		return &tar.Header{Typeflag: tar.TypeReg, Name: dir + whiteoutPrefix + base, Mode: 0o600, Format: tar.FormatPAX}, false, nil
+		return &tar.Header{Typeflag: tar.TypeReg, Name: dir + whiteoutPrefix + base, Mode: 0o600, Format: tar.FormatPAX}, false, false, nil
 	case fi.IsDir():
+		if hasXattr(p, "trusted.overlay.redirect", "user.overlay.redirect") {
+			return nil, false, false, fmt.Errorf("%w: %s is a redirected directory (its content is in a lower layer)", ErrOverlayEntry, p)
+		}
 		for _, attr := range []string{"trusted.overlay.opaque", "user.overlay.opaque"} {
 			buf := make([]byte, 8)
 			n, err := unix.Lgetxattr(p, attr, buf)
 			if err == nil && string(buf[:n]) == "y" {
-				return nil, true, nil
+				return nil, false, true, nil
 			}
 		}
-	case fi.Mode()&os.ModeDevice != 0:
-		return nil, false, fmt.Errorf("%w: %s is a block device", ErrOverlayWhiteout, p)
+	case fi.Mode().IsRegular():
+		if hasXattr(p, "trusted.overlay.metacopy", "user.overlay.metacopy") {
+			return nil, false, false, fmt.Errorf("%w: %s is a metacopy file (its data is in a lower layer)", ErrOverlayEntry, p)
+		}
 	}
-	return nil, false, nil
+	return nil, false, false, nil
+}
+
+// hasXattr reports whether p (not followed) has any of attrs.
+func hasXattr(p string, attrs ...string) bool {
+	for _, a := range attrs {
+		if _, err := unix.Lgetxattr(p, a, nil); err == nil {
+			return true
+		}
+	}
+	return false
 }
