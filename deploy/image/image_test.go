@@ -112,20 +112,11 @@ func TestImages(t *testing.T) {
 		names := map[string][]byte{}
 		links := map[string]string{}
 		paxs := map[string]map[string]string{}
-		rc := mutate.Extract(img)
-		defer rc.Close()
-		tr := tar.NewReader(rc)
-		for {
-			h, err := tr.Next()
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
+		walk(t, img, func(h *tar.Header, body io.Reader) {
 			var b []byte
 			if strings.HasSuffix(h.Name, ".recipe-sha256") {
-				if b, err = io.ReadAll(tr); err != nil {
+				var err error
+				if b, err = io.ReadAll(body); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -134,7 +125,7 @@ func TestImages(t *testing.T) {
 			if h.Typeflag == tar.TypeSymlink {
 				links[h.Name] = h.Linkname
 			}
-		}
+		})
 		for _, n := range builtins {
 			want, err := os.ReadFile(filepath.Join(imagesDir, n, ".recipe-sha256"))
 			if err != nil {
@@ -202,9 +193,9 @@ func load(t *testing.T, file, tag string) v1.Image {
 	return img
 }
 
-// unpack writes the image's flattened file system under root, keeping
-// owners and modes; keep, when set, picks the entries written.
-func unpack(t *testing.T, img v1.Image, root string, keep func(string) bool) {
+// walk calls fn with each entry of the image's flattened file system and
+// its content.
+func walk(t *testing.T, img v1.Image, fn func(h *tar.Header, body io.Reader)) {
 	t.Helper()
 	rc := mutate.Extract(img)
 	defer rc.Close()
@@ -217,14 +208,24 @@ func unpack(t *testing.T, img v1.Image, root string, keep func(string) bool) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		fn(h, tr)
+	}
+}
+
+// unpack writes the image's flattened file system under root, keeping
+// owners and modes; keep, when set, picks the entries written.
+func unpack(t *testing.T, img v1.Image, root string, keep func(string) bool) {
+	t.Helper()
+	walk(t, img, func(h *tar.Header, tr io.Reader) {
 		name := filepath.Clean(h.Name)
 		if keep != nil && !keep(name) {
-			continue
+			return
 		}
 		if strings.HasPrefix(name, "..") || filepath.IsAbs(name) {
 			t.Fatalf("entry %q escapes the root", h.Name)
 		}
 		p := filepath.Join(root, name)
+		var err error
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -250,7 +251,7 @@ func unpack(t *testing.T, img v1.Image, root string, keep func(string) bool) {
 			t.Fatalf("%s: %v", h.Name, err)
 		}
 		if h.Typeflag == tar.TypeSymlink || h.Typeflag == tar.TypeLink {
-			continue
+			return
 		}
 		if err := os.Lchown(p, h.Uid, h.Gid); err != nil {
 			t.Fatal(err)
@@ -258,7 +259,7 @@ func unpack(t *testing.T, img v1.Image, root string, keep func(string) bool) {
 		if err := os.Chmod(p, h.FileInfo().Mode()); err != nil {
 			t.Fatal(err)
 		}
-	}
+	})
 }
 
 // chrootRun runs cmd with the image's sh, chrooted into root with a /proc
