@@ -232,7 +232,8 @@ func nodeRun(ctx context.Context, o nodeRunOptions) error {
 
 	// Template images come from the control plane's registry, by digest,
 	// with this node's identity (docs/cluster.md, images across nodes).
-	images, err := imagecache.NewSource(id.info.ControlPlane, cp.TLSConfig(), o.imagesDir)
+	noteMovedDir(log, filepath.Join(o.imagesDir, "cache"), filepath.Join(o.dataDir, "image-cache"))
+	images, err := imagecache.NewSource(id.info.ControlPlane, cp.TLSConfig(), o.imagesDir, filepath.Join(o.dataDir, "image-cache"))
 	if err != nil {
 		return err
 	}

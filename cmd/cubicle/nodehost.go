@@ -325,3 +325,14 @@ func nodeVolumeConfig(o *nodeHostOptions) (volume.NodeConfig, error) {
 	}
 	return nc, nil
 }
+
+// noteMovedDir tells the operator that a directory older releases kept in
+// the images dir (a node's pulled images, serve's unpacked image refs) is
+// no longer read: that state now lives in the data dir, and the old copy
+// is only disk to reclaim. It is not removed here: the images dir may be
+// shared with other servers.
+func noteMovedDir(log *slog.Logger, old, now string) {
+	if fi, err := os.Stat(old); err == nil && fi.IsDir() {
+		log.Warn("directory no longer used: its contents moved to the data dir and can be removed", "old", old, "now", now)
+	}
+}

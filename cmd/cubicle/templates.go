@@ -152,7 +152,8 @@ func setupTemplates(ctx context.Context, o serveOptions, st store.Store, netm *n
 		MaxCPUCount: o.maxCPU, MaxMemoryMB: o.maxMemoryMB, MaxDiskSizeMB: o.maxDiskMB,
 		// PostgreSQL: other replicas may be running builds of their own.
 		SharedStore: o.store != ""})
-	ts.catalog.SetFallback(&builder.ImageRefs{Images: imgs, Dir: filepath.Join(o.imagesDir, "refs"),
+	noteMovedDir(log, filepath.Join(o.imagesDir, "refs"), filepath.Join(o.dataDir, "image-refs"))
+	ts.catalog.SetFallback(&builder.ImageRefs{Images: imgs, Dir: filepath.Join(o.dataDir, "image-refs"),
 		CPUCount: o.cpuCount, MemoryMB: o.memoryMB, DiskSizeMB: o.diskSizeMB,
 		Next: &template.Images{Dir: o.imagesDir, CPUCount: o.cpuCount, MemoryMB: o.memoryMB, DiskSizeMB: o.diskSizeMB}})
 	ts.api = &api.Templates{Catalog: ts.catalog, Contexts: teamContexts{ctxs}, Errors: api.ContextErrors{

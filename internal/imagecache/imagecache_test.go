@@ -429,15 +429,15 @@ func TestNodeBootsPulledImage(t *testing.T) {
 }
 
 // The node's source takes its join's control-plane URL: https only, port
-// 443 by default, the cache under the images dir.
+// 443 by default, the cache in its own dir and nothing in the images dir.
 func TestNewSource(t *testing.T) {
-	dir := t.TempDir()
+	dir, cacheDir := t.TempDir(), filepath.Join(t.TempDir(), "image-cache")
 	cfg := &tls.Config{}
 	for url, ok := range map[string]bool{
 		"https://cp.example:7443": true, "https://cp.example": true, "https://[::1]:8443/": true,
 		"http://cp.example": false, "cp.example:443": false, "https://cp.example/api": false, "https://": false,
 	} {
-		s, err := imagecache.NewSource(url, cfg, dir)
+		s, err := imagecache.NewSource(url, cfg, dir, cacheDir)
 		if (err == nil) != ok {
 			t.Errorf("%q: %v, want ok=%v", url, err, ok)
 		}
@@ -445,8 +445,11 @@ func TestNewSource(t *testing.T) {
 			t.Errorf("%q: images dir %q", url, s.ImagesDir)
 		}
 	}
-	if fi, err := os.Stat(filepath.Join(dir, "cache")); err != nil || !fi.IsDir() {
+	if fi, err := os.Stat(cacheDir); err != nil || !fi.IsDir() {
 		t.Fatalf("cache dir: %v", err)
+	}
+	if ents, err := os.ReadDir(dir); err != nil || len(ents) != 0 {
+		t.Fatalf("images dir holds %v (%v), want nothing", ents, err)
 	}
 }
 

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"path/filepath"
 	"regexp"
 
 	"github.com/cubicle-dev/cubicle/internal/builtinimage"
@@ -97,8 +96,11 @@ func (s *Source) Cached(context.Context) ([]node.Image, error) {
 // NewSource is a node's image source as `cubicle node run` makes it: the
 // registry at the control-plane URL of its join (https only; port 443
 // when none), the node's client TLS configuration, the built-ins in
-// imagesDir and the cache in imagesDir/cache.
-func NewSource(controlPlaneURL string, tlsConfig *tls.Config, imagesDir string) (*Source, error) {
+// imagesDir and the cache in cacheDir. The cache is the node's own state
+// (under its data dir), never the images dir: that may be shared with
+// other servers or read-only, and what is pulled into it would outlive
+// the node.
+func NewSource(controlPlaneURL string, tlsConfig *tls.Config, imagesDir, cacheDir string) (*Source, error) {
 	u, err := url.Parse(controlPlaneURL)
 	if err != nil || u.Scheme != "https" || u.Host == "" || (u.Path != "" && u.Path != "/") {
 		return nil, fmt.Errorf("imagecache: control-plane URL %q: want https://host[:port]", controlPlaneURL)
@@ -107,7 +109,7 @@ func NewSource(controlPlaneURL string, tlsConfig *tls.Config, imagesDir string) 
 	if u.Port() == "" {
 		host = net.JoinHostPort(u.Hostname(), "443")
 	}
-	c, err := New(Config{Registry: host, TLS: tlsConfig, Dir: filepath.Join(imagesDir, "cache")})
+	c, err := New(Config{Registry: host, TLS: tlsConfig, Dir: cacheDir})
 	if err != nil {
 		return nil, err
 	}

@@ -123,8 +123,11 @@ func TestNodePullsBuiltinFromControlPlane(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(nodeImages, "mini")); err == nil {
 		t.Fatal("the node's images dir gained a mini dir: it should have pulled into its cache")
 	}
-	if _, err := os.Stat(filepath.Join(nodeImages, "cache", strings.TrimPrefix(digest, "sha256:"), "rootfs")); err != nil {
+	if _, err := os.Stat(filepath.Join(nodeDir, "image-cache", strings.TrimPrefix(digest, "sha256:"), "rootfs")); err != nil {
 		t.Fatalf("the pulled image is not in the node's cache: %v", err)
+	}
+	if ents, err := os.ReadDir(nodeImages); err != nil || len(ents) != 0 {
+		t.Fatalf("the node wrote into its images dir: %v %v", ents, err)
 	}
 	// The node reports the pulled built-in as template mini.
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(250 * time.Millisecond) {

@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -70,9 +71,41 @@ func TestMain(m *testing.M) {
 			build([]string{"CGO_ENABLED=0"}, "buildkitd", "github.com/moby/buildkit/cmd/buildkitd")
 		}
 	}
+	imgs := os.Getenv("CUBICLE_IMAGES_DIR")
+	if imgs == "" {
+		imgs = "/var/lib/cubicle/images"
+	}
+	before := imagesDirEntries(imgs)
 	code := m.Run()
 	os.RemoveAll(dir)
+	// The images dir is shared by every server of the run (and by the
+	// developer's own): a server or node that writes its state there (a
+	// pulled image, an unpacked reference) leaks it past the test.
+	for _, e := range imagesDirEntries(imgs) {
+		if !slices.Contains(before, e) {
+			fmt.Printf("left in the shared images dir by the tests: %s\n", filepath.Join(imgs, e))
+			code = 1
+		}
+	}
 	os.Exit(code)
+}
+
+// imagesDirEntries lists dir two levels deep (each image and what is next
+// to its rootfs), not inside any rootfs.
+func imagesDirEntries(dir string) []string {
+	var out []string
+	top, _ := os.ReadDir(dir)
+	for _, e := range top {
+		out = append(out, e.Name())
+		if !e.IsDir() {
+			continue
+		}
+		sub, _ := os.ReadDir(filepath.Join(dir, e.Name()))
+		for _, f := range sub {
+			out = append(out, filepath.Join(e.Name(), f.Name()))
+		}
+	}
+	return out
 }
 
 func imagesDir(t testing.TB) string {
