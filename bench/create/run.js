@@ -162,8 +162,8 @@ function traceLatency(srv, c, total, deadline) {
 }
 // Phases in path order (internal/phase.Names); any other name a server sends is
 // printed after them.
-const PHASES = ['validate', 'store', 'schedule', 'lock_wait', 'network', 'disk', 'rootfs', 'idmap',
-  'oci_create', 'oci_start', 'agent_ready', 'init', 'total']
+const PHASES = ['validate', 'store', 'schedule', 'lock_wait', 'network', 'network_wait', 'disk', 'rootfs', 'idmap',
+  'oci_run', 'agent_ready', 'init', 'total']
 function traceTable(levels) {
   const cs = Object.keys(levels).map(Number)
   const names = [...PHASES]

@@ -619,6 +619,13 @@ func TestForgottenNodeRefusedAtTheDial(t *testing.T) {
 		t.Fatal(err)
 	}
 	conn.Close()
+	// The sandbox's server accepts in its own goroutine: wait for that
+	// first connection's count, or it could land after `before` below.
+	for deadline := time.Now().Add(10 * time.Second); seen.n.Load() < 1; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first dial never reached the sandbox")
+		}
+	}
 	ctx := context.Background()
 	if err := f.pki.Store.RegisterNode(ctx, &store.Node{ID: "node-a", Address: f.addr}); err != nil {
 		t.Fatal(err)

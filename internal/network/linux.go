@@ -114,9 +114,22 @@ type Linux struct {
 	// policies are the live endpoints' policies, for the egress proxy.
 	policies map[string]Policy
 
+	// mu guards the maps only. The slow work of an endpoint (netns, veth,
+	// nftables: milliseconds each) runs outside it, so concurrent creates
+	// are not serialised behind one another; busy keeps two operations on
+	// one ID apart instead.
 	mu        sync.Mutex
 	endpoints map[string]Endpoint // includes stale ones (they keep their address)
 	used      map[netip.Addr]string
+	busy      map[string]*endpointOp
+}
+
+// endpointOp is a Setup, Teardown or UpdatePolicy in progress on one ID.
+// A setup's endpoint is not in endpoints until it is complete, but its
+// address and host veth name are taken from the moment it starts.
+type endpointOp struct {
+	done  chan struct{}
+	setup *Endpoint
 }
 
 var _ Manager = (*Linux)(nil)
@@ -153,6 +166,7 @@ func NewLinux(cfg Config) (*Linux, error) {
 		endpoints: map[string]Endpoint{},
 		used:      map[netip.Addr]string{},
 		policies:  map[string]Policy{},
+		busy:      map[string]*endpointOp{},
 	}
 	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
 		return nil, fmt.Errorf("network: enable ip_forward: %w", err)
@@ -389,6 +403,9 @@ func (l *Linux) assignable(a netip.Addr) bool {
 	return a != l.cfg.Pool.Addr() && a != l.gateway && a != l.bcast
 }
 
+// NetNSPath implements Manager.
+func (l *Linux) NetNSPath(id string) string { return l.endpointFor(id).NetNSPath }
+
 func (l *Linux) endpointFor(id string) Endpoint {
 	return Endpoint{
 		ID:        id,
@@ -473,7 +490,54 @@ func (l *Linux) allocate(id string) (netip.Addr, error) {
 	return netip.Addr{}, ErrPoolExhausted
 }
 
-// Setup implements Manager. Calls are serialised by the manager.
+// acquireLocked waits, with mu held (and released while it waits), until
+// no other operation is in progress on id, then marks op as id's. The
+// caller releases it with release.
+func (l *Linux) acquireLocked(ctx context.Context, id string, op *endpointOp) error {
+	for {
+		other, ok := l.busy[id]
+		if !ok {
+			l.busy[id] = op
+			return nil
+		}
+		l.mu.Unlock()
+		select {
+		case <-other.done:
+		case <-ctx.Done():
+			l.mu.Lock()
+			return ctx.Err()
+		}
+		l.mu.Lock()
+	}
+}
+
+// release ends op on id; mu must be held.
+func (l *Linux) releaseLocked(id string, op *endpointOp) {
+	if l.busy[id] == op {
+		delete(l.busy, id)
+	}
+	close(op.done)
+}
+
+// vethTakenLocked reports whether another live or half-made endpoint
+// already has the host veth name (IDs hash to 32 bits).
+func (l *Linux) vethTakenLocked(id, name string) bool {
+	for oid, ep := range l.endpoints {
+		if oid != id && ep.HostVeth == name {
+			return true
+		}
+	}
+	for oid, op := range l.busy {
+		if oid != id && op.setup != nil && op.setup.HostVeth == name {
+			return true
+		}
+	}
+	return false
+}
+
+// Setup implements Manager. Only taking the ID, address and veth name is
+// serialised (under mu, shown as lock_wait in the create trace); making
+// the endpoint runs concurrently with other creates.
 func (l *Linux) Setup(ctx context.Context, id string, p Policy) (ep Endpoint, err error) {
 	if !validID(id) {
 		return Endpoint{}, ErrInvalidID
@@ -485,28 +549,50 @@ func (l *Linux) Setup(ctx context.Context, id string, p Policy) (ep Endpoint, er
 	if err := ctx.Err(); err != nil {
 		return Endpoint{}, err
 	}
+	ep = l.endpointFor(id)
+	op := &endpointOp{done: make(chan struct{}), setup: &ep}
 	endWait := phase.Start(ctx, phase.LockWait)
 	l.mu.Lock()
 	endWait()
-	defer l.mu.Unlock()
+	if _, ok := l.busy[id]; ok {
+		l.mu.Unlock()
+		return Endpoint{}, fmt.Errorf("%w: an operation on %s is in progress", ErrExists, id)
+	}
 	if _, ok := l.endpoints[id]; ok {
+		l.mu.Unlock()
 		return Endpoint{}, ErrExists
 	}
-	ep = l.endpointFor(id)
-	if _, err := netlink.LinkByName(ep.HostVeth); err == nil {
-		return Endpoint{}, fmt.Errorf("%w: host veth %s already present", ErrExists, ep.HostVeth)
+	if l.vethTakenLocked(id, ep.HostVeth) {
+		l.mu.Unlock()
+		return Endpoint{}, fmt.Errorf("%w: host veth %s belongs to another endpoint", ErrExists, ep.HostVeth)
 	}
 	if ep.Addr, err = l.allocate(id); err != nil {
+		l.mu.Unlock()
 		return Endpoint{}, err
 	}
+	l.busy[id] = op
+	l.mu.Unlock()
+
+	created := false
 	defer func() {
-		if err != nil {
-			if !errors.Is(err, ErrExists) { // never remove a netns file we did not create
-				_ = l.cleanup(ep, false)
-			}
-			delete(l.used, ep.Addr)
+		if err != nil && created && !errors.Is(err, ErrExists) { // never remove a netns file we did not create
+			_ = l.cleanup(ep, Policy{}, false)
 		}
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if err != nil {
+			delete(l.used, ep.Addr)
+		} else {
+			l.endpoints[id] = ep
+			l.policies[id] = p
+		}
+		l.releaseLocked(id, op)
 	}()
+	if _, err := netlink.LinkByName(ep.HostVeth); err == nil {
+		// Never remove what another (or an older) process made.
+		return ep, fmt.Errorf("%w: host veth %s already present", ErrExists, ep.HostVeth)
+	}
+	created = true
 	if err = createNetns(ep.NetNSPath); err != nil {
 		return ep, err
 	}
@@ -529,8 +615,6 @@ func (l *Linux) Setup(ctx context.Context, id string, p Policy) (ep Endpoint, er
 	if err != nil {
 		return ep, fmt.Errorf("network: nftables endpoint: %w", err)
 	}
-	l.endpoints[id] = ep
-	l.policies[id] = p
 	return ep, nil
 }
 
@@ -632,15 +716,16 @@ func waitOperUp(byName func(string) (netlink.Link, error), name string) error {
 	}
 }
 
-// cleanup removes whatever exists of ep; withNft also removes its rules.
-func (l *Linux) cleanup(ep Endpoint, withNft bool) error {
+// cleanup removes whatever exists of ep; withNft also removes its rules
+// (p is its policy: which sets hold its address).
+func (l *Linux) cleanup(ep Endpoint, p Policy, withNft bool) error {
 	var errs []error
 	if withNft {
-		if err := l.removeNft(ep); err != nil {
+		if err := l.removeNft(ep, p); err != nil {
 			errs = append(errs, fmt.Errorf("network: nftables remove: %w", err))
 		}
 	}
-	if lk, err := netlink.LinkByName(ep.HostVeth); err == nil {
+	if lk, err := netlink.LinkByName(ep.HostVeth); ep.HostVeth != "" && err == nil {
 		if err := netlink.LinkDel(lk); err != nil {
 			errs = append(errs, fmt.Errorf("network: delete veth: %w", err))
 		}
@@ -738,13 +823,13 @@ func (l *Linux) recordedAddr(id string) netip.Addr {
 // removeNft deletes ep's nftables state in one transaction. If that fails
 // (part of it is already gone, e.g. another manager instance removed it)
 // each object is removed on its own and "does not exist" is ignored.
-func (l *Linux) removeNft(ep Endpoint) error {
+func (l *Linux) removeNft(ep Endpoint, p Policy) error {
 	t := l.tables()
 	c, err := newNftConn()
 	if err != nil {
 		return err
 	}
-	if err = l.delEndpoint(c, t, ep); err == nil {
+	if err = l.delEndpoint(c, t, ep, p); err == nil {
 		err = c.Flush()
 	}
 	if err == nil {
@@ -788,21 +873,41 @@ func (l *Linux) removeNft(ep Endpoint) error {
 	return errors.Join(errs...)
 }
 
-// Teardown implements Manager.
+// Teardown implements Manager. The removal runs outside mu; the endpoint
+// keeps its address and veth name until it is gone.
 func (l *Linux) Teardown(ctx context.Context, id string) error {
 	if !validID(id) {
 		return ErrInvalidID
 	}
+	op := &endpointOp{done: make(chan struct{})}
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	ep, known := l.endpoints[id]
-	if !known {
-		// Nothing recorded, but remove leftovers with our deterministic names.
-		return l.cleanup(l.endpointFor(id), false)
-	}
-	if err := l.cleanup(ep, !ep.Stale); err != nil {
+	if err := l.acquireLocked(ctx, id, op); err != nil {
+		l.mu.Unlock()
 		return err
 	}
+	ep, known := l.endpoints[id]
+	p := l.policies[id]
+	clash := !known && l.vethTakenLocked(id, l.endpointFor(id).HostVeth)
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		l.releaseLocked(id, op)
+		l.mu.Unlock()
+	}()
+	if !known {
+		// Nothing recorded, but remove leftovers with our deterministic
+		// names (not a veth whose name another endpoint holds).
+		ep = l.endpointFor(id)
+		if clash {
+			ep.HostVeth = ""
+		}
+		return l.cleanup(ep, Policy{}, false)
+	}
+	if err := l.cleanup(ep, p, !ep.Stale); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	delete(l.endpoints, id)
 	delete(l.policies, id)
 	if ep.Addr.IsValid() && l.used[ep.Addr] == id {
@@ -818,9 +923,20 @@ func (l *Linux) UpdatePolicy(ctx context.Context, id string, p Policy) error {
 	if err != nil {
 		return err
 	}
+	op := &endpointOp{done: make(chan struct{})}
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	if err := l.acquireLocked(ctx, id, op); err != nil {
+		l.mu.Unlock()
+		return err
+	}
 	ep, ok := l.endpoints[id]
+	old := l.policies[id]
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		l.releaseLocked(id, op)
+		l.mu.Unlock()
+	}()
 	if !ok || ep.Stale {
 		return ErrNotFound
 	}
@@ -832,7 +948,6 @@ func (l *Linux) UpdatePolicy(ctx context.Context, id string, p Policy) error {
 	ch := &nftables.Chain{Name: sandboxChainName(id), Table: t.inet}
 	c.FlushChain(ch)
 	l.addPolicyRules(c, t, ch, p, allow, deny)
-	old := l.policies[id]
 	for _, set := range []struct {
 		s        *nftables.Set
 		was, now bool
@@ -856,7 +971,9 @@ func (l *Linux) UpdatePolicy(ctx context.Context, id string, p Policy) error {
 		_ = l.recordPolicy(id, old)
 		return fmt.Errorf("network: nftables update: %w", err)
 	}
+	l.mu.Lock()
 	l.policies[id] = p
+	l.mu.Unlock()
 	return nil
 }
 

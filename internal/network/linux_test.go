@@ -704,21 +704,46 @@ func TestAntiSpoofing(t *testing.T) {
 	mustConnect(t, "B unaffected", b.NetNSPath, extSrv)
 }
 
+// Setups run concurrently (the manager's lock covers only taking the ID,
+// address and veth name): every endpoint gets its own address and works,
+// a second Setup of an ID in progress is refused, and Teardowns and policy
+// updates racing the Setups of the same IDs leave each endpoint whole or
+// gone, never half made.
 func TestConcurrentSetup(t *testing.T) {
 	l := newTestManager(t, testConfig(t, 24))
 	ctx := context.Background()
-	const n = 8
-	errc := make(chan error, n)
-	for i := 0; i < n; i++ {
-		go func() {
-			_, err := l.Setup(ctx, fmt.Sprintf("sbxconc%d", i), Policy{AllowInternet: true})
-			errc <- err
-		}()
+	ext := newExtHost(t)
+	extSrv := listen(t, ext.path, ext.ip)
+	const n = 16
+	type result struct {
+		i   int
+		ep  Endpoint
+		err error
 	}
+	res := make(chan result, 2*n)
 	for i := 0; i < n; i++ {
-		if err := <-errc; err != nil {
-			t.Fatal(err)
+		for range 2 {
+			go func() {
+				ep, err := l.Setup(ctx, fmt.Sprintf("sbxconc%d", i), Policy{AllowInternet: true})
+				res <- result{i, ep, err}
+			}()
 		}
+	}
+	won := map[int]Endpoint{}
+	for range 2 * n {
+		r := <-res
+		switch {
+		case r.err == nil:
+			if _, dup := won[r.i]; dup {
+				t.Fatalf("two Setups of sbxconc%d both succeeded", r.i)
+			}
+			won[r.i] = r.ep
+		case !errors.Is(r.err, ErrExists):
+			t.Fatalf("sbxconc%d: %v", r.i, r.err)
+		}
+	}
+	if len(won) != n {
+		t.Fatalf("%d of %d IDs were set up", len(won), n)
 	}
 	list, _ := l.List(ctx)
 	seen := map[netip.Addr]bool{}
@@ -731,11 +756,41 @@ func TestConcurrentSetup(t *testing.T) {
 	if len(seen) != n {
 		t.Fatalf("got %d endpoints", len(seen))
 	}
+	for i, ep := range won {
+		mustConnect(t, fmt.Sprintf("sbxconc%d->external", i), ep.NetNSPath, extSrv)
+	}
+
+	// Teardown and UpdatePolicy of each ID race a Setup of a new ID.
+	errc := make(chan error, 3*n)
 	for i := 0; i < n; i++ {
 		go func() { errc <- l.Teardown(ctx, fmt.Sprintf("sbxconc%d", i)) }()
+		go func() {
+			err := l.UpdatePolicy(ctx, fmt.Sprintf("sbxconc%d", i), Policy{AllowInternet: false})
+			if errors.Is(err, ErrNotFound) { // it lost the race to the Teardown
+				err = nil
+			}
+			errc <- err
+		}()
+		go func() {
+			_, err := l.Setup(ctx, fmt.Sprintf("sbxnext%d", i), Policy{AllowInternet: true})
+			errc <- err
+		}()
 	}
-	for i := 0; i < n; i++ {
+	for range 3 * n {
 		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	list, _ = l.List(ctx)
+	if len(list) != n {
+		t.Fatalf("%d endpoints after the teardowns, want the %d new ones", len(list), n)
+	}
+	for _, ep := range list {
+		if !strings.HasPrefix(ep.ID, "sbxnext") || ep.Stale {
+			t.Fatalf("left: %+v", ep)
+		}
+		mustConnect(t, ep.ID+"->external", ep.NetNSPath, extSrv)
+		if err := l.Teardown(ctx, ep.ID); err != nil {
 			t.Fatal(err)
 		}
 	}

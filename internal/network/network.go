@@ -102,6 +102,9 @@ type Endpoint struct {
 type Manager interface {
 	// Setup creates the netns, veth pair, address and policy. On error nothing is left.
 	Setup(ctx context.Context, id string, p Policy) (Endpoint, error)
+	// NetNSPath is where Setup makes id's netns: known before Setup ends,
+	// so a runtime can prepare the sandbox that joins it meanwhile.
+	NetNSPath(id string) string
 	// Teardown removes everything Setup made; unknown IDs return nil.
 	Teardown(ctx context.Context, id string) error
 	// UpdatePolicy replaces the egress policy of a live endpoint.

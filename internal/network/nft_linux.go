@@ -377,19 +377,19 @@ func (l *Linux) addEndpoint(c *nftables.Conn, t nftTables, ep Endpoint, p Policy
 }
 
 // delEndpoint queues removal of one endpoint's nftables state.
-func (l *Linux) delEndpoint(c *nftables.Conn, t nftTables, ep Endpoint) error {
+func (l *Linux) delEndpoint(c *nftables.Conn, t nftTables, ep Endpoint, p Policy) error {
 	if err := c.SetDeleteElements(t.sbx, []nftables.SetElement{{Key: ep.Addr.AsSlice()}}); err != nil {
 		return err
 	}
 	if err := c.SetDeleteElements(t.ports, []nftables.SetElement{{Key: ifname(ep.HostVeth)}}); err != nil {
 		return err
 	}
-	if l.policies[ep.ID].NeedsProxy() {
+	if p.NeedsProxy() {
 		if err := c.SetDeleteElements(t.redir, []nftables.SetElement{{Key: ep.Addr.AsSlice()}}); err != nil {
 			return err
 		}
 	}
-	if l.policies[ep.ID].Tunnels() {
+	if p.Tunnels() {
 		if err := c.SetDeleteElements(t.tunnel, []nftables.SetElement{{Key: ep.Addr.AsSlice()}}); err != nil {
 			return err
 		}

@@ -193,20 +193,39 @@ func (l *Local) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err e
 	done := l.begin(req.ID, false)
 	endWait()
 	defer done()
-	endNetwork := phase.Start(ctx, phase.Network)
-	ep, err := l.cfg.Network.Setup(ctx, req.ID, req.Policy)
-	endNetwork()
-	if err != nil {
-		return Sandbox{}, fmt.Errorf("network setup: %w", err)
+	// The network is set up beside the runtime's disk and rootfs; the
+	// runtime waits for it (spec.NetworkReady) before the sandbox joins
+	// its netns.
+	var ep network.Endpoint
+	var netErr error
+	netDone := make(chan struct{})
+	go func() {
+		defer close(netDone)
+		defer phase.Start(ctx, phase.Network)()
+		ep, netErr = l.cfg.Network.Setup(ctx, req.ID, req.Policy)
+		if netErr != nil {
+			netErr = fmt.Errorf("network setup: %w", netErr)
+		}
+	}()
+	networkReady := func(ctx context.Context) error {
+		select {
+		case <-netDone:
+			return netErr
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 	defer func() {
 		if err != nil {
+			<-netDone // Setup ends on its own; what it made is undone below
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 			defer cancel()
 			if l.cfg.Runtime.Delete(cctx, req.ID) == nil {
 				l.removeToken(req.ID)
 			}
-			_ = l.cfg.Network.Teardown(cctx, req.ID)
+			if netErr == nil {
+				_ = l.cfg.Network.Teardown(cctx, req.ID)
+			}
 		}
 	}()
 	if err := l.writeToken(req.ID, req.EnvdToken); err != nil {
@@ -277,13 +296,24 @@ func (l *Local) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err e
 			mounts = append(mounts, runtime.Mount{Source: hp, Destination: va.Path, ReadOnly: va.ReadOnly})
 		}
 	}
-	spec, err := l.runtimeSpec(ctx, &req, ep.NetNSPath, mounts, devices)
+	spec, err := l.runtimeSpec(ctx, &req, l.cfg.Network.NetNSPath(req.ID), mounts, devices)
 	if err != nil {
 		return Sandbox{}, err
 	}
+	spec.NetworkReady = networkReady
 	info, err := l.cfg.Runtime.Create(ctx, spec)
 	if err != nil {
+		select {
+		case <-netDone:
+			if netErr != nil && errors.Is(err, netErr) {
+				return Sandbox{}, netErr // the network's error, not the runtime's
+			}
+		default:
+		}
 		return Sandbox{}, fmt.Errorf("runtime create: %w", err)
+	}
+	if err := networkReady(ctx); err != nil {
+		return Sandbox{}, err
 	}
 	if l.cfg.HoldInit != nil {
 		if err := l.cfg.HoldInit(ctx, req.ID, ep.Addr); err != nil {

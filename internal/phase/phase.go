@@ -18,23 +18,23 @@ import (
 // (lock_wait inside network) is counted in both: phases overlap, and only
 // total is the create's wall time.
 const (
-	Validate   = "validate"    // options, network policy, template resolution
-	Store      = "store"       // store reads and writes on the path
-	Schedule   = "schedule"    // placement (and the ledger reservation)
-	LockWait   = "lock_wait"   // waiting on any lock or semaphore on the path
-	Network    = "network"     // netns, veth, addresses, nftables
-	Disk       = "disk"        // the sandbox's disk image: mkfs + loop mount
-	Rootfs     = "rootfs"      // overlay mount, mount preparation, OCI spec
-	Idmap      = "idmap"       // idmapped layers and staged mounts (user namespaces)
-	OCICreate  = "oci_create"  // runc/runsc create
-	OCIStart   = "oci_start"   // runc/runsc start
-	AgentReady = "agent_ready" // the agent's /health answering
-	Init       = "init"        // the agent's /init
-	Total      = "total"       // the whole create, as the control plane saw it
+	Validate    = "validate"     // options, network policy, template resolution
+	Store       = "store"        // store reads and writes on the path
+	Schedule    = "schedule"     // placement (and the ledger reservation)
+	LockWait    = "lock_wait"    // waiting on any lock or semaphore on the path
+	Network     = "network"      // netns, veth, addresses, nftables (beside disk and rootfs)
+	NetworkWait = "network_wait" // the runtime waiting for the network after its disk and rootfs
+	Disk        = "disk"         // the sandbox's disk image: mkfs + loop mount
+	Rootfs      = "rootfs"       // overlay mount, mount preparation, OCI spec
+	Idmap       = "idmap"        // idmapped layers and staged mounts (user namespaces)
+	OCIRun      = "oci_run"      // runc/runsc run --detach (create and start in one call), or runsc restore
+	AgentReady  = "agent_ready"  // the agent's /health answering
+	Init        = "init"         // the agent's /init
+	Total       = "total"        // the whole create, as the control plane saw it
 )
 
 // Names is every phase, in path order.
-var Names = []string{Validate, Store, Schedule, LockWait, Network, Disk, Rootfs, Idmap, OCICreate, OCIStart, AgentReady, Init, Total}
+var Names = []string{Validate, Store, Schedule, LockWait, Network, NetworkWait, Disk, Rootfs, Idmap, OCIRun, AgentReady, Init, Total}
 
 // Phase is one phase's accumulated duration.
 type Phase struct {

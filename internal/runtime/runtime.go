@@ -58,8 +58,12 @@ type Spec struct {
 	Args      []string // PID 1 command line inside the sandbox (the agent)
 	Env       []string // KEY=VALUE for PID 1
 	NetNSPath string   // existing network namespace to join ("" = new private netns with loopback only)
-	Mounts    []Mount
-	Resources Resources
+	// NetworkReady, when set, is waited on before anything opens NetNSPath:
+	// the caller sets the network up while the driver prepares the disk and
+	// rootfs. Its error fails the create.
+	NetworkReady func(context.Context) error
+	Mounts       []Mount
+	Resources    Resources
 	// Devices are host device nodes passed through into the sandbox (GPUs:
 	// /dev/nvidia0, /dev/nvidiactl...). The driver creates each node at Path
 	// and allows it in the device cgroup; drivers that cannot do so report

@@ -212,10 +212,9 @@ func (d *Driver) startStopped(ctx context.Context, id string) error {
 			return err
 		}
 	}
-	if err := d.createContainer(ctx, id); err != nil {
-		return err
-	}
-	if _, err := d.run(ctx, "start", id); err != nil {
+	if err := d.runContainer(ctx, id); err != nil {
+		// run removes what it made when it fails; a half-made container
+		// left by a killed run is removed here.
 		_, _ = d.run(context.WithoutCancel(ctx), "delete", "--force", id)
 		return err
 	}

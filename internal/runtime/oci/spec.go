@@ -119,7 +119,7 @@ func (d *Driver) buildSpec(s runtime.Spec, rootfs string, nsBase uint32) (*specs
 		if s.NetNSPath != "" {
 			// runc joins the user namespace first, and from inside one
 			// root does not own, the host's network namespace cannot be
-			// joined (EPERM). So runc is started in it (createContainer)
+			// joined (EPERM). So runc is started in it (runContainer)
 			// and the container inherits it.
 			nsList = slices.DeleteFunc(nsList, func(n specs.LinuxNamespace) bool { return n.Type == specs.NetworkNamespace })
 			annotations = map[string]string{annotationNetns: s.NetNSPath}
@@ -295,7 +295,7 @@ func hasEnv(env []string, key string) bool {
 // specRlimits are the process rlimits runc applies. A user-namespaced
 // sandbox gets none: runc sets them with prlimit(2) on its init once it is
 // in the namespace, which needs CAP_SYS_RESOURCE over a namespace root no
-// longer owns (bindOwnedUserns), so createContainer starts runc with them
+// longer owns (bindOwnedUserns), so runContainer starts runc with them
 // instead and the container inherits them.
 func specRlimits(userns bool) []specs.POSIXRlimit {
 	if userns {
