@@ -29,8 +29,12 @@ func main() {
 	listen := flag.String("listen", "", "listen address host:port (overrides -port)")
 	interpPort := flag.Int("interp-port", interp.Port, "code interpreter port (0: off); served only where a Jupyter kernel can run")
 	tokenFile := flag.String("token-file", "", "file holding the access token the agent starts with (required: the agent never serves without one)")
+	readyFD := flag.Int("ready-fd", -1, "a pipe inherited from the node: one byte is written there once the agent serves, then it is closed (-1: none)")
 	version := flag.Bool("version", false, "print version and exit")
 	flag.Parse()
+	// Before anything is opened or started: the inherited pipe must reach
+	// no process the agent starts.
+	ready := readyPipe(*readyFD)
 	if *version {
 		fmt.Printf("cubicle-agent %s (envd %s)\n", agent.Version, agentapi.EnvdVersion)
 		return
@@ -40,7 +44,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "cubicle-agent:", err)
 		os.Exit(1)
 	}
-	if err := run(*listen, *port, *interpPort, token); err != nil {
+	if err := run(*listen, *port, *interpPort, token, ready); err != nil {
 		fmt.Fprintln(os.Stderr, "cubicle-agent:", err)
 		os.Exit(1)
 	}
@@ -63,7 +67,21 @@ func readToken(path string) (string, error) {
 	return tok, nil
 }
 
-func run(listen string, port, interpPort int, token string) error {
+// readyPipe takes over fd: close-on-exec at once, and only when it is a
+// pipe (anything else was not passed by the node: it is left alone).
+func readyPipe(fd int) *os.File {
+	if fd < 0 {
+		return nil
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFIFO {
+		return nil
+	}
+	unix.CloseOnExec(fd)
+	return os.NewFile(uintptr(fd), "ready")
+}
+
+func run(listen string, port, interpPort int, token string, ready *os.File) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	addr := listen
 	if addr == "" {
@@ -98,6 +116,12 @@ func run(listen string, port, interpPort int, token string) error {
 	signal.Notify(sigc, syscall.SIGTERM, syscall.SIGINT)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
+	if ready != nil {
+		// Listening: connections queue until Serve takes them, as /health
+		// would have shown. A node that stopped reading is no concern.
+		_, _ = ready.Write([]byte{1})
+		ready.Close()
+	}
 	<-reserved
 	log.Info("cubicle-agent listening", "addr", ln.Addr().String(), "version", agent.Version, "envd", agentapi.EnvdVersion, "pid", os.Getpid(), "threads", threads)
 	stopCI := startCodeInterpreter(log, a, interpPort)

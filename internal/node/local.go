@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"time"
 
@@ -301,7 +302,22 @@ func (l *Local) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err e
 		return Sandbox{}, err
 	}
 	spec.NetworkReady = networkReady
+	// The agent says when it serves over a pipe the runtime hands it,
+	// rather than being found by polling /health.
+	var ready *os.File
+	if rp, ok := l.cfg.Runtime.(runtime.ReadyPiper); ok {
+		r, w, perr := os.Pipe()
+		if perr != nil {
+			return Sandbox{}, perr
+		}
+		defer r.Close()
+		spec.Ready, ready = w, r
+		spec.Args = append(spec.Args, "-ready-fd", strconv.Itoa(rp.ReadyFD()))
+	}
 	info, err := l.cfg.Runtime.Create(ctx, spec)
+	if spec.Ready != nil {
+		spec.Ready.Close() // the sandbox holds its own copy
+	}
 	if err != nil {
 		select {
 		case <-netDone:
@@ -320,7 +336,7 @@ func (l *Local) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err e
 			return Sandbox{}, err
 		}
 	}
-	if err := l.initAgent(ctx, req.ID, ep.Addr, req, req.CurrentToken); err != nil {
+	if err := l.initAgent(ctx, req.ID, ep.Addr, req, req.CurrentToken, ready); err != nil {
 		return Sandbox{}, err
 	}
 	if len(req.Accelerators) > 0 {
@@ -374,11 +390,15 @@ func agentURL(id string, addr netip.Addr, path string) string {
 
 // initAgent waits for /health then POSTs /init. currentToken authorises
 // re-initialisation of an agent that already has a token (resume).
-func (l *Local) initAgent(ctx context.Context, id string, addr netip.Addr, req CreateRequest, currentToken string) error {
+//
+// ready, when not nil, is the read end of the pipe the agent writes a byte
+// to once it serves: that byte replaces the polling. Without it (the pipe
+// closed first, an agent that did not write) /health is polled.
+func (l *Local) initAgent(ctx context.Context, id string, addr netip.Addr, req CreateRequest, currentToken string, ready *os.File) error {
 	deadline := time.Now().Add(l.cfg.AgentReadyTimeout)
 	delay := 2 * time.Millisecond
 	endReady := phase.Start(ctx, phase.AgentReady)
-	for {
+	for signalled := agentSignalled(ctx, ready, deadline); !signalled; {
 		hctx, cancel := context.WithTimeout(ctx, time.Second)
 		r, _ := http.NewRequestWithContext(hctx, http.MethodGet, agentURL(id, addr, "/health"), nil)
 		resp, err := l.client.Do(r)
@@ -424,6 +444,22 @@ func (l *Local) initAgent(ctx context.Context, id string, addr netip.Addr, req C
 	// The file follows the agent's token, so an agent that boots again
 	// from it (a stopped sandbox resumed) starts with the current one.
 	return l.writeToken(id, req.EnvdToken)
+}
+
+// agentSignalled waits until deadline (or ctx) for the agent's byte on
+// ready; false when there is no pipe or it closed or timed out without one.
+func agentSignalled(ctx context.Context, ready *os.File, deadline time.Time) bool {
+	if ready == nil {
+		return false
+	}
+	if ready.SetReadDeadline(deadline) != nil {
+		return false // not pollable: poll /health instead
+	}
+	stop := context.AfterFunc(ctx, func() { ready.SetReadDeadline(time.Now()) })
+	defer stop()
+	var b [1]byte
+	n, _ := ready.Read(b[:])
+	return n == 1
 }
 
 func (l *Local) tokenPath(id string) string { return filepath.Join(l.cfg.TokenDir, id) }
@@ -515,7 +551,7 @@ func (l *Local) Resume(ctx context.Context, id string, req CreateRequest) error 
 	if err != nil {
 		return l.notFound(err)
 	}
-	if err := l.initAgent(ctx, id, ep.Addr, req, req.EnvdToken); err != nil {
+	if err := l.initAgent(ctx, id, ep.Addr, req, req.EnvdToken, nil); err != nil {
 		return err
 	}
 	l.watchAfter(ctx, id)
@@ -528,7 +564,7 @@ func (l *Local) Reinit(ctx context.Context, id string, req CreateRequest, curren
 	if err != nil {
 		return l.notFound(err)
 	}
-	return l.initAgent(ctx, id, ep.Addr, req, currentToken)
+	return l.initAgent(ctx, id, ep.Addr, req, currentToken, nil)
 }
 
 // Get reports runtime state and address.

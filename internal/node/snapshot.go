@@ -192,7 +192,7 @@ func (l *Local) Rebuild(ctx context.Context, id string, req CreateRequest) error
 	if req.CurrentToken != "" {
 		current = req.CurrentToken
 	}
-	if err := l.initAgent(ctx, id, ep.Addr, req, current); err != nil {
+	if err := l.initAgent(ctx, id, ep.Addr, req, current, nil); err != nil {
 		return err
 	}
 	l.watch(id, info.Pid)

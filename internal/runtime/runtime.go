@@ -4,6 +4,7 @@ package runtime
 
 import (
 	"context"
+	"os"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
@@ -62,8 +63,14 @@ type Spec struct {
 	// the caller sets the network up while the driver prepares the disk and
 	// rootfs. Its error fails the create.
 	NetworkReady func(context.Context) error
-	Mounts       []Mount
-	Resources    Resources
+	// Ready, when set, is the write end of a pipe the driver hands PID 1
+	// at its ReadyFD (drivers that implement ReadyPiper): PID 1 writes a
+	// byte there once it serves, so the caller learns it without polling.
+	// The caller keeps the read end and closes its copy of this one after
+	// Create. Args must tell PID 1 about it.
+	Ready     *os.File
+	Mounts    []Mount
+	Resources Resources
 	// Devices are host device nodes passed through into the sandbox (GPUs:
 	// /dev/nvidia0, /dev/nvidiactl...). The driver creates each node at Path
 	// and allows it in the device cgroup; drivers that cannot do so report
@@ -145,6 +152,14 @@ type Device struct {
 // accelerator sandboxes onto a driver).
 type DeviceCapable interface {
 	SupportsDevices() bool
+}
+
+// ReadyPiper is a Driver that passes Spec.Ready into the sandbox as file
+// descriptor ReadyFD of PID 1, at create and at every later boot of the
+// same bundle (a stopped sandbox started again), so PID 1 always finds
+// a pipe there when it was created with one.
+type ReadyPiper interface {
+	ReadyFD() int
 }
 
 // Info is what the driver knows about a live sandbox.

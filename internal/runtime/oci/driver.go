@@ -291,10 +291,17 @@ func (d *Driver) run(ctx context.Context, args ...string) ([]byte, error) {
 // runWithConsole runs a command whose children become the sandbox (create,
 // restore): they inherit the console log as stdio, so no pipe outlives us.
 func (d *Driver) runWithConsole(ctx context.Context, id string, args ...string) error {
-	return d.runWithConsoleVia(ctx, id, nil, args...)
+	return d.runWithConsoleVia(ctx, id, via{}, args...)
 }
 
-func (d *Driver) runWithConsoleVia(ctx context.Context, id string, via []string, args ...string) error {
+// via is how a runtime command is started: through the programs in argv
+// (each execs the rest), with files passed on as fds 3, 4...
+type via struct {
+	argv  []string
+	files []*os.File
+}
+
+func (d *Driver) runWithConsoleVia(ctx context.Context, id string, v via, args ...string) error {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.CommandTimeout)
 	defer cancel()
 	logPath := d.ConsoleLog(id)
@@ -309,8 +316,16 @@ func (d *Driver) runWithConsoleVia(ctx context.Context, id string, via []string,
 	}
 	defer devnull.Close()
 	st, _ := f.Stat()
-	cmd := d.commandVia(ctx, via, args...)
+	cmd := d.commandVia(ctx, v.argv, args...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, f, f
+	if len(v.files) > 0 {
+		cmd.ExtraFiles = v.files
+		// runc counts $LISTEN_FDS into the fds it passes on: a socket-
+		// activated server's own must not shift them.
+		cmd.Env = slices.DeleteFunc(os.Environ(), func(e string) bool {
+			return strings.HasPrefix(e, "LISTEN_FDS=") || strings.HasPrefix(e, "LISTEN_PID=") || strings.HasPrefix(e, "LISTEN_FDNAMES=")
+		})
+	}
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("%w: %s %s: %v: %s", ErrCommand, d.cfg.Runtime,
 			strings.Join(args, " "), err, tailFrom(logPath, st.Size()))
@@ -557,8 +572,15 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Info,
 		}
 		return d.inspectLocked(ctx, spec.ID)
 	}
+	if spec.Ready != nil {
+		// Later boots of this bundle (startStopped) pass a pipe too: PID 1
+		// was told to expect one.
+		if err := os.WriteFile(d.readyMarker(spec.ID), nil, 0o600); err != nil {
+			return runtime.Info{}, err
+		}
+	}
 	endRun := phase.Start(ctx, phase.OCIRun)
-	err = d.runContainer(ctx, spec.ID)
+	err = d.runContainer(ctx, spec.ID, spec.Ready)
 	endRun()
 	if err != nil {
 		return runtime.Info{}, err
@@ -632,14 +654,54 @@ func (d *Driver) rootfs(ctx context.Context, spec *runtime.Spec, rootfs, bundle 
 	return os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600)
 }
 
+// readyFD is the descriptor PID 1 finds Spec.Ready at.
+const readyFD = 3
+
+// ReadyFD implements runtime.ReadyPiper.
+func (d *Driver) ReadyFD() int { return readyFD }
+
+// readyMarker records that id's bundle was created with a ready pipe.
+func (d *Driver) readyMarker(id string) string { return filepath.Join(d.priv(id), "ready-pipe") }
+
+// readyFiles is what runContainer passes on as fd 3: ready, or for a
+// bundle created with one and booted again, a pipe nobody reads (PID 1's
+// write fails, which it ignores). done closes the driver's copies.
+func (d *Driver) readyFiles(id string, ready *os.File) (files []*os.File, done func(), err error) {
+	if ready != nil {
+		return []*os.File{ready}, func() {}, nil
+	}
+	if _, ok := statOK(d.readyMarker(id)); !ok {
+		return nil, func() {}, nil
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, nil, err
+	}
+	r.Close()
+	return []*os.File{w}, func() { w.Close() }, nil
+}
+
 // runContainer creates and starts id's bundle in one runtime call
 // (`run --detach`: one process, where create and start were two). A
 // user-namespaced sandbox joins a namespace owned by its own uid
 // (bindOwnedUserns), bound at usernsPath only while runc joins it: the
 // container's processes keep it alive from then on.
-func (d *Driver) runContainer(ctx context.Context, id string) error {
+func (d *Driver) runContainer(ctx context.Context, id string, ready *os.File) error {
 	bundle := d.bundle(id)
-	var via []string // rlimits (specRlimits)
+	files, closeFiles, err := d.readyFiles(id, ready)
+	if err != nil {
+		return err
+	}
+	defer closeFiles()
+	var args []string
+	if len(files) > 0 {
+		if d.cfg.Runtime == "runsc" {
+			args = append(args, "--pass-fd", fmt.Sprintf("%d:%d", readyFD, readyFD))
+		} else {
+			args = append(args, "--preserve-fds", strconv.Itoa(len(files)))
+		}
+	}
+	var wrap []string // rlimits (specRlimits)
 	if d.ownedUserns() {
 		d.mu.Lock()
 		slot, ok := d.slots[id]
@@ -652,7 +714,7 @@ func (d *Driver) runContainer(ctx context.Context, id string) error {
 			return fmt.Errorf("%w: %v", ErrHostUnsupported, err)
 		}
 		rl := nofileRlimit(true)
-		via = []string{prlimit, fmt.Sprintf("--nofile=%d:%d", rl.Soft, rl.Hard), "--"}
+		wrap = []string{prlimit, fmt.Sprintf("--nofile=%d:%d", rl.Soft, rl.Hard), "--"}
 		netns, err := specNetns(bundle)
 		if err != nil {
 			return err
@@ -662,7 +724,7 @@ func (d *Driver) runContainer(ctx context.Context, id string) error {
 			if err != nil {
 				return fmt.Errorf("%w: %v", ErrHostUnsupported, err)
 			}
-			via = append([]string{nsenter, "--net=" + netns, "--"}, via...)
+			wrap = append([]string{nsenter, "--net=" + netns, "--"}, wrap...)
 		}
 		p := d.usernsPath(id)
 		if err := bindOwnedUserns(slotBase(slot), usernsSize, p); err != nil {
@@ -670,7 +732,8 @@ func (d *Driver) runContainer(ctx context.Context, id string) error {
 		}
 		defer unbindUserns(p)
 	}
-	return d.runWithConsoleVia(ctx, id, via, "run", "--detach", "--bundle", bundle, "--pid-file", filepath.Join(bundle, "pid"), id)
+	args = append(append([]string{"run", "--detach"}, args...), "--bundle", bundle, "--pid-file", filepath.Join(bundle, "pid"), id)
+	return d.runWithConsoleVia(ctx, id, via{argv: wrap, files: files}, args...)
 }
 
 // specNetns is the network namespace runc must be started in, from the

@@ -212,7 +212,7 @@ func (d *Driver) startStopped(ctx context.Context, id string) error {
 			return err
 		}
 	}
-	if err := d.runContainer(ctx, id); err != nil {
+	if err := d.runContainer(ctx, id, nil); err != nil {
 		// run removes what it made when it fails; a half-made container
 		// left by a killed run is removed here.
 		_, _ = d.run(context.WithoutCancel(ctx), "delete", "--force", id)

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -489,6 +490,58 @@ func RunDriverSuiteWith(t *testing.T, d runtime.Driver, layers []string, o Optio
 			t.Fatalf("Inspect after duplicate = %+v, %v", info, err)
 		}
 	})
+
+	// A driver that passes Spec.Ready hands PID 1 the pipe at ReadyFD: a
+	// byte written there reaches the caller, and PID 1 finds a pipe there
+	// again when a stopped sandbox boots anew (it was told to expect one).
+	if rp, ok := d.(runtime.ReadyPiper); ok {
+		t.Run("ReadyPipe", func(t *testing.T) {
+			fd := strconv.Itoa(rp.ReadyFD())
+			id := NewID(t)
+			out := scratch(t)
+			if err := os.Chmod(out, 0o777); err != nil {
+				t.Fatal(err)
+			}
+			r, w, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			// Each boot records whether fd is a pipe in /out/boot<N>; the
+			// later boot's pipe has no reader (the write fails, ignored).
+			script := `trap '' PIPE; n=1; [ -e /out/boot1 ] && n=2; ` +
+				`if [ -p /proc/self/fd/` + fd + ` ]; then echo pipe > /out/boot$n; printf x >&` + fd + `; else echo none > /out/boot$n; fi; ` +
+				`exec ` + fd + `>&-; exec sleep 3600`
+			_, err = d.Create(ctx, runtime.Spec{ID: id, Layers: layers, Args: []string{"/bin/sh", "-c", script}, Ready: w,
+				Mounts: []runtime.Mount{{Source: out, Destination: "/out"}}})
+			w.Close()
+			cleanupDelete(t, id)
+			if err != nil {
+				t.Fatalf("Create: %v", err)
+			}
+			r.SetReadDeadline(time.Now().Add(o.Timeout))
+			got, err := io.ReadAll(r)
+			if err != nil || string(got) != "x" {
+				t.Fatalf("read from the ready pipe: %q, %v; want \"x\" then EOF (nothing else holds the pipe)", got, err)
+			}
+			if b := WaitFile(t, filepath.Join(out, "boot1"), o.Timeout); string(b) != "pipe\n" {
+				t.Fatalf("first boot: fd %s is %q", fd, b)
+			}
+			sn, ok := d.(runtime.Snapshotter)
+			if !ok {
+				return
+			}
+			if err := sn.Stop(ctx, id); err != nil {
+				t.Fatalf("Stop: %v", err)
+			}
+			if err := d.Resume(ctx, id); err != nil {
+				t.Fatalf("Resume after Stop: %v", err)
+			}
+			if b := WaitFile(t, filepath.Join(out, "boot2"), o.Timeout); string(b) != "pipe\n" {
+				t.Fatalf("boot after Stop: fd %s is %q, want a pipe again", fd, b)
+			}
+		})
+	}
 
 	t.Run("DeletePaused", func(t *testing.T) {
 		id := NewID(t)
