@@ -22,7 +22,7 @@ func TestReadyPipe(t *testing.T) {
 	if readyPipe(int(f.Fd())) != nil {
 		t.Fatal("a regular file was taken as the ready pipe")
 	}
-	if readyPipe(1 << 20) != nil {
+	if readyPipe(1<<20) != nil {
 		t.Fatal("a closed fd was taken as the ready pipe")
 	}
 	var p [2]int
