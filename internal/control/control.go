@@ -71,6 +71,15 @@ type Config struct {
 	// not count: they live only as long as forks, which the quota bounds.
 	MaxSnapshotsPerTeam  int
 	MaxConcurrentCreates int           // default 32
+	// PoolMemoryMB is the memory warm-pool standbys may hold beyond the
+	// pools' set sizes: a pool whose template was created faster than its
+	// size allows (the peak in any demandBucket of the last demandWindow)
+	// grows to that peak while the standbys' memory, set sizes first,
+	// stays within it. 0: pools keep their set sizes.
+	PoolMemoryMB int
+	// PoolRefillParallel bounds the standbys one pool boots at once
+	// (default: half the CPUs, at least 2).
+	PoolRefillParallel int
 	CreateQueueWait      time.Duration // how long a create waits for a slot before 503
 	Logger               *slog.Logger
 	Registry             prometheus.Registerer // optional

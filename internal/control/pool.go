@@ -9,8 +9,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	goruntime "runtime"
 	"slices"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,6 +36,12 @@ const (
 	standbyTimeout = 24 * time.Hour
 	poolMaxPages   = 100 // bounds the template listing (500 a page)
 	claimTimeout   = 30 * time.Second
+	// A pool's demand is the most creates of its template (claims and
+	// boots) started within any demandBucket of the last demandWindow:
+	// the burst the pool should have absorbed.
+	demandBucket  = 10 * time.Second
+	demandWindow  = 10 * time.Minute
+	demandMaxRows = 5000
 )
 
 // IsStandby reports whether sb is an unclaimed warm-pool standby.
@@ -44,6 +52,7 @@ func IsStandby(sb *store.Sandbox) bool {
 
 type poolMetrics struct {
 	standbys *prometheus.GaugeVec
+	target   *prometheus.GaugeVec
 	claims   *prometheus.CounterVec
 }
 
@@ -52,12 +61,15 @@ func newPoolMetrics(reg prometheus.Registerer) *poolMetrics {
 		standbys: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "cubicle_pool_standbys", Help: "Unclaimed warm-pool standbys on the template's current build.",
 		}, []string{"template"}),
+		target: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "cubicle_pool_target", Help: "Standbys the pool refills to: its set size, grown to recent demand within serve --pool-memory-mb.",
+		}, []string{"template"}),
 		claims: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "cubicle_pool_claims_total", Help: "Creates from a pooled template: hit = served by a standby, miss = booted.",
 		}, []string{"result"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.standbys, m.claims)
+		reg.MustRegister(m.standbys, m.target, m.claims)
 	}
 	return m
 }
@@ -170,7 +182,8 @@ func samePolicy(a, b network.Policy) bool {
 func (m *Manager) standbyTimeout() time.Duration { return min(standbyTimeout, m.cfg.MaxTimeout) }
 
 type poolTarget struct {
-	size int
+	size int               // what the pool fills to: set, or grown to demand
+	set  int               // Template.PoolSize
 	team string            // the template's team: its standbys count against it
 	tpl  template.Template // BuildID "" = no ready build: keep no standbys
 }
@@ -192,7 +205,7 @@ func (m *Manager) poolTargets(ctx context.Context) (map[string]poolTarget, error
 			if t.PoolSize <= 0 {
 				continue
 			}
-			tgt := poolTarget{size: t.PoolSize, team: t.TeamID}
+			tgt := poolTarget{size: t.PoolSize, set: t.PoolSize, team: t.TeamID}
 			tpl, err := m.templates.Resolve(ctx, t.ID)
 			switch {
 			case err == nil:
@@ -204,7 +217,69 @@ func (m *Manager) poolTargets(ctx context.Context) (map[string]poolTarget, error
 			want[t.ID] = tgt
 		}
 	}
+	if m.cfg.PoolMemoryMB > 0 {
+		if err := m.growToDemand(ctx, want); err != nil {
+			return nil, err
+		}
+	}
 	return want, nil
+}
+
+// growToDemand raises each pool's size to its recent demand while the
+// standbys' memory stays within PoolMemoryMB: set sizes are counted
+// first (they are kept whatever the budget), then growth is granted in
+// template ID order.
+func (m *Manager) growToDemand(ctx context.Context, want map[string]poolTarget) error {
+	ids := make([]string, 0, len(want))
+	left := m.cfg.PoolMemoryMB
+	for id, tgt := range want {
+		if tgt.tpl.BuildID == "" {
+			continue
+		}
+		ids = append(ids, id)
+		left -= tgt.set * max(tgt.tpl.MemoryMB, 1)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		tgt := want[id]
+		peak, err := m.demand(ctx, id)
+		if err != nil {
+			return err
+		}
+		mem := max(tgt.tpl.MemoryMB, 1)
+		extra := min(peak-tgt.set, left/mem)
+		if extra > 0 {
+			tgt.size = tgt.set + extra
+			left -= extra * mem
+			want[id] = tgt
+		}
+	}
+	return nil
+}
+
+// demand is the most sandboxes of template id (standbys excluded, claimed
+// ones included: a claim restarts their clock) started within any
+// demandBucket of the last demandWindow.
+func (m *Manager) demand(ctx context.Context, id string) (int, error) {
+	rows, err := m.store.ListSandboxes(ctx, store.SandboxFilter{Template: id, StartedAfter: time.Now().Add(-demandWindow),
+		ExcludeMetadataKey: PoolKey, Limit: demandMaxRows})
+	if err != nil {
+		return 0, err
+	}
+	// Rows come newest first; the peak is the most in any window of one
+	// demandBucket.
+	starts := make([]time.Time, len(rows))
+	for i, sb := range rows {
+		starts[len(rows)-1-i] = sb.StartedAt
+	}
+	peak, lo := 0, 0
+	for hi, t := range starts {
+		for t.Sub(starts[lo]) >= demandBucket {
+			lo++
+		}
+		peak = max(peak, hi-lo+1)
+	}
+	return peak, nil
 }
 
 // reconcilePool retires standbys of stale builds, of templates without a
@@ -239,6 +314,7 @@ func (m *Manager) reconcilePool(ctx context.Context) error {
 		}
 	}
 	m.pool.standbys.Reset()
+	m.pool.target.Reset()
 	ids := make([]string, 0, len(want))
 	for id := range want {
 		ids = append(ids, id)
@@ -258,6 +334,7 @@ func (m *Manager) reconcilePool(ctx context.Context) error {
 			}
 		}
 		m.pool.standbys.WithLabelValues(id).Set(float64(len(have)))
+		m.pool.target.WithLabelValues(id).Set(float64(tgt.size))
 		keep[id] = have
 	}
 	for _, id := range ids {
@@ -272,28 +349,70 @@ func (m *Manager) reconcilePool(ctx context.Context) error {
 				continue
 			}
 		}
-		for n := len(keep[id]); n < tgt.size; n++ {
-			// User creates come first: stop filling while any is booting.
-			if ctx.Err() != nil || m.userCreates.Load() > 0 {
-				return nil
+		// User creates come first: no filling while any is booting.
+		if ctx.Err() != nil || m.userCreates.Load() > 0 {
+			return nil
+		}
+		made, err := m.fillPool(ctx, tgt, tgt.size-len(keep[id]))
+		m.pool.standbys.WithLabelValues(id).Set(float64(len(keep[id]) + made))
+		if err != nil {
+			if errors.Is(err, store.ErrQuota) {
+				continue // this team is full; other templates and teams go on
 			}
-			if err := m.createStandby(ctx, tgt.team, tgt.tpl); err != nil {
-				if errors.Is(err, store.ErrQuota) {
-					break // this team is full; other templates and teams go on
-				}
-				if errors.Is(err, ErrCapacity) || errors.Is(err, ErrBusy) {
-					return nil // try again next tick
-				}
-				if errors.Is(err, diskbudget.ErrInsufficientStorage) {
-					m.log.Warn("warm pool not filled: no room on the data filesystem", "template", id, "err", err)
-					return nil // space may come back; try again next tick
-				}
-				return fmt.Errorf("create standby of %s: %w", id, err)
+			if errors.Is(err, ErrCapacity) || errors.Is(err, ErrBusy) {
+				return nil // try again next tick
 			}
-			m.pool.standbys.WithLabelValues(id).Set(float64(n + 1))
+			if errors.Is(err, diskbudget.ErrInsufficientStorage) {
+				m.log.Warn("warm pool not filled: no room on the data filesystem", "template", id, "err", err)
+				return nil // space may come back; try again next tick
+			}
+			return fmt.Errorf("create standby of %s: %w", id, err)
 		}
 	}
 	return nil
+}
+
+// fillPool boots up to missing standbys of tgt, PoolRefillParallel at a
+// time. It stops starting more at the first error (returned) or when a
+// user create begins to boot, and reports how many it made.
+func (m *Manager) fillPool(ctx context.Context, tgt poolTarget, missing int) (made int, err error) {
+	par := m.cfg.PoolRefillParallel
+	if par <= 0 {
+		par = max(2, goruntime.NumCPU()/2)
+	}
+	var (
+		mu    sync.Mutex
+		wg    sync.WaitGroup
+		first error
+	)
+	sem := make(chan struct{}, par)
+	failed := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return first != nil
+	}
+	for range missing {
+		sem <- struct{}{}
+		if ctx.Err() != nil || m.userCreates.Load() > 0 || failed() {
+			<-sem
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			err := m.createStandby(ctx, tgt.team, tgt.tpl)
+			mu.Lock()
+			defer mu.Unlock()
+			if err == nil {
+				made++
+			} else if first == nil {
+				first = err
+			}
+		}()
+	}
+	wg.Wait()
+	return made, first
 }
 
 func (m *Manager) createStandby(ctx context.Context, team string, tpl template.Template) error {

@@ -42,6 +42,10 @@ type fakeNode struct {
 	pushErr error    // PushSnapshot fails with it
 	// volDrivers are the volume drivers it reports (it attaches nothing).
 	volDrivers []string
+	// hold, when set, keeps every Create waiting until it is closed;
+	// inflight and maxInflight count the Creates waiting at once.
+	hold                  chan struct{}
+	inflight, maxInflight int
 }
 
 func newFakeNode() *fakeNode {
@@ -67,6 +71,14 @@ func (f *fakeNode) PullImage(_ context.Context, im node.Image) error {
 }
 func (f *fakeNode) Create(_ context.Context, req node.CreateRequest) (node.Sandbox, error) {
 	f.mu.Lock()
+	if hold := f.hold; hold != nil {
+		f.inflight++
+		f.maxInflight = max(f.maxInflight, f.inflight)
+		f.mu.Unlock()
+		<-hold
+		f.mu.Lock()
+		f.inflight--
+	}
 	defer f.mu.Unlock()
 	f.sbs[req.ID] = req
 	return node.Sandbox{ID: req.ID, Addr: netip.MustParseAddr("10.0.0.2"), State: runtime.StateRunning}, nil
@@ -144,6 +156,11 @@ func (r storeResolver) Resolve(ctx context.Context, ref string) (template.Templa
 
 func newPoolManager(t *testing.T) (*Manager, *fakeNode, store.Store) {
 	t.Helper()
+	return newPoolManagerWith(t, Config{})
+}
+
+func newPoolManagerWith(t *testing.T, cfg Config) (*Manager, *fakeNode, store.Store) {
+	t.Helper()
 	st, err := sqlite.Open(filepath.Join(t.TempDir(), "c.db"))
 	if err != nil {
 		t.Fatal(err)
@@ -154,7 +171,7 @@ func newPoolManager(t *testing.T) (*Manager, *fakeNode, store.Store) {
 		t.Fatal(err)
 	}
 	n := newFakeNode()
-	return New(Config{}, st, n, storeResolver{st}), n, st
+	return New(cfg, st, n, storeResolver{st}), n, st
 }
 
 func setPool(t *testing.T, st store.Store, size int, build string) {
@@ -425,4 +442,82 @@ func (noAccelerators) RecoverAccelerator(_ context.Context, id string) (accel.De
 func (noAccelerators) DenyAccelerators(context.Context, string, error) error { return nil }
 func (noAccelerators) AcceleratorEvents(context.Context, int) ([]accel.Event, error) {
 	return nil, nil
+}
+
+// A pool whose template was created faster than its size allows grows to
+// that demand (the most creates within demandBucket), within the memory
+// budget beyond the set sizes; without a budget it keeps its size.
+func TestPoolGrowsToDemandWithinBudget(t *testing.T) {
+	ctx := context.Background()
+	// Set size 2 at 128 MiB each, plus room for three more.
+	m, _, st := newPoolManagerWith(t, Config{PoolMemoryMB: 5 * 128})
+	setPool(t, st, 2, "b1")
+	if err := m.reconcilePool(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ids := standbys(t, m, "b1"); len(ids) != 2 {
+		t.Fatalf("before demand: %d standbys, want the set 2", len(ids))
+	}
+	// A burst of 6: two claims, four boots.
+	for range 6 {
+		if _, err := m.Create(ctx, CreateOptions{TemplateID: "tpl", Network: store.Network{AllowInternet: true}, Timeout: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := m.reconcilePool(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ids := standbys(t, m, "b1"); len(ids) != 5 {
+		t.Fatalf("after a burst of 6: %d standbys, want 5 (the budget holds 3 beyond the set 2)", len(ids))
+	}
+
+	// No budget: the set size, whatever the demand.
+	m2, _, st2 := newPoolManager(t)
+	setPool(t, st2, 2, "b1")
+	for range 6 {
+		if _, err := m2.Create(ctx, CreateOptions{TemplateID: "tpl", Network: store.Network{AllowInternet: true}, Timeout: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := m2.reconcilePool(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ids := standbys(t, m2, "b1"); len(ids) != 2 {
+		t.Fatalf("without a budget: %d standbys, want 2", len(ids))
+	}
+}
+
+// A pool boots its missing standbys PoolRefillParallel at a time.
+func TestPoolRefillsInParallel(t *testing.T) {
+	ctx := context.Background()
+	m, n, st := newPoolManagerWith(t, Config{PoolRefillParallel: 3})
+	setPool(t, st, 5, "b1")
+	n.mu.Lock()
+	n.hold = make(chan struct{})
+	n.mu.Unlock()
+	done := make(chan error, 1)
+	go func() { done <- m.reconcilePool(ctx) }()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		n.mu.Lock()
+		in := n.inflight
+		n.mu.Unlock()
+		if in == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d standby creates at once, want 3", in)
+		}
+	}
+	n.mu.Lock()
+	close(n.hold)
+	n.mu.Unlock()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if ids := standbys(t, m, "b1"); len(ids) != 5 {
+		t.Fatalf("%d standbys, want 5", len(ids))
+	}
+	if n.maxInflight != 3 {
+		t.Fatalf("at most %d creates at once, want 3", n.maxInflight)
+	}
 }
