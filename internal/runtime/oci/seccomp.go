@@ -2,7 +2,10 @@ package oci
 
 import (
 	"fmt"
+	"os"
+	goruntime "runtime"
 	"slices"
+	"strings"
 	"sync"
 
 	mseccomp "github.com/moby/profiles/seccomp"
@@ -27,6 +30,12 @@ import (
 //   - clone3 answers ENOSYS rather than EPERM (its flags live in a struct
 //     seccomp cannot inspect; ENOSYS makes libc fall back to clone(2),
 //     whose namespace flags the profile does filter).
+//   - the x32 ABI is left out of the profile's architectures when the
+//     kernel does not run x32 syscalls (most do not: CONFIG_X86_X32_ABI
+//     unset, or disabled at boot). Such a syscall then kills the thread
+//     instead of failing with ENOSYS, and nothing else changes; each
+//     architecture the profile lists costs runc ~8 ms of libseccomp
+//     compilation per sandbox start (docs/performance.md).
 //
 // runsc gets the same profile rewritten by forGVisor (RunscSeccomp).
 var (
@@ -47,8 +56,28 @@ func DefaultSeccomp() (*specs.LinuxSeccomp, error) {
 			Bounding: defaultCaps, Effective: defaultCaps, Permitted: defaultCaps,
 		}}}
 		seccompProfile, seccompErr = mseccomp.GetDefaultProfile(spec)
+		if seccompErr == nil && !x32Runs() {
+			seccompProfile.Architectures = slices.DeleteFunc(slices.Clone(seccompProfile.Architectures),
+				func(a specs.Arch) bool { return a == specs.ArchX32 })
+		}
 	})
 	return seccompProfile, seccompErr
+}
+
+// x32Runs reports whether this kernel runs x32-ABI syscalls. It asks with
+// one (getpid with the x32 bit), but only from a process under no seccomp
+// filter of its own, which could kill it for that; under one the answer
+// is "yes", which keeps the x32 architecture in the profile.
+func x32Runs() bool {
+	if goruntime.GOARCH != "amd64" {
+		return false
+	}
+	if b, err := os.ReadFile("/proc/self/status"); err != nil || !strings.Contains(string(b), "\nSeccomp:\t0\n") {
+		return true
+	}
+	const x32Bit = 0x40000000
+	_, _, errno := unix.RawSyscall(x32Bit|unix.SYS_GETPID, 0, 0, 0)
+	return errno != unix.ENOSYS
 }
 
 // RunscSeccomp returns DefaultSeccomp as runsc must be given it for gVisor

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	goruntime "runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -235,5 +236,25 @@ exec sleep 3600
 				}
 			}
 		})
+	}
+}
+
+// The profile lists x86_64 and the 32-bit ABI, and x32 only where the
+// kernel runs x32 syscalls (each listed architecture is compiled by runc
+// at every sandbox start).
+func TestSeccompArchitectures(t *testing.T) {
+	if goruntime.GOARCH != "amd64" {
+		t.Skip("the architecture list is checked on amd64 hosts, which CI is")
+	}
+	p, err := DefaultSeccomp()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []specs.Arch{specs.ArchX86_64, specs.ArchX86}
+	if x32Runs() {
+		want = append(want, specs.ArchX32)
+	}
+	if !slices.Equal(p.Architectures, want) {
+		t.Fatalf("architectures %v, want %v (x32 runs here: %v)", p.Architectures, want, x32Runs())
 	}
 }
