@@ -41,6 +41,7 @@ type nodeHostOptions struct {
 	lxcfs                                          bool
 	lxcfsCPUs                                      float64
 	sandboxMaxFlows, sandboxNewFlows               int
+	maxBoots                                       int
 	accel                                          accelOptions
 	caCertsFile                                    string
 	caCerts                                        *cacerts.Set
@@ -67,6 +68,7 @@ func (o *nodeHostOptions) flags(f *pflag.FlagSet) {
 	f.StringVar(&o.lxcfsBin, "lxcfs-bin", "lxcfs", "lxcfs binary (Debian package lxcfs; scripts/install installs it)")
 	f.Float64Var(&o.lxcfsCPUs, "lxcfs-cpus", 1, "CPU quota of lxcfs, which serves every runc sandbox's /proc reads outside their own CPU limits, in its own cgroup <cgroup-parent>-lxcfs (0: unbounded)")
 	f.StringVar(&o.volumeBaseDir, "volume-base-dir", "", "volume_plugin_base_dir override (default: the node config's, else <data-dir>/volume-mounts)")
+	f.IntVar(&o.maxBoots, "max-concurrent-boots", 0, "sandboxes this node boots at once; later creates wait their turn in order (0: twice its CPUs, at least 4)")
 	f.StringVar(&o.caCertsFile, "ca-certificates", "", "PEM file of extra CA certificates to trust in every sandbox and template build (a TLS-intercepting proxy's CA); default none")
 	o.accel.flags(f)
 }
@@ -78,6 +80,9 @@ func (o *nodeHostOptions) flags(f *pflag.FlagSet) {
 func (o *nodeHostOptions) prepare(requireBase bool) (userns bool, pool netip.Prefix, err error) {
 	if err := checkAccelBackend(o.accel.backend, o.runtime); err != nil {
 		return false, pool, err
+	}
+	if o.maxBoots < 0 {
+		return false, pool, fmt.Errorf("--max-concurrent-boots must be 0 (twice the CPUs) or positive")
 	}
 	if o.imagesDir == "" {
 		o.imagesDir = filepath.Join(o.dataDir, "images")
@@ -258,8 +263,8 @@ func startNodeHost(ctx context.Context, o *nodeHostOptions, userns bool, pool ne
 		return nil, err
 	}
 	h.node, err = node.NewLocal(node.LocalConfig{
-		Accel: am,
-		ID:    cfg.ID, Runtime: h.drv, Network: sandboxNetworks{netm}, AgentBin: o.agentBin, SandboxDir: sandboxDir, ResolvConf: resolv,
+		Accel: am, MaxConcurrentBoots: o.maxBoots,
+		ID: cfg.ID, Runtime: h.drv, Network: sandboxNetworks{netm}, AgentBin: o.agentBin, SandboxDir: sandboxDir, ResolvConf: resolv,
 		VolumeDir: filepath.Join(o.dataDir, "node", "volumes"), VolumeBaseDir: cfg.Volumes.BaseDir,
 		VolumePlugin:  func(d string) (volume.Node, error) { return plugins.Get(d) },
 		VolumeDrivers: plugins.Names(), VolumeMetrics: cfg.VolumeMetrics, Logger: log,
