@@ -12,10 +12,13 @@ import (
 // unclaimed standbys on the current ready build (the next claims, oldest
 // first); they are never reachable through the sandbox routes.
 type poolJSON struct {
-	TemplateID string   `json:"templateID"`
-	PoolSize   int      `json:"poolSize"`
-	Ready      int      `json:"ready"`
-	Standbys   []string `json:"standbys"`
+	TemplateID string `json:"templateID"`
+	PoolSize   int    `json:"poolSize"`
+	// Target is what the pool refills to now: poolSize, or more while
+	// recent demand asks for it (serve --pool-memory-mb).
+	Target   int      `json:"target"`
+	Ready    int      `json:"ready"`
+	Standbys []string `json:"standbys"`
 }
 
 func (s *Server) poolOut(w http.ResponseWriter, r *http.Request, t *store.Template, owner bool) {
@@ -24,7 +27,12 @@ func (s *Server) poolOut(w http.ResponseWriter, r *http.Request, t *store.Templa
 		s.fail(w, r, err)
 		return
 	}
-	out := poolJSON{TemplateID: t.ID, PoolSize: t.PoolSize, Ready: len(ids), Standbys: ids}
+	target, err := s.mgr.PoolTarget(r.Context(), t.ID)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := poolJSON{TemplateID: t.ID, PoolSize: t.PoolSize, Target: target, Ready: len(ids), Standbys: ids}
 	if !owner {
 		// A claimed standby becomes the claiming team's sandbox under the
 		// same ID: teams that only see a public template get no IDs.

@@ -70,7 +70,7 @@ type Config struct {
 	// to a sandbox's disk); 0 = unlimited. Forks' internal snapshots do
 	// not count: they live only as long as forks, which the quota bounds.
 	MaxSnapshotsPerTeam  int
-	MaxConcurrentCreates int           // default 32
+	MaxConcurrentCreates int // default 32
 	// PoolMemoryMB is the memory warm-pool standbys may hold beyond the
 	// pools' set sizes: a pool whose template was created faster than its
 	// size allows (the peak in any demandBucket of the last demandWindow)
@@ -80,9 +80,9 @@ type Config struct {
 	// PoolRefillParallel bounds the standbys one pool boots at once
 	// (default: half the CPUs, at least 2).
 	PoolRefillParallel int
-	CreateQueueWait      time.Duration // how long a create waits for a slot before 503
-	Logger               *slog.Logger
-	Registry             prometheus.Registerer // optional
+	CreateQueueWait    time.Duration // how long a create waits for a slot before 503
+	Logger             *slog.Logger
+	Registry           prometheus.Registerer // optional
 	// Volumes routes driver names to controller plugins; nil = no volumes.
 	Volumes       VolumeRegistry
 	VolumeMetrics *VolumeMetrics // shared with the node; optional

@@ -225,6 +225,21 @@ func (m *Manager) poolTargets(ctx context.Context) (map[string]poolTarget, error
 	return want, nil
 }
 
+// PoolTarget is the number of standbys the pool of templateID refills to
+// now: its set size, or more after recent demand (growToDemand); 0 for a
+// template without a pool or a ready build.
+func (m *Manager) PoolTarget(ctx context.Context, templateID string) (int, error) {
+	want, err := m.poolTargets(ctx)
+	if err != nil {
+		return 0, err
+	}
+	tgt, ok := want[templateID]
+	if !ok || tgt.tpl.BuildID == "" {
+		return 0, nil
+	}
+	return tgt.size, nil
+}
+
 // growToDemand raises each pool's size to its recent demand while the
 // standbys' memory stays within PoolMemoryMB: set sizes are counted
 // first (they are kept whatever the budget), then growth is granted in

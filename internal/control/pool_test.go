@@ -470,6 +470,9 @@ func TestPoolGrowsToDemandWithinBudget(t *testing.T) {
 	if ids := standbys(t, m, "b1"); len(ids) != 5 {
 		t.Fatalf("after a burst of 6: %d standbys, want 5 (the budget holds 3 beyond the set 2)", len(ids))
 	}
+	if n, err := m.PoolTarget(ctx, "tpl"); err != nil || n != 5 {
+		t.Fatalf("PoolTarget: %d, %v; want 5", n, err)
+	}
 
 	// No budget: the set size, whatever the demand.
 	m2, _, st2 := newPoolManager(t)

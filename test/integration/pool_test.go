@@ -16,6 +16,7 @@ import (
 type poolState struct {
 	TemplateID string   `json:"templateID"`
 	PoolSize   int      `json:"poolSize"`
+	Target     int      `json:"target"`
 	Ready      int      `json:"ready"`
 	Standbys   []string `json:"standbys"`
 }
@@ -106,7 +107,10 @@ func listedIDs(t *testing.T, s *server) []string {
 }
 
 func TestWarmPool(t *testing.T) {
-	s := startServer(t)
+	// Set sizes only: this test checks fill, claim and refill against the
+	// size it sets; growth with demand is internal/control's
+	// TestPoolGrowsToDemandWithinBudget, and the target is checked here.
+	s := startServer(t, "--pool-memory-mb", "0")
 	// Runs before the harness's destroy (cleanups are LIFO): standbys are
 	// not listed, so destroy would leave them running.
 	t.Cleanup(func() {
@@ -125,6 +129,9 @@ func TestWarmPool(t *testing.T) {
 		t.Fatalf("PUT pool: %+v", p)
 	}
 	p := s.waitPool(t, "base", "fill to 2", func(p poolState) bool { return p.Ready == 2 })
+	if p.Target != 2 {
+		t.Fatalf("pool target %d, want the set 2 (no growth without --pool-memory-mb)", p.Target)
+	}
 	var tj struct{ PoolSize int }
 	if s.do("GET", "/templates/base", nil, &tj); tj.PoolSize != 2 {
 		t.Fatalf("template poolSize: %d", tj.PoolSize)
