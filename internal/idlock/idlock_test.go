@@ -9,11 +9,12 @@ import (
 func TestLockSerialises(t *testing.T) {
 	var l Map
 	unlock := l.Lock("a")
-	got := make(chan struct{})
+	got, released := make(chan struct{}), make(chan struct{})
 	go func() {
 		u := l.Lock("a")
 		close(got)
 		u()
+		close(released)
 	}()
 	select {
 	case <-got:
@@ -22,6 +23,7 @@ func TestLockSerialises(t *testing.T) {
 	}
 	unlock()
 	<-got
+	<-released // the count is read after the second holder let go
 	if n := l.Len(); n != 0 {
 		t.Fatalf("%d entries left", n)
 	}
