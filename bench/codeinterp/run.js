@@ -82,6 +82,7 @@ function parseArgs(argv) {
 
 // ---- statistics ----------------------------------------------------------------------
 const { summary, f1 } = require('../lib/stats')
+const pool = require('../lib/pool')
 const mib = (kib) => kib / 1024
 function row(name, st, target) {
   const t = target === undefined ? '' : `  target p50 <= ${target} ms: ${st.p50 <= target ? 'met' : 'MISSED'}`
@@ -142,20 +143,6 @@ async function runTrue(sbx) {
 }
 
 // ---- warm pool -----------------------------------------------------------------------
-async function setPool(srv, template, n) {
-  const r = await srv.api('PUT', `/templates/${template}/pool`, { body: { size: n } })
-  if (r.status !== 200) throw new Error(`PUT /templates/${template}/pool: ${r.status} ${r.text}`)
-}
-async function waitPool(srv, template, want, deadline) {
-  let last
-  while (Date.now() < deadline) {
-    const r = await srv.api('GET', `/templates/${template}/pool`)
-    last = r.json
-    if (r.status === 200 && r.json.ready === want) return
-    await new Promise((res) => setTimeout(res, 50))
-  }
-  throw new Error(`warm pool of ${template} did not reach ${want} standbys in time (last ${JSON.stringify(last)})`)
-}
 async function claimCounts(srv) {
   const r = await fetch(srv.metricsUrl + '/metrics', { signal: AbortSignal.timeout(30000) })
   const text = await r.text()
@@ -169,7 +156,7 @@ async function pooledFirstRun(srv, o, settleMs, deadline) {
   const errors = []
   const before = await claimCounts(srv)
   for (let i = 0; i < o.samples && Date.now() < deadline; i++) {
-    await waitPool(srv, CI, o.pool, deadline)
+    await pool.waitPool(srv, CI, o.pool, deadline)
     if (settleMs) await new Promise((r) => setTimeout(r, settleMs))
     const r = await firstRun(CI, runCodeOnePlusOne, 1, deadline)
     samples.push(...r.samples)
@@ -182,9 +169,9 @@ async function pooledFirstRun(srv, o, settleMs, deadline) {
 // host: standbys are not listed, and one still booting when the size dropped is not
 // counted as ready, so the pool's own count is not enough before the server stops.
 async function drainPool(srv) {
-  await setPool(srv, CI, 0)
+  await pool.setPool(srv, CI, 0)
   const deadline = Date.now() + 120000
-  await waitPool(srv, CI, 0, deadline)
+  await pool.waitPool(srv, CI, 0, deadline)
   const hier = fs.existsSync('/sys/fs/cgroup/cgroup.controllers') ? '/sys/fs/cgroup' : '/sys/fs/cgroup/memory'
   const parent = path.join(hier, srv.cgroupParent)
   let emptySince = 0
@@ -322,7 +309,7 @@ async function main() {
     res.unpooled = { ...summary(un.samples), notReady, errors: un.errors.slice(0, 3), errorCount: un.errors.length }
     console.log(row(`${CI} runCode, unpooled`, res.unpooled, TARGET.unpooledP50) + `  not-ready 404s=${notReady}` + errTail(un.errors))
 
-    await setPool(srv, CI, o.pool)
+    await pool.setPool(srv, CI, o.pool)
     try {
       for (const [key, settle] of [['pooled', 0], ...(o.poolSettle > 0 ? [['pooledSettled', o.poolSettle]] : [])]) {
         notReady = 0

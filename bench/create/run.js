@@ -90,6 +90,7 @@ function parseArgs(argv) {
 }
 
 const { summary, f1 } = require('../lib/stats')
+const pool = require('../lib/pool')
 function line(name, st) {
   return `${name.padEnd(28)} n=${String(st.n).padStart(3)}  p50=${f1(st.p50).padStart(8)} ms  p95=${f1(st.p95).padStart(8)} ms  p99=${f1(st.p99).padStart(8)} ms`
 }
@@ -188,18 +189,6 @@ function traceTable(levels) {
 }
 
 // ---- warm pool ----------------------------------------------------------------------------
-async function setPool(srv, n) {
-  const r = await srv.api('PUT', '/templates/base/pool', { body: { size: n } })
-  if (r.status !== 200) throw new Error(`PUT /templates/base/pool: ${r.status} ${r.text}`)
-}
-async function waitPool(srv, want, deadline) {
-  while (Date.now() < deadline) {
-    const r = await srv.api('GET', '/templates/base/pool')
-    if (r.status === 200 && r.json.ready === want) return
-    await new Promise((res) => setTimeout(res, 50))
-  }
-  throw new Error(`warm pool did not reach ${want} standbys in time`)
-}
 async function claimCounts(srv) {
   const r = await fetch(srv.metricsUrl + '/metrics', { signal: AbortSignal.timeout(30000) })
   const text = await r.text()
@@ -212,7 +201,7 @@ async function pooledLatency(srv, c, total, size, deadline) {
   const errors = []
   const before = await claimCounts(srv)
   for (let done = 0; done < total && Date.now() < deadline;) {
-    await waitPool(srv, size, deadline)
+    await pool.waitPool(srv, 'base', size, deadline)
     const n = Math.min(c, total - done)
     const r = await createLatency(srv, n, n, deadline)
     samples.push(...r.samples)
@@ -355,7 +344,7 @@ async function main() {
     }
 
     if (o.pool > 0) {
-      await setPool(srv, o.pool)
+      await pool.setPool(srv, 'base', o.pool)
       try {
         results.pooled = {}
         for (const c of o.concurrency) {
@@ -374,8 +363,8 @@ async function main() {
         }
       } finally {
         // Standbys are not listed, so drain them before anything else runs.
-        await setPool(srv, 0).catch((e) => console.error('pool drain:', e.message))
-        await waitPool(srv, 0, Date.now() + 60000).catch((e) => console.error('pool drain:', e.message))
+        await pool.setPool(srv, 'base', 0).catch((e) => console.error('pool drain:', e.message))
+        await pool.waitPool(srv, 'base', 0, Date.now() + 60000).catch((e) => console.error('pool drain:', e.message))
       }
     }
 
