@@ -68,7 +68,7 @@ func (o *nodeHostOptions) flags(f *pflag.FlagSet) {
 	f.StringVar(&o.lxcfsBin, "lxcfs-bin", "lxcfs", "lxcfs binary (Debian package lxcfs; scripts/install installs it)")
 	f.Float64Var(&o.lxcfsCPUs, "lxcfs-cpus", 1, "CPU quota of lxcfs, which serves every runc sandbox's /proc reads outside their own CPU limits, in its own cgroup <cgroup-parent>-lxcfs (0: unbounded)")
 	f.StringVar(&o.volumeBaseDir, "volume-base-dir", "", "volume_plugin_base_dir override (default: the node config's, else <data-dir>/volume-mounts)")
-	f.IntVar(&o.maxBoots, "max-concurrent-boots", 0, "sandboxes this node boots at once; later creates wait their turn in order (0: twice its CPUs, at least 4)")
+	f.IntVar(&o.maxBoots, "max-concurrent-boots", 0, "sandboxes this node boots at once (runtime create and agent init; image pulls and volume attaches wait outside); later creates wait their turn in order (0: its CPUs, at least 2)")
 	f.StringVar(&o.caCertsFile, "ca-certificates", "", "PEM file of extra CA certificates to trust in every sandbox and template build (a TLS-intercepting proxy's CA); default none")
 	o.accel.flags(f)
 }
@@ -82,7 +82,7 @@ func (o *nodeHostOptions) prepare(requireBase bool) (userns bool, pool netip.Pre
 		return false, pool, err
 	}
 	if o.maxBoots < 0 {
-		return false, pool, fmt.Errorf("--max-concurrent-boots must be 0 (twice the CPUs) or positive")
+		return false, pool, fmt.Errorf("--max-concurrent-boots must be 0 (the CPUs) or positive")
 	}
 	if o.imagesDir == "" {
 		o.imagesDir = filepath.Join(o.dataDir, "images")

@@ -38,10 +38,11 @@ const AgentTokenInSandbox = "/.cubicle/envd-token"
 // LocalConfig configures the in-process node.
 type LocalConfig struct {
 	ID string
-	// MaxConcurrentBoots bounds the creates that boot at once; the rest
-	// wait their turn in order (lock_wait). Booting is CPU work: 50 at once
-	// on 2 cores all finish late, a few at a time finish early. Default:
-	// twice the CPUs, at least 4.
+	// MaxConcurrentBoots bounds the creates that boot at once (the runtime's
+	// create and the agent's /init); the rest wait their turn in order
+	// (lock_wait). Booting is CPU work: 50 at once on 2 cores all finish
+	// late, a few at a time finish early (docs/performance.md). Default:
+	// the CPUs, at least 2.
 	MaxConcurrentBoots int
 	Runtime            runtime.Driver
 	Network            network.Manager
@@ -141,7 +142,7 @@ func NewLocal(cfg LocalConfig) (*Local, error) {
 		cfg.AgentReadyTimeout = 15 * time.Second
 	}
 	if cfg.MaxConcurrentBoots <= 0 {
-		cfg.MaxConcurrentBoots = max(4, 2*goruntime.NumCPU())
+		cfg.MaxConcurrentBoots = max(2, goruntime.NumCPU())
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -201,13 +202,6 @@ func NewLocal(cfg LocalConfig) (*Local, error) {
 func (l *Local) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err error) {
 	phase.From(ctx).SetRuntime(l.cfg.Runtime.Name())
 	endWait := phase.Start(ctx, phase.LockWait)
-	select {
-	case l.boots <- struct{}{}:
-	case <-ctx.Done():
-		endWait()
-		return Sandbox{}, ctx.Err()
-	}
-	defer func() { <-l.boots }()
 	done := l.begin(req.ID, false)
 	endWait()
 	defer done()
@@ -319,6 +313,17 @@ func (l *Local) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err e
 		return Sandbox{}, err
 	}
 	spec.NetworkReady = networkReady
+	// Only the boot itself takes a slot: an image pull or a volume attach
+	// (above) waits on I/O and must not hold one.
+	endSlot := phase.Start(ctx, phase.LockWait)
+	select {
+	case l.boots <- struct{}{}:
+		endSlot()
+	case <-ctx.Done():
+		endSlot()
+		return Sandbox{}, ctx.Err()
+	}
+	defer func() { <-l.boots }()
 	// The agent says when it serves over a pipe the runtime hands it,
 	// rather than being found by polling /health.
 	var ready *os.File

@@ -42,15 +42,15 @@ func (h *holdingDriver) Create(ctx context.Context, spec runtime.Spec) (runtime.
 	return h.Driver.Create(ctx, spec)
 }
 
-// A node boots at most MaxConcurrentBoots sandboxes at once (default twice
-// its CPUs, at least 4); the others wait their turn and then boot.
+// A node boots at most MaxConcurrentBoots sandboxes at once (default its
+// CPUs, at least 2); the others wait their turn and then boot.
 func TestLocalBootsAFewAtATime(t *testing.T) {
 	h := &holdingDriver{release: make(chan struct{})}
 	l, _ := localnode.NewWithRuntime(t, func(d runtime.Driver) runtime.Driver {
 		h.Driver = d
 		return h
 	})
-	limit := max(4, 2*goruntime.NumCPU())
+	limit := max(2, goruntime.NumCPU())
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	n := limit + 2
