@@ -62,15 +62,7 @@ func openStore(t *testing.T) *image.Store {
 
 func blobs(t *testing.T, s *image.Store) []string {
 	t.Helper()
-	ents, err := os.ReadDir(filepath.Join(s.Dir(), "blobs", "sha256"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, e := range ents {
-		out = append(out, e.Name())
-	}
-	return out
+	return testenv.DirNames(t, filepath.Join(s.Dir(), "blobs", "sha256"))
 }
 
 // Publishing a built-in twice gives one digest and the second does

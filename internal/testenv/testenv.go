@@ -49,3 +49,17 @@ func LookPath(t testing.TB, program string) string {
 	}
 	return p
 }
+
+// DirNames lists the names in dir, failing t when it cannot be read.
+func DirNames(t testing.TB, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]string, 0, len(ents))
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	return out
+}

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 type snapshotInfo struct {
@@ -34,15 +36,7 @@ func (s *server) snapshotOf(t *testing.T, c created, name string) snapshotInfo {
 
 func snapshotDirs(t *testing.T, s *server) []string {
 	t.Helper()
-	ents, err := os.ReadDir(filepath.Join(s.DataDir, "snapshots"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, e := range ents {
-		out = append(out, e.Name())
-	}
-	return out
+	return testenv.DirNames(t, filepath.Join(s.DataDir, "snapshots"))
 }
 
 // Snapshots, filesystem-paused sandboxes and deleted-but-used snapshot
