@@ -17,7 +17,8 @@
 //      samples, each snapshot deleted after (goals: p50 runc <= 50 ms, runsc <= 200 ms);
 //   3. one snapshot after `head -c SIZE /dev/urandom` into /home/user (per --dirty
 //      size, each replacing the last, `sync`ed), deleted after; the server is given a
-//      --disk-size-mb big enough for the largest size when its default is not;
+//      --disk-size-mb big enough for the largest size when its default is not; beside
+//      it, how long the sandbox was held still (the longest gap of a 5 ms ticker in it);
 //   4. sbx.fork({count}) wall time (goal: p50 <= 1 s with runc), --fork-reps times, and
 //      until every fork answered commands.run('true'); the server-side split (its
 //      internal snapshot vs the creates) from /metrics' operation histograms;
@@ -174,6 +175,18 @@ function mountsUnder(dir) {
   }
   return out
 }
+// heldMs is the longest gap between a ticker's stamps (ns, one per line) that
+// overlaps [from, to] (ns): how long the sandbox stood still meanwhile.
+function heldMs(ticks, from, to) {
+  const ts = ticks.trim().split('\n').filter(Boolean).map(BigInt)
+  let max = 0n
+  for (let i = 1; i < ts.length; i++) {
+    if (ts[i] < from || ts[i - 1] > to) continue
+    if (ts[i] - ts[i - 1] > max) max = ts[i] - ts[i - 1]
+  }
+  return Number(max) / 1e6
+}
+
 // du returns the allocated bytes (not apparent sizes: disk images are sparse) of each
 // path and their total, hard links counted once, for the first path holding them. Every
 // mount point under the data dir is left out: a sandbox's rootfs overlay and its mounted
@@ -349,15 +362,24 @@ async function benchRuntime(o, runtime, deadline, setCurrent) {
             const tw = process.hrtime.bigint()
             await sh(d, `rm -f /home/user/dirty.bin && head -c ${label} /dev/urandom > /home/user/dirty.bin && sync`)
             e.writeMs = elapsedMs(tw)
+            // A ticker in the sandbox stamps the clock every 5 ms: the longest gap
+            // while the snapshot runs is how long the sandbox was held still.
+            const ticker = await d.commands.run('rm -f /tmp/ticks; while :; do date +%s%N >> /tmp/ticks; sleep 0.005; done', { background: true })
+            await new Promise((r) => setTimeout(r, 100))
+            const wall0 = BigInt(Date.now()) * 1000000n
             const t0 = process.hrtime.bigint()
             const s = await d.createSnapshot({ requestTimeoutMs: 600000 })
             e.ms = elapsedMs(t0)
+            const wall1 = BigInt(Date.now()) * 1000000n
+            await new Promise((r) => setTimeout(r, 100))
+            await ticker.kill()
+            e.heldMs = heldMs(await d.files.read('/tmp/ticks'), wall0, wall1)
             snaps.add(s.snapshotId)
             e.sizeBytes = (await snapshotInfo(srv, s.snapshotId)).sizeBytes
             await deleteSnapshot(s.snapshotId, left)
             snaps.delete(s.snapshotId)
             console.log(`${`snapshot, ${label} dirty`.padEnd(34)} ${f1(e.ms).padStart(8)} ms  size=${fmiB(e.sizeBytes)}  ` +
-              `(${f1(bytes / MiB / (e.ms / 1000))} MiB/s; write+sync in sandbox ${f1(e.writeMs)} ms)`)
+              `(${f1(bytes / MiB / (e.ms / 1000))} MiB/s; sandbox held ${f1(e.heldMs)} ms; write+sync in sandbox ${f1(e.writeMs)} ms)`)
           } catch (err) {
             e.error = errText(err)
             console.log(`${`snapshot, ${label} dirty`.padEnd(34)} error: ${e.error}`)
@@ -411,6 +433,10 @@ async function benchRuntime(o, runtime, deadline, setCurrent) {
     if (o.forkDirtyBytes > 0 && Date.now() < deadline) {
       const snapDir = path.join(srv.dataDir, 'snapshots')
       const sbxDir = path.join(srv.dataDir, 'sandboxes')
+      // With a reflink disk store (serve --disk-store) each disk image lives there;
+      // du counts a clone's extents shared with its blank in full (an upper bound).
+      const diskDir = path.join(srv.dataDir, 'disk-store', 'disks')
+      const own = (id) => [path.join(sbxDir, id), path.join(diskDir, `${id}.img`)].filter((f) => fs.existsSync(f))
       const p = await Sandbox.create('base', OPTS)
       live.add(p)
       let forks = []
@@ -420,9 +446,9 @@ async function benchRuntime(o, runtime, deadline, setCurrent) {
         await sh(p, `head -c ${o.forkDirty} /dev/urandom > /home/user/big.bin && sync`)
         hostSync()
         const snapsBefore = new Set(entries(snapDir))
-        const before = du([...snapsBefore, ...entries(sbxDir)], srv.dataDir)
+        const before = du([...snapsBefore, ...entries(sbxDir), ...entries(diskDir)], srv.dataDir)
         disk.beforeBytes = before.total
-        disk.sourceBytes = before.each[path.join(sbxDir, p.sandboxId)]
+        disk.sourceBytes = own(p.sandboxId).reduce((a, f) => a + (before.each[f] || 0), 0)
         const t0 = process.hrtime.bigint()
         forks = await p.fork({ count: o.forkCount, timeoutMs: 900000, requestTimeoutMs: 300000 })
         disk.forkMs = elapsedMs(t0)
@@ -432,13 +458,13 @@ async function benchRuntime(o, runtime, deadline, setCurrent) {
         await Promise.all(ok.map(runTrue))
         hostSync()
         const newSnaps = entries(snapDir).filter((e) => !snapsBefore.has(e))
-        const forkDirs = ok.map((f) => path.join(sbxDir, f.sandboxId))
+        const forkFiles = ok.map((f) => own(f.sandboxId))
         // Snapshot dirs first: a file hard-linked into a fork counts for the snapshot.
-        const after = du([...newSnaps, ...forkDirs], srv.dataDir)
+        const after = du([...newSnaps, ...forkFiles.flat()], srv.dataDir)
         disk.snapshotBytes = newSnaps.reduce((a, e) => a + (after.each[e] || 0), 0)
-        disk.forksBytes = forkDirs.reduce((a, e) => a + (after.each[e] || 0), 0)
-        disk.perFork = forkDirs.map((e) => after.each[e] || 0)
-        const all = du([...entries(snapDir), ...entries(sbxDir)], srv.dataDir)
+        disk.perFork = forkFiles.map((files) => files.reduce((a, e) => a + (after.each[e] || 0), 0))
+        disk.forksBytes = disk.perFork.reduce((a, n) => a + n, 0)
+        const all = du([...entries(snapDir), ...entries(sbxDir), ...entries(diskDir)], srv.dataDir)
         disk.afterBytes = all.total
         disk.naiveBytes = o.forkCount * o.forkDirtyBytes
         const pf = summary(disk.perFork)

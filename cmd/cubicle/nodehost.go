@@ -15,6 +15,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/cacerts"
 	"github.com/cubicle-dev/cubicle/internal/control"
+	"github.com/cubicle-dev/cubicle/internal/diskstore"
 	"github.com/cubicle-dev/cubicle/internal/egress"
 	"github.com/cubicle-dev/cubicle/internal/loop"
 	"github.com/cubicle-dev/cubicle/internal/network"
@@ -42,6 +43,8 @@ type nodeHostOptions struct {
 	lxcfsCPUs                                      float64
 	sandboxMaxFlows, sandboxNewFlows               int
 	maxBoots                                       int
+	diskStore                                      string
+	diskMode                                       diskstore.Mode
 	accel                                          accelOptions
 	caCertsFile                                    string
 	caCerts                                        *cacerts.Set
@@ -69,6 +72,7 @@ func (o *nodeHostOptions) flags(f *pflag.FlagSet) {
 	f.Float64Var(&o.lxcfsCPUs, "lxcfs-cpus", 1, "CPU quota of lxcfs, which serves every runc sandbox's /proc reads outside their own CPU limits, in its own cgroup <cgroup-parent>-lxcfs (0: unbounded)")
 	f.StringVar(&o.volumeBaseDir, "volume-base-dir", "", "volume_plugin_base_dir override (default: the node config's, else <data-dir>/volume-mounts)")
 	f.IntVar(&o.maxBoots, "max-concurrent-boots", 0, "sandboxes this node boots at once (runtime create and agent init; image pulls and volume attaches wait outside); later creates wait their turn in order (0: its CPUs, at least 2)")
+	f.StringVar(&o.diskStore, "disk-store", "auto", "how sandbox disks are made: reflink (each a clone of one formatted blank per size, on the data dir's filesystem when it clones files, else on an XFS image made once at <data-dir>/disk-store.img and mounted on <data-dir>/disk-store), images (each formatted at create: any filesystem with loop devices), or auto (reflink where the host can, images otherwise; the choice is logged)")
 	f.StringVar(&o.caCertsFile, "ca-certificates", "", "PEM file of extra CA certificates to trust in every sandbox and template build (a TLS-intercepting proxy's CA); default none")
 	o.accel.flags(f)
 }
@@ -83,6 +87,9 @@ func (o *nodeHostOptions) prepare(requireBase bool) (userns bool, pool netip.Pre
 	}
 	if o.maxBoots < 0 {
 		return false, pool, fmt.Errorf("--max-concurrent-boots must be 0 (the CPUs) or positive")
+	}
+	if o.diskMode, err = diskstore.ParseMode(o.diskStore); err != nil {
+		return false, pool, fmt.Errorf("--disk-store: %w", err)
 	}
 	if o.imagesDir == "" {
 		o.imagesDir = filepath.Join(o.dataDir, "images")
@@ -179,7 +186,19 @@ func startNodeHost(ctx context.Context, o *nodeHostOptions, userns bool, pool ne
 		return nil, fmt.Errorf("images dir: %w", err)
 	}
 	sandboxDir := filepath.Join(o.dataDir, "sandboxes")
+	disks, err := diskstore.Open(ctx, diskstore.Config{
+		Dir: filepath.Join(o.dataDir, "disk-store"), Image: filepath.Join(o.dataDir, "disk-store.img"), Mode: o.diskMode,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("--disk-store %s: %w", o.diskMode, err)
+	}
+	if disks.Kind() == diskstore.Reflink {
+		log.Info("sandbox disks: reflink clones of a formatted blank", "dir", disks.Dir())
+	} else {
+		log.Info("sandbox disks: formatted at each create", "reason", disks.Reason())
+	}
 	h.drv, err = oci.New(oci.Config{
+		Disks:        disks,
 		Runtime:      o.runtime,
 		UserNS:       userns,
 		StateDir:     filepath.Join(o.dataDir, "run", o.runtime),

@@ -89,6 +89,7 @@ func TestImages(t *testing.T) {
 			{"s3fs --version", "Simple Storage Service"},
 			{"fusermount -V", "fusermount"},
 			{"mkfs.ext4 -V", "mke2fs"},
+			{"mkfs.xfs -V", "mkfs.xfs"},
 			{"mount --version", "util-linux"},
 			{"unshare --version", "util-linux"},
 			{"nsenter --version", "util-linux"},

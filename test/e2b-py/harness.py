@@ -521,18 +521,25 @@ class Server:
         for h in cgroup_hierarchies():
             for d in subdirs(os.path.join(h, self.cgroup_parent)):
                 left.append(f"cgroup {d}")
-        # Each sandbox's own dir and its root-only state dir (sandboxes/.private/<id>).
-        for d in (os.path.join(self.data_dir, "sandboxes"), os.path.join(self.data_dir, "sandboxes", ".private")):
+        # Each sandbox's own dir, its root-only state dir (sandboxes/.private/<id>) and its
+        # disk image in the reflink disk store (disk-store/disks/<id>.img).
+        for d in (
+            os.path.join(self.data_dir, "sandboxes"),
+            os.path.join(self.data_dir, "sandboxes", ".private"),
+            os.path.join(self.data_dir, "disk-store", "disks"),
+        ):
             try:
                 for f in os.listdir(d):
                     if f != ".private":
                         left.append(f"sandbox dir {os.path.basename(d)}/{f}")
             except OSError:
                 pass
-        # runsc keeps one null-netns bind mount per state root; it is the runtime's.
+        # runsc keeps one null-netns bind mount per state root; it is the runtime's. The
+        # disk store stays mounted after serve stops, as the data dir's filesystem would.
         run_root = os.path.join(self.data_dir, "run")
+        store = os.path.join(self.data_dir, "disk-store")
         for mp in mounts_under(os.path.join("/run/cubicle", self.bridge)) + mounts_under(self.data_dir):
-            if not mp.startswith(run_root + "/"):
+            if not mp.startswith(run_root + "/") and mp != store:
                 left.append(f"mount {mp}")
         return left
 

@@ -545,7 +545,7 @@ func freeListenAddr(t testing.TB) string {
 // own dirs and their root-only state dirs (under sandboxes/.private).
 func sandboxEntries(data string) []string {
 	var out []string
-	for _, dir := range []string{filepath.Join(data, "sandboxes"), filepath.Join(data, "sandboxes", ".private")} {
+	for _, dir := range []string{filepath.Join(data, "sandboxes"), filepath.Join(data, "sandboxes", ".private"), filepath.Join(data, "disk-store", "disks")} {
 		ents, _ := os.ReadDir(dir)
 		for _, e := range ents {
 			if e.Name() != ".private" {

@@ -126,6 +126,12 @@ func (s *server) sandboxLeftovers() []string {
 			if strings.HasPrefix(mp, filepath.Join(s.DataDir, "run")+"/") {
 				continue
 			}
+			// The reflink disk store stays mounted when serve stops, as
+			// the data dir's filesystem would; a disk left in it is a
+			// sandbox entry (sandboxEntries).
+			if mp == filepath.Join(s.DataDir, "disk-store") {
+				continue
+			}
 			if strings.HasPrefix(mp, s.DataDir+"/") || strings.HasPrefix(mp, "/run/cubicle/"+s.Bridge+"/") {
 				left = append(left, "mount "+mp)
 			}

@@ -18,14 +18,44 @@ import (
 // upper and work dirs. Writes past the size fail with ENOSPC inside the
 // sandbox and never reach the host's disk beyond it; `df` in the sandbox
 // reports the image (overlayfs reports its upper filesystem).
+//
+// With a reflink store (Config.Disks, internal/diskstore) the image is a
+// clone of a formatted blank in the store instead of being made and
+// formatted here; otherwise it lives in the private dir.
 const diskImage = "disk.img"
 
 // diskDir is where the sandbox's upper and work dirs live.
 func (d *Driver) diskDir(id string) string { return filepath.Join(d.dir(id), "disk") }
 
 // DiskImage is the path of sandbox id's disk image (absent when the
-// sandbox has no disk limit).
-func (d *Driver) DiskImage(id string) string { return filepath.Join(d.priv(id), diskImage) }
+// sandbox has no disk limit). A sandbox made before the driver had a
+// reflink store keeps its image in its private dir.
+func (d *Driver) DiskImage(id string) string {
+	priv := filepath.Join(d.priv(id), diskImage)
+	p := d.cfg.Disks.Path(id)
+	if p == "" {
+		return priv
+	}
+	if _, err := os.Lstat(p); errors.Is(err, fs.ErrNotExist) {
+		if _, err := os.Lstat(priv); err == nil {
+			return priv
+		}
+	}
+	return p
+}
+
+// removeDiskImage removes id's image from the reflink store (the private
+// dir's goes with that dir).
+func (d *Driver) removeDiskImage(id string) error {
+	p := d.cfg.Disks.Path(id)
+	if p == "" {
+		return nil
+	}
+	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
 
 // DiskImages lists the disk images of the sandboxes on disk, by sandbox
 // ID, for the server's free-space budget.
@@ -59,8 +89,15 @@ func (d *Driver) setupDisk(ctx context.Context, id string, sizeMB int) error {
 	if sizeMB <= 0 {
 		return nil
 	}
-	img := d.DiskImage(id)
-	if err := diskimage.Create(ctx, img, sizeMB); err != nil {
+	img := filepath.Join(d.priv(id), diskImage)
+	if p := d.cfg.Disks.Path(id); p != "" {
+		img = p
+		// A crash between this create and its clean-up may have left one.
+		if err := d.removeDiskImage(id); err != nil {
+			return err
+		}
+	}
+	if err := d.cfg.Disks.Create(ctx, img, sizeMB); err != nil {
 		return fmt.Errorf("oci: disk image: %w", err)
 	}
 	if err := diskimage.Mount(ctx, img, mnt); err != nil {

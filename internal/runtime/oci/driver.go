@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/diskimage"
+	"github.com/cubicle-dev/cubicle/internal/diskstore"
 	"github.com/cubicle-dev/cubicle/internal/idlock"
 	"github.com/cubicle-dev/cubicle/internal/phase"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
@@ -61,6 +62,9 @@ type Config struct {
 	// UserNS runs sandboxes in user namespaces of their own (userns.go):
 	// under runc/crun the container, under runsc the sentry and gofer.
 	UserNS bool
+	// Disks makes the sandboxes' disk images (disk.go); nil formats each
+	// one in the sandbox's private dir.
+	Disks *diskstore.Store
 }
 
 // Driver is an OCI runtime driver. Safe for concurrent use.
@@ -795,7 +799,7 @@ func (d *Driver) destroy(ctx context.Context, id string) error {
 		errs = append(errs, err)
 	}
 	if len(errs) == 0 {
-		if err := errors.Join(os.RemoveAll(dir), os.RemoveAll(d.priv(id))); err != nil {
+		if err := errors.Join(os.RemoveAll(dir), os.RemoveAll(d.priv(id)), d.removeDiskImage(id)); err != nil {
 			errs = append(errs, err)
 		} else {
 			d.freeSlot(id) // only once nothing of the sandbox holds its uids
@@ -1084,6 +1088,16 @@ func (d *Driver) CheckLeaks(ctx context.Context) error {
 	}
 	if loops := diskimage.LoopsUnder(d.cfg.SandboxDir); len(loops) > 0 {
 		errs = append(errs, fmt.Errorf("oci: loop devices left: %v", loops))
+	}
+	if disks := d.cfg.Disks.DisksDir(); disks != "" {
+		if ents, err := os.ReadDir(disks); err != nil {
+			errs = append(errs, err)
+		} else if len(ents) > 0 {
+			errs = append(errs, fmt.Errorf("oci: %d disk images left in %s", len(ents), disks))
+		}
+		if loops := diskimage.LoopsUnder(disks); len(loops) > 0 {
+			errs = append(errs, fmt.Errorf("oci: loop devices left: %v", loops))
+		}
 	}
 	for _, h := range CgroupHierarchies() {
 		ents, err := os.ReadDir(filepath.Join(h, d.cfg.CgroupParent))

@@ -13,6 +13,8 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/cubicle-dev/cubicle/internal/diskstore"
+	"github.com/cubicle-dev/cubicle/internal/diskstore/diskstoretest"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/runtime/runtimetest"
 	"github.com/cubicle-dev/cubicle/internal/testenv"
@@ -32,6 +34,16 @@ func newTestEnv(tb testing.TB, rt string) *testEnv {
 
 func newTestEnvWith(tb testing.TB, rt string, userns bool) *testEnv {
 	tb.Helper()
+	return newTestEnvOpts(tb, rt, envOpts{userns: userns})
+}
+
+// envOpts: userns as Config.UserNS; reflink gives the driver a reflink
+// disk store (serve's default) instead of an image formatted per create.
+type envOpts struct{ userns, reflink bool }
+
+func newTestEnvOpts(tb testing.TB, rt string, o envOpts) *testEnv {
+	tb.Helper()
+	userns := o.userns
 	testenv.RequireRoot(tb, "runc, cgroups, mounts")
 	bin := testenv.LookPath(tb, rt)
 	// Outside /tmp: some gVisor setups refuse bundles/rootfs on tmpfs /tmp.
@@ -44,7 +56,12 @@ func newTestEnvWith(tb testing.TB, rt string, userns bool) *testEnv {
 		tb.Fatal(err)
 	}
 	parent := fmt.Sprintf("cubicle-test-%d-%s", os.Getpid(), rt)
+	var disks *diskstore.Store
+	if o.reflink {
+		disks = diskstoretest.Open(tb, base)
+	}
 	d, err := New(Config{
+		Disks:        disks,
 		Runtime:      rt,
 		BinaryPath:   bin,
 		StateDir:     filepath.Join(base, "run", rt),
@@ -56,10 +73,16 @@ func newTestEnvWith(tb testing.TB, rt string, userns bool) *testEnv {
 		// CI's hosts support every runtime the suites run (runc with and
 		// without user namespaces, runsc, crun); elsewhere this is a host
 		// limit, not a defect.
+		if disks != nil {
+			diskstoretest.Close(tb, disks)
+		}
 		os.RemoveAll(base)
 		testenv.Skip(tb, err)
 	}
 	if err != nil {
+		if disks != nil {
+			diskstoretest.Close(tb, disks)
+		}
 		os.RemoveAll(base)
 		tb.Fatal(err)
 	}
@@ -81,6 +104,9 @@ func newTestEnvWith(tb testing.TB, rt string, userns bool) *testEnv {
 		if err := unmountUnder(filepath.Join(base, "run")); err != nil {
 			tb.Errorf("cleanup state mounts: %v", err)
 		}
+		if disks != nil {
+			diskstoretest.Close(tb, disks)
+		}
 		if mps, _ := MountsUnder(base); len(mps) > 0 {
 			tb.Errorf("mounts left under %s: %v", base, mps)
 		} else {
@@ -97,7 +123,7 @@ func TestRuncSuite(t *testing.T) {
 
 // The same suite with each sandbox in a user namespace of its own.
 func TestRuncUsernsSuite(t *testing.T) {
-	env := newTestEnvWith(t, "runc", true)
+	env := newTestEnvOpts(t, "runc", envOpts{userns: true, reflink: true})
 	runtimetest.RunDriverSuiteWith(t, env.d, env.layers, runtimetest.Options{UserNS: true})
 }
 
@@ -113,7 +139,7 @@ func TestRunscSuite(t *testing.T) {
 // application its own identity map, so the suite's uid_map check is the
 // no-userns one; TestRunscUsernsSentry checks the host side.
 func TestRunscUsernsSuite(t *testing.T) {
-	env := newTestEnvWith(t, "runsc", true)
+	env := newTestEnvOpts(t, "runsc", envOpts{userns: true, reflink: true})
 	runtimetest.RunDriverSuiteWith(t, env.d, env.layers, runtimetest.Options{
 		Timeout: 60 * time.Second, ScratchDir: env.base, HostPIDsOverhead: RunscPIDsOverhead,
 	})

@@ -7,9 +7,13 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
+	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cubicle-dev/cubicle/internal/diskimage"
+	"github.com/cubicle-dev/cubicle/internal/diskstore"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 )
 
@@ -51,6 +55,23 @@ func (d *Driver) Snapshot(ctx context.Context, id, dst string, memory bool) (_ r
 	out := runtime.SnapshotInfo{Kind: runtime.SnapshotFilesystem, Layer: filepath.Join(dst, "rootfs")}
 	_, stopped := statOK(d.stoppedMarker(id))
 	memory = memory && d.MemorySnapshots() && !stopped
+	// release lets go of a sandbox this call holds still; it runs once,
+	// after the copy or as soon as a clone of the disk stands in for it.
+	var release func() error
+	defer func() {
+		if release != nil {
+			if rerr := release(); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
+		}
+	}()
+	if info.State == runtime.StateRunning && !stopped && d.cfg.Disks.Path(id) == d.DiskImage(id) && d.cfg.Disks.Path(id) != "" {
+		// Most of what the sandbox has not yet written out goes before it
+		// is held; the sync while held (cloneDisk) then has little left.
+		if err := d.syncDisk(id); err != nil {
+			return runtime.SnapshotInfo{}, err
+		}
+	}
 	switch {
 	case info.State == runtime.StateStopped:
 		return runtime.SnapshotInfo{}, fmt.Errorf("%w: %s is stopped", runtime.ErrNotRunning, id)
@@ -69,13 +90,13 @@ func (d *Driver) Snapshot(ctx context.Context, id, dst string, memory bool) (_ r
 		if _, err := d.run(ctx, "pause", id); err != nil {
 			return runtime.SnapshotInfo{}, err
 		}
-		defer func() {
+		release = func() error {
 			if st, ok, _ := d.state(context.WithoutCancel(ctx), id); ok && st.Status == "paused" {
-				if _, rerr := d.run(context.WithoutCancel(ctx), "resume", id); rerr != nil {
-					err = errors.Join(err, rerr)
-				}
+				_, err := d.run(context.WithoutCancel(ctx), "resume", id)
+				return err
 			}
-		}()
+			return nil
+		}
 		img := filepath.Join(dst, "checkpoint")
 		if err := os.Mkdir(img, 0o700); err != nil {
 			return runtime.SnapshotInfo{}, err
@@ -100,11 +121,10 @@ func (d *Driver) Snapshot(ctx context.Context, id, dst string, memory bool) (_ r
 		if _, err := d.run(ctx, "pause", id); err != nil {
 			return runtime.SnapshotInfo{}, err
 		}
-		defer func() {
-			if _, rerr := d.run(context.WithoutCancel(ctx), "resume", id); rerr != nil {
-				err = errors.Join(err, rerr)
-			}
-		}()
+		release = func() error {
+			_, err := d.run(context.WithoutCancel(ctx), "resume", id)
+			return err
+		}
 	}
 	var shift uint32
 	if d.userns() {
@@ -115,7 +135,30 @@ func (d *Driver) Snapshot(ctx context.Context, id, dst string, memory bool) (_ r
 			shift = slotBase(slot)
 		}
 	}
-	n, err := copyLayer(d.UpperDir(id), out.Layer, shift, d.snapshotBudget(id, dst))
+	src := d.UpperDir(id)
+	if release != nil {
+		// A sandbox held for the copy runs again as soon as its disk is
+		// cloned (a reflink store: milliseconds whatever it wrote); the
+		// copy reads the clone.
+		upper, drop, err := d.cloneDisk(ctx, id)
+		if err != nil {
+			return runtime.SnapshotInfo{}, err
+		}
+		if upper != "" {
+			defer func() {
+				if derr := drop(); derr != nil {
+					err = errors.Join(err, derr)
+				}
+			}()
+			src = upper
+			r := release
+			release = nil
+			if err := r(); err != nil {
+				return runtime.SnapshotInfo{}, err
+			}
+		}
+	}
+	n, err := copyLayer(src, out.Layer, shift, d.snapshotBudget(id, dst))
 	if errors.Is(err, runtime.ErrSnapshotTooLarge) {
 		return runtime.SnapshotInfo{}, err
 	}
@@ -130,6 +173,53 @@ func (d *Driver) Snapshot(ctx context.Context, id, dst string, memory bool) (_ r
 	}
 	out.SizeBytes = n
 	return out, nil
+}
+
+// cloneDisk clones a held sandbox's disk image in the reflink store and
+// mounts the clone read-only, for a snapshot to copy from once the sandbox
+// runs again: it returns the clone's upper dir and what takes it down. A
+// sandbox whose disk is not in a reflink store has nothing to clone ("").
+func (d *Driver) cloneDisk(ctx context.Context, id string) (upper string, drop func() error, err error) {
+	img := d.DiskImage(id)
+	if p := d.cfg.Disks.Path(id); p == "" || p != img {
+		return "", nil, nil
+	}
+	// The disk's dirty pages reach the image file before it is cloned;
+	// nothing writes meanwhile (the sandbox is held).
+	if err := d.syncDisk(id); err != nil {
+		return "", nil, err
+	}
+	clone := d.cfg.Disks.Scratch(id + "-" + strconv.FormatInt(time.Now().UnixNano(), 36))
+	if err := diskstore.Clone(img, clone); err != nil {
+		return "", nil, fmt.Errorf("oci: snapshot %s: clone disk: %w", id, err)
+	}
+	// Under the sandbox's dir, so a delete meeting a crashed snapshot
+	// unmounts it with the rest.
+	mnt := filepath.Join(d.dir(id), "snapshot-disk")
+	drop = func() error {
+		return errors.Join(diskimage.Release(clone), os.Remove(clone), os.Remove(mnt))
+	}
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		return "", nil, errors.Join(fmt.Errorf("oci: snapshot %s: %w", id, err), os.Remove(clone))
+	}
+	if err := diskimage.MountReadOnly(ctx, clone, mnt); err != nil {
+		return "", nil, errors.Join(err, drop())
+	}
+	return filepath.Join(mnt, "upper"), drop, nil
+}
+
+// syncDisk writes id's disk's dirty pages to its image (loop devices do
+// direct I/O, so they land in the image file, not in a cache above it).
+func (d *Driver) syncDisk(id string) error {
+	dfd, err := unix.Open(d.diskDir(id), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return fmt.Errorf("oci: snapshot %s: %w", id, err)
+	}
+	defer unix.Close(dfd)
+	if err := unix.Syncfs(dfd); err != nil {
+		return fmt.Errorf("oci: snapshot %s: syncfs: %w", id, err)
+	}
+	return nil
 }
 
 // checkpointFits refuses a runsc checkpoint of id into dir that dir's

@@ -491,6 +491,44 @@ func RunDriverSuiteWith(t *testing.T, d runtime.Driver, layers []string, o Optio
 		}
 	})
 
+	// Resources.DiskMB is the sandbox's disk: `df /` reports its size, a
+	// write past it fails with ENOSPC, in each of two sandboxes (in a
+	// reflink store, clones of one blank).
+	t.Run("DiskLimit", func(t *testing.T) {
+		const script = `df -k / | tail -n 1 > /out/df
+if dd if=/dev/zero of=/big bs=1M count=48 2> /out/dd.err; then echo 0 > /out/dd.rc; else echo 1 > /out/dd.rc; fi
+mv /out/df /out/done
+exec sleep 3600`
+		outs := make([]string, 2)
+		for i := range outs {
+			outs[i] = scratch(t)
+			id := NewID(t)
+			_, err := d.Create(ctx, runtime.Spec{
+				ID: id, Layers: layers, Args: []string{"/bin/sh", "-c", script},
+				Mounts:    []runtime.Mount{{Source: outs[i], Destination: "/out"}},
+				Resources: runtime.Resources{CPUCount: 1, MemoryMB: 64, PIDs: 16, DiskMB: 32},
+			})
+			cleanupDelete(t, id)
+			if err != nil {
+				t.Fatalf("Create: %v", err)
+			}
+		}
+		for _, out := range outs {
+			df := strings.Fields(string(WaitFile(t, filepath.Join(out, "done"), o.Timeout)))
+			if len(df) < 2 {
+				t.Fatalf("df / = %q", df)
+			}
+			if kb, err := strconv.Atoi(df[1]); err != nil || kb < 24<<10 || kb > 32<<10 {
+				t.Errorf("df / reports %q 1K-blocks, want the 32 MiB disk", df[1])
+			}
+			rc, _ := os.ReadFile(filepath.Join(out, "dd.rc"))
+			msg, _ := os.ReadFile(filepath.Join(out, "dd.err"))
+			if strings.TrimSpace(string(rc)) != "1" || !strings.Contains(string(msg), "No space left on device") {
+				t.Errorf("writing 48 MiB to a 32 MiB disk: rc %q, %q; want ENOSPC", rc, msg)
+			}
+		}
+	})
+
 	// A driver that passes Spec.Ready hands PID 1 the pipe at ReadyFD: a
 	// byte written there reaches the caller, and PID 1 finds a pipe there
 	// again when a stopped sandbox boots anew (it was told to expect one).

@@ -79,7 +79,7 @@ func (h *Host) SandboxLeftovers() []string {
 			}
 		}
 	}
-	for _, d := range []string{filepath.Join(h.DataDir, "sandboxes"), filepath.Join(h.DataDir, "sandboxes", ".private")} {
+	for _, d := range []string{filepath.Join(h.DataDir, "sandboxes"), filepath.Join(h.DataDir, "sandboxes", ".private"), filepath.Join(h.DataDir, "disk-store", "disks")} {
 		ents, _ := os.ReadDir(d)
 		for _, e := range ents {
 			if e.Name() != ".private" {
@@ -88,9 +88,12 @@ func (h *Host) SandboxLeftovers() []string {
 		}
 	}
 	// runsc keeps one null-netns bind mount per state root; it is the runtime's.
+	// The reflink disk store stays mounted after the process stops, as the
+	// data dir's filesystem would (a disk left in it is listed above).
 	runRoot := filepath.Join(h.DataDir, "run") + "/"
+	store := filepath.Join(h.DataDir, "disk-store")
 	for _, mp := range append(MountsUnder(filepath.Join("/run/cubicle", h.Bridge)), MountsUnder(h.DataDir)...) {
-		if !strings.HasPrefix(mp, runRoot) {
+		if !strings.HasPrefix(mp, runRoot) && mp != store {
 			left = append(left, fmt.Sprintf("%s: mount %s", h.Name, mp))
 		}
 	}

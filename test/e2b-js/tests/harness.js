@@ -429,16 +429,20 @@ class Server {
     for (const h of cgroupHierarchies()) {
       for (const d of subdirs(path.join(h, this.cgroupParent))) left.push(`cgroup ${d}`)
     }
-    // Each sandbox's own dir and its root-only state dir (sandboxes/.private/<id>).
-    for (const dir of [path.join(this.dataDir, 'sandboxes'), path.join(this.dataDir, 'sandboxes', '.private')]) {
+    // Each sandbox's own dir, its root-only state dir (sandboxes/.private/<id>) and its
+    // disk image in the reflink disk store (disk-store/disks/<id>.img).
+    const dirs = [path.join(this.dataDir, 'sandboxes'), path.join(this.dataDir, 'sandboxes', '.private'), path.join(this.dataDir, 'disk-store', 'disks')]
+    for (const dir of dirs) {
       try {
         for (const f of fs.readdirSync(dir)) if (f !== '.private') left.push(`sandbox dir ${path.join(path.basename(dir), f)}`)
       } catch {}
     }
-    // runsc keeps one null-netns bind mount per state root; it is the runtime's.
+    // runsc keeps one null-netns bind mount per state root; it is the runtime's. The
+    // disk store stays mounted after serve stops, as the data dir's filesystem would.
     const runRoot = path.join(this.dataDir, 'run')
+    const store = path.join(this.dataDir, 'disk-store')
     for (const mp of [...mountsUnder(path.join('/run/cubicle', this.bridge)), ...mountsUnder(this.dataDir)]) {
-      if (!mp.startsWith(runRoot + '/')) left.push(`mount ${mp}`)
+      if (!mp.startsWith(runRoot + '/') && mp !== store) left.push(`mount ${mp}`)
     }
     return left
   }

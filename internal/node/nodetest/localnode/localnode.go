@@ -21,6 +21,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/cubicle-dev/cubicle/internal/diskstore/diskstoretest"
 	"github.com/cubicle-dev/cubicle/internal/imagecache"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/node"
@@ -153,9 +154,12 @@ func newLocalOn(t testing.TB, runtimeName string, images node.ImageSource, wrap 
 	}
 	tag := RandHex(t, 3)
 	parent := "cubicle-nodetest-" + tag
+	// Serve's default: disks are clones in a reflink store.
+	disks := diskstoretest.Open(t, base)
 	drv, err := oci.New(oci.Config{Runtime: runtimeName, BinaryPath: bin, StateDir: filepath.Join(base, "run"),
-		SandboxDir: filepath.Join(base, "sandboxes"), CgroupParent: parent})
+		SandboxDir: filepath.Join(base, "sandboxes"), CgroupParent: parent, Disks: disks})
 	if err != nil {
+		diskstoretest.Close(t, disks)
 		os.RemoveAll(base)
 		t.Fatal(err)
 	}
@@ -179,6 +183,7 @@ func newLocalOn(t testing.TB, runtimeName string, images node.ImageSource, wrap 
 		}
 	}
 	if err != nil {
+		diskstoretest.Close(t, disks)
 		os.RemoveAll(base)
 		t.Fatal(err)
 	}
@@ -233,6 +238,7 @@ func newLocalOn(t testing.TB, runtimeName string, images node.ImageSource, wrap 
 				}
 			}
 		}
+		diskstoretest.Close(t, disks)
 		if mps, _ := oci.MountsUnder(base); len(mps) > 0 {
 			t.Errorf("mounts left under %s: %v", base, mps)
 			return
