@@ -96,11 +96,14 @@ type Store struct {
 
 	mu     sync.Mutex
 	blanks map[int]*blank
+	tick   uint64
 }
 
 type blank struct {
-	once sync.Once
-	err  error
+	once  sync.Once
+	err   error
+	users int    // Creates cloning it now (under Store.mu)
+	used  uint64 // Store.tick at its last use
 }
 
 // Open chooses how disk images are made and prepares the store. In Auto
@@ -367,25 +370,41 @@ func (s *Store) Create(ctx context.Context, path string, sizeMB int) error {
 	if sizeMB <= 0 {
 		return fmt.Errorf("diskstore: size %d MiB is not positive", sizeMB)
 	}
-	b, err := s.blank(ctx, sizeMB)
+	b, p, err := s.blank(ctx, sizeMB)
 	if err != nil {
 		return err
 	}
-	if err := Clone(b, path); err != nil {
+	err = Clone(p, path)
+	s.mu.Lock()
+	b.users--
+	s.mu.Unlock()
+	if err != nil {
 		return fmt.Errorf("diskstore: %w", err)
 	}
 	return nil
 }
 
+// MaxBlanks is how many blanks (one per disk size) a store keeps. Sizes
+// come from templates, which tenants build; past this the least recently
+// used blank not being cloned is removed (its clones keep their extents).
+const MaxBlanks = 16
+
 // blank is the formatted image of sizeMB that disks of that size clone,
-// made at its first use and kept. A failed make is retried at the next.
-func (s *Store) blank(ctx context.Context, sizeMB int) (string, error) {
-	p := filepath.Join(s.dir, ".blank", strconv.Itoa(sizeMB)+".img")
+// made at its first use and kept; the caller holds it (users) until its
+// clone is made. A failed make is retried at the next.
+func (s *Store) blank(ctx context.Context, sizeMB int) (*blank, string, error) {
+	p := s.blankPath(sizeMB)
 	s.mu.Lock()
 	b := s.blanks[sizeMB]
+	s.tick++
 	if b == nil {
-		b = &blank{}
+		// Held before eviction runs, so the new entry is never its victim.
+		b = &blank{users: 1, used: s.tick}
 		s.blanks[sizeMB] = b
+		s.evictLocked()
+	} else {
+		b.users++
+		b.used = s.tick
 	}
 	s.mu.Unlock()
 	b.once.Do(func() {
@@ -402,11 +421,45 @@ func (s *Store) blank(ctx context.Context, sizeMB int) (string, error) {
 	})
 	if b.err != nil {
 		s.mu.Lock()
+		b.users--
 		if s.blanks[sizeMB] == b {
 			delete(s.blanks, sizeMB)
 		}
 		s.mu.Unlock()
-		return "", fmt.Errorf("diskstore: blank image of %d MiB: %w", sizeMB, b.err)
+		return nil, "", fmt.Errorf("diskstore: blank image of %d MiB: %w", sizeMB, b.err)
 	}
-	return p, nil
+	return b, p, nil
+}
+
+func (s *Store) blankPath(sizeMB int) string {
+	return filepath.Join(s.dir, ".blank", strconv.Itoa(sizeMB)+".img")
+}
+
+// evictLocked removes the least recently used idle blanks past MaxBlanks,
+// and blank files on disk that no entry holds (an earlier run's).
+func (s *Store) evictLocked() {
+	for len(s.blanks) > MaxBlanks {
+		victim, oldest := -1, uint64(0)
+		for size, b := range s.blanks {
+			if b.users == 0 && (victim < 0 || b.used < oldest) {
+				victim, oldest = size, b.used
+			}
+		}
+		if victim < 0 {
+			return // all being cloned: the next make evicts
+		}
+		delete(s.blanks, victim)
+		_ = os.Remove(s.blankPath(victim))
+	}
+	if ents, err := os.ReadDir(filepath.Join(s.dir, ".blank")); err == nil && len(ents) > MaxBlanks {
+		for _, e := range ents {
+			name, ok := strings.CutSuffix(e.Name(), ".img")
+			if !ok {
+				continue // a blank being made (.img.new)
+			}
+			if size, err := strconv.Atoi(name); err != nil || s.blanks[size] == nil {
+				_ = os.Remove(filepath.Join(s.dir, ".blank", e.Name()))
+			}
+		}
+	}
 }

@@ -3,6 +3,7 @@ package diskstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -123,6 +124,38 @@ func TestReflinkStoreClonesBlanks(t *testing.T) {
 		t.Fatal(err)
 	}
 	os.Remove(again.Path("later"))
+}
+
+// Blanks are one per size, and sizes come from templates tenants build:
+// the store keeps MaxBlanks of them, dropping the least recently used, and
+// a disk cloned from a dropped blank keeps its data.
+func TestBlanksBounded(t *testing.T) {
+	base := tempBase(t)
+	s := diskstoretest.Open(t, base)
+	defer diskstoretest.Close(t, s)
+	ctx := context.Background()
+	first := s.Path("first")
+	if err := s.Create(ctx, first, 16); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(first)
+	for i := range diskstore.MaxBlanks + 4 {
+		p := s.Path(fmt.Sprint("d", i))
+		if err := s.Create(ctx, p, 17+i); err != nil {
+			t.Fatal(err)
+		}
+		os.Remove(p)
+	}
+	blanks, _ := filepath.Glob(filepath.Join(s.Dir(), ".blank", "*"))
+	if len(blanks) != diskstore.MaxBlanks {
+		t.Fatalf("%d blanks kept, want %d: %v", len(blanks), diskstore.MaxBlanks, blanks)
+	}
+	if _, err := os.Stat(filepath.Join(s.Dir(), ".blank", "16.img")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the least recently used blank was kept: %v", err)
+	}
+	if out, err := run(ctx, "dumpe2fs", "-h", first); err != nil || !strings.Contains(out, "Block count:") {
+		t.Fatalf("a clone of a dropped blank: %v %s", err, out)
+	}
 }
 
 // Auto falls back to formatting each image where the kernel has no xfs,

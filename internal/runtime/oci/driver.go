@@ -75,8 +75,11 @@ type Driver struct {
 
 	locks idlock.Map // serialises lifecycle ops per sandbox
 
-	mu    sync.Mutex
-	slots map[string]int // user namespace slot per sandbox (userns.go)
+	mu      sync.Mutex
+	slots   map[string]int      // user namespace slot per sandbox (userns.go)
+	upperNS map[uint32]*os.File // user namespace of each range's upper view (userns.go)
+
+	noUpperView bool // tests: take mountUpperView's fallback (a kernel before 5.19)
 }
 
 var (
@@ -634,7 +637,9 @@ func (d *Driver) rootfs(ctx context.Context, spec *runtime.Spec, rootfs, bundle 
 			return err
 		}
 	}
-	if err := seedFiles(upper, spec.Files, int(nsBase)); err != nil {
+	// Stored 0-based: a user-namespaced sandbox writes its upper through
+	// an idmapped view (mountUpperView).
+	if err := seedFiles(upper, spec.Files, 0); err != nil {
 		return err
 	}
 	if nsBase != 0 {
@@ -794,6 +799,11 @@ func (d *Driver) destroy(ctx context.Context, id string) error {
 	}
 	if err := unmountUnder(dir); err != nil {
 		errs = append(errs, err)
+	}
+	if _, err := os.Lstat(d.snapshotDiskMount(id)); err == nil {
+		if err := unmountUnder(d.snapshotDiskMount(id)); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := removeCgroups(d.cfg.CgroupParent, id); err != nil {
 		errs = append(errs, err)

@@ -17,6 +17,11 @@ import (
 // base..base+size-1, as an open /proc/<pid>/ns/user of a short-lived helper
 // (a multithreaded Go process cannot unshare a user namespace itself).
 func newUserns(base, size uint32) (*os.File, error) {
+	return newUsernsMap([]syscall.SysProcIDMap{{ContainerID: 0, HostID: int(base), Size: int(size)}})
+}
+
+// newUsernsMap is newUserns with any uid (and the same gid) mapping.
+func newUsernsMap(m []syscall.SysProcIDMap) (*os.File, error) {
 	cat, err := exec.LookPath("cat")
 	if err != nil {
 		return nil, fmt.Errorf("oci: user namespace helper: %w", err)
@@ -26,7 +31,6 @@ func newUserns(base, size uint32) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(base), Size: int(size)}}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWUSER, UidMappings: m, GidMappings: m, Pdeathsig: unix.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		in.Close()

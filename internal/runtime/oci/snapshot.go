@@ -127,7 +127,7 @@ func (d *Driver) Snapshot(ctx context.Context, id, dst string, memory bool) (_ r
 		}
 	}
 	var shift uint32
-	if d.userns() {
+	if _, zeroBased := statOK(d.upperIdmapped(id)); d.userns() && !zeroBased {
 		d.mu.Lock()
 		slot, ok := d.slots[id]
 		d.mu.Unlock()
@@ -193,9 +193,10 @@ func (d *Driver) cloneDisk(ctx context.Context, id string) (upper string, drop f
 	if err := diskstore.Clone(img, clone); err != nil {
 		return "", nil, fmt.Errorf("oci: snapshot %s: clone disk: %w", id, err)
 	}
-	// Under the sandbox's dir, so a delete meeting a crashed snapshot
-	// unmounts it with the rest.
-	mnt := filepath.Join(d.dir(id), "snapshot-disk")
+	// In the root-only private dir: nothing the sandbox's uid can swap
+	// for a link between the mkdir and the mount. A delete meeting a
+	// crashed snapshot unmounts it (destroy).
+	mnt := d.snapshotDiskMount(id)
 	drop = func() error {
 		return errors.Join(diskimage.Release(clone), os.Remove(clone), os.Remove(mnt))
 	}
@@ -206,6 +207,11 @@ func (d *Driver) cloneDisk(ctx context.Context, id string) (upper string, drop f
 		return "", nil, errors.Join(err, drop())
 	}
 	return filepath.Join(mnt, "upper"), drop, nil
+}
+
+// snapshotDiskMount is where a snapshot mounts the clone it copies from.
+func (d *Driver) snapshotDiskMount(id string) string {
+	return filepath.Join(d.priv(id), "snapshot-disk")
 }
 
 // syncDisk writes id's disk's dirty pages to its image (loop devices do

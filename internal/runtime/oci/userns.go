@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -20,7 +21,9 @@ import (
 // sandbox, so root in a sandbox is an unprivileged host user no other
 // sandbox shares. Image layers (and volumes) are mounted idmapped, so the
 // same root-owned files serve every sandbox without a chown pass. The
-// sandbox's own writable layer is stored under its host uids.
+// sandbox's own writable layer is written through an idmapped mount too
+// (upperView), so it is stored 0-based like a layer: a snapshot of it
+// needs no uid shift, and a clone of its disk serves any other range.
 //
 // The slot is recorded as the owner of the sandbox's dir (which is 0700,
 // so only that uid and host root can enter it); New rebuilds the
@@ -136,10 +139,7 @@ func (d *Driver) idmappedRootfs(ctx context.Context, id string, base uint32, lay
 	if err := os.Chmod(upper, top.Mode().Perm()); err != nil {
 		return nil, err
 	}
-	if err := os.Chown(upper, int(base), int(base)); err != nil {
-		return nil, err
-	}
-	if err := mountOverlay(mapped, upper, work, rootfs); err != nil {
+	if err := d.mountUpperView(id, base, upper, work, mapped, rootfs); err != nil {
 		return nil, err
 	}
 	staged, err := d.stageMounts(id, ns, mounts)
@@ -170,6 +170,100 @@ func (d *Driver) idmappedRootfs(ctx context.Context, id string, base uint32, lay
 		}
 	}
 	return staged, nil
+}
+
+// upperIdmapped marks a sandbox whose upper dir is stored 0-based
+// (mountUpperView); one without it (made before, or on a kernel whose
+// overlayfs refused the view) stores its sandbox's host uids.
+func (d *Driver) upperIdmapped(id string) string { return filepath.Join(d.priv(id), "upper-idmapped") }
+
+// mountUpperView mounts the overlay of the mapped layers with the upper
+// and work dirs (on the sandbox's disk) seen through an idmapped mount of
+// the disk at <dir>/u: the sandbox's host uid base+n is stored as n. The
+// mount's user namespace also maps n = 65536 to host root, because
+// overlayfs makes its own entries (work dirs, whiteouts) as the mounter,
+// host root, which must map to something on disk; no sandbox uid can
+// make such an entry, and layers are mounted with the plain range, where
+// 65536 is unmapped. Where the kernel's overlayfs refuses an idmapped
+// upper (before 5.19) the upper is used as it is, storing host uids.
+func (d *Driver) mountUpperView(id string, base uint32, upper, work string, mapped []string, rootfs string) error {
+	view := filepath.Join(d.dir(id), "u")
+	if err := os.Mkdir(view, 0o700); err != nil {
+		return err
+	}
+	ns, err := d.upperUserns(base)
+	if err != nil {
+		return err
+	}
+	disk := filepath.Dir(upper)
+	err = errNoIdmap
+	if !d.noUpperView {
+		err = idmapMount(disk, view, ns, false)
+	}
+	if err == nil {
+		err = mountOverlay(mapped, filepath.Join(view, filepath.Base(upper)), filepath.Join(view, filepath.Base(work)), rootfs)
+		if err == nil && !readOnly(rootfs) {
+			return os.WriteFile(d.upperIdmapped(id), nil, 0o600)
+		}
+		// A kernel that cannot write the view mounts the overlay
+		// read-only rather than failing: that is a refusal too.
+		if err == nil {
+			err = unix.Unmount(rootfs, unix.MNT_DETACH)
+		}
+		if uerr := unix.Unmount(view, unix.MNT_DETACH); uerr != nil {
+			return uerr
+		}
+	}
+	slog.Debug("oci: no idmapped upper; storing host uids", "sandbox", id, "err", err)
+	// Host uids, as before the view: the seeded files too.
+	if err := shiftTree(upper, base); err != nil {
+		return err
+	}
+	return mountOverlay(mapped, upper, work, rootfs)
+}
+
+// shiftTree adds base to the owner of everything under dir (itself
+// included): a fresh upper holding only seeded files, none a link to
+// follow (Lchown never follows one).
+func shiftTree(dir string, base uint32) error {
+	return filepath.WalkDir(dir, func(p string, _ os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			return err
+		}
+		return os.Lchown(p, int(base+st.Uid), int(base+st.Gid))
+	})
+}
+
+// upperUserns is the user namespace of base's upper view (mountUpperView),
+// made once per range and kept: a range's sandboxes come and go.
+func (d *Driver) upperUserns(base uint32) (*os.File, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if ns := d.upperNS[base]; ns != nil {
+		return ns, nil
+	}
+	ns, err := newUsernsMap([]syscall.SysProcIDMap{
+		{ContainerID: 0, HostID: int(base), Size: usernsSize},
+		{ContainerID: usernsSize, HostID: 0, Size: 1},
+	})
+	if err != nil {
+		return nil, err
+	}
+	if d.upperNS == nil {
+		d.upperNS = map[uint32]*os.File{}
+	}
+	d.upperNS[base] = ns
+	return ns, nil
+}
+
+// readOnly reports whether the filesystem at p is mounted read-only.
+func readOnly(p string) bool {
+	var st unix.Statfs_t
+	return unix.Statfs(p, &st) == nil && st.Flags&unix.ST_RDONLY != 0
 }
 
 // stageMounts bind-mounts every mount's source under <dir>/m/<i>

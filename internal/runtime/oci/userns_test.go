@@ -8,8 +8,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -244,4 +246,72 @@ func TestMigrateState(t *testing.T) {
 		t.Error("the stopped marker is not seen after the move")
 	}
 	must(d.migrateState()) // nothing left to do
+}
+
+// A user-namespaced sandbox's upper dir is stored 0-based (written
+// through an idmapped view of its disk): what root and uid 1000 write in
+// the sandbox is uid 0 and 1000 on its disk, inside it they are still
+// theirs, and a snapshot of it needs no shift.
+func TestUpperStoredZeroBased(t *testing.T) {
+	t.Run("view", func(t *testing.T) { testUpperStored(t, false) })
+	// A kernel whose overlayfs takes no idmapped upper stores host uids,
+	// and the snapshot shifts them back.
+	t.Run("fallback", func(t *testing.T) { testUpperStored(t, true) })
+}
+
+func testUpperStored(t *testing.T, fallback bool) {
+	env := newTestEnvOpts(t, "runc", envOpts{userns: true, reflink: true})
+	d := env.d
+	d.noUpperView = fallback
+	ctx := context.Background()
+	out := filepath.Join(env.base, "out")
+	if err := os.Mkdir(out, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(out, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	id := runtimetest.NewID(t)
+	t.Cleanup(func() { d.Delete(context.Background(), id) })
+	script := `echo r > /by-root && echo u > /by-user && chown 1000:1000 /by-user && rm /etc/passwd &&
+ls -ln /by-root /by-user > /out/ls && echo ok > /out/done; exec sleep 3600`
+	if _, err := d.Create(ctx, runtime.Spec{ID: id, Layers: env.layers, Args: []string{"/bin/sh", "-c", script},
+		Mounts:    []runtime.Mount{{Source: out, Destination: "/out"}},
+		Resources: runtime.Resources{CPUCount: 1, MemoryMB: 64, PIDs: 16, DiskMB: 32}}); err != nil {
+		t.Fatal(err)
+	}
+	runtimetest.WaitFile(t, filepath.Join(out, "done"), 30*time.Second)
+	if _, err := os.Stat(d.upperIdmapped(id)); (err == nil) == fallback {
+		t.Fatalf("0-based marker: %v (fallback %v)", err, fallback)
+	}
+	var shift uint32
+	if fallback {
+		d.mu.Lock()
+		shift = slotBase(d.slots[id])
+		d.mu.Unlock()
+	}
+	for name, want := range map[string]uint32{"by-root": shift, "by-user": shift + 1000} {
+		var st syscall.Stat_t
+		if err := syscall.Lstat(filepath.Join(d.UpperDir(id), name), &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Uid != want || st.Gid != want {
+			t.Errorf("%s on disk: uid %d gid %d, want %d", name, st.Uid, st.Gid, want)
+		}
+	}
+	ls, _ := os.ReadFile(filepath.Join(out, "ls"))
+	if f := strings.Fields(string(ls)); len(f) < 12 || f[2] != "0" || f[11] != "1000" {
+		t.Errorf("inside the sandbox: %q, want root's file 0 and the user's 1000", ls)
+	}
+	snap := filepath.Join(env.base, "snap")
+	if _, err := d.Snapshot(ctx, id, snap, false); err != nil {
+		t.Fatal(err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Lstat(filepath.Join(snap, "rootfs", "by-user"), &st); err != nil || st.Uid != 1000 {
+		t.Errorf("snapshot layer's by-user: uid %d, %v; want 1000", st.Uid, err)
+	}
+	if fi, err := os.Lstat(filepath.Join(snap, "rootfs", "etc", "passwd")); err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+		t.Errorf("snapshot layer lost the whiteout of /etc/passwd: %v %v", fi, err)
+	}
 }
