@@ -192,6 +192,13 @@ func startNodeHost(ctx context.Context, o *nodeHostOptions, userns bool, pool ne
 	if err != nil {
 		return nil, fmt.Errorf("--disk-store %s: %w", o.diskMode, err)
 	}
+	defer func() {
+		if err != nil {
+			if rerr := disks.Release(); rerr != nil {
+				log.Warn("disk store left mounted after a failed start", "err", rerr)
+			}
+		}
+	}()
 	if disks.Kind() == diskstore.Reflink {
 		log.Info("sandbox disks: reflink clones of a formatted blank", "dir", disks.Dir())
 	} else {

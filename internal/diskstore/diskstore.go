@@ -94,6 +94,8 @@ type Store struct {
 	dir    string
 	reason string
 
+	mountedHere bool // Open mounted the store image (Release undoes it)
+
 	mu     sync.Mutex
 	blanks map[int]*blank
 	tick   uint64
@@ -124,9 +126,9 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		s.kind, s.reason = Images, "--disk-store images"
 		return s, nil
 	}
-	err := prepare(ctx, cfg)
+	mounted, err := prepare(ctx, cfg)
 	if err == nil {
-		s.kind = Reflink
+		s.kind, s.mountedHere = Reflink, mounted
 		return s, nil
 	}
 	if cfg.Mode == ModeReflink || !errors.Is(err, ErrUnsupported) {
@@ -137,26 +139,31 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 }
 
 // prepare makes Dir a directory that clones files: as it is, or with the
-// store image mounted on it. ErrUnsupported says the host cannot.
-func prepare(ctx context.Context, cfg Config) error {
+// store image mounted on it (mounted: by this call). ErrUnsupported says
+// the host cannot; on any error nothing stays mounted.
+func prepare(ctx context.Context, cfg Config) (mounted bool, err error) {
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
-		return fmt.Errorf("diskstore: %w", err)
+		return false, fmt.Errorf("diskstore: %w", err)
 	}
 	if err := os.Chmod(cfg.Dir, 0o700); err != nil {
-		return fmt.Errorf("diskstore: %w", err)
+		return false, fmt.Errorf("diskstore: %w", err)
 	}
 	if err := probeClone(cfg.Dir); err == nil {
-		return prepareDirs(cfg.Dir)
+		return false, prepareDirs(cfg.Dir)
 	} else if cfg.Image == "" {
-		return fmt.Errorf("%w: %s cannot clone files (%v) and no store image is configured", ErrUnsupported, cfg.Dir, err)
+		return false, fmt.Errorf("%w: %s cannot clone files (%v) and no store image is configured", ErrUnsupported, cfg.Dir, err)
 	}
 	if err := mountImage(ctx, cfg); err != nil {
-		return err
+		return false, err
 	}
 	if err := probeClone(cfg.Dir); err != nil {
-		return fmt.Errorf("diskstore: the store image mounted on %s cannot clone files: %w", cfg.Dir, err)
+		err = fmt.Errorf("diskstore: the store image mounted on %s cannot clone files: %w", cfg.Dir, err)
+		return false, errors.Join(err, unix.Unmount(cfg.Dir, 0))
 	}
-	return prepareDirs(cfg.Dir)
+	if err := prepareDirs(cfg.Dir); err != nil {
+		return false, errors.Join(err, unix.Unmount(cfg.Dir, 0))
+	}
+	return true, nil
 }
 
 func prepareDirs(dir string) error {
@@ -318,6 +325,21 @@ func Clone(src, dst string) (err error) {
 	if err := unix.IoctlFileClone(int(out.Fd()), int(in.Fd())); err != nil {
 		return &os.LinkError{Op: "clone", Old: src, New: dst, Err: err}
 	}
+	return nil
+}
+
+// Release unmounts the store image when Open mounted it: for a server
+// whose start failed after Open, so a refused start leaves no mount. A
+// store in use (a disk mounted from it) stays; so does one that was
+// mounted before Open (a restarted server's running sandboxes use it).
+func (s *Store) Release() error {
+	if s == nil || !s.mountedHere {
+		return nil
+	}
+	if err := unix.Unmount(s.dir, 0); err != nil && !errors.Is(err, unix.EBUSY) {
+		return fmt.Errorf("diskstore: unmount %s: %w", s.dir, err)
+	}
+	s.mountedHere = false
 	return nil
 }
 

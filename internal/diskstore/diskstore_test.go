@@ -120,6 +120,11 @@ func TestReflinkStoreClonesBlanks(t *testing.T) {
 	if n := len(diskimage.LoopsOf(filepath.Join(base, "disk-store.img"))); n != 1 {
 		t.Fatalf("store image attached %d times, want 1", n)
 	}
+	// Mounted before this Open: a failed start's Release leaves it to
+	// the sandboxes that use it.
+	if err := again.Release(); err != nil || !isXFS(again.Dir()) {
+		t.Fatalf("Release of a store mounted before Open unmounted it (%v)", err)
+	}
 	if err := again.Create(ctx, again.Path("later"), 64); err != nil {
 		t.Fatal(err)
 	}
@@ -226,6 +231,27 @@ func TestFallbackToImages(t *testing.T) {
 func run(ctx context.Context, name string, args ...string) (string, error) {
 	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
 	return string(out), err
+}
+
+func isXFS(dir string) bool {
+	var st unix.Statfs_t
+	return unix.Statfs(dir, &st) == nil && st.Type == unix.XFS_SUPER_MAGIC
+}
+
+// A start that fails after Open releases the store image it mounted.
+func TestReleaseUndoesOwnMount(t *testing.T) {
+	base := tempBase(t)
+	s := diskstoretest.Open(t, base)
+	if !isXFS(s.Dir()) {
+		t.Fatal("store not mounted")
+	}
+	if err := s.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if isXFS(s.Dir()) {
+		t.Fatal("Release left the store image mounted")
+	}
+	diskstoretest.Close(t, s)
 }
 
 func name(i int) string { return "sb" + string(rune('a'+i)) }

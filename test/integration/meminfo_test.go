@@ -206,6 +206,11 @@ func TestMeminfoLxcfsMissing(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), "lxcfs") || !strings.Contains(string(out), "--lxcfs=false") {
 		t.Errorf("serve with a missing lxcfs: err %v, output:\n%s", err, out)
 	}
+	// The disk store it mounted went with the refused start.
+	if m := mountsBelow(data); len(m) > 0 {
+		t.Errorf("a refused serve left mounts: %v", m)
+		unmountUnder(data)
+	}
 }
 
 // mountsBelow lists mount points at or below dir.
