@@ -65,7 +65,8 @@ func (d *Driver) Snapshot(ctx context.Context, id, dst string, memory bool) (_ r
 			}
 		}
 	}()
-	if info.State == runtime.StateRunning && !stopped && d.cfg.Disks.Path(id) == d.DiskImage(id) && d.cfg.Disks.Path(id) != "" {
+	disk := d.storeDisk(id)
+	if info.State == runtime.StateRunning && !stopped && disk != "" {
 		// Most of what the sandbox has not yet written out goes before it
 		// is held; the sync while held (cloneDisk) then has little left.
 		if err := d.syncDisk(id); err != nil {
@@ -136,26 +137,24 @@ func (d *Driver) Snapshot(ctx context.Context, id, dst string, memory bool) (_ r
 		}
 	}
 	src := d.UpperDir(id)
-	if release != nil {
+	if release != nil && disk != "" {
 		// A sandbox held for the copy runs again as soon as its disk is
 		// cloned (a reflink store: milliseconds whatever it wrote); the
 		// copy reads the clone.
-		upper, drop, err := d.cloneDisk(ctx, id)
+		upper, drop, err := d.cloneDisk(ctx, id, disk)
 		if err != nil {
 			return runtime.SnapshotInfo{}, err
 		}
-		if upper != "" {
-			defer func() {
-				if derr := drop(); derr != nil {
-					err = errors.Join(err, derr)
-				}
-			}()
-			src = upper
-			r := release
-			release = nil
-			if err := r(); err != nil {
-				return runtime.SnapshotInfo{}, err
+		defer func() {
+			if derr := drop(); derr != nil {
+				err = errors.Join(err, derr)
 			}
+		}()
+		src = upper
+		r := release
+		release = nil
+		if err := r(); err != nil {
+			return runtime.SnapshotInfo{}, err
 		}
 	}
 	n, err := copyLayer(src, out.Layer, shift, d.snapshotBudget(id, dst))
@@ -175,15 +174,20 @@ func (d *Driver) Snapshot(ctx context.Context, id, dst string, memory bool) (_ r
 	return out, nil
 }
 
-// cloneDisk clones a held sandbox's disk image in the reflink store and
-// mounts the clone read-only, for a snapshot to copy from once the sandbox
-// runs again: it returns the clone's upper dir and what takes it down. A
-// sandbox whose disk is not in a reflink store has nothing to clone ("").
-func (d *Driver) cloneDisk(ctx context.Context, id string) (upper string, drop func() error, err error) {
-	img := d.DiskImage(id)
-	if p := d.cfg.Disks.Path(id); p == "" || p != img {
-		return "", nil, nil
+// storeDisk is id's disk image when it lives in the reflink store, where a
+// snapshot can clone it; "" otherwise (no store, no disk limit, or an
+// image made before the store, in the private dir).
+func (d *Driver) storeDisk(id string) string {
+	if p := d.cfg.Disks.Path(id); p != "" && p == d.DiskImage(id) {
+		return p
 	}
+	return ""
+}
+
+// cloneDisk clones a held sandbox's disk image img (storeDisk) and mounts
+// the clone read-only, for a snapshot to copy from once the sandbox runs
+// again: it returns the clone's upper dir and what takes it down.
+func (d *Driver) cloneDisk(ctx context.Context, id, img string) (upper string, drop func() error, err error) {
 	// The disk's dirty pages reach the image file before it is cloned;
 	// nothing writes meanwhile (the sandbox is held).
 	if err := d.syncDisk(id); err != nil {

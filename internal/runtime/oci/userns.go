@@ -191,13 +191,13 @@ func (d *Driver) mountUpperView(id string, base uint32, upper, work string, mapp
 	if err := os.Mkdir(view, 0o700); err != nil {
 		return err
 	}
-	ns, err := d.upperUserns(base)
-	if err != nil {
-		return err
-	}
 	disk := filepath.Dir(upper)
-	err = errNoIdmap
+	err := errNoIdmap
 	if !d.noUpperView {
+		ns, nerr := d.upperUserns(base)
+		if nerr != nil {
+			return nerr
+		}
 		err = idmapMount(disk, view, ns, false)
 	}
 	if err == nil {
@@ -239,11 +239,14 @@ func shiftTree(dir string, base uint32) error {
 }
 
 // upperUserns is the user namespace of base's upper view (mountUpperView),
-// made once per range and kept: a range's sandboxes come and go.
+// made once per range and kept: a range's sandboxes come and go. The
+// helper process that makes it runs outside d.mu, which every create
+// takes for its slot.
 func (d *Driver) upperUserns(base uint32) (*os.File, error) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	if ns := d.upperNS[base]; ns != nil {
+	ns := d.upperNS[base]
+	d.mu.Unlock()
+	if ns != nil {
 		return ns, nil
 	}
 	ns, err := newUsernsMap([]syscall.SysProcIDMap{
@@ -252,6 +255,12 @@ func (d *Driver) upperUserns(base uint32) (*os.File, error) {
 	})
 	if err != nil {
 		return nil, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if won := d.upperNS[base]; won != nil {
+		ns.Close() // made meanwhile by another create of this range
+		return won, nil
 	}
 	if d.upperNS == nil {
 		d.upperNS = map[uint32]*os.File{}
