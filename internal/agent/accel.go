@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -25,17 +24,22 @@ func (a *Agent) handleAccelCheck(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusBadRequest, "invalid accelerator check request: "+err.Error())
 		return
 	}
-	writeJSON(w, http.StatusOK, RunAccelCheck(r.Context(), req))
+	writeJSON(w, http.StatusOK, a.runAccelCheck(r.Context(), req))
 }
 
-// RunAccelCheck performs the checks in this process's view of the system.
-func RunAccelCheck(ctx context.Context, req agentapi.AccelCheckRequest) agentapi.AccelCheckResponse {
+// runAccelCheck performs the checks in the agent's view of the system. Its
+// commands run through the agent's reaper (runOutput).
+func (a *Agent) runAccelCheck(ctx context.Context, req agentapi.AccelCheckRequest) agentapi.AccelCheckResponse {
 	start := time.Now()
 	resp := agentapi.AccelCheckResponse{Failures: []agentapi.AccelFailure{}}
 	var out bytes.Buffer
 	if req.Ldconfig {
 		if p, err := exec.LookPath("ldconfig"); err == nil {
-			if b, err := exec.CommandContext(ctx, p).CombinedOutput(); err != nil {
+			b, ws, err := a.runOutput(ctx, []string{p}, accelOutputMax)
+			if err == nil && ws.ExitStatus() != 0 {
+				err = fmt.Errorf("exit status %d", ws.ExitStatus())
+			}
+			if err != nil {
 				fmt.Fprintf(&out, "ldconfig: %v: %s\n", err, b)
 			}
 		}
@@ -75,31 +79,22 @@ func RunAccelCheck(ctx context.Context, req agentapi.AccelCheckRequest) agentapi
 		if _, err := os.Stat(sh); err != nil {
 			sh = "bash"
 		}
-		cmd := exec.CommandContext(cctx, sh, "-c", req.Check)
-		var cout bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &cout, &cout
-		cmd.WaitDelay = time.Second
-		err := cmd.Run()
+		b, ws, err := a.runOutput(cctx, []string{sh, "-c", req.Check}, accelOutputMax)
 		timedOut := cctx.Err() != nil
 		cancel()
-		b := cout.Bytes()
-		if len(b) > accelOutputMax {
-			b = b[:accelOutputMax]
-		}
 		out.Write(b)
-		if err != nil {
+		if err != nil || ws.ExitStatus() != 0 {
 			head := b
 			if len(head) > 500 {
 				head = head[:500]
 			}
-			var ee *exec.ExitError
 			switch {
 			case timedOut:
 				resp.Failures = append(resp.Failures, agentapi.AccelFailure{Layer: "cuda", Detail: fmt.Sprintf("%s timed out after %s: %s", req.Check, timeout, head)})
-			case errors.As(err, &ee):
-				resp.Failures = append(resp.Failures, agentapi.AccelFailure{Layer: "cuda", Detail: fmt.Sprintf("%s exited %d: %s", req.Check, ee.ExitCode(), head)})
-			default:
+			case err != nil:
 				resp.Failures = append(resp.Failures, agentapi.AccelFailure{Layer: "cuda", Detail: fmt.Sprintf("%s: %v", req.Check, err)})
+			default:
+				resp.Failures = append(resp.Failures, agentapi.AccelFailure{Layer: "cuda", Detail: fmt.Sprintf("%s exited %d: %s", req.Check, ws.ExitStatus(), head)})
 			}
 		}
 	}

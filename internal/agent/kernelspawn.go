@@ -1,7 +1,10 @@
 package agent
 
 import (
+	"bytes"
+	"context"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"strconv"
@@ -66,6 +69,49 @@ func (a *Agent) Spawn(user string, argv []string, dir string, env []string, outp
 		exited <- ws
 	}()
 	return pid, exited, nil
+}
+
+// runOutput runs argv to its end as a service process (Spawn: reaped by
+// the agent's one reaper, in its own process group, with the agent's
+// environment) and returns its stdout and stderr, at most limit bytes,
+// and its wait status. When ctx ends first its group is killed and ctx's
+// error comes back with what it printed. Nothing in the agent may wait
+// for a child itself (exec.Cmd): the reaper would take its status first.
+func (a *Agent) runOutput(ctx context.Context, argv []string, limit int64) ([]byte, unix.WaitStatus, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, 0, err
+	}
+	defer r.Close()
+	pid, exited, err := a.Spawn("", argv, "", os.Environ(), w)
+	w.Close()
+	if err != nil {
+		return nil, 0, err
+	}
+	outc := make(chan []byte, 1)
+	go func() {
+		var buf bytes.Buffer
+		io.CopyN(&buf, r, limit)
+		io.Copy(io.Discard, r)
+		outc <- buf.Bytes()
+	}()
+	var ws unix.WaitStatus
+	select {
+	case ws = <-exited:
+	case <-ctx.Done():
+		unix.Kill(-pid, unix.SIGKILL)
+		ws = <-exited
+		err = ctx.Err()
+	}
+	// A grandchild may still hold the pipe: wait a second for it, as
+	// exec.Cmd's WaitDelay would, then stop reading.
+	select {
+	case out := <-outc:
+		return out, ws, err
+	case <-time.After(time.Second):
+		r.Close()
+		return <-outc, ws, err
+	}
 }
 
 // ProcessEnv is the environment a process started as user gets: the user's

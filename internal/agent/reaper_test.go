@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cubicle-dev/cubicle/internal/agentapi"
 	"github.com/cubicle-dev/cubicle/internal/testenv"
 	pb "github.com/cubicle-dev/cubicle/sdk/go/envd/process"
 )
@@ -116,6 +117,18 @@ func reaperScenario() error {
 	orphan, err := strconv.Atoi(strings.TrimSpace(out))
 	if err != nil {
 		return fmt.Errorf("orphan pid %q", out)
+	}
+	// The accelerator check's commands go through the reaper too: under a
+	// wait4(-1) loop an exec.Cmd of its own lost its status ("waitid: no
+	// child processes", seen in CI as a failed GPU create).
+	for i := range 20 {
+		res := a.runAccelCheck(context.Background(), agentapi.AccelCheckRequest{Check: fmt.Sprintf("echo check-%d; exit %d", i, i%2)})
+		if (i%2 == 0) != res.OK || !strings.Contains(res.Output, fmt.Sprintf("check-%d", i)) {
+			return fmt.Errorf("accelerator check %d under the reaper: %+v", i, res)
+		}
+		if i%2 == 1 && !strings.Contains(res.Failures[0].Detail, "exited 1") {
+			return fmt.Errorf("accelerator check %d: %+v", i, res.Failures)
+		}
 	}
 	// Instantly exiting children, concurrently: each must get its own status.
 	var wg sync.WaitGroup
