@@ -464,13 +464,21 @@ func serve(ctx context.Context, o serveOptions) error {
 }
 
 // diskSources lists the sparse images on the data filesystem for the disk
-// budget: every sandbox's disk and every sized volume of a local plugin.
+// budget: every sandbox's disk, every snapshot layer cloned from one, and
+// every sized volume of a local plugin.
 func diskSources(drv *oci.Driver, plugins []volume.PluginConfig) []diskbudget.Source {
 	srcs := []diskbudget.Source{func() ([]diskbudget.Image, error) {
 		imgs, err := drv.DiskImages()
 		out := make([]diskbudget.Image, 0, len(imgs))
 		for id, p := range imgs {
 			out = append(out, diskbudget.Image{Key: "sandbox/" + id, Path: p})
+		}
+		return out, err
+	}, func() ([]diskbudget.Image, error) {
+		imgs, err := drv.LayerImages()
+		out := make([]diskbudget.Image, 0, len(imgs))
+		for _, p := range imgs {
+			out = append(out, diskbudget.Image{Key: "snapshot/" + filepath.Base(p), Path: p, Frozen: true})
 		}
 		return out, err
 	}}

@@ -39,6 +39,12 @@ func (e *ShortError) Unwrap() error { return ErrInsufficientStorage }
 // ("sandbox/<id>", "volume/<id>"), the same key its create reserved with.
 type Image struct {
 	Key, Path string
+	// Frozen marks a clone that is never written (a snapshot's layer):
+	// it promises its allocated bytes, not its free ones. They are
+	// shared with the disk it was cloned from, which may rewrite them,
+	// and each block rewritten is new space that disk's allowance (its
+	// size minus what it allocates) does not count.
+	Frozen bool
 }
 
 // Source lists images that exist now.
@@ -142,6 +148,9 @@ func (b *Budget) Short() (freeBytes int64, short []Shortfall, err error) {
 			return 0, nil, fmt.Errorf("diskbudget: %w", err)
 		}
 		for _, img := range imgs {
+			if img.Frozen {
+				continue // never written: no write of its own can fail
+			}
 			size, alloc, err := diskimage.Usage(img.Path)
 			if err != nil {
 				continue
@@ -170,6 +179,10 @@ func (b *Budget) promisedLocked() (int64, error) {
 			size, alloc, err := diskimage.Usage(img.Path)
 			if err != nil {
 				continue // removed meanwhile
+			}
+			if img.Frozen {
+				sum += alloc
+				continue
 			}
 			sum += max(size-alloc, 0)
 		}

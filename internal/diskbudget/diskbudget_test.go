@@ -128,3 +128,34 @@ func TestShort(t *testing.T) {
 		t.Fatalf("Short = %d, %+v; want only the 4 TiB image", free, short)
 	}
 }
+
+// A frozen image (a snapshot's clone) promises what it allocates, and
+// Short never lists it: it is never written.
+func TestFrozen(t *testing.T) {
+	dir := t.TempDir()
+	img := filepath.Join(dir, "snap.img")
+	if err := os.WriteFile(img, make([]byte, 3<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(img, 1<<40); err != nil { // larger than any free space
+		t.Fatal(err)
+	}
+	var imgs []Image
+	b := New(Config{Dir: dir, Reserve: func(int64) int64 { return 0 }, Sources: []Source{func() ([]Image, error) { return imgs, nil }}})
+	st, err := b.Status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	imgs = []Image{{Key: "snapshot/s", Path: img, Frozen: true}}
+	st2, _ := b.Status()
+	if d := st2.PromisedBytes - st.PromisedBytes; d < 3<<20 || d > 4<<20 {
+		t.Fatalf("a frozen image with 3 MiB allocated promised %d bytes, want its 3 MiB", d)
+	}
+	if _, short, err := b.Short(); err != nil || len(short) != 0 {
+		t.Fatalf("Short = %v, %v; a frozen image is never short", short, err)
+	}
+	imgs[0].Frozen = false
+	if _, short, _ := b.Short(); len(short) != 1 {
+		t.Fatalf("the same image not frozen: Short = %v, want it listed", short)
+	}
+}

@@ -167,7 +167,7 @@ func prepare(ctx context.Context, cfg Config) (mounted bool, err error) {
 }
 
 func prepareDirs(dir string) error {
-	for _, sub := range []string{"disks", ".blank", ".scratch"} {
+	for _, sub := range []string{"disks", "layers", ".blank", ".scratch"} {
 		if err := os.MkdirAll(filepath.Join(dir, sub), 0o700); err != nil {
 			return fmt.Errorf("diskstore: %w", err)
 		}
@@ -369,6 +369,16 @@ func (s *Store) DisksDir() string {
 		return ""
 	}
 	return filepath.Join(s.dir, "disks")
+}
+
+// Layer is where a snapshot called name keeps its layer in a Reflink
+// store, as a clone of the disk it was taken from; "" for an Images
+// store.
+func (s *Store) Layer(name string) string {
+	if s == nil || s.kind != Reflink {
+		return ""
+	}
+	return filepath.Join(s.dir, "layers", name+".img")
 }
 
 // Scratch is a path in a Reflink store for a short-lived clone called

@@ -79,14 +79,14 @@ func (l *Local) rootfs(ctx context.Context, req *CreateRequest) (layers []string
 		return nil, "", fmt.Errorf("%w (restore snapshot %q is not the top snapshot layer)", ErrImageRequest, req.RestoreSnapshot)
 	}
 	for _, id := range req.SnapshotLayers {
-		dir, err := l.snapshotPath(id, "rootfs")
+		dir, err := l.snapshotPath(ctx, id, "rootfs")
 		if err != nil {
 			return nil, "", err
 		}
 		layers = append(layers, dir)
 	}
 	if req.RestoreSnapshot != "" {
-		if restore, err = l.snapshotPath(req.RestoreSnapshot, "checkpoint"); err != nil {
+		if restore, err = l.snapshotPath(ctx, req.RestoreSnapshot, "checkpoint"); err != nil {
 			return nil, "", err
 		}
 	}
@@ -94,13 +94,20 @@ func (l *Local) rootfs(ctx context.Context, req *CreateRequest) (layers []string
 }
 
 // snapshotPath is part (rootfs, checkpoint) of snapshot id in the node's
-// snapshot dir, which the node's runtime wrote there (Snapshot).
-func (l *Local) snapshotPath(id, part string) (string, error) {
-	if _, err := l.snapshotter(); err != nil {
+// snapshot dir, which the node's runtime wrote there (Snapshot), opened
+// (a layer that is a mount is mounted again after a reboot).
+func (l *Local) snapshotPath(ctx context.Context, id, part string) (string, error) {
+	sn, err := l.snapshotter()
+	if err != nil {
 		return "", err
 	}
 	if !snapshotIDRe.MatchString(id) {
 		return "", fmt.Errorf("%w: snapshot id %q", ErrSnapshotNotFound, id)
+	}
+	if part == "rootfs" {
+		if err := sn.OpenSnapshot(ctx, filepath.Join(l.cfg.SnapshotDir, id)); err != nil {
+			return "", fmt.Errorf("snapshot %s: %w", id, err)
+		}
 	}
 	p := filepath.Join(l.cfg.SnapshotDir, id, part)
 	if fi, err := os.Stat(p); err != nil || !fi.IsDir() {

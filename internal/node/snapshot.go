@@ -78,7 +78,11 @@ func (l *Local) DeleteSnapshot(ctx context.Context, snapshotID string) error {
 	if l.cfg.SnapshotDir == "" || !snapshotIDRe.MatchString(snapshotID) {
 		return nil
 	}
-	return os.RemoveAll(filepath.Join(l.cfg.SnapshotDir, snapshotID))
+	dst := filepath.Join(l.cfg.SnapshotDir, snapshotID)
+	if sn, err := l.snapshotter(); err == nil {
+		return sn.DeleteSnapshot(ctx, dst)
+	}
+	return os.RemoveAll(dst)
 }
 
 // snapshotHTTP reaches the object store's presigned URLs; each call's
@@ -87,7 +91,7 @@ var snapshotHTTP = &http.Client{Transport: http.DefaultTransport.(*http.Transpor
 
 // PushSnapshot implements Node.
 func (l *Local) PushSnapshot(ctx context.Context, snapshotID string, targets []SnapshotObject) ([]SnapshotObject, error) {
-	if _, err := l.snapshotPath(snapshotID, "rootfs"); err != nil {
+	if _, err := l.snapshotPath(ctx, snapshotID, "rootfs"); err != nil {
 		return nil, err
 	}
 	return snapstore.Push(ctx, snapshotHTTP, filepath.Join(l.cfg.SnapshotDir, snapshotID), targets)
@@ -101,7 +105,7 @@ func (l *Local) FetchSnapshot(ctx context.Context, snapshotID string, sources []
 	if !snapshotIDRe.MatchString(snapshotID) {
 		return fmt.Errorf("%w: snapshot id %q", ErrSnapshotNotFound, snapshotID)
 	}
-	if _, err := l.snapshotPath(snapshotID, "rootfs"); err == nil {
+	if _, err := l.snapshotPath(ctx, snapshotID, "rootfs"); err == nil {
 		return nil // taken or fetched here before
 	}
 	if err := os.MkdirAll(l.cfg.SnapshotDir, 0o700); err != nil {

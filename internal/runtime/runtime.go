@@ -117,10 +117,22 @@ type Snapshotter interface {
 	// memory image when memory is true and the driver can (otherwise the
 	// kind is filesystem). The sandbox is held still while its files are
 	// read and is left in the state it was found in. The layer keeps
-	// sparse files sparse, and a layer that would take more than the
-	// sandbox's disk size, or than dst's filesystem has free, fails with
-	// ErrSnapshotTooLarge. On error nothing is left under dst.
+	// sparse files sparse, and a layer copied into dst that would take
+	// more than the sandbox's disk size, or than dst's filesystem has
+	// free, fails with ErrSnapshotTooLarge. The layer may be a mount (a
+	// clone of the sandbox's disk): only DeleteSnapshot removes dst, and
+	// OpenSnapshot makes it readable again after a reboot. On error
+	// nothing is left under dst.
 	Snapshot(ctx context.Context, id, dst string, memory bool) (SnapshotInfo, error)
+	// OpenSnapshot makes the layer of a snapshot Snapshot wrote at dst
+	// readable (mounts it again when the host rebooted since); a no-op
+	// for a layer that is plain files. Callers open a snapshot before
+	// they read or stack its layer.
+	OpenSnapshot(ctx context.Context, dst string) error
+	// DeleteSnapshot removes dst, which Snapshot wrote or a fetch
+	// unpacked, mounts included. Sandboxes that stacked its layer keep
+	// it.
+	DeleteSnapshot(ctx context.Context, dst string) error
 	// Stop ends every process of a running or paused sandbox but keeps its
 	// files and mounts (a filesystem pause). It then reads as paused, and
 	// Resume boots it afresh over the same files.

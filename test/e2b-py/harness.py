@@ -535,13 +535,24 @@ class Server:
             except OSError:
                 pass
         # runsc keeps one null-netns bind mount per state root; it is the runtime's. The
-        # disk store stays mounted after serve stops, as the data dir's filesystem would.
+        # disk store stays mounted after serve stops, as the data dir's filesystem would, and
+        # so does a kept snapshot's layer that is a clone of a disk.
         run_root = os.path.join(self.data_dir, "run")
         store = os.path.join(self.data_dir, "disk-store")
         for mp in mounts_under(os.path.join("/run/cubicle", self.bridge)) + mounts_under(self.data_dir):
-            if not mp.startswith(run_root + "/") and mp != store:
+            if not mp.startswith(run_root + "/") and mp != store and not self._snapshot_layer_mount(mp):
                 left.append(f"mount {mp}")
         return left
+
+    def _snapshot_layer_mount(self, mp: str) -> bool:
+        """mp is snapshots/<id>/rootfs of a kept snapshot whose layer is a clone of a disk
+        (marked by snapshots/<id>/layer-disk)."""
+        snap = os.path.dirname(mp)
+        return (
+            os.path.basename(mp) == "rootfs"
+            and os.path.dirname(snap) == os.path.join(self.data_dir, "snapshots")
+            and os.path.exists(os.path.join(snap, "layer-disk"))
+        )
 
     def infra_leftovers(self) -> list[str]:
         """What survived the clean-up: bridge, nft tables, cgroup parent, dirs."""

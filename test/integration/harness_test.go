@@ -462,8 +462,9 @@ func (s *server) snapshot(t *testing.T) hostState {
 				continue
 			}
 			// The reflink disk store is the server's own and stays mounted
-			// after it stops, as the data dir's filesystem would.
-			if f := strings.Fields(line); len(f) > 4 && f[4] == filepath.Join(s.DataDir, "disk-store") {
+			// after it stops, as the data dir's filesystem would; a kept
+			// snapshot's layer that is a clone of a disk is the snapshot's.
+			if f := strings.Fields(line); len(f) > 4 && (f[4] == filepath.Join(s.DataDir, "disk-store") || testcluster.SnapshotLayerMount(s.DataDir, f[4])) {
 				continue
 			}
 			// The template builder's endpoint is the server's own, not a

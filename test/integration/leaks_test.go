@@ -128,8 +128,9 @@ func (s *server) sandboxLeftovers() []string {
 			}
 			// The reflink disk store stays mounted when serve stops, as
 			// the data dir's filesystem would; a disk left in it is a
-			// sandbox entry (sandboxEntries).
-			if mp == filepath.Join(s.DataDir, "disk-store") {
+			// sandbox entry (sandboxEntries). So does a kept snapshot's
+			// layer that is a clone of a disk.
+			if mp == filepath.Join(s.DataDir, "disk-store") || testcluster.SnapshotLayerMount(s.DataDir, mp) {
 				continue
 			}
 			if strings.HasPrefix(mp, s.DataDir+"/") || strings.HasPrefix(mp, "/run/cubicle/"+s.Bridge+"/") {

@@ -39,7 +39,7 @@ func Open(tb testing.TB, base string) *diskstore.Store {
 // loop device went with it and no disk image was left.
 func Close(tb testing.TB, s *diskstore.Store) {
 	tb.Helper()
-	for _, dir := range []string{s.DisksDir(), filepath.Dir(s.Scratch("x"))} {
+	for _, dir := range []string{s.DisksDir(), filepath.Dir(s.Scratch("x")), filepath.Dir(s.Layer("x"))} {
 		if ents, err := os.ReadDir(dir); err == nil && len(ents) > 0 {
 			tb.Errorf("diskstore: %d images left in %s", len(ents), dir)
 		}

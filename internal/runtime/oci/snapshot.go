@@ -128,7 +128,9 @@ func (d *Driver) Snapshot(ctx context.Context, id, dst string, memory bool) (_ r
 		}
 	}
 	var shift uint32
-	if _, zeroBased := statOK(d.upperIdmapped(id)); d.userns() && !zeroBased {
+	_, zeroBased := statOK(d.upperIdmapped(id))
+	zeroBased = zeroBased || !d.userns()
+	if !zeroBased {
 		d.mu.Lock()
 		slot, ok := d.slots[id]
 		d.mu.Unlock()
@@ -137,6 +139,22 @@ func (d *Driver) Snapshot(ctx context.Context, id, dst string, memory bool) (_ r
 		}
 	}
 	src := d.UpperDir(id)
+	if disk != "" && zeroBased && d.layersBesideStore(dst) {
+		// The layer is a clone of the disk: nothing is copied.
+		n, deep, cerr := d.snapshotClone(ctx, id, disk, dst, &release)
+		if cerr != nil {
+			return runtime.SnapshotInfo{}, cerr
+		}
+		if !deep {
+			return d.snapshotDone(out, n), nil
+		}
+		// Too deep to clean in place: copied, from the clone.
+		clone := d.layerImage(dst)
+		defer func() {
+			err = errors.Join(err, unmountLayerDisk(dst), diskimage.Release(clone), removeIfExists(clone))
+		}()
+		src = filepath.Join(dst, ".disk", "upper")
+	}
 	if release != nil && disk != "" {
 		// A sandbox held for the copy runs again as soon as its disk is
 		// cloned (a reflink store: milliseconds whatever it wrote); the
@@ -164,14 +182,21 @@ func (d *Driver) Snapshot(ctx context.Context, id, dst string, memory bool) (_ r
 	if err != nil {
 		return runtime.SnapshotInfo{}, fmt.Errorf("oci: snapshot %s: copy writable layer: %w", id, err)
 	}
+	return d.snapshotDone(out, n), nil
+}
+
+// snapshotDone completes out, whose layer takes n bytes: its kind and
+// size, and the checkpoint dir of a runsc snapshot that keeps no memory
+// removed.
+func (d *Driver) snapshotDone(out runtime.SnapshotInfo, n int64) runtime.SnapshotInfo {
 	if out.Checkpoint != "" {
 		out.Kind = runtime.SnapshotMemory
 		n += dirBytes(out.Checkpoint)
 	} else {
-		os.RemoveAll(filepath.Join(dst, "checkpoint"))
+		os.RemoveAll(filepath.Join(filepath.Dir(out.Layer), "checkpoint"))
 	}
 	out.SizeBytes = n
-	return out, nil
+	return out
 }
 
 // storeDisk is id's disk image when it lives in the reflink store, where a

@@ -307,6 +307,11 @@ ls -ln /by-root /by-user > /out/ls && echo ok > /out/done; exec sleep 3600`
 	if _, err := d.Snapshot(ctx, id, snap, false); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() {
+		if err := d.DeleteSnapshot(context.Background(), snap); err != nil {
+			t.Error(err)
+		}
+	})
 	var st syscall.Stat_t
 	if err := syscall.Lstat(filepath.Join(snap, "rootfs", "by-user"), &st); err != nil || st.Uid != 1000 {
 		t.Errorf("snapshot layer's by-user: uid %d, %v; want 1000", st.Uid, err)

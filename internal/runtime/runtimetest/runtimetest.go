@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"golang.org/x/sys/unix"
 )
 
 // Optional capabilities a driver may expose so the suite can look deeper.
@@ -842,6 +843,14 @@ func runSnapshot(t *testing.T, d runtime.Driver, sn runtime.Snapshotter, layers 
 	if err != nil {
 		t.Fatalf("Snapshot: %v", err)
 	}
+	t.Cleanup(func() {
+		if err := sn.DeleteSnapshot(context.Background(), dst); err != nil {
+			t.Errorf("DeleteSnapshot: %v", err)
+		}
+		if _, err := os.Lstat(dst); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("DeleteSnapshot left %s: %v", dst, err)
+		}
+	})
 	t.Logf("%s: snapshot (%s, %d bytes) took %v", d.Name(), info.Kind, info.SizeBytes, time.Since(start))
 	wantKind := runtime.SnapshotFilesystem
 	if sn.MemorySnapshots() {
@@ -860,6 +869,19 @@ func runSnapshot(t *testing.T, d runtime.Driver, sn runtime.Snapshotter, layers 
 	stateFile := filepath.Join(info.Layer, "tmp", "state")
 	if b, err := os.ReadFile(stateFile); err != nil || strings.TrimSpace(string(b)) != "one" {
 		t.Fatalf("snapshot layer /tmp/state = %q, %v; want one", b, err)
+	}
+	// A reboot takes every mount down: the layer is whole again once
+	// opened (twice is once), whatever the driver made it of.
+	if err := unix.Unmount(info.Layer, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+		t.Fatalf("unmount the layer: %v", err)
+	}
+	for range 2 {
+		if err := sn.OpenSnapshot(ctx, dst); err != nil {
+			t.Fatalf("OpenSnapshot: %v", err)
+		}
+	}
+	if b, err := os.ReadFile(stateFile); err != nil || strings.TrimSpace(string(b)) != "one" {
+		t.Fatalf("reopened snapshot layer /tmp/state = %q, %v; want one", b, err)
 	}
 	if fi, err := os.Stat(stateFile); err == nil && o.UserNS {
 		if uid := fi.Sys().(*syscall.Stat_t).Uid; uid != 0 {

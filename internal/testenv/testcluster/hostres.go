@@ -89,11 +89,12 @@ func (h *Host) SandboxLeftovers() []string {
 	}
 	// runsc keeps one null-netns bind mount per state root; it is the runtime's.
 	// The reflink disk store stays mounted after the process stops, as the
-	// data dir's filesystem would (a disk left in it is listed above).
+	// data dir's filesystem would (a disk left in it is listed above), and
+	// so does the layer of a snapshot kept there (SnapshotLayerMount).
 	runRoot := filepath.Join(h.DataDir, "run") + "/"
 	store := filepath.Join(h.DataDir, "disk-store")
 	for _, mp := range append(MountsUnder(filepath.Join("/run/cubicle", h.Bridge)), MountsUnder(h.DataDir)...) {
-		if !strings.HasPrefix(mp, runRoot) && mp != store {
+		if !strings.HasPrefix(mp, runRoot) && mp != store && !SnapshotLayerMount(h.DataDir, mp) {
 			left = append(left, fmt.Sprintf("%s: mount %s", h.Name, mp))
 		}
 	}
@@ -176,4 +177,17 @@ func RemoveCgroups(parent string) {
 		syscall.Rmdir(filepath.Join(hier, parent))
 		syscall.Rmdir(filepath.Join(hier, parent+"-lxcfs")) // empty once lxcfs is gone
 	}
+}
+
+// SnapshotLayerMount reports whether mp is the layer of a snapshot kept in
+// data's snapshot dir whose layer is a clone of a disk: a mount that stays
+// with the snapshot, as its files would (<id>/rootfs, marked by
+// <id>/layer-disk).
+func SnapshotLayerMount(data, mp string) bool {
+	snap := filepath.Dir(mp)
+	if filepath.Base(mp) != "rootfs" || filepath.Dir(snap) != filepath.Join(data, "snapshots") {
+		return false
+	}
+	_, err := os.Stat(filepath.Join(snap, "layer-disk"))
+	return err == nil
 }

@@ -438,13 +438,22 @@ class Server {
       } catch {}
     }
     // runsc keeps one null-netns bind mount per state root; it is the runtime's. The
-    // disk store stays mounted after serve stops, as the data dir's filesystem would.
+    // disk store stays mounted after serve stops, as the data dir's filesystem would, and
+    // so does a kept snapshot's layer that is a clone of a disk.
     const runRoot = path.join(this.dataDir, 'run')
     const store = path.join(this.dataDir, 'disk-store')
     for (const mp of [...mountsUnder(path.join('/run/cubicle', this.bridge)), ...mountsUnder(this.dataDir)]) {
-      if (!mp.startsWith(runRoot + '/') && mp !== store) left.push(`mount ${mp}`)
+      if (!mp.startsWith(runRoot + '/') && mp !== store && !this.snapshotLayerMount(mp)) left.push(`mount ${mp}`)
     }
     return left
+  }
+
+  // snapshotLayerMount: mp is snapshots/<id>/rootfs of a kept snapshot whose layer is a
+  // clone of a disk (marked by snapshots/<id>/layer-disk).
+  snapshotLayerMount(mp) {
+    const snap = path.dirname(mp)
+    return path.basename(mp) === 'rootfs' && path.dirname(snap) === path.join(this.dataDir, 'snapshots') &&
+      fs.existsSync(path.join(snap, 'layer-disk'))
   }
 
   // infraLeftovers lists what survived the clean-up: the bridge, nft tables, cgroup

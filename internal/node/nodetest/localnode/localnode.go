@@ -220,6 +220,15 @@ func newLocalOn(t testing.TB, runtimeName string, images node.ImageSource, wrap 
 			if refs, err := n.VolumeRefs(ctx); err == nil && len(refs) > 0 {
 				t.Errorf("volume refs left by the suite: %+v", refs)
 			}
+			// Snapshots are the node's to keep; their layers may be
+			// mounts (clones of disks in the store).
+			if ids, err := n.Snapshots(ctx); err == nil {
+				for _, id := range ids {
+					if err := n.DeleteSnapshot(ctx, id); err != nil {
+						t.Errorf("cleanup snapshot %s: %v", id, err)
+					}
+				}
+			}
 		}
 		if err := netm.Destroy(ctx); err != nil {
 			t.Errorf("network destroy: %v", err)
