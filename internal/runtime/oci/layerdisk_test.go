@@ -113,7 +113,7 @@ func TestSnapshotIsDiskClone(t *testing.T) {
 	a := runtimetest.NewID(t)
 	t.Cleanup(func() { d.Delete(context.Background(), a) })
 	_, err := d.Create(ctx, runtime.Spec{ID: a, Layers: env.layers,
-		Args:      []string{"/bin/sh", "-c", "dd if=/dev/urandom of=/big bs=1M count=48 2>/dev/null && md5sum /big > /out/sum && " +
+		Args: []string{"/bin/sh", "-c", "dd if=/dev/urandom of=/big bs=1M count=48 2>/dev/null && md5sum /big > /out/sum && " +
 			"while [ ! -e /out/deep ]; do sleep 0.05; done; p=/d; i=0; while [ $i -lt 300 ]; do p=$p/a; i=$((i+1)); done; mkdir -p $p && echo deep > $p/f && sync && echo ok > /out/deepdone; exec sleep 3600"},
 		Mounts:    []runtime.Mount{{Source: out, Destination: "/out"}},
 		Resources: runtime.Resources{CPUCount: 1, MemoryMB: 64, PIDs: 16, DiskMB: 128}})
