@@ -69,6 +69,9 @@ func (l *Local) rootfs(ctx context.Context, req *CreateRequest) (layers []string
 	if err != nil {
 		return nil, "", err
 	}
+	if err := l.openSnapshotLayers(ctx, base); err != nil {
+		return nil, "", err
+	}
 	if len(req.SnapshotLayers) == 0 && req.RestoreSnapshot == "" {
 		return base, req.Restore, nil
 	}
@@ -91,6 +94,29 @@ func (l *Local) rootfs(ctx context.Context, req *CreateRequest) (layers []string
 		}
 	}
 	return append(layers, base...), restore, nil
+}
+
+// openSnapshotLayers opens the snapshots among layers named by path (a
+// control plane that shares the node's files names them so): a layer
+// that is a mount is mounted again after a reboot before it is stacked.
+func (l *Local) openSnapshotLayers(ctx context.Context, layers []string) error {
+	if l.cfg.SnapshotDir == "" {
+		return nil
+	}
+	for _, p := range layers {
+		dir := filepath.Dir(p)
+		if filepath.Base(p) != "rootfs" || filepath.Dir(dir) != filepath.Clean(l.cfg.SnapshotDir) {
+			continue
+		}
+		sn, err := l.snapshotter()
+		if err != nil {
+			return err
+		}
+		if err := sn.OpenSnapshot(ctx, dir); err != nil {
+			return fmt.Errorf("snapshot %s: %w", filepath.Base(dir), err)
+		}
+	}
+	return nil
 }
 
 // snapshotPath is part (rootfs, checkpoint) of snapshot id in the node's

@@ -193,8 +193,32 @@ func NewLocal(cfg LocalConfig) (*Local, error) {
 		IdleConnTimeout:     30 * time.Second,
 	}
 	vols := &volumes{dir: cfg.VolumeDir, baseDir: cfg.VolumeBaseDir, plugins: cfg.VolumePlugin, log: cfg.Logger, metrics: cfg.VolumeMetrics}
-	return &Local{cfg: cfg, client: &http.Client{Transport: tr}, boots: make(chan struct{}, cfg.MaxConcurrentBoots), lastCPU: map[string]cpuSample{}, vols: vols, creating: map[string]bool{},
-		watches: map[string]*exitWatch{}, busy: map[string]int{}, gens: map[string]uint64{}, exits: make(chan Exit, 64)}, nil
+	l := &Local{cfg: cfg, client: &http.Client{Transport: tr}, boots: make(chan struct{}, cfg.MaxConcurrentBoots), lastCPU: map[string]cpuSample{}, vols: vols, creating: map[string]bool{},
+		watches: map[string]*exitWatch{}, busy: map[string]int{}, gens: map[string]uint64{}, exits: make(chan Exit, 64)}
+	l.openSnapshots()
+	return l, nil
+}
+
+// openSnapshots opens every snapshot on the node at start: after a reboot
+// a layer that is a mount is mounted again before anything reads it (a
+// template build from a snapshot reads its files outside any create).
+// Creates open their snapshots again, so one that fails here fails them
+// with its reason rather than stacking an empty layer.
+func (l *Local) openSnapshots() {
+	sn, err := l.snapshotter()
+	if err != nil {
+		return
+	}
+	ids, err := l.Snapshots(context.Background())
+	if err != nil {
+		l.cfg.Logger.Warn("snapshots: cannot list", "err", err)
+		return
+	}
+	for _, id := range ids {
+		if err := sn.OpenSnapshot(context.Background(), filepath.Join(l.cfg.SnapshotDir, id)); err != nil {
+			l.cfg.Logger.Warn("snapshot: cannot open its layer", "snapshot", id, "err", err)
+		}
+	}
 }
 
 // Create wires network, starts the runtime and initialises the agent. Any

@@ -40,7 +40,8 @@ func snapshotDirs(t *testing.T, s *server) []string {
 }
 
 // Snapshots, filesystem-paused sandboxes and deleted-but-used snapshot
-// files survive a crash of the server; the reconciler then removes files
+// files survive a crash of the server (and a snapshot whose layer mount a
+// reboot took down is mounted again); the reconciler then removes files
 // no row references and a deleted snapshot's once its last user is gone.
 func TestSnapshotRestart(t *testing.T) {
 	s := startServer(t)
@@ -64,6 +65,16 @@ func TestSnapshotRestart(t *testing.T) {
 	}
 
 	s.stop(syscall.SIGKILL)
+	// On the reflink disk store (serve's default here) the layer is a
+	// clone of the sandbox's disk, mounted; a reboot takes the mount
+	// down and the node mounts it again when the layer is next used.
+	layer := filepath.Join(s.DataDir, "snapshots", sn.SnapshotID)
+	if _, err := os.Stat(filepath.Join(layer, "layer-disk")); err != nil {
+		t.Fatalf("the snapshot's layer is not a clone of the disk: %v", err)
+	}
+	if err := syscall.Unmount(filepath.Join(layer, "rootfs"), syscall.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
 	// Left by a crash between a node snapshot and its row.
 	orphan := filepath.Join(s.DataDir, "snapshots", "snap_00000000deadbeef")
 	if err := os.MkdirAll(filepath.Join(orphan, "rootfs"), 0o700); err != nil {

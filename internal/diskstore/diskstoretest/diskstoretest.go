@@ -50,9 +50,10 @@ func Close(tb testing.TB, s *diskstore.Store) {
 	}
 	img := filepath.Join(filepath.Dir(s.Dir()), "disk-store.img")
 	// The loop device clears itself on its last close, which may trail
-	// the unmount a little.
+	// the unmount (seconds on a loaded host: the release of the loop
+	// devices of clones inside the store comes first).
 	devs := diskimage.LoopsOf(img)
-	for i := 0; i < 100 && len(devs) > 0; i++ {
+	for i := 0; i < 1000 && len(devs) > 0; i++ {
 		time.Sleep(10 * time.Millisecond)
 		devs = diskimage.LoopsOf(img)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/node"
 	"github.com/cubicle-dev/cubicle/internal/phase"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"golang.org/x/sys/unix"
 )
 
 // Options describe what the node under test is given.
@@ -434,6 +435,15 @@ func (s *suite) snapshots(t *testing.T, n node.Node) {
 	if c := s.run(t, n, other, "test -e /home/user/f"); c == 0 {
 		t.Fatal("a fresh sandbox already has the snapshot's file")
 	}
+	// A reboot takes every mount down: a layer that is one (a clone of
+	// the disk) is mounted again before it is stacked, by path or by ID.
+	reboot := func() {
+		t.Helper()
+		if err := unix.Unmount(snap.Layer, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			t.Fatalf("unmount the snapshot's layer: %v", err)
+		}
+	}
+	reboot()
 	rb := other
 	rb.Layers = append([]string{snap.Layer}, s.o.Layers...)
 	rb.EnvdToken = newID(t)
@@ -462,6 +472,7 @@ func (s *suite) snapshots(t *testing.T, n node.Node) {
 	if _, err := n.Create(ctx, notTop); !errors.Is(err, node.ErrImageRequest) {
 		t.Fatalf("Create restoring a snapshot that is not its top layer: %v, want node.ErrImageRequest", err)
 	}
+	reboot()
 	s.create(t, n, byID)
 	if c := s.run(t, n, byID, `test "$(cat /home/user/f)" = from-snapshot`); c != 0 {
 		t.Fatalf("created from snapshot ID %s: exit %d, want the snapshot's file", snapID, c)

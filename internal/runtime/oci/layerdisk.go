@@ -165,10 +165,24 @@ func mountLayer(ctx context.Context, clone, dst string, clean bool) (n int64, er
 // unmountLayerDisk takes down dst/.disk.
 func unmountLayerDisk(dst string) error {
 	mnt := filepath.Join(dst, ".disk")
-	if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("oci: unmount %s: %w", mnt, err)
+	if err := unmount(mnt); err != nil {
+		return err
 	}
 	return removeIfExists(mnt)
+}
+
+// unmount takes mp down now when nothing holds it, so its filesystem (and
+// the loop device under it) is gone when it returns; lazily otherwise. One
+// that is not mounted is fine.
+func unmount(mp string) error {
+	err := unix.Unmount(mp, 0)
+	if errors.Is(err, unix.EBUSY) {
+		err = unix.Unmount(mp, unix.MNT_DETACH)
+	}
+	if err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("oci: unmount %s: %w", mp, err)
+	}
+	return nil
 }
 
 // OpenSnapshot implements runtime.Snapshotter: a snapshot whose layer is
@@ -215,9 +229,7 @@ func (d *Driver) DeleteSnapshot(ctx context.Context, dst string) error {
 func (d *Driver) dropLayerDisk(dst string) error {
 	var errs []error
 	for _, mp := range []string{filepath.Join(dst, "rootfs"), filepath.Join(dst, ".disk")} {
-		if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, fmt.Errorf("oci: unmount %s: %w", mp, err))
-		}
+		errs = append(errs, unmount(mp))
 	}
 	if clone := d.layerImage(dst); clone != "" {
 		errs = append(errs, diskimage.Release(clone), removeIfExists(clone))
