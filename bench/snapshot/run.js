@@ -437,6 +437,19 @@ async function benchRuntime(o, runtime, deadline, setCurrent) {
       // du counts a clone's extents shared with its blank in full (an upper bound).
       const diskDir = path.join(srv.dataDir, 'disk-store', 'disks')
       const own = (id) => [path.join(sbxDir, id), path.join(diskDir, `${id}.img`)].filter((f) => fs.existsSync(f))
+      // A snapshot whose layer is a clone of the disk keeps it in disk-store/layers
+      // (its rootfs is then a mount, left out of du); du counts the clone's extents
+      // shared with the source in full, so the store's used bytes say what is new.
+      const layerDir = path.join(srv.dataDir, 'disk-store', 'layers')
+      const snapFiles = (e) => [e, path.join(layerDir, `${path.basename(e)}.img`)].filter((f) => fs.existsSync(f))
+      const storeUsed = () => {
+        try {
+          const st = fs.statfsSync(path.join(srv.dataDir, 'disk-store'))
+          return (st.blocks - st.bfree) * st.bsize
+        } catch {
+          return NaN
+        }
+      }
       const p = await Sandbox.create('base', OPTS)
       live.add(p)
       let forks = []
@@ -446,7 +459,8 @@ async function benchRuntime(o, runtime, deadline, setCurrent) {
         await sh(p, `head -c ${o.forkDirty} /dev/urandom > /home/user/big.bin && sync`)
         hostSync()
         const snapsBefore = new Set(entries(snapDir))
-        const before = du([...snapsBefore, ...entries(sbxDir), ...entries(diskDir)], srv.dataDir)
+        const before = du([...snapsBefore, ...entries(sbxDir), ...entries(diskDir), ...entries(layerDir)], srv.dataDir)
+        disk.storeUsedBefore = storeUsed()
         disk.beforeBytes = before.total
         disk.sourceBytes = own(p.sandboxId).reduce((a, f) => a + (before.each[f] || 0), 0)
         const t0 = process.hrtime.bigint()
@@ -460,11 +474,12 @@ async function benchRuntime(o, runtime, deadline, setCurrent) {
         const newSnaps = entries(snapDir).filter((e) => !snapsBefore.has(e))
         const forkFiles = ok.map((f) => own(f.sandboxId))
         // Snapshot dirs first: a file hard-linked into a fork counts for the snapshot.
-        const after = du([...newSnaps, ...forkFiles.flat()], srv.dataDir)
-        disk.snapshotBytes = newSnaps.reduce((a, e) => a + (after.each[e] || 0), 0)
+        const after = du([...newSnaps.flatMap(snapFiles), ...forkFiles.flat()], srv.dataDir)
+        disk.storeUsedAfter = storeUsed()
+        disk.snapshotBytes = newSnaps.flatMap(snapFiles).reduce((a, e) => a + (after.each[e] || 0), 0)
         disk.perFork = forkFiles.map((files) => files.reduce((a, e) => a + (after.each[e] || 0), 0))
         disk.forksBytes = disk.perFork.reduce((a, n) => a + n, 0)
-        const all = du([...entries(snapDir), ...entries(sbxDir), ...entries(diskDir)], srv.dataDir)
+        const all = du([...entries(snapDir), ...entries(sbxDir), ...entries(diskDir), ...entries(layerDir)], srv.dataDir)
         disk.afterBytes = all.total
         disk.naiveBytes = o.forkCount * o.forkDirtyBytes
         const pf = summary(disk.perFork)
@@ -473,6 +488,7 @@ async function benchRuntime(o, runtime, deadline, setCurrent) {
         console.log(`   ${ok.length} forks' dirs ${fmiB(disk.forksBytes)} (per fork p50 ${fmiB(pf.p50)}, max ${fmiB(pf.max)})`)
         console.log(`   snapshots/+sandboxes/ ${fmiB(disk.beforeBytes)} → ${fmiB(disk.afterBytes)} (+${fmiB(disk.afterBytes - disk.beforeBytes)})` +
           `; naive ${o.forkCount}×${o.forkDirty} = ${fmiB(disk.naiveBytes)}, ratio (snapshot + forks) / naive ${((disk.snapshotBytes + disk.forksBytes) / disk.naiveBytes).toFixed(3)}`)
+        console.log(`   disk store's used bytes (shared extents once): +${fmiB(disk.storeUsedAfter - disk.storeUsedBefore)}`)
       } catch (e) {
         disk.error = errText(e)
         console.log(`fork disk: error: ${disk.error}`)
