@@ -25,7 +25,8 @@
 // /v2/sandboxes, c in flight, levels from --concurrency, default 1,50) whose
 // Server-Timing headers give each phase, then the first commands.run('true') through
 // the SDK on the created sandbox, and prints p50/p95 per phase at each level
-// (`make bench BENCH_FLAGS=--trace`). --disk-size-mb N is serve's (each sandbox's disk;
+// (`make bench BENCH_FLAGS=--trace`); with --pool N too, the same again on a full
+// pool (claims) at each level up to N. --disk-size-mb N is serve's (each sandbox's disk;
 // 1024 by default): c=50 promises c × N MiB of sparse images, which serve refuses (507)
 // beyond the data filesystem's free space less its reserve. --serve-flag passes one more
 // argument to serve (repeat it: --serve-flag --max-concurrent-creates --serve-flag 64).
@@ -165,14 +166,16 @@ function traceLatency(srv, c, total, deadline) {
 // printed after them.
 const PHASES = ['validate', 'store', 'schedule', 'lock_wait', 'network', 'network_wait', 'disk', 'rootfs', 'idmap',
   'oci_run', 'agent_ready', 'init', 'total']
+// levels is keyed by the column's label ("c=1", "pool=10 c=1").
 function traceTable(levels) {
-  const cs = Object.keys(levels).map(Number)
+  const cs = Object.keys(levels)
+  const w = (c) => Math.max(11, c.length + 5)
   const names = [...PHASES]
   for (const c of cs) for (const s of levels[c].samples) for (const n of Object.keys(s.phases)) if (!names.includes(n)) names.push(n)
   const rows = names.map((n) => [n, (s) => s.phases[n]])
   rows.push(['create (client)', (s) => s.create], ['first command', (s) => s.firstCommand], ['create→first command', (s) => s.createToRun])
   const head = ['phase (ms)'.padEnd(22)]
-  for (const c of cs) head.push(`c=${c} p50`.padStart(11), `c=${c} p95`.padStart(11))
+  for (const c of cs) head.push(`${c} p50`.padStart(w(c)), `${c} p95`.padStart(w(c)))
   const out = [head.join(' ')]
   const table = {}
   for (const [name, get] of rows) {
@@ -181,7 +184,7 @@ function traceTable(levels) {
     for (const c of cs) {
       const st = summary(levels[c].samples.map(get).filter((x) => Number.isFinite(x)))
       table[name][c] = { p50: st.p50, p95: st.p95, n: st.n }
-      cells.push(f1(st.p50).padStart(11), f1(st.p95).padStart(11))
+      cells.push(f1(st.p50).padStart(w(c)), f1(st.p95).padStart(w(c)))
     }
     out.push(cells.join(' '))
   }
@@ -324,8 +327,30 @@ async function main() {
       for (const c of o.concurrency) {
         const total = Math.max(o.samples, c)
         const r = await traceLatency(srv, c, total, deadline)
-        levels[c] = r
+        levels[`c=${c}`] = r
         console.log(`trace c=${c}: ${r.samples.length} creates` + (r.errors.length ? `  errors=${r.errors.length} (${r.errors[0]})` : ''))
+      }
+      // With --pool N, the same on a full pool: claims (rounds of c, each on a
+      // full pool; levels above N would boot the rest, so they are left out).
+      if (o.pool > 0) {
+        await pool.setPool(srv, 'base', o.pool)
+        try {
+          for (const c of o.concurrency.filter((c) => c <= o.pool)) {
+            const r = { samples: [], errors: [] }
+            const total = Math.max(o.samples, c)
+            while (r.samples.length + r.errors.length < total && Date.now() < deadline) {
+              await pool.waitPool(srv, 'base', o.pool, deadline)
+              const round = await traceLatency(srv, c, c, deadline)
+              r.samples.push(...round.samples)
+              r.errors.push(...round.errors)
+            }
+            levels[`pool=${o.pool} c=${c}`] = r
+            console.log(`trace pool=${o.pool} c=${c}: ${r.samples.length} creates` + (r.errors.length ? `  errors=${r.errors.length} (${r.errors[0]})` : ''))
+          }
+        } finally {
+          await pool.setPool(srv, 'base', 0).catch((e) => console.error('pool drain:', e.message))
+          await pool.waitPool(srv, 'base', 0, Date.now() + 60000).catch((e) => console.error('pool drain:', e.message))
+        }
       }
       const { text, table } = traceTable(levels)
       console.log(`per-phase trace (runtime ${o.runtime}${o.diskSizeMB > 0 ? `, ${o.diskSizeMB} MiB disks` : ''}${o.serveFlags.length ? `, serve ${o.serveFlags.join(' ')}` : ''}; phases overlap: lock_wait is inside the phase that waited, idmap inside rootfs)`)

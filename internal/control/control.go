@@ -535,7 +535,9 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ *store.Sandbox
 		// A claim skips placement, so placement policies are judged
 		// first: a standby on a node they refuse is not handed out (the
 		// claim picks among the nodes they accept).
+		endSchedule := phase.Start(ctx, phase.Schedule)
 		pols, err := m.placementPolicies(ctx, o.TeamID, tpl.ID)
+		endSchedule()
 		if err != nil {
 			return nil, err
 		}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/diskbudget"
 	"github.com/cubicle-dev/cubicle/internal/network"
+	"github.com/cubicle-dev/cubicle/internal/phase"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/template"
 )
@@ -111,7 +112,12 @@ func (m *Manager) claim(ctx context.Context, o CreateOptions, tpl template.Templ
 		}
 		m.pool.claims.WithLabelValues(result).Inc()
 	}()
+	// Traced like a boot (the create's Server-Timing and histogram): the
+	// store's claim, re-read and update, the sandbox's lock, the agent's
+	// re-init.
+	endStore := phase.Start(ctx, phase.Store)
 	got, err := m.store.ClaimPoolSandbox(ctx, tpl.ID, tpl.BuildID, o.TeamID, onNodes)
+	endStore()
 	if err != nil {
 		// At its quota, the team's boot is refused with the quota error.
 		if !errors.Is(err, store.ErrNotFound) && !errors.Is(err, store.ErrQuota) {
@@ -120,7 +126,9 @@ func (m *Manager) claim(ctx context.Context, o CreateOptions, tpl template.Templ
 		return nil, false
 	}
 	m.PoolTrigger(tpl.ID) // refill
+	endWait := phase.Start(ctx, phase.LockWait)
 	unlock, err := m.lock(ctx, got.ID)
+	endWait()
 	if err != nil {
 		// The standby stays claimed-running; the pool reconciler's
 		// checks retire what no one holds.
@@ -130,7 +138,9 @@ func (m *Manager) claim(ctx context.Context, o CreateOptions, tpl template.Templ
 	defer unlock()
 	// The reconciler may have retired it between the store claim and the
 	// lock: it then is killed and the request boots instead.
+	endStore = phase.Start(ctx, phase.Store)
 	sb, err := m.store.GetSandbox(ctx, got.ID)
+	endStore()
 	if err != nil || sb.State != store.StateRunning {
 		return nil, false
 	}
@@ -159,7 +169,10 @@ func (m *Manager) claim(ctx context.Context, o CreateOptions, tpl template.Templ
 	if err != nil {
 		return fail("node", err)
 	}
-	if err := nd.Reinit(nctx, sb.ID, req, oldToken); err != nil {
+	endInit := phase.Start(ctx, phase.Init)
+	err = nd.Reinit(nctx, sb.ID, req, oldToken)
+	endInit()
+	if err != nil {
 		return fail("agent re-init", err)
 	}
 	if p := m.policyFor(o.TeamID, o.Network); !samePolicy(p, oldPolicy) {
@@ -167,6 +180,8 @@ func (m *Manager) claim(ctx context.Context, o CreateOptions, tpl template.Templ
 			return fail("network policy", err)
 		}
 	}
+	endStore = phase.Start(ctx, phase.Store)
+	defer endStore()
 	if err := m.store.UpdateSandbox(nctx, sb); err != nil {
 		return fail("store update", err)
 	}
