@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/phase"
 )
 
 type poolState struct {
@@ -154,6 +156,17 @@ func TestWarmPool(t *testing.T) {
 	t.Logf("pooled create took %v", took)
 	if took > 2*time.Second {
 		t.Fatalf("pooled create took %v", took)
+	}
+	// Traced like a boot: the claim's store work, lock and agent re-init,
+	// and no boot phase.
+	claimTiming := s.lastHeader.Get("Server-Timing")
+	for _, name := range []string{phase.Store, phase.LockWait, phase.Init, phase.Total} {
+		if !strings.Contains(claimTiming, name+";dur=") {
+			t.Errorf("a claim's Server-Timing %q has no %s", claimTiming, name)
+		}
+	}
+	if strings.Contains(claimTiming, phase.OCIRun+";dur=") {
+		t.Errorf("a claim's Server-Timing %q has a boot's %s", claimTiming, phase.OCIRun)
 	}
 	if out := s.mustRun(c, "echo $GREETING; id -u"); out != "from-pool\n1000\n" {
 		t.Fatalf("claimed sandbox run: %q", out)
