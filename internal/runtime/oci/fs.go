@@ -169,17 +169,25 @@ func unmountUnder(dir string) error {
 	}
 	var errs []error
 	for _, mp := range mps {
-		err := unix.Unmount(mp, unix.UMOUNT_NOFOLLOW)
-		if errors.Is(err, unix.EBUSY) {
-			// Something (a dying runtime helper) still holds it; detach so
-			// the dir can go and the kernel frees it when the last user exits.
-			err = unix.Unmount(mp, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
-		}
-		if err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, fmt.Errorf("oci: unmount %s: %w", mp, err))
-		}
+		errs = append(errs, unmount(mp))
 	}
 	return errors.Join(errs...)
+}
+
+// unmount takes mp down now when nothing holds it, so its filesystem (and
+// a loop device under it) is gone when it returns. When something (a dying
+// runtime helper, a sandbox stacked on a layer) still holds it, it is
+// detached, and the kernel frees it when the last user goes. One that is
+// not mounted is fine.
+func unmount(mp string) error {
+	err := unix.Unmount(mp, unix.UMOUNT_NOFOLLOW)
+	if errors.Is(err, unix.EBUSY) {
+		err = unix.Unmount(mp, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
+	}
+	if err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("oci: unmount %s: %w", mp, err)
+	}
+	return nil
 }
 
 const cgroupRoot = "/sys/fs/cgroup"

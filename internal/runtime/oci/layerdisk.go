@@ -171,19 +171,6 @@ func unmountLayerDisk(dst string) error {
 	return removeIfExists(mnt)
 }
 
-// unmount takes mp down now when nothing holds it, so its filesystem (and
-// the loop device under it) is gone when it returns; lazily otherwise. One
-// that is not mounted is fine.
-func unmount(mp string) error {
-	err := unix.Unmount(mp, 0)
-	if errors.Is(err, unix.EBUSY) {
-		err = unix.Unmount(mp, unix.MNT_DETACH)
-	}
-	if err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("oci: unmount %s: %w", mp, err)
-	}
-	return nil
-}
 
 // OpenSnapshot implements runtime.Snapshotter: a snapshot whose layer is
 // a clone in the store is mounted again when it is not (after a reboot).
@@ -227,10 +214,7 @@ func (d *Driver) DeleteSnapshot(ctx context.Context, dst string) error {
 // that mounted the layer keep it (overlayfs holds its own reference);
 // its blocks are freed when the last of them goes.
 func (d *Driver) dropLayerDisk(dst string) error {
-	var errs []error
-	for _, mp := range []string{filepath.Join(dst, "rootfs"), filepath.Join(dst, ".disk")} {
-		errs = append(errs, unmount(mp))
-	}
+	errs := []error{unmountUnder(dst)}
 	if clone := d.layerImage(dst); clone != "" {
 		errs = append(errs, diskimage.Release(clone), removeIfExists(clone))
 	}
