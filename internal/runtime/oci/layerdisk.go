@@ -171,7 +171,6 @@ func unmountLayerDisk(dst string) error {
 	return removeIfExists(mnt)
 }
 
-
 // OpenSnapshot implements runtime.Snapshotter: a snapshot whose layer is
 // a clone in the store is mounted again when it is not (after a reboot).
 func (d *Driver) OpenSnapshot(ctx context.Context, dst string) error {
