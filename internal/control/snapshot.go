@@ -155,7 +155,7 @@ func (m *Manager) takeSnapshot(ctx context.Context, sb *store.Sandbox, name stri
 	if name != "" {
 		primary = name
 	}
-	bid := "bld_" + sid[len("snap_"):]
+	bid := template.DerivedBuildID("snapshot", sid)
 	t := &store.Template{
 		ID: sid, TeamID: sb.TeamID, PrimaryName: primary, Names: []string{primary},
 		CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskSizeMB,

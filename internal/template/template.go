@@ -6,11 +6,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/cubicle-dev/cubicle/internal/accel"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
+
+	"github.com/google/uuid"
+
+	"github.com/cubicle-dev/cubicle/internal/accel"
 )
 
 var (
@@ -125,4 +128,19 @@ func (im *Images) Resolve(_ context.Context, ref string) (Template, error) {
 		ID: name, Alias: alias, Layers: layers, Image: name,
 		CPUCount: im.CPUCount, MemoryMB: im.MemoryMB, DiskSizeMB: im.DiskSizeMB,
 	}, nil
+}
+
+// NewBuildID is a random UUID. The CEP's bld_ + 8 hex is not used: e2b's
+// SDKs parse every build ID they are given as a UUID (the Python SDK's tag
+// and template models fail on anything else), and the SDK wins.
+func NewBuildID() string { return uuid.NewString() }
+
+// buildIDSpace names the build IDs that are derived, not drawn.
+var buildIDSpace = uuid.MustParse("6f1d3c52-8a0e-4c57-9d7b-2b1f0e6a4c11")
+
+// DerivedBuildID is the build ID of a build made from a name rather than a
+// request (a built-in's seeded build, a snapshot's): the same UUID every time
+// for the same kind and name, so a restart finds the row it seeded.
+func DerivedBuildID(kind, name string) string {
+	return uuid.NewSHA1(buildIDSpace, []byte(kind+"\x00"+name)).String()
 }

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
@@ -118,7 +120,7 @@ func TestTemplateCatalogRoutes(t *testing.T) {
 		return resp.StatusCode
 	}
 	_ = body
-	if st := req(&a, "k-1"); st != 202 || !strings.HasPrefix(a.TemplateID, "tpl_") || len(a.TemplateID) != 12 || !strings.HasPrefix(a.BuildID, "bld_") {
+	if st := req(&a, "k-1"); st != 202 || !strings.HasPrefix(a.TemplateID, "tpl_") || len(a.TemplateID) != 12 || uuid.Validate(a.BuildID) != nil {
 		t.Fatalf("create: %d %+v", st, a)
 	}
 	if strings.Join(a.Tags, ",") != "v1,stable" || strings.Join(a.Names, ",") != "my-tpl,my-tpl:v1,my-tpl:stable" {

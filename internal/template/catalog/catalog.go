@@ -206,9 +206,8 @@ func randHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// NewTemplateID and NewBuildID follow the CEP: tpl_/bld_ + 8 hex chars.
+// NewTemplateID follows the CEP: tpl_ + 8 hex chars.
 func NewTemplateID() string { return "tpl_" + randHex(4) }
-func NewBuildID() string    { return "bld_" + randHex(4) }
 
 func invalid(format string, a ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, a...))
@@ -247,14 +246,23 @@ func (c *Catalog) seedBase(ctx context.Context) error {
 // the same URL.
 const codeInterpreterReady = "curl -sf -o /dev/null http://127.0.0.1:49999/health"
 
+// seededBuild reports whether buildID is the seeded build of built-in
+// template id: its derived UUID, or bld_<id> in stores seeded before.
+func seededBuild(id, buildID string) bool {
+	return buildID == template.DerivedBuildID("builtin", id) || buildID == "bld_"+id
+}
+
 // seedBuiltin creates the built-in template id with its seeded build, or
 // repoints an existing seeded build at rootfs (the image was rebuilt or moved)
 // and gives the row its names (earlier versions had every built-in name on
 // base).
 func (c *Catalog) seedBuiltin(ctx context.Context, id string, names []string, rootfs, readyCmd string) error {
-	buildID := "bld_" + id
+	buildID := template.DerivedBuildID("builtin", id)
 	t, err := c.st.GetTemplate(ctx, id)
 	if err == nil {
+		if seededBuild(id, t.ReadyBuildID) {
+			buildID = t.ReadyBuildID // a store seeded before build IDs were UUIDs keeps its ID
+		}
 		if !slices.Equal(t.Names, names) && slices.Contains(t.Names, names[0]) {
 			if err := c.st.SetTemplateNames(ctx, id, names); err != nil {
 				return fmt.Errorf("seeding template %s: names: %w", id, err)
@@ -528,7 +536,7 @@ func (c *Catalog) create(ctx context.Context, caller Caller, req CreateRequest) 
 	if err != nil {
 		return nil, err
 	}
-	b := &store.TemplateBuild{ID: NewBuildID(), Status: store.BuildWaiting, CPUCount: cpu, MemoryMB: mem, DiskSizeMB: disk}
+	b := &store.TemplateBuild{ID: template.NewBuildID(), Status: store.BuildWaiting, CPUCount: cpu, MemoryMB: mem, DiskSizeMB: disk}
 	if existing == nil {
 		t := &store.Template{ID: NewTemplateID(), TeamID: caller.TeamID, PrimaryName: name, Names: names(name, tags), CPUCount: cpu, MemoryMB: mem, DiskSizeMB: disk,
 			LatestBuildID: b.ID, BuildStatus: store.BuildWaiting, BuildCount: 1, Accelerators: contract}

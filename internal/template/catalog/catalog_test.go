@@ -3,7 +3,6 @@ package catalog_test
 import (
 	"context"
 	"errors"
-	"github.com/cubicle-dev/cubicle/internal/accel"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -11,12 +10,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/accel"
+
 	"github.com/cubicle-dev/cubicle/internal/image"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/store/sqlite"
 	"github.com/cubicle-dev/cubicle/internal/template"
 	"github.com/cubicle-dev/cubicle/internal/template/builder"
 	"github.com/cubicle-dev/cubicle/internal/template/catalog"
+	"github.com/google/uuid"
 )
 
 // dev is the key `cubicle apikey create` makes: the default team's admin.
@@ -90,7 +92,7 @@ func (e *env) wait(t *testing.T, tplID, buildID string) *catalog.Status {
 
 var (
 	tplRE = regexp.MustCompile(`^tpl_[0-9a-f]{8}$`)
-	bldRE = regexp.MustCompile(`^bld_[0-9a-f]{8}$`)
+	bldRE = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`) // UUIDv4, as e2b's SDKs parse it
 )
 
 func TestIDsNamesAndIdempotency(t *testing.T) {
@@ -100,9 +102,16 @@ func TestIDsNamesAndIdempotency(t *testing.T) {
 		if id := catalog.NewTemplateID(); !tplRE.MatchString(id) {
 			t.Fatalf("template id %q", id)
 		}
-		if id := catalog.NewBuildID(); !bldRE.MatchString(id) {
+		if id := template.NewBuildID(); !bldRE.MatchString(id) {
 			t.Fatalf("build id %q", id)
 		}
+	}
+	// A built-in's seeded build has a UUID derived from its ID: another
+	// replica, or the next start, seeds the same one.
+	if tt, err := e.st.GetTemplate(ctx, catalog.BaseID); err != nil || tt.ReadyBuildID != template.DerivedBuildID("builtin", catalog.BaseID) {
+		t.Fatalf("base's seeded build: %+v %v", tt, err)
+	} else if u, err := uuid.Parse(tt.ReadyBuildID); err != nil || u.Version() != 5 || template.DerivedBuildID("snapshot", catalog.BaseID) == tt.ReadyBuildID {
+		t.Fatalf("seeded build ID %q: %v", tt.ReadyBuildID, err)
 	}
 	r, err := e.cat.Create(ctx, dev, catalog.CreateRequest{Name: "app:v1", Tags: []string{"v1", "prod"}}, "", nil)
 	if err != nil {
@@ -362,6 +371,14 @@ func TestSeedMovesCodeInterpreterNamesOffBase(t *testing.T) {
 	}
 	if tpl, err := cat.Resolve(ctx, "python"); err != nil || tpl.ID != catalog.BaseID {
 		t.Fatalf("python after the upgrade: %+v %v", tpl, err)
+	}
+	// The seeded build keeps the ID it had before build IDs were UUIDs; the
+	// code interpreter, seeded now, gets the derived UUID.
+	if tt, err := st.GetTemplate(ctx, catalog.BaseID); err != nil || tt.ReadyBuildID != "bld_base" {
+		t.Fatalf("base's seeded build after the upgrade: %+v %v", tt, err)
+	}
+	if tt, err := st.GetTemplate(ctx, catalog.CodeInterpreterID); err != nil || tt.ReadyBuildID != template.DerivedBuildID("builtin", catalog.CodeInterpreterID) {
+		t.Fatalf("code interpreter's seeded build: %+v %v", tt, err)
 	}
 }
 

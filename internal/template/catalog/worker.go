@@ -384,7 +384,7 @@ func (c *Catalog) resolve(ctx context.Context, caller Caller, ref string) (templ
 		return template.Template{}, err
 	}
 	img := b.Image
-	if img == "" && b.ID == "bld_"+t.ID {
+	if img == "" && seededBuild(t.ID, b.ID) {
 		img = t.ID // a seeded built-in: the node's own images dir has it
 	}
 	return template.Template{ID: t.ID, Alias: name, Layers: template.Layers(b.Rootfs), Image: img, ImageDigest: b.ImageDigest, CPUCount: b.CPUCount, MemoryMB: b.MemoryMB,

@@ -32,7 +32,7 @@ test('Template.build of an image-only recipe; Sandbox.create(alias) gets its siz
   const logs = []
   const info = await Template.build(Template().fromImage(BASE_IMAGE), name, { cpuCount: 1, memoryMB: 256, onBuildLogs: (l) => logs.push(l) })
   assert.match(info.templateId, /^tpl_[0-9a-f]{8}$/)
-  assert.match(info.buildId, /^bld_[0-9a-f]{8}$/)
+  assert.match(info.buildId, /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/, 'build IDs are UUIDs, as the SDKs parse them')
   assert.ok(logs.length > 0, 'build logs streamed')
   assert.equal(await Template.exists(name), true)
   assert.equal(await Template.exists(`nope-${uniq()}`), false)

@@ -1,10 +1,11 @@
 """Template builds through the e2b Python SDK: a copy/run_cmd/set_envs/
 set_user/set_workdir recipe with sizes, Sandbox.create(name), build logs and
-IDs, Template.exists; a failing RUN reported as BuildException, and a failed
+IDs, Template.exists, tags (assign, list, remove, sync and async); a failing RUN reported as BuildException, and a failed
 rebuild keeping the previous image. Each build costs tens of seconds, so the
 module builds one template and rebuilds it once."""
 
 import re
+import uuid
 
 import pytest
 from e2b import AsyncTemplate, BuildException, Sandbox, Template
@@ -44,7 +45,7 @@ SHOW = 'cat /opt/greeting /opt/copied /opt/req.txt /srv/work/built-as; echo "run
 async def test_copy_run_cmd_set_envs_set_user_set_workdir_and_sizes(server, recipe):
     name, info, logs = recipe
     assert re.fullmatch(r"tpl_[0-9a-f]{8}", info.template_id)
-    assert re.fullmatch(r"bld_[0-9a-f]{8}", info.build_id)
+    assert str(uuid.UUID(info.build_id)) == info.build_id, "build IDs are UUIDs, as the SDK's models parse them"
     assert info.name == name
     assert logs, "build logs streamed"
     assert any("RUN" in str(getattr(entry, "message", entry)) for entry in logs), "the RUN steps are in the logs"
@@ -62,6 +63,19 @@ async def test_copy_run_cmd_set_envs_set_user_set_workdir_and_sizes(server, reci
         assert si.template_id == info.template_id
     finally:
         sbx.kill()
+
+
+async def test_tags_through_the_sdk(server, recipe):
+    # The SDK parses the build IDs of tag answers as UUIDs; bld_-style IDs
+    # failed here with "badly formed hexadecimal UUID string".
+    name, info, _ = recipe
+    got = Template.assign_tags(f"{name}:default", ["prod", "stable"])
+    assert str(got.build_id) == info.build_id
+    assert sorted(got.tags) == ["prod", "stable"]
+    tags = {t.tag: str(t.build_id) for t in await AsyncTemplate.get_tags(info.template_id)}
+    assert tags.get("prod") == info.build_id and tags.get("default") == info.build_id, tags
+    await AsyncTemplate.remove_tags(name, "stable")
+    assert "stable" not in {t.tag for t in Template.get_tags(name)}
 
 
 @pytest.mark.timeout(600)
