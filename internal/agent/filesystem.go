@@ -91,9 +91,11 @@ func entryFromInfo(path string, fi fs.FileInfo, names *idNames) *fspb.EntryInfo 
 		ModifiedTime: timestamppb.New(fi.ModTime()),
 		Metadata:     readMetadata(path),
 	}
-	switch {
-	case fi.Mode()&fs.ModeSymlink != 0:
-		e.Type = fspb.FileType_FILE_TYPE_SYMLINK
+	if fi.Mode()&fs.ModeSymlink != 0 {
+		// As current envd: the link is flagged, and type and mode are its
+		// target's (unspecified when the link dangles). SDKs that read
+		// is_symlink report "symlink"; older ones report the target's type.
+		e.IsSymlink = true
 		target, err := filepath.EvalSymlinks(path)
 		if err != nil {
 			if t, err2 := os.Readlink(path); err2 == nil {
@@ -106,16 +108,28 @@ func entryFromInfo(path string, fi fs.FileInfo, names *idNames) *fspb.EntryInfo 
 		if target != "" {
 			e.SymlinkTarget = &target
 		}
-	case fi.IsDir():
-		e.Type = fspb.FileType_FILE_TYPE_DIRECTORY
-	case fi.Mode().IsRegular():
-		e.Type = fspb.FileType_FILE_TYPE_FILE
+		e.Mode = 0
+		if ti, err := os.Stat(path); err == nil {
+			e.Type, e.Mode = fileType(ti.Mode()), uint32(ti.Mode().Perm())
+		}
+	} else {
+		e.Type = fileType(fi.Mode())
 	}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		e.Owner = names.user(st.Uid)
 		e.Group = names.group(st.Gid)
 	}
 	return e
+}
+
+func fileType(m fs.FileMode) fspb.FileType {
+	switch {
+	case m.IsDir():
+		return fspb.FileType_FILE_TYPE_DIRECTORY
+	case m.IsRegular():
+		return fspb.FileType_FILE_TYPE_FILE
+	}
+	return fspb.FileType_FILE_TYPE_UNSPECIFIED
 }
 
 // userPath resolves the request user and path.

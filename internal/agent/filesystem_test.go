@@ -65,10 +65,32 @@ func TestFilesystemRPCs(t *testing.T) {
 	if err := os.Symlink(file, link); err != nil {
 		t.Fatal(err)
 	}
+	// As current envd: flagged as a link, typed (and moded) as its target.
 	st, err = e.fs.Stat(ctx, connect.NewRequest(&fspb.StatRequest{Path: link}))
-	if err != nil || st.Msg.GetEntry().GetType() != fspb.FileType_FILE_TYPE_SYMLINK || st.Msg.GetEntry().GetSymlinkTarget() != file {
+	if en := statEntry(st); err != nil || !en.GetIsSymlink() || en.GetType() != fspb.FileType_FILE_TYPE_FILE || en.GetSymlinkTarget() != file || en.GetName() != "link" {
 		t.Fatalf("symlink stat %+v %v", st, err)
 	}
+	dirLink := filepath.Join(e.userHome, "dirlink")
+	if err := os.Symlink(e.userHome, dirLink); err != nil {
+		t.Fatal(err)
+	}
+	st, err = e.fs.Stat(ctx, connect.NewRequest(&fspb.StatRequest{Path: dirLink}))
+	if en := statEntry(st); err != nil || !en.GetIsSymlink() || en.GetType() != fspb.FileType_FILE_TYPE_DIRECTORY || en.GetSymlinkTarget() != e.userHome {
+		t.Fatalf("symlink to a directory: %+v %v", st, err)
+	}
+	dangling := filepath.Join(e.userHome, "dangling")
+	if err := os.Symlink("missing-target", dangling); err != nil {
+		t.Fatal(err)
+	}
+	st, err = e.fs.Stat(ctx, connect.NewRequest(&fspb.StatRequest{Path: dangling}))
+	if en := statEntry(st); err != nil || !en.GetIsSymlink() || en.GetType() != fspb.FileType_FILE_TYPE_UNSPECIFIED || en.GetSymlinkTarget() != filepath.Join(e.userHome, "missing-target") {
+		t.Fatalf("dangling symlink: %+v %v", st, err)
+	}
+	if st, err := e.fs.Stat(ctx, connect.NewRequest(&fspb.StatRequest{Path: file})); err != nil || st.Msg.GetEntry().GetIsSymlink() {
+		t.Fatalf("a plain file is not a link: %+v %v", st, err)
+	}
+	os.Remove(dirLink)
+	os.Remove(dangling)
 
 	// ListDir depth.
 	names := func(depth uint32) []string {
@@ -271,4 +293,12 @@ func TestPolledWatcher(t *testing.T) {
 	if _, err := e.fs.GetWatcherEvents(ctx, connect.NewRequest(&fspb.GetWatcherEventsRequest{WatcherId: id})); codeOf(err) != connect.CodeNotFound {
 		t.Fatalf("events after remove: %v", err)
 	}
+}
+
+// statEntry is a Stat answer's entry, nil when there is no answer.
+func statEntry(r *connect.Response[fspb.StatResponse]) *fspb.EntryInfo {
+	if r == nil {
+		return nil
+	}
+	return r.Msg.GetEntry()
 }

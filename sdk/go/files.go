@@ -56,6 +56,9 @@ func entryFrom(e *filesystem.EntryInfo) EntryInfo {
 	case filesystem.FileType_FILE_TYPE_SYMLINK:
 		out.Type = TypeSymlink
 	}
+	if e.GetIsSymlink() { // type then names the target's type
+		out.Type = TypeSymlink
+	}
 	if t := e.GetModifiedTime(); t != nil {
 		out.ModifiedTime = t.AsTime()
 	}

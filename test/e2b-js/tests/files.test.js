@@ -163,3 +163,18 @@ test('symlink escape stays inside the sandbox', async () => {
   // Sanity: proves nothing about the host unless they differ, but read went through the sandbox.
   assert.equal(typeof hostHostname, 'string')
 })
+
+test('getInfo and list of symlinks: the target type and path, as e2b answers SDKs that predate isSymlink', async () => {
+  // This SDK (2.51) maps only `type`, which e2b's envd now sets to the link's
+  // target type; newer SDKs read isSymlink (test_files.py checks those).
+  await sbx.commands.run('mkdir -p /home/user/jl/dir && echo hi > /home/user/jl/f.txt && cd /home/user/jl && ln -s f.txt to-file && ln -s dir to-dir')
+  const f = await sbx.files.getInfo('/home/user/jl/to-file')
+  assert.equal(f.type, 'file')
+  assert.equal(f.symlinkTarget, '/home/user/jl/f.txt')
+  assert.equal(f.name, 'to-file')
+  const d = await sbx.files.getInfo('/home/user/jl/to-dir')
+  assert.equal(d.type, 'dir')
+  assert.equal(d.symlinkTarget, '/home/user/jl/dir')
+  assert.equal((await sbx.files.getInfo('/home/user/jl/f.txt')).symlinkTarget, undefined)
+  await sbx.files.remove('/home/user/jl')
+})

@@ -114,6 +114,26 @@ def test_exists_get_info_list_make_dir_rename_remove(sbx):
         sbx.files.list("/home/user/d1")
 
 
+def test_get_info_and_list_of_symlinks(sbx):
+    # This SDK reads is_symlink: a link is "symlink" with its absolute target,
+    # whatever it points at (a file, a directory, nothing).
+    sbx.commands.run(
+        "mkdir -p /home/user/ln/dir && echo hi > /home/user/ln/f.txt && cd /home/user/ln"
+        " && ln -s f.txt to-file && ln -s dir to-dir && ln -s missing dangling"
+    )
+    for name, target in (("to-file", "f.txt"), ("to-dir", "dir"), ("dangling", "missing")):
+        st = sbx.files.get_info(f"/home/user/ln/{name}")
+        assert st.type == FileType.SYMLINK, (name, st)
+        assert st.symlink_target == f"/home/user/ln/{target}", (name, st)
+    assert sbx.files.get_info("/home/user/ln/f.txt").symlink_target is None
+    # A dangling link's type is unspecified (it has no target), and the SDK's
+    # list() leaves such entries out, as against e2b.
+    listed = {e.name: e.type for e in sbx.files.list("/home/user/ln")}
+    assert listed == {"f.txt": FileType.FILE, "dir": FileType.DIR, "to-file": FileType.SYMLINK,
+                      "to-dir": FileType.SYMLINK}, listed
+    sbx.files.remove("/home/user/ln")
+
+
 def test_sync_watch_dir_polls_create_write_remove_events(sbx):
     sbx.files.make_dir("/home/user/watched")
     h = sbx.files.watch_dir("/home/user/watched")
