@@ -159,8 +159,15 @@ func New(cfg Config, mgr *control.Manager, st store.Store, api http.Handler) *Pr
 			pr.Out.Header.Del(headerAPIKey)
 			pr.SetXForwarded()
 		},
-		Transport:     tr,
-		BufferPool:    newBufferPool(),
+		Transport:  tr,
+		BufferPool: newBufferPool(),
+		ModifyResponse: func(res *http.Response) error {
+			t := res.Request.Context().Value(targetKey{}).(target)
+			if int(t.addr.Port()) == node.AgentPort && connectStreaming(res) {
+				res.Body = &endStream{body: res.Body, msg: "the connection to sandbox " + t.sb.ID + " ended before the stream completed"}
+			}
+			return nil
+		},
 		FlushInterval: -1, // flush every write: Connect streams and SSE must not be buffered
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if errors.Is(err, context.Canceled) {

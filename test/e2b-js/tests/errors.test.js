@@ -2,7 +2,7 @@
 // Error mapping through the SDK.
 const test = require('node:test')
 const assert = require('node:assert/strict')
-const { Sandbox, NotFoundError, SandboxNotFoundError, AuthenticationError, SandboxError, InvalidArgumentError } = require('e2b')
+const { Sandbox, NotFoundError, SandboxNotFoundError, AuthenticationError, SandboxError, InvalidArgumentError, TimeoutError } = require('e2b')
 const { setup } = require('./harness')
 
 const srv = setup(test)
@@ -79,4 +79,14 @@ test('commands against a killed sandbox fail', async () => {
   await sbx.kill()
   await assert.rejects(sbx.commands.run('echo hi', { requestTimeoutMs: 10000 }), SandboxError)
   await assert.rejects(sbx.files.read('/etc/hostname', { requestTimeoutMs: 10000 }), SandboxError)
+})
+
+test('a command whose sandbox is killed under it fails as a sandbox that ended', async () => {
+  // The proxy ends the cut Connect stream as e2b's does ([unavailable] "the
+  // connection to sandbox ... ended before the stream completed"); this SDK
+  // reads unavailable as the sandbox having timed out (a TimeoutError).
+  const sbx = srv.track(await Sandbox.create('base', { timeoutMs: 120000 }))
+  const h = await sbx.commands.run('echo started; sleep 60', { background: true })
+  await Sandbox.kill(sbx.sandboxId)
+  await assert.rejects(h.wait(), (e) => e instanceof TimeoutError && /^\[unavailable\] the connection to sandbox \w+ ended before the stream completed: .*sandbox timeout/.test(e.message))
 })

@@ -1,6 +1,7 @@
 """Error mapping through the e2b Python SDK: NotFoundException for unknown and
 killed sandboxes, AuthenticationException for a bad key, TimeoutException for
-a command timeout, unknown templates and invalid arguments."""
+a command timeout, unknown templates and invalid arguments; a command whose
+sandbox is killed under it (sync and async) is SandboxNotRunningException."""
 
 import pytest
 from e2b import (
@@ -10,6 +11,7 @@ from e2b import (
     NotFoundException,
     Sandbox,
     SandboxException,
+    SandboxNotRunningException,
     TimeoutException,
 )
 
@@ -40,6 +42,27 @@ def test_killed_sandbox_is_not_found_and_its_commands_and_files_fail(server):
         sbx.commands.run("echo hi", request_timeout=10)
     with pytest.raises(SandboxException):
         sbx.files.read("/etc/hostname", request_timeout=10)
+
+
+def test_a_command_whose_sandbox_is_killed_is_sandbox_not_running(server):
+    # The proxy ends the cut stream as e2b's does ([unavailable] "the
+    # connection to sandbox ... ended before the stream completed"); the SDK
+    # then asks /health, hears "The sandbox was not found" and says why.
+    sbx = server.track(Sandbox.create("base", timeout=120))
+    h = sbx.commands.run("echo started; sleep 60", background=True)
+    Sandbox.kill(sbx.sandbox_id)
+    with pytest.raises(SandboxNotRunningException, match="killed or reached its end of life"):
+        h.wait()
+
+
+async def test_an_async_command_whose_sandbox_is_killed_is_sandbox_not_running(server):
+    sbx = await AsyncSandbox.create("base", timeout=120)
+    server.track(sbx)
+    out = []
+    with pytest.raises(SandboxNotRunningException, match="killed or reached its end of life"):
+        h = await sbx.commands.run("echo started; sleep 60", background=True, on_stdout=out.append)
+        await AsyncSandbox.kill(sbx.sandbox_id)
+        await h.wait()
 
 
 def test_bad_api_key_is_authentication_exception(server):
