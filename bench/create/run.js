@@ -15,8 +15,9 @@
 // baseline: a bare `runc run` of the same rootfs (throwaway OCI bundle running
 // /bin/true, own --root state dir), and the ratio. Finally the idle memory of K
 // sandboxes: the sum of Pss (from /proc/<pid>/smaps_rollup) over each sandbox's
-// processes. The processes come from the sandbox's cgroup (--cgroup-path, '{id}' is the
-// sandbox ID), or, when that does not exist, from `runc --root <data>/run/<runtime> ps`.
+// processes, then serve's own RSS and PSS once they are gone. The processes come from
+// the sandbox's cgroup (--cgroup-path, '{id}' is the sandbox ID), or, when that does
+// not exist, from `runc --root <data>/run/<runtime> ps`.
 // With --pool N (default off) it then sets the base template's warm pool to N, waits for
 // N standbys and measures the same create→first command pooled at each concurrency
 // level, in rounds of c creates each started on a full pool (a round bigger than N
@@ -430,6 +431,13 @@ async function main() {
       console.log(`idle memory per sandbox (PSS) avg=${f1(avg / 1024)} MiB over ${measured.length}/${mem.length} sandboxes` +
         (mem[0] ? ` [pids via ${mem[0].source}]` : ''))
       for (const m of mem) console.log(`  ${m.id}  pids=${m.pids}  pss=${f1(m.pssKiB / 1024)} MiB`)
+      // serve's own idle footprint, read after its sandboxes are gone and 2 s of quiet.
+      await new Promise((resolve) => setTimeout(resolve, 2000))
+      const st = fs.readFileSync(`/proc/${srv.proc.pid}/status`, 'utf8')
+      const rssKiB = Number((/^VmRSS:\s+(\d+) kB/m.exec(st) || [])[1])
+      const pss = /^Pss:\s+(\d+) kB/m.exec(fs.readFileSync(`/proc/${srv.proc.pid}/smaps_rollup`, 'utf8'))
+      results.serveIdle = { rssKiB, pssKiB: pss ? Number(pss[1]) : NaN }
+      console.log(`serve idle RSS=${f1(rssKiB / 1024)} MiB PSS=${f1(results.serveIdle.pssKiB / 1024)} MiB (pid ${srv.proc.pid}, after its sandboxes were killed)`)
     }
   } finally {
     await cleanup()
