@@ -303,8 +303,28 @@ func writeFile(u *sysUser, path string, src io.Reader, md map[string]string) err
 			return fmt.Errorf("%w: %s", ErrIsDir, path)
 		}
 		var err error
-		f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-		return err
+		if f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o644); err != nil {
+			return err
+		}
+		// envd (root) chowns the file it opened to the user before writing,
+		// and watchers see that as a chmod event: the SDKs' watch tests count
+		// create, chmod, write. A chown to the file's own owner changes
+		// nothing and is seen the same (it fails, harmlessly, on a file the
+		// user may write but does not own). Truncating after it keeps envd's
+		// order for a file that existed: chmod, then the truncation's write.
+		var st unix.Stat_t
+		if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+			f.Close()
+			return err
+		}
+		_ = unix.Fchown(int(f.Fd()), int(st.Uid), -1)
+		if st.Size > 0 {
+			if err := f.Truncate(0); err != nil {
+				f.Close()
+				return err
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		return err

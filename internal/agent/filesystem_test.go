@@ -2,9 +2,12 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -292,6 +295,58 @@ func TestPolledWatcher(t *testing.T) {
 	}
 	if _, err := e.fs.GetWatcherEvents(ctx, connect.NewRequest(&fspb.GetWatcherEventsRequest{WatcherId: id})); codeOf(err) != connect.CodeNotFound {
 		t.Fatalf("events after remove: %v", err)
+	}
+}
+
+// An upload is seen by a watcher as envd's is: create, chmod, write for a
+// new file; chmod, then write, for one rewritten (the SDKs' watch tests
+// count them). The rewrite still truncates.
+func TestUploadWatchEvents(t *testing.T) {
+	e := newTestEnv(t, testToken)
+	ctx := context.Background()
+	u, err := e.a.lookupUser("user")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cw, err := e.fs.CreateWatcher(ctx, connect.NewRequest(&fspb.CreateWatcherRequest{Path: e.userHome}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := cw.Msg.GetWatcherId()
+	events := func(n int) []fspb.EventType {
+		var got []fspb.EventType
+		waitFor(t, 5*time.Second, fmt.Sprintf("%d events", n), func() bool {
+			r, err := e.fs.GetWatcherEvents(ctx, connect.NewRequest(&fspb.GetWatcherEventsRequest{WatcherId: id}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, ev := range r.Msg.GetEvents() {
+				if ev.GetName() == "up.txt" {
+					got = append(got, ev.GetType())
+				}
+			}
+			return len(got) >= n
+		})
+		return got
+	}
+	path := filepath.Join(e.userHome, "up.txt")
+	if err := writeFile(u, path, strings.NewReader("a longer first version"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := events(3); !slices.Equal(got, []fspb.EventType{fspb.EventType_EVENT_TYPE_CREATE, fspb.EventType_EVENT_TYPE_CHMOD, fspb.EventType_EVENT_TYPE_WRITE}) {
+		t.Fatalf("new file: %v", got)
+	}
+	if err := writeFile(u, path, strings.NewReader("second"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := events(2); got[0] != fspb.EventType_EVENT_TYPE_CHMOD || !slices.Contains(got[1:], fspb.EventType_EVENT_TYPE_WRITE) || slices.Contains(got, fspb.EventType_EVENT_TYPE_CREATE) {
+		t.Fatalf("rewrite: %v", got)
+	}
+	if b, err := os.ReadFile(path); err != nil || string(b) != "second" {
+		t.Fatalf("rewritten content %q %v", b, err)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Sys().(*syscall.Stat_t).Uid != 1000 {
+		t.Fatalf("owner: %v", err)
 	}
 }
 

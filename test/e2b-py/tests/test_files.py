@@ -158,6 +158,27 @@ def test_sync_watch_dir_polls_create_write_remove_events(sbx):
         h.get_new_events()
 
 
+def test_watch_sees_an_upload_as_create_chmod_write(sbx):
+    # As envd's upload (which chowns the file it opened): e2b's own watch
+    # tests count exactly these three, flat and recursive.
+    sbx.files.make_dir("/home/user/wc/nested")
+    for recursive, path, name in ((False, "/home/user/wc/f.txt", "f.txt"), (True, "/home/user/wc/nested/f.txt", "nested/f.txt")):
+        h = sbx.files.watch_dir("/home/user/wc", recursive=recursive)
+        try:
+            sbx.files.write(path, "content")
+            events = []
+
+            def three():
+                events.extend(e for e in h.get_new_events() if e.name == name)
+                return len(events) >= 3
+
+            wait_for(three, timeout=10, interval=0.1, what=lambda: f"three events; got {events}")
+            assert [e.type for e in events] == [FilesystemEventType.CREATE, FilesystemEventType.CHMOD, FilesystemEventType.WRITE], events
+        finally:
+            h.stop()
+    sbx.files.remove("/home/user/wc")
+
+
 def test_sync_watch_dir_recursive_reports_relative_names(sbx):
     sbx.files.make_dir("/home/user/rw/a/b")
     h = sbx.files.watch_dir("/home/user/rw", recursive=True)
