@@ -109,6 +109,65 @@ func TestUploadCreatesParentsTheUserCannot(t *testing.T) {
 	}
 }
 
+// envd writes as root, so a user may add a file to a directory that exists
+// and that it may search but not write (one made by root through the API,
+// say). The agent does too, but never takes over a file that exists, never
+// follows a link there, and never fills a directory the user could change.
+func TestUploadNewFileIntoRootsDirectory(t *testing.T) {
+	e := newTestEnv(t, testToken)
+	d := e.rootDir(t, "made-by-root")
+	p := filepath.Join(d, "x.txt")
+	if st, b := e.upload(t, p, "by user"); st != 200 {
+		t.Fatalf("new file in a root directory: %d %s", st, b)
+	}
+	if got, err := os.ReadFile(p); err != nil || string(got) != "by user" || ownerOf(t, p) != "1000:1000" || ownerOf(t, d) != "0:0" {
+		t.Fatalf("content %q %v, owner %s, dir %s", got, err, ownerOf(t, p), ownerOf(t, d))
+	}
+	// Now the user's: rewriting it is an ordinary write.
+	if st, b := e.upload(t, p, "again"); st != 200 {
+		t.Fatalf("rewrite of the user's file: %d %s", st, b)
+	}
+
+	// A file root owns there stays root's, unchanged.
+	rootFile := filepath.Join(d, "root.txt")
+	writeFileT(t, rootFile, "root's")
+	if st, b := e.upload(t, rootFile, "taken"); st != 403 {
+		t.Fatalf("root's file: %d %s", st, b)
+	}
+	if got, _ := os.ReadFile(rootFile); string(got) != "root's" || ownerOf(t, rootFile) != "0:0" {
+		t.Fatalf("root's file changed: %q %s", got, ownerOf(t, rootFile))
+	}
+	// A link there (root's: the user cannot make one) is not followed.
+	target := filepath.Join(e.root, "link-target")
+	if err := os.Symlink(target, filepath.Join(d, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := e.upload(t, filepath.Join(d, "link"), "x"); st == 200 {
+		t.Fatal("upload through a link in root's directory succeeded")
+	}
+	if _, err := os.Lstat(target); !os.IsNotExist(err) {
+		t.Fatalf("the link's target was created: %v", err)
+	}
+	// Not into a directory the user may not search (root's 0700 home).
+	if st, _ := e.upload(t, filepath.Join(e.root, "root", "planted.txt"), "x"); st != 403 {
+		t.Fatalf("into a directory the user may not search: %d", st)
+	}
+	// Not into one the user owns but made read-only: it may chmod it back.
+	ro := filepath.Join(e.userHome, "ro-own")
+	if err := os.Mkdir(ro, 0o555); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(ro, 1000, 1000); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := e.upload(t, filepath.Join(ro, "x.txt"), "x"); st != 403 {
+		t.Fatalf("into a user-owned read-only dir: %d", st)
+	}
+	if _, err := os.Lstat(filepath.Join(ro, "x.txt")); !os.IsNotExist(err) {
+		t.Fatalf("root made a file in a user-owned dir: %v", err)
+	}
+}
+
 // The root path must not widen what the user reaches: symlinks are followed
 // with the user's rights, and a directory the user could tamper with is not
 // filled by root.

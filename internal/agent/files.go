@@ -298,13 +298,26 @@ func writeFile(u *sysUser, path string, src io.Reader, md map[string]string) err
 		return err
 	}
 	var f *os.File
+	dirFD, denied := -1, error(nil)
 	err := asUser(u, func() error {
 		if fi, err := os.Stat(path); err == nil && fi.IsDir() {
 			return fmt.Errorf("%w: %s", ErrIsDir, path)
 		}
 		var err error
 		if f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o644); err != nil {
-			return err
+			if !errors.Is(err, fs.ErrPermission) || u.UID == 0 || os.Geteuid() != 0 {
+				return err
+			}
+			// As envd, which writes as root: a new file in a directory u may
+			// search but not write (one root made, say) is made by root
+			// (createAsRoot, below) and handed to u. The directory is opened
+			// here, as u.
+			fd, derr := unix.Open(filepath.Dir(path)+"/.", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+			if derr != nil {
+				return err
+			}
+			dirFD, denied = fd, err
+			return nil
 		}
 		// envd (root) chowns the file it opened to the user before writing,
 		// and watchers see that as a chmod event: the SDKs' watch tests count
@@ -329,6 +342,13 @@ func writeFile(u *sysUser, path string, src io.Reader, md map[string]string) err
 	if err != nil {
 		return err
 	}
+	if f == nil {
+		f, err = createAsRoot(u, dirFD, path, denied)
+		unix.Close(dirFD)
+		if err != nil {
+			return err
+		}
+	}
 	buf := make([]byte, 256*1024)
 	if _, err := io.CopyBuffer(slotFile{f}, src, buf); err != nil {
 		f.Close()
@@ -339,6 +359,39 @@ func writeFile(u *sysUser, path string, src io.Reader, md map[string]string) err
 		return err
 	}
 	return f.Close()
+}
+
+// createAsRoot is writeFile's root path for a new file: dirFD is the file's
+// directory opened as u, denied the error u got itself. As in mkdirsAsRoot,
+// root never resolves the path: u opened the directory (so u may search it,
+// and a symlink on the way was followed only as far as u may), and root only
+// adds a new entry to it (O_EXCL, O_NOFOLLOW), never in a directory u could
+// modify (u could swap the entry before it is handed over, and could create
+// it itself). A file that exists is never taken over: u gets denied. The
+// file is u's (chown, which watchers see as envd's chmod) before a byte is
+// written.
+func createAsRoot(u *sysUser, dirFD int, path string, denied error) (*os.File, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(dirFD, &st); err != nil {
+		return nil, &fs.PathError{Op: "stat", Path: filepath.Dir(path), Err: err}
+	}
+	if mayModify(u, &st) {
+		return nil, denied
+	}
+	name := filepath.Base(path)
+	fd, err := unix.Openat(dirFD, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
+	if err == unix.EEXIST {
+		return nil, denied
+	}
+	if err != nil {
+		return nil, &fs.PathError{Op: "create", Path: path, Err: err}
+	}
+	if err := unix.Fchown(fd, int(u.UID), int(u.GID)); err != nil {
+		_ = unix.Unlinkat(dirFD, name, 0)
+		unix.Close(fd)
+		return nil, &fs.PathError{Op: "chown", Path: path, Err: err}
+	}
+	return os.NewFile(uintptr(fd), path), nil
 }
 
 // rootMkdirMu serialises the directories the agent makes as root: parallel

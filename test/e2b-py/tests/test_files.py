@@ -72,6 +72,22 @@ def test_write_as_root_and_read_permissions(sbx):
         sbx.files.read("/root/secret.txt")
 
 
+def test_a_user_adds_files_to_a_directory_root_made(sbx):
+    # envd writes as root: a user may add a file to a directory that root made
+    # and the user may only search (e.g. make_dir as root first). The file is
+    # the user's; root's own files there stay root's.
+    assert sbx.files.make_dir("/tmp/rootmade/deep", user="root") is True
+    sbx.files.write("/tmp/rootmade/deep/f.txt", "mine")
+    sbx.files.write("/tmp/rootmade/g.txt", "nobody's", user="nobody")
+    assert sbx.commands.run("stat -c %U /tmp/rootmade/deep /tmp/rootmade/deep/f.txt /tmp/rootmade/g.txt").stdout == "root\nuser\nnobody\n"
+    assert [e.name for e in sbx.files.list("/tmp/rootmade/deep")] == ["f.txt"]
+    sbx.files.write("/tmp/rootmade/r.txt", "root's", user="root")
+    with pytest.raises(SandboxException):
+        sbx.files.write("/tmp/rootmade/r.txt", "taken")
+    assert sbx.files.read("/tmp/rootmade/r.txt") == "root's"
+    sbx.files.remove("/tmp/rootmade", user="root")
+
+
 def test_read_of_a_missing_file_is_file_not_found(sbx):
     with pytest.raises(FileNotFoundException):
         sbx.files.read("/home/user/does-not-exist")
