@@ -110,7 +110,7 @@ func (req *newSandbox) options(v2 bool) (control.CreateOptions, string) {
 		return control.CreateOptions{}, msg
 	}
 	if req.Network != nil {
-		ep, rules, msg := parseEgress(req.Network.EgressProxy, req.Network.Rules)
+		ep, rules, access, msg := parseEgress(req.Network.EgressProxy, req.Network.Rules)
 		if msg != "" {
 			return control.CreateOptions{}, msg
 		}
@@ -120,6 +120,7 @@ func (req *newSandbox) options(v2 bool) (control.CreateOptions, string) {
 			netw.AllowPublicTraffic = *req.Network.AllowPublicTraffic
 		}
 		netw.AllowOut, netw.DenyOut, netw.MaskRequestHost = req.Network.AllowOut, req.Network.DenyOut, req.Network.MaskRequestHost
+		access.apply(&netw)
 		if msg := checkMaskRequestHost(req.Network.MaskRequestHost); msg != "" {
 			return control.CreateOptions{}, msg
 		}
@@ -226,11 +227,12 @@ func (req *networkUpdate) network() (store.Network, string) {
 	} else if req.AllowInternetAccessCamel != nil {
 		n.AllowInternet = *req.AllowInternetAccessCamel
 	}
-	ep, rules, msg := parseEgress(req.EgressProxy, req.Rules)
+	ep, rules, access, msg := parseEgress(req.EgressProxy, req.Rules)
 	if msg != "" {
 		return store.Network{}, msg
 	}
 	n.EgressProxy, n.Rules = ep, rules
+	access.apply(&n)
 	n.DNSServers = req.DNSServers
 	return n, ""
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -131,32 +132,44 @@ func strictJSON(field string, raw json.RawMessage, v any) string {
 
 // parseEgress turns network.egressProxy and network.rules into their
 // stored form; the manager validates them further (network.ValidatePolicy).
-func parseEgress(egressProxy, rules json.RawMessage) (*store.EgressProxy, map[string][]store.NetworkRule, string) {
+//
+// rules may be e2b's map or CubeSandbox's list (rulelist.go); the hosts a
+// list's rules allow and deny come back in access, for allowOut and denyOut.
+func parseEgress(egressProxy, rules json.RawMessage) (*store.EgressProxy, map[string][]store.NetworkRule, ruleAccess, string) {
 	var ep *store.EgressProxy
 	if !absent(egressProxy) {
 		var in egressProxyJSON
 		if msg := strictJSON("network.egressProxy", egressProxy, &in); msg != "" {
-			return nil, nil, msg
+			return nil, nil, ruleAccess{}, msg
 		}
 		if in.Address == "" {
-			return nil, nil, "network.egressProxy.address: required (host:port of a SOCKS5 proxy)"
+			return nil, nil, ruleAccess{}, "network.egressProxy.address: required (host:port of a SOCKS5 proxy)"
 		}
 		if u, err := url.Parse(in.Address); err == nil && u.Scheme != "" && u.Host != "" {
-			return nil, nil, fmt.Sprintf("network.egressProxy.address: %q: give host:port; the scheme is always SOCKS5 (%s:// is not supported)", in.Address, u.Scheme)
+			return nil, nil, ruleAccess{}, fmt.Sprintf("network.egressProxy.address: %q: give host:port; the scheme is always SOCKS5 (%s:// is not supported)", in.Address, u.Scheme)
 		}
 		ep = &store.EgressProxy{Address: in.Address, Username: in.Username, Password: in.Password}
 		if t := in.TLS; t != nil {
 			if !t.Enabled && (t.ServerName != "" || t.CACert != "") {
-				return nil, nil, "network.egressProxy.tls: serverName and caCert are only valid with enabled: true"
+				return nil, nil, ruleAccess{}, "network.egressProxy.tls: serverName and caCert are only valid with enabled: true"
 			}
 			ep.TLS, ep.TLSServerName, ep.TLSCACert = t.Enabled, t.ServerName, t.CACert
 		}
 	}
 	var out map[string][]store.NetworkRule
+	if !absent(rules) && isRuleList(rules) {
+		var acc ruleAccess
+		var msg string
+		out, acc.Allow, acc.Deny, msg = parseRuleList(rules)
+		if msg != "" {
+			return nil, nil, ruleAccess{}, msg
+		}
+		return ep, out, acc, ""
+	}
 	if !absent(rules) {
 		var in map[string][]ruleJSON
 		if msg := strictJSON("network.rules", rules, &in); msg != "" {
-			return nil, nil, msg
+			return nil, nil, ruleAccess{}, msg
 		}
 		for host, list := range in {
 			rs := make([]store.NetworkRule, len(list))
@@ -171,7 +184,24 @@ func parseEgress(egressProxy, rules json.RawMessage) (*store.EgressProxy, map[st
 			out[host] = rs
 		}
 	}
-	return ep, out, ""
+	return ep, out, ruleAccess{}, ""
+}
+
+// ruleAccess is what a CubeSandbox rule list allows and denies by host.
+type ruleAccess struct{ Allow, Deny []string }
+
+// apply adds the hosts to the policy's lists, after the caller's own entries.
+func (a ruleAccess) apply(n *store.Network) {
+	for _, h := range a.Allow {
+		if !slices.Contains(n.AllowOut, h) {
+			n.AllowOut = append(n.AllowOut, h)
+		}
+	}
+	for _, h := range a.Deny {
+		if !slices.Contains(n.DenyOut, h) {
+			n.DenyOut = append(n.DenyOut, h)
+		}
+	}
 }
 
 // egressOut is what GET /sandboxes/{id} shows of the stored options:

@@ -1,8 +1,11 @@
 package api
 
 import (
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/cubicle-dev/cubicle/internal/store"
 )
 
 func TestNetworkPortAndMaskOptions(t *testing.T) {
@@ -56,7 +59,6 @@ func TestEgressOptionsParsedOrRefusedByName(t *testing.T) {
 		`{"templateID":"base","network":{"egressProxy":{"address":""}}}`:                                             "network.egressProxy.address",
 		`{"templateID":"base","network":{"egressProxy":{"address":"p:1","auth":"x"}}}`:                               "network.egressProxy: unknown field",
 		`{"templateID":"base","network":{"egressProxy":{"address":"p:1","tls":{"enabled":false,"serverName":"p"}}}}`: "network.egressProxy.tls",
-		`{"templateID":"base","network":{"rules":[]}}`:                                                               "network.rules",
 		`{"templateID":"base","network":{"rules":{"a.com":[{"transform":{"body":"x"}}]}}}`:                           "network.rules: unknown field",
 		`{"templateID":"base","iam":{"tokens":{"aws":{"audience":"sts","tokenType":"JWT-SVID"}}}}`:                   "iam.tokens",
 	} {
@@ -71,6 +73,7 @@ func TestEgressOptionsParsedOrRefusedByName(t *testing.T) {
 	// Absent, null or empty ones are fine, and mcp is the SDK's business.
 	for _, body := range []string{
 		`{"templateID":"base","network":{"egressProxy":null,"rules":{}},"iam":{"tokens":{}},"mcp":{"x":{}}}`,
+		`{"templateID":"base","network":{"rules":[]}}`, // CubeSandbox's list form, empty
 		`{"templateID":"base","iam":null,"mcp":null}`,
 	} {
 		var req newSandbox
@@ -105,5 +108,69 @@ func TestEgressOptionsParsedOrRefusedByName(t *testing.T) {
 	}
 	if !strings.Contains(string(rulesOut), `"transform":{"headers":{"X-Key":"${e2b.secrets.k}"}}`) {
 		t.Errorf("shown rules %s", rulesOut)
+	}
+}
+
+// CubeSandbox's rule list: allow rules allow their host and inject their
+// headers (format with ${SECRET} filled), deny rules deny it, and what the
+// engine cannot do is refused by name.
+func TestCubeSandboxRuleList(t *testing.T) {
+	options := func(network string) (store.Network, string) {
+		var req newSandbox
+		if msg := decodeJSON([]byte(`{"templateID":"base","network":`+network+`}`), &req, false); msg != "" {
+			t.Fatalf("%s: decode: %s", network, msg)
+		}
+		opts, msg := req.options(true)
+		return opts.Network, msg
+	}
+	n, msg := options(`{"allowOut":["a.example"],"denyOut":["0.0.0.0/0"],"rules":[
+		{"name":"key","match":{"host":"API.example.com"},"action":{"allow":true,"inject":[{"header":"Authorization","secret":"s3","format":"Bearer ${SECRET}"},{"header":"X-Raw","secret":"${e2b.secrets.k}"}]}},
+		{"name":"more","match":{"host":"api.example.com","scheme":"https","port":443},"action":{"allow":true,"inject":[{"header":"X-Two","secret":"2"}]}},
+		{"name":"open","match":{"host":"*.open.example"},"action":{"allow":true}},
+		{"name":"block","match":{"host":"bad.example"},"action":{"allow":false}}]}`)
+	if msg != "" {
+		t.Fatal(msg)
+	}
+	if r := n.Rules["api.example.com"]; len(r) != 2 || r[0].Headers["Authorization"] != "Bearer s3" || r[0].Headers["X-Raw"] != "${e2b.secrets.k}" || r[1].Headers["X-Two"] != "2" || len(n.Rules) != 1 {
+		t.Fatalf("rules %+v", n.Rules)
+	}
+	if !slices.Equal(n.AllowOut, []string{"a.example", "api.example.com", "*.open.example"}) || !slices.Equal(n.DenyOut, []string{"0.0.0.0/0", "bad.example"}) {
+		t.Fatalf("allowOut %v denyOut %v", n.AllowOut, n.DenyOut)
+	}
+
+	for rules, want := range map[string]string{
+		`[{"match":{"host":"10.0.0.0/24","scheme":"http"},"action":{"allow":true}}]`:                                                  "subnet CIDR not supported for L7 rules",
+		`[{"match":{"host":"198.51.100.7"},"action":{"allow":true}}]`:                                                                 "an IP address is not supported",
+		`[{"match":{"host":"a.example","port":1234},"action":{"allow":true}}]`:                                                        "match.port requires match.scheme",
+		`[{"match":{"host":"a.example","scheme":"http"},"action":{"allow":true}}]`:                                                    "match.scheme: http is not supported",
+		`[{"match":{"host":"a.example","scheme":"ftp"},"action":{"allow":true}}]`:                                                     "must be http or https",
+		`[{"match":{"host":"a.example","scheme":"https","port":8443},"action":{"allow":true}}]`:                                       "match.port 8443: not supported",
+		`[{"match":{"host":"a.example","path":"/v1"},"action":{"allow":true}}]`:                                                       "match.path: not supported",
+		`[{"match":{"host":"a.example","sni":"a.example"},"action":{"allow":true}}]`:                                                  "match.sni: not supported",
+		`[{"match":{"host":"a.example","method":["GET"]},"action":{"allow":true}}]`:                                                   "match.method: not supported",
+		`[{"match":{"host":"a.example"},"action":{"allow":true,"audit":"full"}}]`:                                                     "action.audit: not supported",
+		`[{"match":{"host":"a.example"},"action":{}}]`:                                                                                "action.allow: required",
+		`[{"match":{},"action":{"allow":true}}]`:                                                                                      "match.host: required",
+		`[{"action":{"allow":true}}]`:                                                                                                 "match.host: required",
+		`[{"match":{"host":"a.example"},"action":{"allow":false,"inject":[{"header":"X","secret":"s"}]}}]`:                            "inject: only valid with allow: true",
+		`[{"match":{"host":"a.example"},"action":{"allow":true,"inject":[{"header":"X"}]}}]`:                                          "header and secret are required",
+		`[{"match":{"host":"a.example"},"action":{"allow":true,"inject":[{"header":"X","secret":"1"},{"header":"x","secret":"2"}]}}]`: "is set twice",
+		`[{"match":{"host":"a.example"},"action":{"allow":true}},{"match":{"host":"A.example"},"action":{"allow":false}}]`:            "is allowed by an earlier rule",
+		`[{"match":{"host":"a.example"},"action":{"allow":true},"extra":1}]`:                                                          "unknown field",
+		`[{"name":"bad","match":{"host":"a.example/x"},"action":{"allow":true}}]`:                                                     `network.rules[0] ("bad").match.host`,
+	} {
+		if _, msg := options(`{"rules":` + rules + `}`); !strings.Contains(msg, want) {
+			t.Errorf("%s: got %q, want a 400 containing %q", rules, msg, want)
+		}
+	}
+
+	// The same on PUT /network (CubeSandbox's update_network sends the list).
+	var up networkUpdate
+	if msg := decodeJSON([]byte(`{"rules":[{"match":{"host":"b.example"},"action":{"allow":true,"inject":[{"header":"X","secret":"v"}]}}],"denyOut":["0.0.0.0/0"]}`), &up, false); msg != "" {
+		t.Fatal(msg)
+	}
+	un, msg := up.network()
+	if msg != "" || un.Rules["b.example"][0].Headers["X"] != "v" || !slices.Equal(un.AllowOut, []string{"b.example"}) {
+		t.Fatalf("update: %+v %s", un, msg)
 	}
 }

@@ -1,5 +1,5 @@
 """Request transforms (network rules) with Secret placeholders, dns_servers,
-and a SOCKS5 egress proxy, through the unmodified SDK: a real sandbox, the node's egress
+a SOCKS5 egress proxy, and CubeSandbox's rule list (through its own SDK), through the unmodified SDKs: a real sandbox, the node's egress
 proxy, and test/testnet (bin/cubicle-testnet: a netns on 198.18.128.0/17
 answering every *.test name, echo servers, and a SOCKS5 server that needs
 alice/pw and can be stopped) standing in for the internet. The server needs
@@ -13,6 +13,8 @@ import secrets
 import subprocess
 from pathlib import Path
 
+import cubesandbox
+import pytest
 from e2b import ALL_TRAFFIC, Sandbox, Secret
 
 from harness import Server, uniq
@@ -108,6 +110,36 @@ def test_rules_secret_placeholder_and_socks5_upstream(server):
         sbx.update_network({"allow_out": ["allowed.test"], "deny_out": [ALL_TRAFFIC]})
         assert sbx.commands.run("getent hosts a.test || echo unresolved").stdout.strip() != "unresolved"
         sbx.kill()
+
+        # CubeSandbox's rule list, through its own SDK (which sends every rule
+        # set as a list): an allow rule allows its host and injects its header
+        # (format filled with the secret), hosts it does not name stay blocked
+        # without internet access, and a deny rule blocks its host.
+        cube = srv.track(
+            cubesandbox.Sandbox.create(
+                template="base",
+                timeout=300,
+                allow_internet_access=False,
+                network={
+                    "rules": [
+                        {"name": "key", "match": {"host": "api.test"},
+                         "action": {"allow": True, "inject": [{"header": "X-Api-Key", "secret": value, "format": "Bearer ${SECRET}"}]}},
+                        {"name": "open", "match": {"host": "open.test", "scheme": "https", "port": 443}, "action": {"allow": True}},
+                    ]
+                },
+            )
+        )
+        curl = lambda args: cube.commands.run(f"curl -sS -m 5 {args} || true").stdout.strip()
+        assert json.loads(curl("'https://api.test/?sha256=X-Api-Key'"))["sha256"] == _sha256(f"Bearer {value}")
+        assert "X-Api-Key" not in json.loads(curl("https://open.test/"))["headers"]
+        assert curl("-o /dev/null -w '%{http_code}' https://plain.test/") == "000"
+        cube.update_network({"rules": [{"name": "no", "match": {"host": "api.test"}, "action": {"allow": False}}]})
+        assert curl("-o /dev/null -w '%{http_code}' https://api.test/") == "000"
+        cube.kill()
+        # A subnet is refused by the server, naming the rule.
+        with pytest.raises(cubesandbox.ApiError, match="subnet CIDR not supported"):
+            cubesandbox.Sandbox.create(template="base", network={"rules": [
+                {"name": "net", "match": {"host": "10.0.0.0/24", "scheme": "https"}, "action": {"allow": True}}]})
 
         # SOCKS5: all TCP through the proxy (the echo sees the fixture's own
         # address), the password never shown, fail closed when it stops.
