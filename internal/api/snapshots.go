@@ -198,9 +198,14 @@ func (s *Server) rollback(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := chi.URLParam(r, "id")
-	if err := s.mgr.Rollback(r.Context(), id, req.SnapshotID); err != nil {
+	kind, err := s.mgr.RollbackKind(r.Context(), id, req.SnapshotID)
+	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"sandboxID": id, "snapshotID": req.SnapshotID, "status": "success"})
+	// kind tells the caller what came back: "memory" (processes and their
+	// state, runsc) or "filesystem" (the files; the sandbox rebooted on them,
+	// runc, which cannot checkpoint memory here). CubeSandbox's client hands
+	// this body to its caller as it is.
+	writeJSON(w, http.StatusOK, map[string]string{"sandboxID": id, "snapshotID": req.SnapshotID, "status": "success", "kind": kind})
 }

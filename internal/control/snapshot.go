@@ -354,30 +354,38 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, timeout time.D
 // Rollback returns a sandbox, in place, to a snapshot: same ID, access
 // token and volume attachments; its files (and memory, for a memory
 // snapshot) become the snapshot's. A filesystem rollback reboots it.
-func (m *Manager) Rollback(ctx context.Context, id, snapshotRef string) (err error) {
+func (m *Manager) Rollback(ctx context.Context, id, snapshotRef string) error {
+	_, err := m.RollbackKind(ctx, id, snapshotRef)
+	return err
+}
+
+// RollbackKind is Rollback, answering the kind of snapshot it rolled back to
+// (runtime.SnapshotMemory or runtime.SnapshotFilesystem): whether processes
+// and memory came back, or the sandbox rebooted on the snapshot's files.
+func (m *Manager) RollbackKind(ctx context.Context, id, snapshotRef string) (kind string, err error) {
 	defer m.metrics.observe("rollback", time.Now(), &err)
 	unlock, err := m.lock(ctx, id)
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer unlock()
 	sb, err := m.Get(ctx, id)
 	if err != nil {
-		return err
+		return "", err
 	}
 	info, err := m.GetSnapshot(ctx, snapshotRef)
 	if err != nil {
-		return err
+		return "", err
 	}
 	if hasAccelerators(sb) {
-		return fmt.Errorf("%w: sandbox '%s' cannot be rolled back: %w", ErrConflict, id, ErrAccelUnsupported)
+		return "", fmt.Errorf("%w: sandbox '%s' cannot be rolled back: %w", ErrConflict, id, ErrAccelUnsupported)
 	}
 	if sb.State != store.StateRunning && sb.State != store.StatePaused {
-		return fmt.Errorf("%w: sandbox '%s' is %s", ErrConflict, id, sb.State)
+		return "", fmt.Errorf("%w: sandbox '%s' is %s", ErrConflict, id, sb.State)
 	}
 	nd, err := m.nodeOf(ctx, sb)
 	if err != nil {
-		return err
+		return "", err
 	}
 	if on := info.Snapshot.Node; on != "" && on != m.rowNode(sb) {
 		// Its files are on another node: fetched from the snapshot store
@@ -387,10 +395,10 @@ func (m *Manager) Rollback(ctx context.Context, id, snapshotRef string) (err err
 			why = fmt.Errorf("node %s boots from the control plane's paths, not by reference", m.rowNode(sb))
 		}
 		if why != nil {
-			return fmt.Errorf("%w: snapshot '%s' is kept on node %s and sandbox '%s' runs on node %s: %v", ErrConflict, info.Snapshot.ID, on, id, m.rowNode(sb), why)
+			return "", fmt.Errorf("%w: snapshot '%s' is kept on node %s and sandbox '%s' runs on node %s: %v", ErrConflict, info.Snapshot.ID, on, id, m.rowNode(sb), why)
 		}
 		if err := m.fetchChain(ctx, nd, m.rowNode(sb), &info.Snapshot); err != nil {
-			return err
+			return "", err
 		}
 	}
 	// A node that does not share the control plane's files gets the
@@ -398,27 +406,27 @@ func (m *Manager) Rollback(ctx context.Context, id, snapshotRef string) (err err
 	// snapshot dir: the snapshot was taken there).
 	var boot node.Image
 	if pulls, err := m.pullsImages(ctx, m.rowNode(sb), nd); err != nil {
-		return err
+		return "", err
 	} else if pulls {
 		if boot, err = snapshotImage(&info.Snapshot, m.rowNode(sb)); err != nil {
-			return err
+			return "", err
 		}
 	}
 	restore, currentToken, err := m.restoreOf(ctx, &info.Snapshot, sb)
 	if err != nil {
-		return err
+		return "", err
 	}
 	want, err := m.mountsByName(ctx, sb.Volumes)
 	if err != nil {
-		return err
+		return "", err
 	}
 	_, atts, err := m.resolveMounts(ctx, sb.TeamID, want, nd, m.rowNode(sb))
 	if err != nil {
-		return err
+		return "", err
 	}
 	prev := sb.State
 	if _, err := m.store.CompareAndSetState(ctx, id, []store.SandboxState{prev}, store.StateResuming); err != nil {
-		return fmt.Errorf("%w: sandbox '%s' changed state", ErrConflict, id)
+		return "", fmt.Errorf("%w: sandbox '%s' changed state", ErrConflict, id)
 	}
 	req := m.nodeRequest(sb, info.Layers)
 	req.Volumes, req.Restore, req.CurrentToken = atts, restore, currentToken
@@ -432,12 +440,12 @@ func (m *Manager) Rollback(ctx context.Context, id, snapshotRef string) (err err
 	defer cancel()
 	if err := nd.Rebuild(nctx, id, req); errors.Is(err, node.ErrRebuildRefused) {
 		_, _ = m.store.CompareAndSetState(nctx, id, []store.SandboxState{store.StateResuming}, prev)
-		return fmt.Errorf("rollback: %w", err)
+		return "", fmt.Errorf("rollback: %w", err)
 	} else if err != nil {
 		// The old root filesystem is gone: the sandbox cannot go back.
 		derr := nd.Delete(nctx, id)
 		m.markKilled(nctx, sb, "rollback failed: "+err.Error(), derr)
-		return fmt.Errorf("rollback: %w", err)
+		return "", fmt.Errorf("rollback: %w", err)
 	}
 	sb.Layers, sb.State = info.Layers, store.StateRunning
 	sb.Image, sb.SnapshotLayers = info.Image, info.SnapshotLayers
@@ -446,11 +454,11 @@ func (m *Manager) Rollback(ctx context.Context, id, snapshotRef string) (err err
 		sb.EndAt = time.Now().UTC().Add(DefaultTimeout)
 	}
 	if err := m.store.UpdateSandbox(nctx, sb); err != nil {
-		return err
+		return "", err
 	}
 	m.event(ctx, id, "rollback", "info", "rolled back to %s snapshot %s", info.Kind, info.ID)
 	m.SnapshotTrigger()
-	return nil
+	return string(info.Kind), nil
 }
 
 // restoreOf is how a sandbox starts from sn on this node: the memory image
