@@ -216,13 +216,20 @@ func egressOut(n store.Network) (json.RawMessage, json.RawMessage) {
 		ep, _ = json.Marshal(out)
 	}
 	if len(n.Rules) > 0 {
-		m := map[string][]ruleJSON{}
+		// e2b's shape; a rule for plain HTTP (CubeSandbox's scheme "http")
+		// says so.
+		type ruleOut struct {
+			ruleJSON
+			Plain bool `json:"plain,omitempty"`
+		}
+		m := map[string][]ruleOut{}
 		for host, list := range n.Rules {
-			rs := make([]ruleJSON, len(list))
+			rs := make([]ruleOut, len(list))
 			for i, r := range list {
 				rs[i].Transform = &struct {
 					Headers map[string]string `json:"headers"`
 				}{Headers: r.Headers}
+				rs[i].Plain = r.Plain
 			}
 			m[host] = rs
 		}

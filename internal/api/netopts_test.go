@@ -126,13 +126,24 @@ func TestCubeSandboxRuleList(t *testing.T) {
 	n, msg := options(`{"allowOut":["a.example"],"denyOut":["0.0.0.0/0"],"rules":[
 		{"name":"key","match":{"host":"API.example.com"},"action":{"allow":true,"inject":[{"header":"Authorization","secret":"s3","format":"Bearer ${SECRET}"},{"header":"X-Raw","secret":"${e2b.secrets.k}"}]}},
 		{"name":"more","match":{"host":"api.example.com","scheme":"https","port":443},"action":{"allow":true,"inject":[{"header":"X-Two","secret":"2"}]}},
+		{"name":"plain","match":{"host":"api.example.com","scheme":"http","port":80},"action":{"allow":true,"inject":[{"header":"X-Three","secret":"3"}]}},
 		{"name":"open","match":{"host":"*.open.example"},"action":{"allow":true}},
 		{"name":"block","match":{"host":"bad.example"},"action":{"allow":false}}]}`)
 	if msg != "" {
 		t.Fatal(msg)
 	}
-	if r := n.Rules["api.example.com"]; len(r) != 2 || r[0].Headers["Authorization"] != "Bearer s3" || r[0].Headers["X-Raw"] != "${e2b.secrets.k}" || r[1].Headers["X-Two"] != "2" || len(n.Rules) != 1 {
+	// No scheme: CubeSandbox's default set, HTTPS and plain HTTP; a scheme
+	// picks one.
+	r := n.Rules["api.example.com"]
+	if len(r) != 4 || len(n.Rules) != 1 ||
+		r[0].Plain || r[0].Headers["Authorization"] != "Bearer s3" || r[0].Headers["X-Raw"] != "${e2b.secrets.k}" ||
+		!r[1].Plain || r[1].Headers["Authorization"] != "Bearer s3" ||
+		r[2].Plain || r[2].Headers["X-Two"] != "2" ||
+		!r[3].Plain || r[3].Headers["X-Three"] != "3" {
 		t.Fatalf("rules %+v", n.Rules)
+	}
+	if _, shown := egressOut(n); !strings.Contains(string(shown), `{"transform":{"headers":{"X-Three":"3"}},"plain":true}`) {
+		t.Fatalf("shown rules %s", shown)
 	}
 	if !slices.Equal(n.AllowOut, []string{"a.example", "api.example.com", "*.open.example"}) || !slices.Equal(n.DenyOut, []string{"0.0.0.0/0", "bad.example"}) {
 		t.Fatalf("allowOut %v denyOut %v", n.AllowOut, n.DenyOut)
@@ -142,7 +153,8 @@ func TestCubeSandboxRuleList(t *testing.T) {
 		`[{"match":{"host":"10.0.0.0/24","scheme":"http"},"action":{"allow":true}}]`:                                                  "subnet CIDR not supported for L7 rules",
 		`[{"match":{"host":"198.51.100.7"},"action":{"allow":true}}]`:                                                                 "an IP address is not supported",
 		`[{"match":{"host":"a.example","port":1234},"action":{"allow":true}}]`:                                                        "match.port requires match.scheme",
-		`[{"match":{"host":"a.example","scheme":"http"},"action":{"allow":true}}]`:                                                    "match.scheme: http is not supported",
+		`[{"match":{"host":"a.example","scheme":"http","port":8080},"action":{"allow":true}}]`:                                        "match.port 8080: not supported",
+		`[{"match":{"host":"a.example","scheme":"http","port":443},"action":{"allow":true}}]`:                                         "match.port 443: not supported",
 		`[{"match":{"host":"a.example","scheme":"ftp"},"action":{"allow":true}}]`:                                                     "must be http or https",
 		`[{"match":{"host":"a.example","scheme":"https","port":8443},"action":{"allow":true}}]`:                                       "match.port 8443: not supported",
 		`[{"match":{"host":"a.example","path":"/v1"},"action":{"allow":true}}]`:                                                       "match.path: not supported",

@@ -3,6 +3,7 @@ package api
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -20,10 +21,11 @@ import (
 // and maps onto the same engine (docs/network.md, "CubeSandbox's rule
 // list"): allow: true puts the host in allowOut (in CubeSandbox an L7 rule
 // allows its host) and its injects become the host's transform headers,
-// each format with ${SECRET} replaced by the secret; allow: false puts the
-// host in denyOut. What the engine cannot do yet is refused by name rather
-// than dropped: matching by sni, method or path, audit levels, plain-HTTP
-// injection (scheme http) and ports other than 443.
+// each format with ${SECRET} replaced by the secret, on HTTPS (443), plain
+// HTTP (80, network.Rule.Plain) or both when no scheme is given, as
+// CubeSandbox's default set; allow: false puts the host in denyOut. What the
+// engine cannot do yet is refused by name rather than dropped: matching by
+// sni, method or path, audit levels, and other ports.
 
 type ruleListJSON struct {
 	Name   string          `json:"name"`
@@ -97,19 +99,26 @@ func parseRuleList(raw json.RawMessage) (map[string][]store.NetworkRule, []strin
 		if m.Port != nil && m.Scheme == nil {
 			return nil, nil, nil, at + ".match.port requires match.scheme (http or https)"
 		}
+		// Which of CubeSandbox's default set the rule's injects apply to:
+		// HTTPS on 443 and plain HTTP on 80, both when no scheme is given.
+		https, plain := true, true
 		if m.Scheme != nil {
-			switch s := strings.ToLower(strings.TrimSpace(*m.Scheme)); {
-			case s == "http":
-				return nil, nil, nil, at + ".match.scheme: http is not supported by this server: its rules apply to HTTPS only, so a secret never crosses the network in the clear"
-			case s != "https":
+			switch s := strings.ToLower(strings.TrimSpace(*m.Scheme)); s {
+			case "http":
+				https = false
+			case "https":
+				plain = false
+			default:
 				return nil, nil, nil, fmt.Sprintf("%s.match.scheme %q: must be http or https", at, *m.Scheme)
 			}
 		}
-		if m.Port != nil && *m.Port != 443 {
-			if *m.Port < 1 || *m.Port > 65535 {
+		if m.Port != nil {
+			switch {
+			case *m.Port < 1 || *m.Port > 65535:
 				return nil, nil, nil, fmt.Sprintf("%s.match.port %d: must be in [1, 65535]", at, *m.Port)
+			case https && *m.Port != 443, plain && *m.Port != 80:
+				return nil, nil, nil, fmt.Sprintf("%s.match.port %d: not supported by this server: rules apply on port 443 (https) and 80 (http)", at, *m.Port)
 			}
-			return nil, nil, nil, fmt.Sprintf("%s.match.port %d: not supported by this server: rules apply on port 443", at, *m.Port)
 		}
 		if a == nil || a.Allow == nil {
 			return nil, nil, nil, at + ".action.allow: required (true or false)"
@@ -157,7 +166,12 @@ func parseRuleList(raw json.RawMessage) (map[string][]store.NetworkRule, []strin
 		if rules == nil {
 			rules = map[string][]store.NetworkRule{}
 		}
-		rules[host] = append(rules[host], store.NetworkRule{Headers: headers})
+		if https {
+			rules[host] = append(rules[host], store.NetworkRule{Headers: headers})
+		}
+		if plain {
+			rules[host] = append(rules[host], store.NetworkRule{Headers: maps.Clone(headers), Plain: true})
+		}
 	}
 	return rules, allow, deny, ""
 }

@@ -422,7 +422,7 @@ func policyOf(n store.Network) network.Policy {
 		for host, list := range n.Rules {
 			rs := make([]network.Rule, len(list))
 			for i, r := range list {
-				rs[i] = network.Rule{Headers: r.Headers}
+				rs[i] = network.Rule{Headers: r.Headers, Plain: r.Plain}
 			}
 			p.Rules[host] = rs
 		}

@@ -294,15 +294,15 @@ func (p *Proxy) handle(c net.Conn) {
 		return
 	}
 	if first[0] != 0x16 {
-		p.serveHTTP(log, c, br, b, release, pol, mapped, dst)
+		p.serveHTTP(log, c, br, b, release, id, src.Addr(), pol, mapped, dst)
 		return
 	}
 	// A TLS handshake record.
 	var seen bytes.Buffer
 	name := serverName(io.TeeReader(&limited{r: br, n: maxHelloSize}, &seen))
 	_ = c.SetReadDeadline(time.Time{})
-	if rules, ok := network.RulesFor(pol.Rules, name); ok && p.icpt != nil && !isIP(name) {
-		p.intercept(log, c, io.MultiReader(&seen, br), release, id, src.Addr(), pol, name, rules, dst)
+	if rules, _ := network.RulesFor(pol.Rules, name); len(network.ForScheme(rules, false)) > 0 && p.icpt != nil && !isIP(name) {
+		p.intercept(log, c, io.MultiReader(&seen, br), release, id, src.Addr(), pol, name, network.ForScheme(rules, false), dst)
 		return
 	}
 	p.relaySeen(log, c, br, release, pol, name, mapped, dst, &seen)
@@ -345,7 +345,10 @@ func isIP(s string) bool {
 // destination address. Every head is read within maxHeaderSize and the
 // budget (release returns the first one's reservation); bodies are
 // streamed, never buffered.
-func (p *Proxy) serveHTTP(log *slog.Logger, c net.Conn, br *bufio.Reader, b *budget, release func(), pol network.Policy, mapped string, dst netip.AddrPort) {
+//
+// Rules that apply to plain HTTP (network.Rule.Plain) set their headers on
+// each request to their host, as the intercepted HTTPS path does (intercept.go).
+func (p *Proxy) serveHTTP(log *slog.Logger, c net.Conn, br *bufio.Reader, b *budget, release func(), id string, src netip.Addr, pol network.Policy, mapped string, dst netip.AddrPort) {
 	var seen bytes.Buffer
 	req, err := http.ReadRequest(bufio.NewReaderSize(io.TeeReader(&limited{r: br, n: maxHeaderSize}, &seen), readBuf))
 	deadline(c, false)
@@ -362,15 +365,19 @@ func (p *Proxy) serveHTTP(log *slog.Logger, c net.Conn, br *bufio.Reader, b *bud
 	}
 	defer up.Close()
 	done := make(chan struct{})
+	var answering atomic.Bool // a refusal is to follow the upstream's responses
 	go func() {
 		_, _ = io.Copy(c, up)
-		closeWrite(c)
+		if !answering.Load() {
+			closeWrite(c)
+		}
 		close(done)
 	}()
 	// The first request was parsed from a copy: it is read again from what
 	// was seen plus the rest of the stream, so nothing is lost to read-ahead.
 	lim := &limited{r: io.MultiReader(&seen, br), n: maxHeaderSize}
 	cr := bufio.NewReaderSize(lim, readBuf)
+	var refuse *http.Response // answered to the sandbox once the earlier responses are through
 	for first := true; ; first = false {
 		if !first {
 			// Wait for the next head holding no reservation, then read it
@@ -402,6 +409,10 @@ func (p *Proxy) serveHTTP(log *slog.Logger, c net.Conn, br *bufio.Reader, b *bud
 		if len(req.Header.Values("User-Agent")) == 0 {
 			req.Header["User-Agent"] = []string{""} // Write would add Go's
 		}
+		if refuse = p.transformPlain(log, req, id, src, host); refuse != nil {
+			answering.Store(true)
+			break
+		}
 		if err := req.Write(up); err != nil {
 			break
 		}
@@ -412,6 +423,62 @@ func (p *Proxy) serveHTTP(log *slog.Logger, c net.Conn, br *bufio.Reader, b *bud
 	}
 	closeWrite(up)
 	<-done
+	if refuse != nil {
+		_ = refuse.Write(c)
+		closeWrite(c)
+	}
+}
+
+// transformPlain sets the headers of the host's plain-HTTP rules on req,
+// read from the sandbox's live policy, or returns the response that refuses
+// it: TRACE, TRACK and CONNECT are not forwarded to a host with rules (TRACE
+// would echo the values back), and a secret that cannot be read sends
+// nothing.
+func (p *Proxy) transformPlain(log *slog.Logger, req *http.Request, id string, src netip.Addr, host string) *http.Response {
+	liveID, live, ok := p.pol.SandboxPolicy(src)
+	if !ok || liveID != id {
+		return nil
+	}
+	rules, _ := network.RulesFor(live.Rules, host)
+	set := network.ForScheme(rules, true)
+	if len(set) == 0 {
+		return nil
+	}
+	switch req.Method {
+	case "TRACE", "TRACK", http.MethodConnect:
+		return plainError(http.StatusMethodNotAllowed, req.Method+" is not forwarded to a host with transform rules")
+	}
+	headers, err := p.ruleHeaders(req.Context(), id, set)
+	if err != nil {
+		log.Info("egress: transform not applied", "host", host, "err", err)
+		return plainError(http.StatusBadGateway, err.Error())
+	}
+	// A header the sandbox listed in Connection would be dropped as
+	// hop-by-hop on the way; the rule's must arrive.
+	if conn := req.Header.Values("Connection"); len(conn) > 0 {
+		var keep []string
+		for _, v := range conn {
+			for _, tok := range strings.Split(v, ",") {
+				if tok = strings.TrimSpace(tok); tok != "" && headers.Get(tok) == "" {
+					keep = append(keep, tok)
+				}
+			}
+		}
+		req.Header.Del("Connection")
+		if len(keep) > 0 {
+			req.Header.Set("Connection", strings.Join(keep, ", "))
+		}
+	}
+	for k, v := range headers {
+		req.Header[k] = v
+	}
+	return nil
+}
+
+func plainError(status int, msg string) *http.Response {
+	body := "cubicle egress proxy: " + msg + "\n"
+	return &http.Response{StatusCode: status, ProtoMajor: 1, ProtoMinor: 1, Close: true, ContentLength: int64(len(body)),
+		Header: http.Header{"Content-Type": {"text/plain; charset=utf-8"}}, Body: io.NopCloser(strings.NewReader(body))}
 }
 
 // dialFor applies the policy to one connection and dials its upstream, or

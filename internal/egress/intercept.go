@@ -172,27 +172,13 @@ func (p *Proxy) intercept(log *slog.Logger, c net.Conn, hello io.Reader, release
 		set := rules
 		if liveID, live, ok := p.pol.SandboxPolicy(src); ok && liveID == id {
 			set, _ = network.RulesFor(live.Rules, name) // updateNetwork applies per request
+			set = network.ForScheme(set, false)
 		}
-		headers := http.Header{}
-		for _, rule := range set {
-			for k, v := range rule.Headers {
-				val, err := network.ExpandSecrets(v, func(secret string) (string, error) {
-					if p.icpt.secrets == nil {
-						return "", fmt.Errorf("%w: no secret store", ErrSecret)
-					}
-					val, err := p.icpt.secrets(r.Context(), id, secret)
-					if err != nil {
-						return "", fmt.Errorf("%w: secret %q: %v", ErrSecret, secret, err)
-					}
-					return val, nil
-				})
-				if err != nil {
-					log.Info("egress: transform not applied", "host", name, "header", k, "err", err)
-					http.Error(w, "cubicle egress proxy: "+err.Error(), http.StatusBadGateway)
-					return
-				}
-				headers.Set(k, val)
-			}
+		headers, err := p.ruleHeaders(r.Context(), id, set)
+		if err != nil {
+			log.Info("egress: transform not applied", "host", name, "err", err)
+			http.Error(w, "cubicle egress proxy: "+err.Error(), http.StatusBadGateway)
+			return
 		}
 		rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), headersKey{}, headers)))
 	})
@@ -227,6 +213,32 @@ func (p *Proxy) intercept(log *slog.Logger, c net.Conn, hello io.Reader, release
 		}}
 	_ = srv.Serve(ln) // returns once the connection is closed or hijacked
 	inflight.Wait()
+}
+
+// ruleHeaders is the headers set's rules put on a request of sandbox id, in
+// order (a later rule wins), each ${e2b.secrets.<name>} filled with the
+// current value of that secret of the sandbox's team.
+func (p *Proxy) ruleHeaders(ctx context.Context, id string, set []network.Rule) (http.Header, error) {
+	headers := http.Header{}
+	for _, rule := range set {
+		for k, v := range rule.Headers {
+			val, err := network.ExpandSecrets(v, func(secret string) (string, error) {
+				if p.icpt == nil || p.icpt.secrets == nil {
+					return "", fmt.Errorf("%w: no secret store", ErrSecret)
+				}
+				val, err := p.icpt.secrets(ctx, id, secret)
+				if err != nil {
+					return "", fmt.Errorf("%w: secret %q: %v", ErrSecret, secret, err)
+				}
+				return val, nil
+			})
+			if err != nil {
+				return nil, fmt.Errorf("header %s: %w", k, err)
+			}
+			headers.Set(k, val)
+		}
+	}
+	return headers, nil
 }
 
 // headersKey carries a request's transformed headers to Rewrite.

@@ -197,10 +197,53 @@ func TestTransformRules(t *testing.T) {
 	if code, e := get("https://api.test/", "api.test"); code != "200" || http.Header(e.Headers).Get("X-Api-Key") != "v2 rotated" {
 		t.Errorf("after update: %s %+v", code, e.Headers)
 	}
-	// Plain HTTP is never transformed: a secret would travel in the clear.
+	// Plain HTTP is not transformed by HTTPS rules: a secret would travel in
+	// the clear.
 	code, body = fetch(t, ns, "http://api.test/", "api.test", tn.Addr)
 	if code != "200" || strings.Contains(body, "rotated") {
 		t.Errorf("plain HTTP: %s %s", code, body)
+	}
+
+	// Unless a rule says it is for plain HTTP (CubeSandbox's scheme "http"):
+	// then its headers are set on each request to the host, and only there.
+	if err := l.UpdatePolicy(context.Background(), id, network.Policy{AllowOut: []string{"api.test", "gone.test"}, DenyOut: []string{"0.0.0.0/0"},
+		Rules: map[string][]network.Rule{
+			"api.test":  {{Headers: map[string]string{"X-Tls": "tls"}}, {Headers: map[string]string{"X-Api-Key": "plain ${e2b.secrets.api-key}"}, Plain: true}},
+			"gone.test": {{Headers: map[string]string{"X-Gone": "${e2b.secrets.missing}"}, Plain: true}},
+		}}); err != nil {
+		t.Fatal(err)
+	}
+	plainGet := func(url, host string, extra ...string) (string, echoed) {
+		t.Helper()
+		code, body := fetch(t, ns, url, host, tn.Addr, extra...)
+		var e echoed
+		if code == "200" {
+			if err := json.Unmarshal([]byte(body), &e); err != nil {
+				t.Fatalf("%s: %v: %s", url, err, body)
+			}
+		}
+		return code, e
+	}
+	if code, e := plainGet("http://api.test/p", "api.test", "-H", "X-Api-Key: from-the-sandbox", "-H", "Connection: X-Api-Key"); code != "200" ||
+		http.Header(e.Headers).Values("X-Api-Key")[0] != "plain rotated" || len(http.Header(e.Headers).Values("X-Api-Key")) != 1 || http.Header(e.Headers).Get("X-Tls") != "" || e.TLS {
+		t.Errorf("plain rule on plain HTTP: %s %+v", code, e)
+	}
+	_, body = fetch(t, ns, "http://api.test/a", "api.test", tn.Addr, "http://api.test/b")
+	if n := strings.Count(body, `"X-Api-Key":["plain rotated"]`); n != 2 {
+		t.Errorf("two plain requests on one connection: %d transformed:\n%s", n, body)
+	}
+	if code, e := get("https://api.test/", "api.test"); code != "200" || http.Header(e.Headers).Get("X-Tls") != "tls" || http.Header(e.Headers).Get("X-Api-Key") != "" {
+		t.Errorf("HTTPS with a plain rule beside: %s %+v", code, e.Headers)
+	}
+	if code, _ := plainGet("http://api.test/", "api.test", "-X", "TRACE"); code != "405" {
+		t.Errorf("plain TRACE: %s, want 405", code)
+	}
+	if code, _ := plainGet("http://gone.test/", "gone.test"); code != "502" {
+		t.Errorf("plain rule, missing secret: %s, want 502", code)
+	}
+	// A host with only plain rules is not intercepted on HTTPS.
+	if code, _ := fetch(t, ns, "https://gone.test/", "gone.test", tn.Addr, "--cacert", tn.CACert); code != "200" {
+		t.Errorf("HTTPS to a host with only plain rules, real certificate: %s", code)
 	}
 }
 

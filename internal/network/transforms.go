@@ -39,6 +39,23 @@ const (
 // from the sandbox team's secrets; nothing else in a request is expanded.
 type Rule struct {
 	Headers map[string]string `json:"headers,omitempty"`
+	// Plain: the rule applies to the host's plain HTTP requests (port 80)
+	// and not to its HTTPS ones. The caller asked for it by name
+	// (CubeSandbox's scheme "http"), knowing the values cross the network
+	// in the clear; rules are HTTPS-only otherwise.
+	Plain bool `json:"plain,omitempty"`
+}
+
+// ForScheme is the rules of list that apply to plain HTTP (plain) or to
+// HTTPS, in order.
+func ForScheme(list []Rule, plain bool) []Rule {
+	var out []Rule
+	for _, r := range list {
+		if r.Plain == plain {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // Upstream is a SOCKS5 proxy that all of a sandbox's TCP egress is

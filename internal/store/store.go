@@ -101,6 +101,9 @@ type Network struct {
 // NetworkRule is one transform of network.rules.
 type NetworkRule struct {
 	Headers map[string]string `json:"headers,omitempty"`
+	// Plain: the rule applies to plain HTTP (port 80) and not to HTTPS
+	// (CubeSandbox's scheme "http"); e2b's rules never set it.
+	Plain bool `json:"plain,omitempty"`
 }
 
 // EgressProxy is network.egressProxy. The API never returns Password or

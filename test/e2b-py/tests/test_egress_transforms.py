@@ -125,12 +125,19 @@ def test_rules_secret_placeholder_and_socks5_upstream(server):
                         {"name": "key", "match": {"host": "api.test"},
                          "action": {"allow": True, "inject": [{"header": "X-Api-Key", "secret": value, "format": "Bearer ${SECRET}"}]}},
                         {"name": "open", "match": {"host": "open.test", "scheme": "https", "port": 443}, "action": {"allow": True}},
+                        {"name": "http", "match": {"host": "http.test", "scheme": "http", "port": 80},
+                         "action": {"allow": True, "inject": [{"header": "X-Plain", "secret": "plain-value"}]}},
                     ]
                 },
             )
         )
         curl = lambda args: cube.commands.run(f"curl -sS -m 5 {args} || true").stdout.strip()
         assert json.loads(curl("'https://api.test/?sha256=X-Api-Key'"))["sha256"] == _sha256(f"Bearer {value}")
+        # No scheme is CubeSandbox's default set, so plain HTTP gets it too;
+        # scheme http only plain HTTP.
+        assert json.loads(curl("'http://api.test/?sha256=X-Api-Key'"))["sha256"] == _sha256(f"Bearer {value}")
+        assert json.loads(curl("http://http.test/"))["headers"]["X-Plain"] == ["plain-value"]
+        assert "X-Plain" not in json.loads(curl("https://http.test/"))["headers"]
         assert "X-Api-Key" not in json.loads(curl("https://open.test/"))["headers"]
         assert curl("-o /dev/null -w '%{http_code}' https://plain.test/") == "000"
         cube.update_network({"rules": [{"name": "no", "match": {"host": "api.test"}, "action": {"allow": False}}]})
