@@ -550,9 +550,11 @@ def test_cubesandbox_snapshots_list_delete_and_rollback(server, created, memory)
 
 
 @pytest.mark.timeout(240)
-def test_cubesandbox_clone_and_its_snapshot_cleanup(server, created):
+def test_cubesandbox_clone_and_its_snapshot_cleanup(server, created, memory):
     sb = created.sbx(cubesandbox.Sandbox.create(template="base", timeout=300))
     sb.files.write("/home/user/c.txt", "cloned")
+    # cubesandbox's run() has no background mode: detach it.
+    sb.commands.run("(setsid bash -c 'exec -a kept-proc sleep 1000' </dev/null >/dev/null 2>&1 &)", timeout=30)
     clones = sb.clone(n=2)
     for c in clones:
         created.sbx(c)
@@ -560,6 +562,10 @@ def test_cubesandbox_clone_and_its_snapshot_cleanup(server, created):
     assert len({c.sandbox_id for c in clones} | {sb.sandbox_id}) == 3
     for c in clones:
         assert c.files.read("/home/user/c.txt") == "cloned"
+        # runsc clones memory (the process runs on in each clone); runc boots
+        # each clone on the files.
+        running = c.commands.run("pgrep -f kept-pro[c] >/dev/null && echo yes || echo no").stdout.strip()
+        assert running == ("yes" if memory else "no"), running
     clones[0].files.write("/home/user/c.txt", "clone0")
     assert clones[1].files.read("/home/user/c.txt") == "cloned"
     assert sb.files.read("/home/user/c.txt") == "cloned"
