@@ -148,6 +148,17 @@ func TestUploadNewFileIntoRootsDirectory(t *testing.T) {
 	if _, err := os.Lstat(target); !os.IsNotExist(err) {
 		t.Fatalf("the link's target was created: %v", err)
 	}
+	// Not through a symlink to such a directory, though the user could
+	// follow it: another user's link must not steer root's file.
+	if err := os.Symlink(d, filepath.Join(e.userHome, "to-root-dir")); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := e.upload(t, filepath.Join(e.userHome, "to-root-dir", "via-link.txt"), "x"); st != 403 {
+		t.Fatalf("through a symlink to a root directory: %d", st)
+	}
+	if _, err := os.Lstat(filepath.Join(d, "via-link.txt")); !os.IsNotExist(err) {
+		t.Fatalf("root made a file through a symlink: %v", err)
+	}
 	// Not into a directory the user may not search (root's 0700 home).
 	if st, _ := e.upload(t, filepath.Join(e.root, "root", "planted.txt"), "x"); st != 403 {
 		t.Fatalf("into a directory the user may not search: %d", st)

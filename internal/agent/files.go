@@ -311,8 +311,11 @@ func writeFile(u *sysUser, path string, src io.Reader, md map[string]string) err
 			// As envd, which writes as root: a new file in a directory u may
 			// search but not write (one root made, say) is made by root
 			// (createAsRoot, below) and handed to u. The directory is opened
-			// here, as u.
-			fd, derr := unix.Open(filepath.Dir(path)+"/.", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+			// here, as u, through no symlink: another user's link on the way
+			// must not steer root's file into a directory of its choosing.
+			// Without openat2 (ENOSYS) there is no root path.
+			fd, derr := unix.Openat2(unix.AT_FDCWD, filepath.Dir(path)+"/.", &unix.OpenHow{
+				Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: unix.RESOLVE_NO_SYMLINKS})
 			if derr != nil {
 				return err
 			}
