@@ -178,7 +178,8 @@ test('rollback returns a sandbox to a snapshot in place', { timeout: 240000 }, a
   await sbx.files.write('/home/user/extra.txt', 'x')
   const r = await srv.api('POST', `/sandboxes/${sbx.sandboxId}/rollback`, { body: { snapshotID: snap.snapshotId } })
   assert.equal(r.status, 200, r.text)
-  assert.deepEqual(r.json, { sandboxID: sbx.sandboxId, snapshotID: snap.snapshotId, status: 'success' })
+  // kind tells the caller whether memory came back (runsc) or only the files (runc).
+  assert.deepEqual(r.json, { sandboxID: sbx.sandboxId, snapshotID: snap.snapshotId, status: 'success', kind: memory() ? 'memory' : 'filesystem' })
   // Same sandbox, same token: the SDK object keeps working.
   await waitFor(async () => (await sbx.files.read('/home/user/r.txt').catch(() => '')) === 'v1', { timeoutMs: 20000, what: 'rolled back file' })
   assert.equal(await sbx.files.exists('/home/user/extra.txt'), false)
