@@ -299,13 +299,16 @@ func writeFile(u *sysUser, path string, src io.Reader, md map[string]string) err
 	}
 	var f *os.File
 	dirFD, denied := -1, error(nil)
+	// Asked here: inside asUser the thread may carry u's effective IDs
+	// (where setfsuid is missing, as under gVisor).
+	rootPath := u.UID != 0 && os.Geteuid() == 0
 	err := asUser(u, func() error {
 		if fi, err := os.Stat(path); err == nil && fi.IsDir() {
 			return fmt.Errorf("%w: %s", ErrIsDir, path)
 		}
 		var err error
 		if f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o644); err != nil {
-			if !errors.Is(err, fs.ErrPermission) || u.UID == 0 || os.Geteuid() != 0 {
+			if !errors.Is(err, fs.ErrPermission) || !rootPath {
 				return err
 			}
 			// As envd, which writes as root: a new file in a directory u may
@@ -313,9 +316,7 @@ func writeFile(u *sysUser, path string, src io.Reader, md map[string]string) err
 			// (createAsRoot, below) and handed to u. The directory is opened
 			// here, as u, through no symlink: another user's link on the way
 			// must not steer root's file into a directory of its choosing.
-			// Without openat2 (ENOSYS) there is no root path.
-			fd, derr := unix.Openat2(unix.AT_FDCWD, filepath.Dir(path)+"/.", &unix.OpenHow{
-				Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: unix.RESOLVE_NO_SYMLINKS})
+			fd, derr := openDirNoSymlinks(filepath.Dir(path))
 			if derr != nil {
 				return err
 			}
@@ -362,6 +363,35 @@ func writeFile(u *sysUser, path string, src io.Reader, md map[string]string) err
 		return err
 	}
 	return f.Close()
+}
+
+// openDirNoSymlinks opens the absolute, clean directory dir (O_PATH) one
+// component at a time with O_NOFOLLOW, so that no component may be a
+// symlink, and checks that the caller may search dir itself. It is
+// RESOLVE_NO_SYMLINKS by hand: gVisor has no openat2.
+func openDirNoSymlinks(dir string) (int, error) {
+	fd, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	for _, name := range strings.Split(strings.TrimPrefix(dir, "/"), "/") {
+		if name == "" {
+			continue
+		}
+		next, err := unix.Openat(fd, name, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		unix.Close(fd)
+		if err != nil {
+			return -1, &fs.PathError{Op: "open", Path: dir, Err: err}
+		}
+		fd = next
+	}
+	// "." makes the kernel check that the caller may search dir itself.
+	self, err := unix.Openat(fd, ".", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	unix.Close(fd)
+	if err != nil {
+		return -1, &fs.PathError{Op: "open", Path: dir, Err: err}
+	}
+	return self, nil
 }
 
 // createAsRoot is writeFile's root path for a new file: dirFD is the file's

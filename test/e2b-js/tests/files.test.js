@@ -178,3 +178,14 @@ test('getInfo and list of symlinks: the target type and path, as e2b answers SDK
   assert.equal((await sbx.files.getInfo('/home/user/jl/f.txt')).symlinkTarget, undefined)
   await sbx.files.remove('/home/user/jl')
 })
+
+test('a user adds files to a directory root made, as with envd; root\'s files there stay root\'s', async () => {
+  // Runs on runsc too, where the agent's file identity is its effective IDs.
+  assert.equal(await sbx.files.makeDir('/srv/jsroot/deep', { user: 'root' }), true)
+  await sbx.files.write('/srv/jsroot/deep/f.txt', 'mine')
+  assert.equal((await sbx.commands.run('stat -c %U /srv/jsroot/deep /srv/jsroot/deep/f.txt')).stdout, 'root\nuser\n')
+  await sbx.files.write('/srv/jsroot/r.txt', "root's", { user: 'root' })
+  await assert.rejects(sbx.files.write('/srv/jsroot/r.txt', 'taken'), SandboxError)
+  assert.equal(await sbx.files.read('/srv/jsroot/r.txt'), "root's")
+  await sbx.files.remove('/srv/jsroot', { user: 'root' })
+})
