@@ -397,7 +397,7 @@ func openDirNoSymlinks(dir string) (int, error) {
 // createAsRoot is writeFile's root path for a new file: dirFD is the file's
 // directory opened as u, denied the error u got itself. As in mkdirsAsRoot,
 // root never resolves the path: u opened the directory (so u may search it,
-// and a symlink on the way was followed only as far as u may), and root only
+// and no symlink was on the way: openDirNoSymlinks), and root only
 // adds a new entry to it (O_EXCL, O_NOFOLLOW), never in a directory u could
 // modify (u could swap the entry before it is handed over, and could create
 // it itself). A file that exists is never taken over: u gets denied. The

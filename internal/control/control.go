@@ -1226,8 +1226,8 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, n store.Network)
 		return err
 	}
 	old := sb.Network
-	if len(plain.Rules) > 0 && sb.State == store.StateRunning {
-		// Only a sandbox with rules trusts the interception CA; its agent
+	if plain.InterceptsTLS() && sb.State == store.StateRunning {
+		// Only a sandbox with HTTPS rules trusts the interception CA; its agent
 		// installs it at /init, before the proxy starts intercepting. A
 		// paused one gets it from the /init of its resume.
 		req := m.nodeRequest(sb, nil)

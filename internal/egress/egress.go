@@ -301,8 +301,9 @@ func (p *Proxy) handle(c net.Conn) {
 	var seen bytes.Buffer
 	name := serverName(io.TeeReader(&limited{r: br, n: maxHelloSize}, &seen))
 	_ = c.SetReadDeadline(time.Time{})
-	if rules, _ := network.RulesFor(pol.Rules, name); len(network.ForScheme(rules, false)) > 0 && p.icpt != nil && !isIP(name) {
-		p.intercept(log, c, io.MultiReader(&seen, br), release, id, src.Addr(), pol, name, network.ForScheme(rules, false), dst)
+	rules, _ := network.RulesFor(pol.Rules, name)
+	if tlsRules := network.ForScheme(rules, false); len(tlsRules) > 0 && p.icpt != nil && !isIP(name) {
+		p.intercept(log, c, io.MultiReader(&seen, br), release, id, src.Addr(), pol, name, tlsRules, dst)
 		return
 	}
 	p.relaySeen(log, c, br, release, pol, name, mapped, dst, &seen)

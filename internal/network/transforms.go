@@ -46,6 +46,18 @@ type Rule struct {
 	Plain bool `json:"plain,omitempty"`
 }
 
+// InterceptsTLS reports whether p has a rule for HTTPS, the only kind the
+// egress proxy decrypts for (and so the only kind that needs the sandbox to
+// trust the interception CA).
+func (p Policy) InterceptsTLS() bool {
+	for _, list := range p.Rules {
+		if len(ForScheme(list, false)) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // ForScheme is the rules of list that apply to plain HTTP (plain) or to
 // HTTPS, in order.
 func ForScheme(list []Rule, plain bool) []Rule {

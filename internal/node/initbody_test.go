@@ -97,3 +97,17 @@ func TestInitBodyBytesUnchanged(t *testing.T) {
 		}
 	}
 }
+
+// Only HTTPS rules make a sandbox trust the interception CA: the proxy
+// decrypts for no other kind, so plain-HTTP rules alone do not need it.
+func TestInitBodyCAOnlyForHTTPSRules(t *testing.T) {
+	ca := testCA(t)
+	plainOnly := network.Policy{Rules: map[string][]network.Rule{"api.example.com": {{Headers: map[string]string{"X-Key": "v"}, Plain: true}}}}
+	if b := initBody(CreateRequest{EnvdToken: "t", Policy: plainOnly}, ca, time.Now()); b.EgressCA != "" {
+		t.Fatal("a sandbox with plain-HTTP rules only got the interception CA")
+	}
+	both := network.Policy{Rules: map[string][]network.Rule{"api.example.com": {{Headers: map[string]string{"X-Key": "v"}, Plain: true}, {Headers: map[string]string{"X-Key": "v"}}}}}
+	if b := initBody(CreateRequest{EnvdToken: "t", Policy: both}, ca, time.Now()); b.EgressCA == "" {
+		t.Fatal("a sandbox with HTTPS rules did not get the interception CA")
+	}
+}

@@ -398,13 +398,13 @@ func (l *Local) Create(ctx context.Context, req CreateRequest) (_ Sandbox, err e
 }
 
 // initBody is the /init a sandbox's agent gets for req. Only a sandbox
-// whose policy has rules gets the egress CA (and the env vars that make
+// whose policy has HTTPS rules gets the egress CA (and the env vars that make
 // runtimes read the trust store it joins). The agent runs the start command
 // once per boot, so re-sending it on resume is harmless.
 func initBody(req CreateRequest, egressCA *cacerts.Set, now time.Time) agentapi.Init {
 	ts := now.UTC()
 	b := agentapi.Init{AccessToken: &req.EnvdToken, DefaultUser: &req.DefaultUser, EnvVars: req.EnvVars, Timestamp: &ts}
-	if len(req.Policy.Rules) > 0 && egressCA != nil {
+	if req.Policy.InterceptsTLS() && egressCA != nil {
 		b.EnvVars = cacerts.Env()
 		maps.Copy(b.EnvVars, req.EnvVars)
 		b.EgressCA = string(egressCA.PEM())
