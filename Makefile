@@ -30,7 +30,7 @@ build:
 
 # Dependencies (apt packages, runsc, base image, node_modules): scripts/install, once.
 # The stamp is refreshed when the install script or the JS lockfile changes.
-$(STAMP): scripts/install scripts/build-rootfs scripts/build-code-interpreter scripts/code-interpreter-requirements.txt test/e2b-js/package-lock.json test/e2b-py/requirements.txt
+$(STAMP): scripts/install scripts/build-rootfs scripts/build-code-interpreter scripts/code-interpreter-requirements.txt $(wildcard kernels/java/src/cubicle/kernel/*.java) test/e2b-js/package-lock.json test/e2b-py/requirements.txt
 	CUBICLE_DATA_DIR=$(DATA_DIR) scripts/install $(INSTALL_FLAGS)
 	@mkdir -p $(dir $(STAMP)) && touch $(STAMP)
 

@@ -51,6 +51,7 @@ type serveOptions struct {
 	listenTLS                                    string
 	metricsListen                                string
 	cpuCount, memoryMB, diskSizeMB, maxSandboxes int
+	codeInterpreterMemoryMB                      int
 	maxSnapshots                                 int
 	maxCreates, poolMemoryMB                     int
 	maxTimeout, createWait                       time.Duration
@@ -112,6 +113,7 @@ func serveCmd() *cobra.Command {
 	f.BoolVar(&o.tlsSelfSigned, "tls-self-signed", false, "serve TLS for *.<domain> with a certificate from a local CA made once in <data-dir>/tls (prints how to trust it)")
 	f.IntVar(&o.cpuCount, "cpu-count", 2, "CPUs per sandbox")
 	f.IntVar(&o.memoryMB, "memory-mb", 512, "memory per sandbox in MiB")
+	f.IntVar(&o.codeInterpreterMemoryMB, "code-interpreter-memory-mb", 0, "memory in MiB of the built-in code-interpreter-v1 template when it is first seeded (default 2048, e2b's size for it, or --max-sandbox-memory-mb when lower)")
 	f.IntVar(&o.diskSizeMB, "disk-size-mb", 1024, "disk size reported per sandbox in MiB")
 	f.IntVar(&o.maxSandboxes, "max-sandboxes", 0, "maximum live sandboxes (0 = unlimited); beyond it creates get 429")
 	f.StringVar(&o.schedule, "schedule", string(scheduler.Spread), "placement strategy across nodes: spread (the node with the most room left) or binpack (the fullest node that fits); cached template images, warm standbys and placement policies score on top (docs/cluster.md)")
@@ -581,6 +583,12 @@ func sandboxMaxima(o *serveOptions) error {
 		case m.def > *m.max:
 			return fmt.Errorf("%s %d exceeds %s %d", m.defName, m.def, m.name, *m.max)
 		}
+	}
+	switch {
+	case o.codeInterpreterMemoryMB < 0:
+		return fmt.Errorf("--code-interpreter-memory-mb must not be negative")
+	case o.codeInterpreterMemoryMB > o.maxMemoryMB:
+		return fmt.Errorf("--code-interpreter-memory-mb %d exceeds --max-sandbox-memory-mb %d", o.codeInterpreterMemoryMB, o.maxMemoryMB)
 	}
 	return nil
 }

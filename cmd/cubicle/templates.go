@@ -147,8 +147,8 @@ func setupTemplates(ctx context.Context, o serveOptions, st store.Store, netm *n
 		return nil, err
 	}
 	ts.catalog = catalog.New(catalog.Config{Store: st, Builder: bld, BaseRootfs: filepath.Join(o.imagesDir, template.BaseTemplate, "rootfs"),
-		CodeInterpreterRootfs: codeInterpreterRootfs(o.imagesDir, log),
-		CPUCount:              o.cpuCount, MemoryMB: o.memoryMB, DiskSizeMB: o.diskSizeMB, Logger: log, Registry: reg,
+		CodeInterpreterRootfs: codeInterpreterRootfs(o.imagesDir, log), CodeInterpreterMemoryMB: o.codeInterpreterMemoryMB,
+		CPUCount: o.cpuCount, MemoryMB: o.memoryMB, DiskSizeMB: o.diskSizeMB, Logger: log, Registry: reg,
 		MaxCPUCount: o.maxCPU, MaxMemoryMB: o.maxMemoryMB, MaxDiskSizeMB: o.maxDiskMB,
 		// PostgreSQL: other replicas may be running builds of their own.
 		SharedStore: o.store != ""})

@@ -87,7 +87,41 @@ func (s *Server) Warm(ctx context.Context) error {
 	s.mu.Lock()
 	s.warmErr = err
 	s.mu.Unlock()
+	// e2b's server starts with a python and a javascript context, and
+	// clients list both. The javascript one is listed from now on, but its
+	// kernel starts at its first execution: a sandbox that never runs
+	// JavaScript never pays for it.
+	s.declareDefault(ctx, "javascript")
 	return err
+}
+
+// declareDefault registers language's default context without a kernel
+// (kernelFor starts one on first use); nothing when the sandbox has no
+// kernel for it or the context exists.
+func (s *Server) declareDefault(ctx context.Context, language string) {
+	lang, spec, err := s.resolveLanguage(language)
+	if err != nil {
+		return
+	}
+	release, err := s.defaultTurn(ctx, lang)
+	if err != nil {
+		return
+	}
+	defer release()
+	cwd := filepath.Clean(s.defaultCwd())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || s.contexts[s.defaults[lang]] != nil || len(s.contexts)+s.creating >= s.cfg.MaxContexts {
+		return
+	}
+	c := &codeContext{
+		Context: Context{ID: jupyter.NewID(), Language: lang, Cwd: cwd},
+		spec:    spec,
+		created: time.Now(),
+		turn:    make(chan struct{}, 1),
+	}
+	s.contexts[c.ID] = c
+	s.defaults[lang] = c.ID
 }
 
 // Ready is closed once the python default context has had a kernel ready,
@@ -202,19 +236,11 @@ func (s *Server) defaultContext(ctx context.Context, language string) (*codeCont
 	if err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
-	turn := s.defTurn[lang]
-	if turn == nil {
-		turn = make(chan struct{}, 1)
-		s.defTurn[lang] = turn
+	release, err := s.defaultTurn(ctx, lang)
+	if err != nil {
+		return nil, err
 	}
-	s.mu.Unlock()
-	select {
-	case turn <- struct{}{}:
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-	defer func() { <-turn }()
+	defer release()
 	s.mu.Lock()
 	c := s.contexts[s.defaults[lang]]
 	s.mu.Unlock()
@@ -235,6 +261,23 @@ func (s *Server) defaultContext(ctx context.Context, language string) (*codeCont
 		s.readyOnce.Do(func() { close(s.defReady) })
 	}
 	return c, nil
+}
+
+// defaultTurn waits for the turn to create lang's default context.
+func (s *Server) defaultTurn(ctx context.Context, lang string) (release func(), err error) {
+	s.mu.Lock()
+	turn := s.defTurn[lang]
+	if turn == nil {
+		turn = make(chan struct{}, 1)
+		s.defTurn[lang] = turn
+	}
+	s.mu.Unlock()
+	select {
+	case turn <- struct{}{}:
+		return func() { <-turn }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 func (s *Server) lookup(id string) (*codeContext, error) {

@@ -137,6 +137,11 @@ func (s *Server) startKernelOnce(ctx context.Context, spec *KernelSpec, cwd stri
 			s.log.Warn("code interpreter: python setup failed", "kernel", spec.Name, "err", err)
 		}
 	}
+	if spec.Deno {
+		if err := k.runSilent(sctx, denoSetup); err != nil {
+			s.log.Warn("code interpreter: deno setup failed", "kernel", spec.Name, "err", err)
+		}
+	}
 	s.log.Info("code interpreter: kernel started", "kernel", spec.Name, "pid", pid, "cwd", cwd, "took", time.Since(start).Round(time.Millisecond))
 	return k, false, nil
 }

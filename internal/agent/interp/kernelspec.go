@@ -28,6 +28,11 @@ type KernelSpec struct {
 	// IPython marks an ipykernel kernel, which gets IPython options and the
 	// display formatters of pysetup.py.
 	IPython bool
+	// Deno marks Deno's built-in kernel (`deno jupyter --kernel`). It gets
+	// denosetup.js, and its executions end with a fence (kernel.fence):
+	// Deno publishes an execution's execute_result from an async task that
+	// can lose the race with its own idle status.
+	Deno bool
 }
 
 // Catalog maps a normalized language to the kernel that runs it.
@@ -210,6 +215,7 @@ func readKernelSpec(dir, name string) (*KernelSpec, error) {
 		InterruptMode: mode,
 		Env:           kj.Env,
 		IPython:       slices.ContainsFunc(kj.Argv, func(a string) bool { return strings.HasPrefix(a, "ipykernel") }),
+		Deno:          filepath.Base(kj.Argv[0]) == "deno" && slices.Contains(kj.Argv, "jupyter"),
 	}, nil
 }
 

@@ -117,7 +117,11 @@ func newError(name, value string, traceback []string) errorLine {
 
 func timestamp(date string) string {
 	if date != "" {
-		return date
+		if _, err := time.Parse(time.RFC3339Nano, date); err == nil {
+			return date
+		}
+		// Not RFC 3339 (jjava writes minutes and "+0000"): when the
+		// agent saw it is the best time left.
 	}
 	return time.Now().UTC().Format(time.RFC3339Nano)
 }

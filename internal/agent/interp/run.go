@@ -50,6 +50,11 @@ type execState struct {
 	emit    func(any) error
 	errored bool // an error was sent; the kernel may report it twice
 	idle    bool
+	// replyErr is the execute_reply's error, sent at idle only if iopub
+	// carried none: the reply comes on another socket, so it can overtake
+	// the iopub error, and some kernels (jjava) put a bare stack in its
+	// traceback.
+	replyErr json.RawMessage
 }
 
 // handle converts r; a failed emit means the client is gone.
@@ -85,7 +90,7 @@ func (st *execState) handle(r jupyter.Received) error {
 		_ = json.Unmarshal(m.Content, &c)
 		switch c.Status {
 		case "error":
-			return st.sendError(m.Content)
+			st.replyErr = m.Content
 		case "abort", "aborted":
 			return st.emit(newError("ExecutionAborted", "Execution was aborted", nil))
 		}
@@ -95,6 +100,9 @@ func (st *execState) handle(r jupyter.Received) error {
 		}
 		if json.Unmarshal(m.Content, &c) == nil && c.ExecutionState == "idle" && r.Channel == jupyter.IOPub {
 			st.idle = true
+			if st.replyErr != nil {
+				return st.sendError(st.replyErr)
+			}
 		}
 	}
 	return nil
@@ -143,6 +151,9 @@ func (k *kernel) run(ctx context.Context, code string, emit func(any) error) run
 				}
 			}
 			if st.idle {
+				if k.spec.Deno {
+					k.fence(ctx, sub, st)
+				}
 				return runDone
 			}
 			keep.Reset(keepaliveInterval)
@@ -201,6 +212,39 @@ func (k *kernel) abandon(sub *jupyter.Subscription, st *execState) runOutcome {
 			return runAbandoned
 		case <-k.done:
 			return runAbandoned
+		}
+	}
+}
+
+// fence collects the messages of sub that the kernel publishes after its
+// idle status. It runs an empty silent execution and waits for that one's
+// idle: the kernel handles requests in order and publishes on one socket, so
+// whatever the previous execution still had to publish comes first. Bounded
+// by silentTimeout; a client that left only loses late output.
+func (k *kernel) fence(ctx context.Context, sub *jupyter.Subscription, st *execState) {
+	f, err := k.client.Request(jupyter.Shell, "execute_request", executeRequest("", true))
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	ctx, cancel := context.WithTimeout(ctx, silentTimeout)
+	defer cancel()
+	fenced := &execState{emit: func(any) error { return nil }}
+	for !fenced.idle {
+		select {
+		case <-f.Ready():
+			for _, r := range f.Drain() {
+				_ = fenced.handle(r)
+			}
+		case <-k.done:
+			fenced.idle = true
+		case <-ctx.Done():
+			fenced.idle = true
+		}
+	}
+	for _, r := range sub.Drain() {
+		if st.handle(r) != nil {
+			return
 		}
 	}
 }

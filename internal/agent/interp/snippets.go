@@ -14,6 +14,12 @@ import (
 //go:embed pysetup.py
 var pythonSetup string
 
+// denoSetup makes Deno's kernel show a string result as its text, as e2b's
+// JavaScript kernel does.
+//
+//go:embed denosetup.js
+var denoSetup string
+
 // envChange is one variable to set (Value non-nil) or unset (nil).
 type envChange struct {
 	Name  string

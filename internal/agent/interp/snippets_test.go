@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestEnvDiffSetsChangedAndUnsetsRemoved(t *testing.T) {
@@ -80,5 +81,15 @@ func TestErrorStripsANSI(t *testing.T) {
 	e := newError("E", "\x1b[31mbad\x1b[0m", []string{"\x1b[0;31mline1\x1b[0m", "line2"})
 	if e.Value != "bad" || e.Traceback != "line1\nline2" {
 		t.Fatalf("error = %+v", e)
+	}
+}
+
+func TestTimestampKeepsRFC3339AndReplacesTheRest(t *testing.T) {
+	if got := timestamp("2026-12-06T01:27:07.799123+00:00"); got != "2026-12-06T01:27:07.799123+00:00" {
+		t.Fatalf("ipykernel's date changed: %q", got)
+	}
+	got := timestamp("2026-12-06T01:38+0000") // jjava's
+	if _, err := time.Parse(time.RFC3339Nano, got); err != nil {
+		t.Fatalf("jjava's date became %q, not RFC 3339", got)
 	}
 }

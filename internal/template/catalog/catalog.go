@@ -110,9 +110,13 @@ type Config struct {
 	// CodeInterpreterRootfs is the seeded code-interpreter-v1 template's
 	// layered rootfs (template.JoinLayers); "" = not installed.
 	CodeInterpreterRootfs string
-	CPUCount              int
-	MemoryMB              int
-	DiskSizeMB            int
+	// CodeInterpreterMemoryMB is code-interpreter-v1's memory when it is
+	// seeded (default 2048, e2b's size for it: kernels for python,
+	// JavaScript, R and Java fit; MaxMemoryMB when lower).
+	CodeInterpreterMemoryMB int
+	CPUCount                int
+	MemoryMB                int
+	DiskSizeMB              int
 	// Server maxima for a template's sizes (0 = 64 CPUs, 1 TiB memory, no
 	// disk bound); a request above one is ErrInvalid naming it.
 	MaxCPUCount   int
@@ -176,6 +180,9 @@ func New(cfg Config) *Catalog {
 	if cfg.MaxMemoryMB == 0 {
 		cfg.MaxMemoryMB = 1 << 20
 	}
+	if cfg.CodeInterpreterMemoryMB == 0 {
+		cfg.CodeInterpreterMemoryMB = min(2048, cfg.MaxMemoryMB)
+	}
 	if cfg.StoreRetries == 0 {
 		cfg.StoreRetries = 5
 	}
@@ -231,13 +238,13 @@ func (c *Catalog) seedBase(ctx context.Context) error {
 	if c.cfg.BaseRootfs == "" {
 		return nil
 	}
-	if err := c.seedBuiltin(ctx, BaseID, baseNames, c.cfg.BaseRootfs, ""); err != nil {
+	if err := c.seedBuiltin(ctx, BaseID, baseNames, c.cfg.BaseRootfs, "", c.cfg.MemoryMB); err != nil {
 		return err
 	}
 	if c.cfg.CodeInterpreterRootfs == "" {
 		return nil
 	}
-	return c.seedBuiltin(ctx, CodeInterpreterID, codeInterpreterNames, c.cfg.CodeInterpreterRootfs, codeInterpreterReady)
+	return c.seedBuiltin(ctx, CodeInterpreterID, codeInterpreterNames, c.cfg.CodeInterpreterRootfs, codeInterpreterReady, c.cfg.CodeInterpreterMemoryMB)
 }
 
 // codeInterpreterReady is the code interpreter's ready command: its /health
@@ -255,8 +262,10 @@ func seededBuild(id, buildID string) bool {
 // seedBuiltin creates the built-in template id with its seeded build, or
 // repoints an existing seeded build at rootfs (the image was rebuilt or moved)
 // and gives the row its names (earlier versions had every built-in name on
-// base).
-func (c *Catalog) seedBuiltin(ctx context.Context, id string, names []string, rootfs, readyCmd string) error {
+// base). memoryMB sizes a new row, and a row seeded before built-ins had
+// sizes of their own (it has the server's default memory and its seeded
+// build); other rows keep theirs.
+func (c *Catalog) seedBuiltin(ctx context.Context, id string, names []string, rootfs, readyCmd string, memoryMB int) error {
 	buildID := template.DerivedBuildID("builtin", id)
 	t, err := c.st.GetTemplate(ctx, id)
 	if err == nil {
@@ -268,15 +277,23 @@ func (c *Catalog) seedBuiltin(ctx context.Context, id string, names []string, ro
 				return fmt.Errorf("seeding template %s: names: %w", id, err)
 			}
 		}
-		if t.ReadyCmd == "" && readyCmd != "" && t.ReadyBuildID == buildID {
-			t.ReadyCmd = readyCmd
+		// Seeded before the built-in had a size of its own, the row has
+		// the server's default of then: it gets its size.
+		resize := t.ReadyBuildID == buildID && t.MemoryMB == c.cfg.MemoryMB && memoryMB > t.MemoryMB
+		if (t.ReadyCmd == "" && readyCmd != "" && t.ReadyBuildID == buildID) || resize {
+			if t.ReadyCmd == "" && t.ReadyBuildID == buildID {
+				t.ReadyCmd = readyCmd
+			}
+			if resize {
+				t.MemoryMB = memoryMB
+			}
 			if err := c.st.UpdateTemplate(ctx, t); err != nil {
 				return fmt.Errorf("seeding template %s: %w", id, err)
 			}
 		}
 		// Keep the row the operator may have edited; only repoint the seeded build.
-		if b, err := c.st.GetTemplateBuild(ctx, t.ReadyBuildID); err == nil && b.Rootfs != rootfs && t.ReadyBuildID == buildID {
-			b.Rootfs = rootfs
+		if b, err := c.st.GetTemplateBuild(ctx, t.ReadyBuildID); err == nil && t.ReadyBuildID == buildID && (b.Rootfs != rootfs || b.MemoryMB != t.MemoryMB) {
+			b.Rootfs, b.MemoryMB = rootfs, t.MemoryMB
 			return c.st.UpdateTemplateBuild(ctx, b)
 		}
 		return nil
@@ -285,7 +302,7 @@ func (c *Catalog) seedBuiltin(ctx context.Context, id string, names []string, ro
 		return err
 	}
 	now := time.Now().UTC()
-	t = &store.Template{ID: id, TeamID: store.DefaultTeamID, PrimaryName: names[0], Names: names, CPUCount: c.cfg.CPUCount, MemoryMB: c.cfg.MemoryMB,
+	t = &store.Template{ID: id, TeamID: store.DefaultTeamID, PrimaryName: names[0], Names: names, CPUCount: c.cfg.CPUCount, MemoryMB: memoryMB,
 		DiskSizeMB: c.cfg.DiskSizeMB, ReadyCmd: readyCmd, ReadyBuildID: buildID, LatestBuildID: buildID, BuildStatus: store.BuildReady, BuildCount: 1, Public: true}
 	b := &store.TemplateBuild{ID: buildID, TemplateID: id, Status: store.BuildReady, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB,
 		DiskSizeMB: t.DiskSizeMB, Rootfs: rootfs, FinishedAt: now}

@@ -380,6 +380,67 @@ func TestSeedMovesCodeInterpreterNamesOffBase(t *testing.T) {
 	if tt, err := st.GetTemplate(ctx, catalog.CodeInterpreterID); err != nil || tt.ReadyBuildID != template.DerivedBuildID("builtin", catalog.CodeInterpreterID) {
 		t.Fatalf("code interpreter's seeded build: %+v %v", tt, err)
 	}
+	// Seeded now, the code interpreter has e2b's size for it (its kernels
+	// for python, JavaScript, R and Java); base keeps its row.
+	if tt, _ := st.GetTemplate(ctx, catalog.CodeInterpreterID); tt.MemoryMB != 2048 {
+		t.Fatalf("code interpreter seeded with %d MiB, want 2048", tt.MemoryMB)
+	}
+	if tt, _ := st.GetTemplate(ctx, catalog.BaseID); tt.MemoryMB != 512 {
+		t.Fatalf("base's row changed to %d MiB", tt.MemoryMB)
+	}
+}
+
+// A code interpreter seeded by an earlier version (the server's default
+// memory, its seeded build) gets its own size at the next start; one whose
+// size differs from that default is the operator's and stays.
+func TestSeedResizesTheEarlierCodeInterpreter(t *testing.T) {
+	for _, tc := range []struct{ had, want int }{{512, 2048}, {1024, 1024}} {
+		dir := t.TempDir()
+		st, base, _, b := deps(t, dir)
+		ctx := context.Background()
+		ci := filepath.Join(dir, "ci")
+		os.MkdirAll(ci, 0o755)
+		rootfs := template.JoinLayers(ci, base)
+		bid := template.DerivedBuildID("builtin", catalog.CodeInterpreterID)
+		old := &store.Template{ID: catalog.CodeInterpreterID, TeamID: store.DefaultTeamID, PrimaryName: "code-interpreter-v1",
+			Names: []string{"code-interpreter-v1", "code-interpreter"}, ReadyBuildID: bid, LatestBuildID: bid,
+			BuildStatus: store.BuildReady, BuildCount: 1, Public: true, CPUCount: 2, MemoryMB: tc.had, DiskSizeMB: 1024}
+		if err := st.CreateTemplate(ctx, old, &store.TemplateBuild{ID: bid, TemplateID: catalog.CodeInterpreterID, Status: store.BuildReady,
+			Rootfs: rootfs, MemoryMB: tc.had}); err != nil {
+			t.Fatal(err)
+		}
+		cat := catalog.New(catalog.Config{Store: st, Builder: b, BaseRootfs: base, CodeInterpreterRootfs: rootfs, MemoryMB: 512})
+		cctx, cancel := context.WithCancel(ctx)
+		if err := cat.Start(cctx); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		tt, err := st.GetTemplate(ctx, catalog.CodeInterpreterID)
+		if err != nil || tt.MemoryMB != tc.want {
+			t.Fatalf("had %d: row %+v %v, want %d MiB", tc.had, tt, err, tc.want)
+		}
+		if bb, err := st.GetTemplateBuild(ctx, bid); err != nil || bb.MemoryMB != tc.want {
+			t.Fatalf("had %d: build %+v %v, want %d MiB", tc.had, bb, err, tc.want)
+		}
+	}
+}
+
+// A server whose sandboxes may not have 2048 MiB seeds the code
+// interpreter at its maximum.
+func TestSeedCodeInterpreterWithinTheMaximum(t *testing.T) {
+	dir := t.TempDir()
+	st, base, _, b := deps(t, dir)
+	ci := filepath.Join(dir, "ci")
+	os.MkdirAll(ci, 0o755)
+	cat := catalog.New(catalog.Config{Store: st, Builder: b, BaseRootfs: base, CodeInterpreterRootfs: template.JoinLayers(ci, base), MaxMemoryMB: 1024})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := cat.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if tt, err := st.GetTemplate(ctx, catalog.CodeInterpreterID); err != nil || tt.MemoryMB != 1024 {
+		t.Fatalf("code interpreter under a 1024 MiB maximum: %+v %v", tt, err)
+	}
 }
 
 // With a store shared by replicas, another replica's build in progress is

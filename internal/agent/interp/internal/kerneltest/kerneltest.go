@@ -34,3 +34,28 @@ func Python(t testing.TB) string {
 	testenv.Skip(t, msg)
 	return ""
 }
+
+// Deno returns the deno binary of the code-interpreter-v1 image
+// (scripts/build-code-interpreter puts it in /usr/local/bin; it runs on the
+// host too): env CUBICLE_TEST_DENO, else under CUBICLE_IMAGES_DIR or
+// /var/lib/cubicle/images. Missing, the test is skipped locally and fails
+// under CI.
+func Deno(t testing.TB) string {
+	t.Helper()
+	var candidates []string
+	if p := os.Getenv("CUBICLE_TEST_DENO"); p != "" {
+		candidates = append(candidates, p)
+	}
+	images := os.Getenv("CUBICLE_IMAGES_DIR")
+	if images == "" {
+		images = "/var/lib/cubicle/images"
+	}
+	candidates = append(candidates, filepath.Join(images, "code-interpreter-v1", "rootfs", "usr", "local", "bin", "deno"))
+	for _, p := range candidates {
+		if err := exec.Command(p, "--version").Run(); err == nil {
+			return p
+		}
+	}
+	testenv.Skip(t, "no deno: set CUBICLE_TEST_DENO or build code-interpreter-v1 (scripts/install)")
+	return ""
+}
