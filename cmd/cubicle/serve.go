@@ -52,6 +52,7 @@ type serveOptions struct {
 	metricsListen                                string
 	cpuCount, memoryMB, diskSizeMB, maxSandboxes int
 	codeInterpreterMemoryMB                      int
+	hostMountPrefixes, hostMountTeams            []string
 	maxSnapshots                                 int
 	maxCreates, poolMemoryMB                     int
 	maxTimeout, createWait                       time.Duration
@@ -128,6 +129,8 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&o.buildkitd, "buildkitd", "", "buildkitd binary for template builds (default: next to this binary; off disables builds with steps). A pure control plane (--embedded-node=false) takes only off: it builds on nodes labelled builder=true")
 	f.DurationVar(&o.readyTimeout, "ready-timeout", 120*time.Second, "how long a template's ready command may take at sandbox create")
 	f.DurationVar(&o.contentIdle, "volume-content-idle", 30*time.Second, "how long the volume-content API keeps a volume attached after its last request")
+	f.StringArrayVar(&o.hostMountPrefixes, "host-mount-prefix", nil, "host directory under which CubeSandbox's host mounts (create metadata \"host-mount\") may name a hostPath (repeatable; none: host mounts are refused). Only admin keys and --host-mount-team teams may use them")
+	f.StringArrayVar(&o.hostMountTeams, "host-mount-team", nil, "team (ID or name, existing now or later) whose keys may ask for host mounts besides admin keys (repeatable)")
 	f.StringArrayVar(&o.warmPools, "warm-pool", nil, "TEMPLATE=N: keep N idle standbys of the template (repeatable; stored, like `cubicle pool set`)")
 	f.IntVar(&o.maxCPU, "max-sandbox-cpu", 0, "most CPUs a template or sandbox may ask for (default: the host's CPU count); above it 400")
 	f.IntVar(&o.maxMemoryMB, "max-sandbox-memory-mb", 0, "most memory in MiB a template or sandbox may ask for (default: the host's memory); above it 400")
@@ -357,6 +360,15 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err := tpls.setClusterBuilds(cp); err != nil {
 		return err
 	}
+	hostPrefixes, err := hostMountPrefixes(o.hostMountPrefixes)
+	if err != nil {
+		return err
+	}
+	if len(hostPrefixes) > 0 {
+		log.Info("host mounts allowed", "prefixes", hostPrefixes, "teams", o.hostMountTeams, "admin keys", true)
+	} else if len(o.hostMountTeams) > 0 {
+		return fmt.Errorf("--host-mount-team needs --host-mount-prefix: without a prefix no host mount is allowed")
+	}
 	poolMemory := o.poolMemoryMB
 	if poolMemory < 0 {
 		poolMemory = hostResources(o.dataDir).memoryMB / 4
@@ -365,7 +377,7 @@ func serve(ctx context.Context, o serveOptions) error {
 		CreateQueueWait: o.createWait, Logger: log, Registry: reg, Volumes: ctrlPlugins, VolumeMetrics: volMetrics, ContentIdle: o.contentIdle,
 		ReadyTimeout: o.readyTimeout, MaxSandboxCPU: o.maxCPU, MaxSandboxMemoryMB: o.maxMemoryMB, MaxSandboxDiskMB: o.maxDiskMB, Scheduler: sched,
 		Leaser: leaser, Locks: locks, NodeLostAfter: o.replica.nodeLostAfter, NodeLostGrace: o.replica.nodeLostGrace,
-		ImageDigest: tpls.imageDigest, BuiltinImage: builtins, SnapshotStore: snaps}, st, nil, tpls.catalog)
+		ImageDigest: tpls.imageDigest, BuiltinImage: builtins, SnapshotStore: snaps, HostMountPrefixes: hostPrefixes}, st, nil, tpls.catalog)
 	// Registered (its heartbeat renewed) before anything places a sandbox:
 	// after a long stop the old heartbeat would read as a lost node.
 	if err := mgr.RegisterNode(ctx); err != nil {
@@ -404,7 +416,7 @@ func serve(ctx context.Context, o serveOptions) error {
 		return err
 	}
 	apiCfg := api.Config{Domain: o.domain, Logger: log, Registry: reg, Templates: tpls.api, Images: tpls.images,
-		MaxImageBytes: o.maxImageBytes, Secrets: secrets, Join: join}
+		MaxImageBytes: o.maxImageBytes, Secrets: secrets, Join: join, HostMountTeams: o.hostMountTeams}
 	if volumeProxy != nil {
 		defer volumeProxy.Close()
 		apiCfg.VolumeNodes = volumeProxy

@@ -54,7 +54,7 @@ func statusOf(err error) int {
 		return http.StatusNotFound
 	case errors.Is(err, catalog.ErrInvalid):
 		return http.StatusBadRequest
-	case errors.Is(err, catalog.ErrForbidden):
+	case errors.Is(err, catalog.ErrForbidden), errors.Is(err, control.ErrForbidden):
 		return http.StatusForbidden
 	case errors.Is(err, store.ErrQuota):
 		return http.StatusTooManyRequests

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/cubicle-dev/cubicle/internal/control"
+	"github.com/cubicle-dev/cubicle/internal/hostmount"
 	"github.com/cubicle-dev/cubicle/internal/phase"
 	"github.com/cubicle-dev/cubicle/internal/store"
 )
@@ -263,8 +265,12 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, v2 bool) {
 	}
 	if k := apiKeyOf(r); k != nil {
 		opts.APIKeyID = k.ID
+		opts.HostMounts = k.Admin
 	}
 	opts.TeamID = teamOf(r)
+	if _, asks := opts.Metadata[hostmount.Key]; asks && !opts.HostMounts {
+		opts.HostMounts = s.hostMountTeam(r.Context(), opts.TeamID)
+	}
 	// Server-Timing carries the create's phases (phase.Names) to whoever
 	// measures: browsers and HTTP clients ignore a header they don't read.
 	tr := phase.New()
@@ -282,6 +288,19 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, v2 bool) {
 		return
 	}
 	writeJSON(w, http.StatusCreated, s.sandboxResponse(sb))
+}
+
+// hostMountTeam: serve --host-mount-team names the team, by ID or name
+// (read at each ask, so a team made after the server started counts).
+func (s *Server) hostMountTeam(ctx context.Context, teamID string) bool {
+	if len(s.cfg.HostMountTeams) == 0 {
+		return false
+	}
+	if slices.Contains(s.cfg.HostMountTeams, teamID) {
+		return true
+	}
+	t, err := s.store.GetTeam(ctx, teamID)
+	return err == nil && slices.Contains(s.cfg.HostMountTeams, t.Name)
 }
 
 func (s *Server) createV1(w http.ResponseWriter, r *http.Request) { s.create(w, r, false) }

@@ -45,6 +45,10 @@ type Config struct {
 	// VolumeNodes passes volume-content requests to the remote node that
 	// holds the volume (a *dataplane.VolumeProxy); nil: no remote nodes.
 	VolumeNodes VolumeNodes
+	// HostMountTeams may ask for host mounts (metadata["host-mount"])
+	// besides admin keys: a tenant must never name a host path unless the
+	// operator said so.
+	HostMountTeams []string
 }
 
 // VolumeNodes gives the handler that serves a volume-content request on

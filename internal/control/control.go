@@ -20,6 +20,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/agentapi"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/hostmount"
 	"github.com/cubicle-dev/cubicle/internal/idlock"
 	clusterlease "github.com/cubicle-dev/cubicle/internal/lease"
 	"github.com/cubicle-dev/cubicle/internal/loop"
@@ -138,6 +139,10 @@ type Config struct {
 	NodeID string
 	// Nodes is the set of nodes to drive, in place of New's one node.
 	Nodes *nodeset.Set
+	// HostMountPrefixes are the host directories (canonical, see
+	// hostmount.CheckPrefix) under which CubeSandbox's host mounts may
+	// name a hostPath; none: host mounts are refused.
+	HostMountPrefixes []string
 	// Reserve makes every create reserve its CPU and memory on the
 	// chosen node in the store's capacity ledger even when the only node
 	// is the in-process one (serve --reserve-capacity). Without it,
@@ -310,6 +315,9 @@ type CreateOptions struct {
 	// namespace and its quota applies.
 	TeamID       string
 	VolumeMounts []VolumeMount
+	// HostMounts: the caller may ask for host mounts (an admin key, or a
+	// team serve --host-mount-team names); they are metadata["host-mount"].
+	HostMounts bool
 	// Accelerators is Cubicle's extension: devices the sandbox needs.
 	Accelerators []accel.Request
 	// PauseFilesystem makes the timeout pause (AutoPause) a filesystem
@@ -317,6 +325,8 @@ type CreateOptions struct {
 	PauseFilesystem bool
 	// snapshot is set by Create when TemplateID names a snapshot.
 	snapshot *store.Snapshot
+	// hostMounts are the validated metadata["host-mount"] (Create).
+	hostMounts []hostmount.Mount
 }
 
 // VolumeMount is a requested volume attachment. Name is the volume's ID
@@ -507,6 +517,9 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ *store.Sandbox
 	defer m.phases.observe(tr, time.Now(), &err)
 	endValidate := phase.Start(ctx, phase.Validate)
 	tpl, err := m.validateCreate(ctx, &o)
+	if err == nil {
+		o.hostMounts, err = m.hostMounts(&o)
+	}
 	endValidate()
 	if err != nil {
 		return nil, err
@@ -531,7 +544,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ *store.Sandbox
 	claimed := false
 	// A pooled template's create is a claim when a standby of its current
 	// build is idle; volumes are attached at boot, so those always boot.
-	if tpl.PoolSize > 0 && tpl.BuildID != "" && len(o.VolumeMounts) == 0 && len(o.Accelerators) == 0 && o.snapshot == nil {
+	if tpl.PoolSize > 0 && tpl.BuildID != "" && len(o.VolumeMounts) == 0 && len(o.Accelerators) == 0 && o.snapshot == nil && len(o.hostMounts) == 0 {
 		// A claim skips placement, so placement policies are judged
 		// first: a standby on a node they refuse is not handed out (the
 		// claim picks among the nodes they accept).
@@ -675,6 +688,18 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 		// pulls images.
 		pr.movable = m.movable(ctx, sn) == nil
 	}
+	if len(o.hostMounts) > 0 {
+		// Host directories are the control plane's host's: its own node
+		// mounts them, and the sandbox stays there.
+		local, ok := m.nodes.Local()
+		if !ok {
+			return nil, invalid("%q: host mounts are made by the control plane's own node, and this one runs none (serve --embedded-node=false)", hostmount.Key)
+		}
+		if pr.pin != "" && pr.pin != local && !pr.movable {
+			return nil, invalid("%q: the snapshot is on node %s, and host mounts are made by the control plane's own node %s", hostmount.Key, pr.pin, local)
+		}
+		pr.pin, pr.movable = local, false
+	}
 	endSchedule := phase.Start(ctx, phase.Schedule)
 	pl, err := m.place(ctx, o, tpl, pr)
 	endSchedule()
@@ -782,7 +807,11 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 		return nil, err
 	}
 	defer unlock()
-	req := m.nodeRequest(sb, tpl.Layers)
+	req, err := m.nodeRequest(sb, tpl.Layers)
+	if err != nil {
+		m.markKilled(nctx, sb, "create failed: "+err.Error(), nil) // nothing reached the node
+		return nil, err
+	}
 	req.Volumes = attachments
 	req.Accelerators, req.AccelContract = accels, tpl.Accelerators
 	req.Restore, req.CurrentToken = restore, currentToken
@@ -793,7 +822,7 @@ func (m *Manager) createFrom(ctx context.Context, o CreateOptions, tpl template.
 	placed, err := pl.node.Create(nctx, req)
 	// Not retried elsewhere: volume attachments name the first node, and
 	// a snapshot's chain was fetched to (or lives on) the first node.
-	if err != nil && retryable(err) && len(attachments) == 0 && o.snapshot == nil {
+	if err != nil && retryable(err) && len(attachments) == 0 && o.snapshot == nil && len(o.hostMounts) == 0 {
 		pl, placed, err = m.createElsewhere(nctx, o, tpl, pr, sb, req, pl, err)
 	}
 	releaseDisk()
@@ -867,11 +896,16 @@ func (m *Manager) Probe(ctx context.Context, rootfs string, t template.Template)
 	return err
 }
 
-func (m *Manager) nodeRequest(sb *store.Sandbox, layers []string) node.CreateRequest {
+func (m *Manager) nodeRequest(sb *store.Sandbox, layers []string) (node.CreateRequest, error) {
+	mounts, err := m.hostRuntimeMounts(sb)
+	if err != nil {
+		return node.CreateRequest{}, err
+	}
 	return node.CreateRequest{
 		ID: sb.ID, Layers: layers, EnvdToken: sb.EnvdToken, EnvVars: sb.EnvVars, DefaultUser: orDefault(sb.DefaultUser),
 		CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskSizeMB, Policy: m.policyFor(sb.TeamID, sb.Network),
-	}
+		Mounts: mounts,
+	}, nil
 }
 
 // markKilled records the kill. The sandbox's volume references go only when
@@ -1129,7 +1163,10 @@ func (m *Manager) resumeLocked(ctx context.Context, sb *store.Sandbox) (err erro
 	defer cancel()
 	nd, err := m.nodeOf(ctx, sb)
 	if err == nil {
-		err = nd.Resume(nctx, sb.ID, m.nodeRequest(sb, nil))
+		var req node.CreateRequest
+		if req, err = m.nodeRequest(sb, nil); err == nil {
+			err = nd.Resume(nctx, sb.ID, req)
+		}
 	}
 	if err != nil {
 		_, _ = m.store.CompareAndSetState(nctx, sb.ID, []store.SandboxState{store.StateResuming}, store.StatePaused)
@@ -1230,7 +1267,10 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, n store.Network)
 		// Only a sandbox with HTTPS rules trusts the interception CA; its agent
 		// installs it at /init, before the proxy starts intercepting. A
 		// paused one gets it from the /init of its resume.
-		req := m.nodeRequest(sb, nil)
+		req, err := m.nodeRequest(sb, nil)
+		if err != nil {
+			return err
+		}
 		req.Policy = plain
 		if err := nd.Reinit(ctx, id, req, sb.EnvdToken); err != nil {
 			return fmt.Errorf("network update: install the egress CA: %w", err)

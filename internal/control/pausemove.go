@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/hostmount"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/scheduler"
 	"github.com/cubicle-dev/cubicle/internal/scheduler/storeledger"
@@ -32,6 +33,9 @@ func (m *Manager) packagePause(ctx context.Context, id string, keepMemory bool) 
 	}
 	if sb.State != store.StatePaused || sb.Image == "" || hasAccelerators(sb) {
 		return nil
+	}
+	if hasHostMounts(sb) {
+		return nil // its host directories are on this node: it resumes here
 	}
 	if why, err := m.pinReason(ctx, &store.Snapshot{Node: m.rowNode(sb), Volumes: sb.Volumes}); err != nil || why != "" {
 		return err
@@ -94,6 +98,8 @@ func (m *Manager) movePaused(ctx context.Context, sb *store.Sandbox, reboot, old
 	switch {
 	case hasAccelerators(sb):
 		return nil, pinned("it has accelerators")
+	case hasHostMounts(sb):
+		return nil, pinned("it mounts host directories of that node (%q)", hostmount.Key)
 	case m.cfg.SnapshotStore == nil:
 		return nil, pinned("%v", errNoSnapshotStore)
 	case sb.Image == "":
@@ -189,7 +195,11 @@ func (m *Manager) resumeElsewhere(ctx context.Context, sb *store.Sandbox, sn *st
 		undo()
 		return err
 	}
-	req := m.nodeRequest(sb, sn.Layers)
+	req, err := m.nodeRequest(sb, sn.Layers)
+	if err != nil {
+		undo()
+		return err
+	}
 	req.Volumes = atts
 	byReference(&req, boot, sn.SnapshotLayers, memory)
 	if memory {

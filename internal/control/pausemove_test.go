@@ -273,6 +273,12 @@ func TestPinnedPausedSandboxes(t *testing.T) {
 		})
 		c.moveRefused(t, sb, "local driver")
 	})
+	t.Run("HostMounts", func(t *testing.T) {
+		c, sb := pausedWith(t, func(_ *cluster, sb *store.Sandbox) {
+			sb.Metadata = map[string]string{"host-mount": `[{"hostPath":"/data/shared/a","mountPath":"/mnt/a"}]`}
+		})
+		c.moveRefused(t, sb, "host directories")
+	})
 	t.Run("CordonedResumesInPlace", func(t *testing.T) {
 		c, _ := newSnapCluster(t, false)
 		sb, _ := c.paused(t, CreateOptions{}, false)

@@ -163,7 +163,10 @@ func (m *Manager) claim(ctx context.Context, o CreateOptions, tpl template.Templ
 	sb.Network, sb.AutoPause, sb.AutoResume, sb.APIKeyID = o.Network, o.AutoPause, o.AutoResume, o.APIKeyID
 	sb.PauseMemory = !o.PauseFilesystem
 	sb.StartedAt, sb.EndAt = now, now.Add(o.Timeout)
-	req := m.nodeRequest(sb, nil)
+	req, err := m.nodeRequest(sb, nil)
+	if err != nil {
+		return fail("node", err)
+	}
 	req.DefaultWorkdir = tpl.Workdir
 	nd, err := m.nodeOf(nctx, sb)
 	if err != nil {

@@ -331,6 +331,10 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, timeout time.D
 	}()
 	o.TemplateID, o.Timeout, o.TeamID = info.ID, timeout, sb.TeamID
 	o.Metadata = maps.Clone(sb.Metadata)
+	// A fork shares its source's host mounts, as clones share volumes: the
+	// source's create was allowed them, and its team reaches them through
+	// the source already.
+	o.HostMounts = true
 	o.Network = sb.Network
 	o.AutoPause, o.AutoResume, o.PauseFilesystem = sb.AutoPause, sb.AutoResume, !sb.PauseMemory
 	out := make([]ForkResult, count)
@@ -428,7 +432,11 @@ func (m *Manager) RollbackKind(ctx context.Context, id, snapshotRef string) (kin
 	if _, err := m.store.CompareAndSetState(ctx, id, []store.SandboxState{prev}, store.StateResuming); err != nil {
 		return "", fmt.Errorf("%w: sandbox '%s' changed state", ErrConflict, id)
 	}
-	req := m.nodeRequest(sb, info.Layers)
+	req, err := m.nodeRequest(sb, info.Layers)
+	if err != nil {
+		_, _ = m.store.CompareAndSetState(ctx, id, []store.SandboxState{store.StateResuming}, prev)
+		return "", err
+	}
 	req.Volumes, req.Restore, req.CurrentToken = atts, restore, currentToken
 	if !boot.IsZero() {
 		byReference(&req, boot, info.SnapshotLayers, info.Kind == runtime.SnapshotMemory)

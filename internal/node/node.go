@@ -18,6 +18,10 @@ import (
 var (
 	ErrNotFound     = errdefs.NewReason(errdefs.ErrNotFound, "node_sandbox_not_found", "node: sandbox not found")
 	ErrAgentTimeout = errdefs.NewReason(errdefs.ErrUnavailable, "node_agent_timeout", "node: agent did not become ready")
+	// ErrHostMountsRemote: host mounts (runtime.Mount.Under) are made by
+	// the control plane's own node only; the node protocol does not carry
+	// them.
+	ErrHostMountsRemote = errdefs.NewReason(errdefs.ErrFailedPrecondition, "node_host_mounts_remote", "node: host mounts are made only by the control plane's own node")
 )
 
 // AgentPort is the envd port inside every sandbox.

@@ -32,11 +32,17 @@ const (
 	StateStopped State = "stopped" // exists (bundle/checkpoint) but no process
 )
 
-// Mount is an extra bind mount into the sandbox (volumes, the agent binary).
+// Mount is an extra bind mount into the sandbox (volumes, the agent binary,
+// host mounts).
 type Mount struct {
 	Source      string // host path
 	Destination string // path inside the sandbox
 	ReadOnly    bool
+	// Under makes Source a host mount (package hostmount): it is reached
+	// from the directory Under without following any symlink, and mounted
+	// from that descriptor, so nothing can redirect it between the check
+	// and the mount. Only user-namespaced sandboxes take one.
+	Under string `json:",omitempty"`
 }
 
 // Resources are the cgroup limits for a sandbox.

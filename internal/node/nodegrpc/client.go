@@ -66,7 +66,21 @@ func sandbox(p *nodev1.Sandbox, err error) (node.Sandbox, error) {
 	return sandboxFromProto(p)
 }
 
+// hostMounts refuses a request with host mounts, which the protocol does
+// not carry: dropping them would start the sandbox without them.
+func hostMounts(req node.CreateRequest) error {
+	for _, m := range req.Mounts {
+		if m.Under != "" {
+			return node.ErrHostMountsRemote
+		}
+	}
+	return nil
+}
+
 func (c *Client) Create(ctx context.Context, req node.CreateRequest) (node.Sandbox, error) {
+	if err := hostMounts(req); err != nil {
+		return node.Sandbox{}, err
+	}
 	p, err := c.sb.Create(ctx, createToProto(req), c.opts...)
 	if err == nil {
 		tr := phase.From(ctx)
@@ -89,6 +103,9 @@ func (c *Client) Pause(ctx context.Context, id string) error {
 }
 
 func (c *Client) Resume(ctx context.Context, id string, req node.CreateRequest) error {
+	if err := hostMounts(req); err != nil {
+		return err
+	}
 	_, err := c.sb.Resume(ctx, &nodev1.ResumeRequest{Id: id, Request: createToProto(req)}, c.opts...)
 	return fromStatus(err)
 }
@@ -99,6 +116,9 @@ func (c *Client) Stop(ctx context.Context, id string) error {
 }
 
 func (c *Client) Rebuild(ctx context.Context, id string, req node.CreateRequest) error {
+	if err := hostMounts(req); err != nil {
+		return err
+	}
 	_, err := c.sb.Rebuild(ctx, &nodev1.RebuildRequest{Id: id, Request: createToProto(req)}, c.opts...)
 	return fromStatus(err)
 }

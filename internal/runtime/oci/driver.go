@@ -472,6 +472,11 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Info,
 		if !filepath.IsAbs(m.Destination) || !filepath.IsAbs(m.Source) {
 			return runtime.Info{}, fmt.Errorf("%w: mount %s -> %s must be absolute", ErrInvalidSpec, m.Source, m.Destination)
 		}
+		if m.Under != "" && !d.userns() {
+			// The mount is staged from a checked descriptor only on the
+			// user-namespaced path; runc would resolve the path itself.
+			return runtime.Info{}, fmt.Errorf("%w: host mounts need user-namespaced sandboxes (--userns on)", runtime.ErrUnsupported)
+		}
 	}
 	if spec.Restore != "" && !d.MemorySnapshots() {
 		return runtime.Info{}, fmt.Errorf("%w: %s cannot restore memory snapshots", runtime.ErrUnsupported, d.cfg.Runtime)

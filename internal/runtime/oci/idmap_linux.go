@@ -82,6 +82,27 @@ func idmapMount(src, dst string, userns *os.File, recursive bool) error {
 	return nil
 }
 
+// idmapMountFD is idmapMount of the tree at the directory descriptor fd
+// (recursive), so the mount is exactly what fd was opened on.
+func idmapMountFD(dirfd int, dst string, userns *os.File) error {
+	fd, err := unix.OpenTree(dirfd, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH|unix.AT_RECURSIVE)
+	if err != nil {
+		return fmt.Errorf("oci: open_tree: %w", err)
+	}
+	defer unix.Close(fd)
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(userns.Fd())}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &attr); err != nil {
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EPERM) || errors.Is(err, unix.EOPNOTSUPP) {
+			return fmt.Errorf("oci: idmap: %w (%v)", errNoIdmap, err)
+		}
+		return fmt.Errorf("oci: idmap: %w", err)
+	}
+	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, dst, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("oci: move_mount %s: %w", dst, err)
+	}
+	return nil
+}
+
 // checkIdmap probes that dir's filesystem can be idmapped (Linux 5.12+,
 // ext4/xfs/btrfs...), so a host that cannot run user-namespaced sandboxes
 // fails at start rather than at the first create.

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cubicle-dev/cubicle/internal/hostmount"
 	"github.com/cubicle-dev/cubicle/internal/phase"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 )
@@ -292,6 +293,14 @@ func (d *Driver) stageMounts(id string, ns *os.File, mounts []runtime.Mount) ([]
 	}
 	staged := make([]runtime.Mount, len(mounts))
 	for i, m := range mounts {
+		if m.Under != "" {
+			if err := d.stageHostMount(id, i, ns, m); err != nil {
+				return nil, err
+			}
+			staged[i] = m
+			staged[i].Source, staged[i].Under = filepath.Join(d.dir(id), "m", fmt.Sprint(i)), ""
+			continue
+		}
 		fi, err := os.Stat(m.Source)
 		if err != nil {
 			return nil, fmt.Errorf("%w: mount source: %v", ErrInvalidSpec, err)
@@ -321,6 +330,31 @@ func (d *Driver) stageMounts(id string, ns *os.File, mounts []runtime.Mount) ([]
 		staged[i].Source = dst
 	}
 	return staged, nil
+}
+
+// stageHostMount mounts host mount m, idmapped, at m/<i>: from the
+// directory hostmount.OpenDir reached without following a symlink, so the
+// mount is the directory that was checked (a restart checks again).
+func (d *Driver) stageHostMount(id string, i int, ns *os.File, m runtime.Mount) error {
+	dir, err := hostmount.OpenDir(m.Under, m.Source)
+	if err != nil {
+		return fmt.Errorf("%w: bind mount %s -> %s: %w", ErrInvalidSpec, m.Source, m.Destination, err)
+	}
+	defer dir.Close()
+	dst := filepath.Join(d.dir(id), "m", fmt.Sprint(i))
+	if err := os.Mkdir(dst, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	if err := idmapMountFD(int(dir.Fd()), dst, ns); errors.Is(err, errNoIdmap) {
+		// A filesystem without idmapped mounts: a plain bind of the same
+		// descriptor; its files show as unmapped owners in the sandbox.
+		if err := unix.Mount(fmt.Sprintf("/proc/self/fd/%d", dir.Fd()), dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("oci: bind mount %s -> %s: %w", m.Source, m.Destination, err)
+		}
+	} else if err != nil {
+		return fmt.Errorf("oci: bind mount %s -> %s: %w", m.Source, m.Destination, err)
+	}
+	return nil
 }
 
 // restageMounts redoes stageMounts for a stopped user-namespaced sandbox.
