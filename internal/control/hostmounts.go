@@ -25,15 +25,21 @@ func (m *Manager) hostMounts(o *CreateOptions) ([]hostmount.Mount, error) {
 	if !ok {
 		return nil, nil
 	}
+	if !o.HostMounts {
+		// Before any detail of the server's prefixes or host paths: a
+		// caller without the right learns only that it lacks it.
+		var empty []json.RawMessage
+		if strings.TrimSpace(raw) == "" || (json.Unmarshal([]byte(raw), &empty) == nil && len(empty) == 0) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("%w: host mounts need an admin API key (cubicle apikey create --admin) or a key of a team that serve --host-mount-team names", ErrForbidden)
+	}
 	ms, err := hostmount.Parse(raw, m.cfg.HostMountPrefixes)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	if len(ms) == 0 {
 		return nil, nil
-	}
-	if !o.HostMounts {
-		return nil, fmt.Errorf("%w: host mounts need an admin API key (cubicle apikey create --admin) or a key of a team that serve --host-mount-team names", ErrForbidden)
 	}
 	for i, hm := range ms {
 		if err := validateMountPath(hm.MountPath); err != nil {

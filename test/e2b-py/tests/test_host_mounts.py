@@ -144,6 +144,9 @@ def test_only_admin_keys_and_named_teams_may_ask(hm):
     try:
         os.environ["CUBE_API_KEY"] = os.environ["E2B_API_KEY"] = tenant
         assert "admin api key" in _refused(_meta((prefix + "/data", "/mnt/x", True)), status=403)
+        # Nothing about the server's prefixes or host paths reaches such a key.
+        msg = _refused(_meta(("/etc", "/mnt/x", True)), status=403)
+        assert prefix.lower() not in msg and "prefix" not in msg.replace("--host-mount-team", ""), msg
         # An empty list asks for nothing.
         s = Sandbox.create(template="base", timeout=60, metadata={KEY: "[]"})
         s.kill()
