@@ -60,7 +60,10 @@ type templateJSON struct {
 	BuildCount    int64      `json:"buildCount"`
 	EnvdVersion   string     `json:"envdVersion"`
 	BuildStatus   string     `json:"buildStatus"`
-	PoolSize      int        `json:"poolSize"`
+	// Status is the build status in CubeAPI's casing (READY, BUILDING,
+	// WAITING, ERROR): its clients read this field.
+	Status   string `json:"status"`
+	PoolSize int    `json:"poolSize"`
 	// Accelerators is the compatibility contract (Cubicle extension).
 	Accelerators *accel.Contract `json:"accelerators,omitempty"`
 }
@@ -80,7 +83,7 @@ type buildJSON struct {
 func templateOut(t *store.Template) templateJSON {
 	out := templateJSON{TemplateID: t.ID, BuildID: t.LatestBuildID, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskSizeMB,
 		Public: t.Public, Aliases: append([]string{}, t.Names...), Names: append([]string{}, t.Names...), CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt,
-		SpawnCount: t.SpawnCount, BuildCount: t.BuildCount, EnvdVersion: agentapi.EnvdVersion, BuildStatus: catalog.APIStatus(t.BuildStatus), PoolSize: t.PoolSize}
+		SpawnCount: t.SpawnCount, BuildCount: t.BuildCount, EnvdVersion: agentapi.EnvdVersion, BuildStatus: catalog.APIStatus(t.BuildStatus), Status: strings.ToUpper(catalog.APIStatus(t.BuildStatus)), PoolSize: t.PoolSize}
 	if t.ReadyBuildID != "" {
 		out.BuildID = t.ReadyBuildID
 	}
@@ -203,7 +206,14 @@ func (s *Server) templateAlias(w http.ResponseWriter, r *http.Request) {
 	if c == nil {
 		return
 	}
-	t, err := c.Get(r.Context(), callerOf(r), chi.URLParam(r, "alias"))
+	alias := chi.URLParam(r, "alias")
+	if name, _, _ := strings.Cut(alias, ":"); !catalog.ValidName(name) {
+		// No template can have this name: a malformed request, as CubeAPI
+		// answers it, not "not found".
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("alias %q is not a valid template name (lowercase letters, digits, '.', '_' and '-', at most 128)", alias))
+		return
+	}
+	t, err := c.Get(r.Context(), callerOf(r), alias)
 	if err != nil {
 		s.fail(w, r, err)
 		return

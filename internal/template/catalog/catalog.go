@@ -51,6 +51,9 @@ var (
 	builtinNames         = append(append([]string{}, baseNames...), codeInterpreterNames...)
 )
 
+// ValidName reports whether s can be a template's name (without a tag).
+func ValidName(s string) bool { return nameRE.MatchString(s) }
+
 // builtin reports whether id is a seeded template.
 func builtin(id string) bool { return id == BaseID || id == CodeInterpreterID }
 

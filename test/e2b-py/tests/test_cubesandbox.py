@@ -4,6 +4,7 @@ hosts sent to the same listener (CUBE_PROXY_NODE_IP/CUBE_PROXY_PORT_HTTP).
 Sandbox lifecycle, commands, files, PTY, Volume.create/connect/list/get_info/
 destroy, volume_mounts with VolumeMount(read_only=True), and run_code."""
 
+import os
 import threading
 import time
 
@@ -252,3 +253,19 @@ def test_run_code_on_the_code_interpreter_template(server):
         assert err is not None and err.name == "ZeroDivisionError"
     finally:
         s.kill()
+
+
+def test_template_list_and_get_carry_cubeapi_status(server):
+    """cubesandbox's Template.list/get read templateID and status (CubeAPI's
+    casing); an alias lookup that can name no template is a 400, not a 404."""
+    import requests
+    from cubesandbox import Template
+
+    listed = {t.template_id: t for t in Template.list()}
+    assert "base" in listed and listed["base"].status == "READY"
+    detail = Template.get("base")
+    assert detail.template_id == "base" and detail.status == "READY"
+    headers = {"X-API-Key": os.environ["CUBE_API_KEY"]}
+    assert requests.get(f"{os.environ['CUBE_API_URL']}/templates/aliases/UPPER", headers=headers).status_code == 400
+    assert requests.get(f"{os.environ['CUBE_API_URL']}/templates/aliases/base", headers=headers).status_code == 200
+    assert requests.get(f"{os.environ['CUBE_API_URL']}/templates/aliases/no-such-template", headers=headers).status_code == 404
