@@ -19,8 +19,7 @@ var (
 	ErrNotFound     = errdefs.NewReason(errdefs.ErrNotFound, "node_sandbox_not_found", "node: sandbox not found")
 	ErrAgentTimeout = errdefs.NewReason(errdefs.ErrUnavailable, "node_agent_timeout", "node: agent did not become ready")
 	// ErrHostMountsRemote: host mounts (runtime.Mount.Under) are made by
-	// the control plane's own node only; the node protocol does not carry
-	// them.
+	// the control plane's own node only: their directories are its host's.
 	ErrHostMountsRemote = errdefs.NewReason(errdefs.ErrFailedPrecondition, "node_host_mounts_remote", "node: host mounts are made only by the control plane's own node")
 )
 

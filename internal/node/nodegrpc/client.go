@@ -66,8 +66,9 @@ func sandbox(p *nodev1.Sandbox, err error) (node.Sandbox, error) {
 	return sandboxFromProto(p)
 }
 
-// hostMounts refuses a request with host mounts, which the protocol does
-// not carry: dropping them would start the sandbox without them.
+// hostMounts refuses a request with host mounts: their directories are the
+// control plane's host's, so only its own node makes them (the control
+// plane pins such sandboxes there; this is the backstop).
 func hostMounts(req node.CreateRequest) error {
 	for _, m := range req.Mounts {
 		if m.Under != "" {

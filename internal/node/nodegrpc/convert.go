@@ -105,7 +105,7 @@ func createToProto(r node.CreateRequest) *nodev1.CreateRequest {
 		SnapshotLayers: r.SnapshotLayers, RestoreSnapshot: r.RestoreSnapshot,
 	}
 	for _, m := range r.Mounts {
-		p.Mounts = append(p.Mounts, &nodev1.Mount{Source: m.Source, Destination: m.Destination, ReadOnly: m.ReadOnly})
+		p.Mounts = append(p.Mounts, &nodev1.Mount{Source: m.Source, Destination: m.Destination, ReadOnly: m.ReadOnly, Under: m.Under})
 	}
 	for _, v := range r.Volumes {
 		p.Volumes = append(p.Volumes, attachmentToProto(v))
@@ -137,7 +137,7 @@ func createFromProto(p *nodev1.CreateRequest) node.CreateRequest {
 		Image: imageFromProto(p.GetImage()), SnapshotLayers: p.GetSnapshotLayers(), RestoreSnapshot: p.GetRestoreSnapshot(),
 	}
 	for _, m := range p.GetMounts() {
-		r.Mounts = append(r.Mounts, runtime.Mount{Source: m.GetSource(), Destination: m.GetDestination(), ReadOnly: m.GetReadOnly()})
+		r.Mounts = append(r.Mounts, runtime.Mount{Source: m.GetSource(), Destination: m.GetDestination(), ReadOnly: m.GetReadOnly(), Under: m.GetUnder()})
 	}
 	for _, v := range p.GetVolumes() {
 		r.Volumes = append(r.Volumes, attachmentFromProto(v))

@@ -9,8 +9,8 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 )
 
-// The node protocol does not carry host mounts: a request with one is
-// refused before anything is sent, never passed on without them.
+// A request with host mounts is refused before anything is sent to a
+// remote node: the directories are the control plane's host's.
 func TestHostMountsAreNotSentToARemoteNode(t *testing.T) {
 	c := &Client{} // no connection: nothing may be sent
 	req := node.CreateRequest{ID: "x", Mounts: []runtime.Mount{{Source: "/data/shared/a", Destination: "/mnt/a", Under: "/data/shared"}}}

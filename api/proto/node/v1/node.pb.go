@@ -1222,10 +1222,14 @@ func (x *LogsResponse) GetData() []byte {
 
 // Mount is runtime.Mount.
 type Mount struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Source        string                 `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"` // host path
-	Destination   string                 `protobuf:"bytes,2,opt,name=destination,proto3" json:"destination,omitempty"`
-	ReadOnly      bool                   `protobuf:"varint,3,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Source      string                 `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"` // host path
+	Destination string                 `protobuf:"bytes,2,opt,name=destination,proto3" json:"destination,omitempty"`
+	ReadOnly    bool                   `protobuf:"varint,3,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	// under: a host mount, reached from this directory without following a
+	// symlink (runtime.Mount.Under). The client refuses to send one today:
+	// host mounts are made by the control plane's own node.
+	Under         string `protobuf:"bytes,4,opt,name=under,proto3" json:"under,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1279,6 +1283,13 @@ func (x *Mount) GetReadOnly() bool {
 		return x.ReadOnly
 	}
 	return false
+}
+
+func (x *Mount) GetUnder() string {
+	if x != nil {
+		return x.Under
+	}
+	return ""
 }
 
 // Policy is network.Policy.
@@ -4090,11 +4101,12 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\n" +
 	"disk_total\x18\b \x01(\x04R\tdiskTotal\"\"\n" +
 	"\fLogsResponse\x12\x12\n" +
-	"\x04data\x18\x01 \x01(\fR\x04data\"^\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"t\n" +
 	"\x05Mount\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12 \n" +
 	"\vdestination\x18\x02 \x01(\tR\vdestination\x12\x1b\n" +
-	"\tread_only\x18\x03 \x01(\bR\breadOnly\"\xe8\x02\n" +
+	"\tread_only\x18\x03 \x01(\bR\breadOnly\x12\x14\n" +
+	"\x05under\x18\x04 \x01(\tR\x05under\"\xe8\x02\n" +
 	"\x06Policy\x12%\n" +
 	"\x0eallow_internet\x18\x01 \x01(\bR\rallowInternet\x12\x1b\n" +
 	"\tallow_out\x18\x02 \x03(\tR\ballowOut\x12\x19\n" +
