@@ -1,11 +1,9 @@
 package control
 
 import (
-	"encoding/json"
 	"fmt"
 	"path"
 	"sort"
-	"strings"
 
 	"github.com/cubicle-dev/cubicle/internal/hostmount"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
@@ -28,8 +26,7 @@ func (m *Manager) hostMounts(o *CreateOptions) ([]hostmount.Mount, error) {
 	if !o.HostMounts {
 		// Before any detail of the server's prefixes or host paths: a
 		// caller without the right learns only that it lacks it.
-		var empty []json.RawMessage
-		if strings.TrimSpace(raw) == "" || (json.Unmarshal([]byte(raw), &empty) == nil && len(empty) == 0) {
+		if !hostmount.Asks(raw) {
 			return nil, nil
 		}
 		return nil, fmt.Errorf("%w: host mounts need an admin API key (cubicle apikey create --admin) or a key of a team that serve --host-mount-team names", ErrForbidden)
@@ -84,7 +81,5 @@ func (m *Manager) hostRuntimeMounts(sb *store.Sandbox) ([]runtime.Mount, error) 
 // hasHostMounts: sb mounts host directories, which exist on its node only.
 // A value that does not decode counts: it never booted elsewhere either.
 func hasHostMounts(sb *store.Sandbox) bool {
-	raw := strings.TrimSpace(sb.Metadata[hostmount.Key])
-	var ms []hostmount.Mount
-	return raw != "" && (json.Unmarshal([]byte(raw), &ms) != nil || len(ms) > 0)
+	return hostmount.Asks(sb.Metadata[hostmount.Key])
 }

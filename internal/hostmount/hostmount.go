@@ -46,6 +46,15 @@ func invalid(format string, a ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, a...))
 }
 
+// Asks reports whether raw, metadata[Key], asks for any host mount: a
+// non-empty list, or a value that is not a list at all (never read as
+// "nothing").
+func Asks(raw string) bool {
+	raw = strings.TrimSpace(raw)
+	var ms []json.RawMessage
+	return raw != "" && (json.Unmarshal([]byte(raw), &ms) != nil || len(ms) > 0)
+}
+
 // Parse decodes and validates raw, metadata[Key], against prefixes (clean,
 // absolute, never "/"). Every entry must be valid for any to be: one bad
 // entry refuses the whole list. An empty list is no mounts. Host paths come

@@ -118,3 +118,12 @@ func TestCheckPrefix(t *testing.T) {
 }
 
 func itoa(u uintptr) string { return strconv.FormatUint(uint64(u), 10) }
+
+func TestAsks(t *testing.T) {
+	for raw, want := range map[string]bool{"": false, "  ": false, "[]": false, " [] ": false,
+		`[{"hostPath":"/a","mountPath":"/b"}]`: true, "[1]": true, "not-json": true, "{}": true} {
+		if got := hostmount.Asks(raw); got != want {
+			t.Errorf("Asks(%q) = %v, want %v", raw, got, want)
+		}
+	}
+}

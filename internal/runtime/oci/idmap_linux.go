@@ -58,13 +58,28 @@ var errNoIdmap = errors.New("filesystem does not support idmapped mounts")
 // files as its own, and what it writes is stored as uid 0 again: no chown
 // pass over images or volumes, and every sandbox gets its own range.
 func idmapMount(src, dst string, userns *os.File, recursive bool) error {
+	return idmapTree(unix.AT_FDCWD, src, dst, userns, recursive)
+}
+
+// idmapMountFD is idmapMount of the tree at the directory descriptor dirfd
+// (recursive), so the mount is exactly what dirfd was opened on.
+func idmapMountFD(dirfd int, dst string, userns *os.File) error {
+	return idmapTree(dirfd, "", dst, userns, true)
+}
+
+// idmapTree clones the tree at src relative to dirfd ("" = dirfd itself),
+// idmaps the clone and moves it onto dst.
+func idmapTree(dirfd int, src, dst string, userns *os.File, recursive bool) error {
 	flags := unix.OPEN_TREE_CLONE | unix.OPEN_TREE_CLOEXEC
 	setFlags := unix.AT_EMPTY_PATH
+	if src == "" {
+		flags |= unix.AT_EMPTY_PATH
+	}
 	if recursive {
 		flags |= unix.AT_RECURSIVE
 		setFlags |= unix.AT_RECURSIVE
 	}
-	fd, err := unix.OpenTree(unix.AT_FDCWD, src, uint(flags))
+	fd, err := unix.OpenTree(dirfd, src, uint(flags))
 	if err != nil {
 		return fmt.Errorf("oci: open_tree %s: %w", src, err)
 	}
@@ -75,27 +90,6 @@ func idmapMount(src, dst string, userns *os.File, recursive bool) error {
 			return fmt.Errorf("oci: idmap %s: %w (%v)", src, errNoIdmap, err)
 		}
 		return fmt.Errorf("oci: idmap %s: %w", src, err)
-	}
-	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, dst, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-		return fmt.Errorf("oci: move_mount %s: %w", dst, err)
-	}
-	return nil
-}
-
-// idmapMountFD is idmapMount of the tree at the directory descriptor fd
-// (recursive), so the mount is exactly what fd was opened on.
-func idmapMountFD(dirfd int, dst string, userns *os.File) error {
-	fd, err := unix.OpenTree(dirfd, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH|unix.AT_RECURSIVE)
-	if err != nil {
-		return fmt.Errorf("oci: open_tree: %w", err)
-	}
-	defer unix.Close(fd)
-	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(userns.Fd())}
-	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &attr); err != nil {
-		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EPERM) || errors.Is(err, unix.EOPNOTSUPP) {
-			return fmt.Errorf("oci: idmap: %w (%v)", errNoIdmap, err)
-		}
-		return fmt.Errorf("oci: idmap: %w", err)
 	}
 	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, dst, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 		return fmt.Errorf("oci: move_mount %s: %w", dst, err)
