@@ -31,7 +31,11 @@ func main() {
 	tokenFile := flag.String("token-file", "", "file holding the access token the agent starts with (required: the agent never serves without one)")
 	readyFD := flag.Int("ready-fd", -1, "a pipe inherited from the node: one byte is written there once the agent serves, then it is closed (-1: none)")
 	version := flag.Bool("version", false, "print version and exit")
+	probe := flag.String(strings.TrimPrefix(agentapi.ProbeHTTPFlag, "-"), "", "probe this URL and exit: 0 for a 200-399 answer within 5s, 1 otherwise (a template's HTTP readiness probe)")
 	flag.Parse()
+	if *probe != "" {
+		os.Exit(probeHTTP(*probe))
+	}
 	// Before anything is opened or started: the inherited pipe must reach
 	// no process the agent starts.
 	ready := readyPipe(*readyFD)
@@ -48,6 +52,23 @@ func main() {
 		fmt.Fprintln(os.Stderr, "cubicle-agent:", err)
 		os.Exit(1)
 	}
+}
+
+// probeHTTP is a Kubernetes-style httpGet probe: redirects are not
+// followed (a 3xx is itself success).
+func probeHTTP(url string) int {
+	c := &http.Client{Timeout: 5 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := c.Get(url)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "probe:", err)
+		return 1
+	}
+	resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 399 {
+		fmt.Fprintf(os.Stderr, "probe: %s answered %s\n", url, resp.Status)
+		return 1
+	}
+	return 0
 }
 
 // readToken reads the token the node bound in before the sandbox started,

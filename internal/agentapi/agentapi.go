@@ -13,6 +13,25 @@ import (
 	"time"
 )
 
+// PathInSandbox is where the node bind-mounts the agent binary in every
+// sandbox (read-only): commands the control plane runs there may call it.
+const PathInSandbox = "/.cubicle/cubicle-agent"
+
+// ProbeHTTPFlag makes the agent binary probe a URL and exit: 0 when it
+// answers 200-399 within 5 s (a Kubernetes httpGet probe's success), 1
+// otherwise. It needs nothing from the image, not even curl.
+const ProbeHTTPFlag = "-probe-http"
+
+// HTTPProbeCommand is the shell command that probes port and path inside
+// the sandbox, through the agent binary.
+func HTTPProbeCommand(port int, path string) string {
+	if !strings.HasPrefix(path, "/") {
+		path = "/" + path
+	}
+	u := "http://127.0.0.1:" + strconv.Itoa(port) + path
+	return PathInSandbox + " " + ProbeHTTPFlag + " '" + strings.ReplaceAll(u, "'", `'\''`) + "'"
+}
+
 // EnvdVersion is the envd version the agent is compatible with; the control
 // plane reports it to SDKs, which gate features on it.
 const EnvdVersion = "0.6.13"

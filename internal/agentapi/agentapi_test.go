@@ -43,3 +43,16 @@ func TestInitAbsentAndEmptyFields(t *testing.T) {
 		t.Fatalf("empty fields decoded as absent: %+v", empty)
 	}
 }
+
+// The probe command is one shell word per argument whatever the path holds.
+func TestHTTPProbeCommand(t *testing.T) {
+	for path, want := range map[string]string{
+		"/health": PathInSandbox + " -probe-http 'http://127.0.0.1:8080/health'",
+		"ready":   PathInSandbox + " -probe-http 'http://127.0.0.1:8080/ready'",
+		"/a'b":    PathInSandbox + ` -probe-http 'http://127.0.0.1:8080/a'\''b'`,
+	} {
+		if got := HTTPProbeCommand(8080, path); got != want {
+			t.Errorf("%q: %s, want %s", path, got, want)
+		}
+	}
+}

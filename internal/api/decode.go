@@ -62,11 +62,7 @@ func decodeStrict(body []byte, v any) string {
 	if err := dec.Decode(v); err != nil {
 		msg := err.Error()
 		if f, ok := unknownField(err); ok {
-			hint := ""
-			if f == `"image"` {
-				hint = " (CubeSandbox's create-from-image is not supported: build from an image with the e2b template API, Template().fromImage(...))"
-			}
-			return "unknown field " + f + " in the template request" + hint
+			return "unknown field " + f + " in the template request"
 		}
 		return "malformed JSON body: " + msg
 	}

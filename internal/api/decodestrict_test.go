@@ -13,10 +13,10 @@ func TestDecodeStrictTemplateCreate(t *testing.T) {
 		t.Fatalf("the SDK's body: %q %+v", msg, req)
 	}
 	for body, want := range map[string]string{
-		`{"image":"python:3.11","name":"x","cpu":2000}`: `unknown field "image" in the template request (CubeSandbox's create-from-image`,
-		`{"name":"x","dockerfile":"FROM x"}`:            `unknown field "dockerfile"`,
-		`{"name":`:                                      "malformed JSON body",
-		`{"name":"x"} {}`:                               "data after the JSON object",
+		`{"name":"x","cpuCount":1,"memory":512}`: `unknown field "memory" in the template request`,
+		`{"name":"x","dockerfile":"FROM x"}`:     `unknown field "dockerfile"`,
+		`{"name":`:                               "malformed JSON body",
+		`{"name":"x"} {}`:                        "data after the JSON object",
 	} {
 		var r catalog.CreateRequest
 		if msg := decodeStrict([]byte(body), &r); !strings.Contains(msg, want) {

@@ -60,8 +60,8 @@ type templateJSON struct {
 	BuildCount    int64      `json:"buildCount"`
 	EnvdVersion   string     `json:"envdVersion"`
 	BuildStatus   string     `json:"buildStatus"`
-	// Status is the build status in CubeAPI's casing (READY, BUILDING,
-	// WAITING, ERROR): its clients read this field.
+	// Status is the build status as CubeAPI words it (READY, BUILDING,
+	// WAITING, FAILED): its clients read this field.
 	Status   string `json:"status"`
 	PoolSize int    `json:"poolSize"`
 	// Accelerators is the compatibility contract (Cubicle extension).
@@ -83,7 +83,7 @@ type buildJSON struct {
 func templateOut(t *store.Template) templateJSON {
 	out := templateJSON{TemplateID: t.ID, BuildID: t.LatestBuildID, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskSizeMB,
 		Public: t.Public, Aliases: append([]string{}, t.Names...), Names: append([]string{}, t.Names...), CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt,
-		SpawnCount: t.SpawnCount, BuildCount: t.BuildCount, EnvdVersion: agentapi.EnvdVersion, BuildStatus: catalog.APIStatus(t.BuildStatus), Status: strings.ToUpper(catalog.APIStatus(t.BuildStatus)), PoolSize: t.PoolSize}
+		SpawnCount: t.SpawnCount, BuildCount: t.BuildCount, EnvdVersion: agentapi.EnvdVersion, BuildStatus: catalog.APIStatus(t.BuildStatus), Status: cubeStatus(t.BuildStatus), PoolSize: t.PoolSize}
 	if t.ReadyBuildID != "" {
 		out.BuildID = t.ReadyBuildID
 	}
@@ -105,6 +105,8 @@ func (s *Server) templateRoutes(r chi.Router) {
 	r.Post("/templates/tags", s.assignTags)
 	r.Delete("/templates/tags", s.removeTags)
 	r.Get("/templates/{id}", s.getTemplate)
+	r.Post("/templates/{id}", s.rebuildFromImage)
+	r.Put("/templates/{id}/alias", s.setTemplateAlias)
 	r.Delete("/templates/{id}", s.deleteTemplate)
 	r.Patch("/templates/{id}", s.patchTemplate)
 	r.Patch("/v2/templates/{id}", s.patchTemplate)
@@ -188,6 +190,10 @@ func (s *Server) createTemplate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusRequestEntityTooLarge, "request body too large")
 		return
 	}
+	if isImageRequest(body) {
+		s.createFromImage(w, r, c, body)
+		return
+	}
 	var req catalog.CreateRequest
 	if msg := decodeStrict(body, &req); msg != "" {
 		writeError(w, http.StatusBadRequest, msg)
@@ -207,13 +213,14 @@ func (s *Server) templateAlias(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	alias := chi.URLParam(r, "alias")
-	if name, _, _ := strings.Cut(alias, ":"); !catalog.ValidName(name) {
-		// No template can have this name: a malformed request, as CubeAPI
-		// answers it, not "not found".
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("alias %q is not a valid template name (lowercase letters, digits, '.', '_' and '-', at most 128)", alias))
+	t, err := c.Get(r.Context(), callerOf(r), alias)
+	if name, _, _ := strings.Cut(alias, ":"); errors.Is(err, catalog.ErrNotFound) && !catalog.ValidName(name) {
+		// No template can be given this name: a malformed request, as
+		// CubeAPI answers it, not "not found". (Looked up first: a longer
+		// name an earlier version accepted still resolves.)
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("alias %q is not a valid template name (lowercase letters, digits, '.', '_' and '-', at most 64, not starting with tpl- or snap-)", alias))
 		return
 	}
-	t, err := c.Get(r.Context(), callerOf(r), alias)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -239,7 +246,12 @@ func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request) {
 	out := struct {
 		templateJSON
 		Builds []buildJSON `json:"builds"`
+		cubeTemplateJSON
 	}{templateJSON: templateOut(t), Builds: []buildJSON{}}
+	if out.cubeTemplateJSON, err = s.cubeDetail(r, c, t, builds); err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	for _, b := range builds {
 		bj := buildJSON{BuildID: b.ID, Status: catalog.APIStatus(b.Status), CreatedAt: b.CreatedAt, UpdatedAt: b.UpdatedAt,
 			CPUCount: b.CPUCount, MemoryMB: b.MemoryMB, DiskSizeMB: b.DiskSizeMB, EnvdVersion: agentapi.EnvdVersion}

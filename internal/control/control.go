@@ -535,6 +535,12 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ *store.Sandbox
 	} else if !errors.Is(err, store.ErrNotFound) {
 		return nil, err
 	}
+	if len(tpl.Env) > 0 {
+		// The template's env under the create's own.
+		env := maps.Clone(tpl.Env)
+		maps.Copy(env, o.EnvVars)
+		o.EnvVars = env
+	}
 	// Devices cannot be checkpointed, so autoPause would silently become a
 	// kill at timeout: refuse it up front.
 	if o.AutoPause && (len(o.Accelerators) > 0 || tpl.Accelerators != nil) {
@@ -889,7 +895,7 @@ func (m *Manager) waitReady(ctx context.Context, sb *store.Sandbox, cmd string) 
 func (m *Manager) Probe(ctx context.Context, rootfs string, t template.Template) error {
 	t.Layers = template.Layers(rootfs)
 	sb, err := m.createFrom(ctx, CreateOptions{Timeout: m.cfg.ReadyTimeout + time.Minute, Metadata: map[string]string{"cubicle.template-probe": t.ID},
-		Network: store.Network{AllowInternet: true}}, t)
+		Network: store.Network{AllowInternet: true}, EnvVars: t.Env}, t)
 	if sb != nil {
 		defer m.Kill(context.WithoutCancel(ctx), sb.ID, "template ready probe finished")
 	}

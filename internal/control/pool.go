@@ -454,7 +454,7 @@ func (m *Manager) createStandby(ctx context.Context, team string, tpl template.T
 		// The default egress policy, so most claims need no node policy
 		// change; no public traffic reaches an unclaimed standby (the
 		// proxy reads the row, which the claim rewrites).
-		Network: store.Network{AllowInternet: true}}, tpl)
+		Network: store.Network{AllowInternet: true}, EnvVars: tpl.Env}, tpl)
 	if err != nil {
 		if sb != nil {
 			// Ready command timed out: a standby that is not ready is useless.

@@ -29,7 +29,7 @@ import (
 )
 
 // AgentPathInSandbox is where the agent binary is bind-mounted.
-const AgentPathInSandbox = "/.cubicle/cubicle-agent"
+const AgentPathInSandbox = agentapi.PathInSandbox
 
 // AgentTokenInSandbox is where the agent's token file is bind-mounted
 // (read-only, root-only): the agent reads it before it serves anything.

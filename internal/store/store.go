@@ -510,6 +510,15 @@ type TemplateStore interface {
 	// SetTemplateNames replaces the names (unique within the template's
 	// team; ErrConflict when one is taken).
 	SetTemplateNames(ctx context.Context, id string, names []string) error
+	// SetTemplateAlias makes alias the template's one name (its primary
+	// name, plus alias:tag for each of its tags other than default),
+	// replacing all its names, in one transaction. A template of the same
+	// team that holds the alias loses it and its tagged forms (and its
+	// primary name, when that was the alias). With newerOnly the alias is
+	// not taken from a template created after this one: false, nil. An
+	// empty alias leaves the template without names. ErrNotFound when
+	// there is no such template.
+	SetTemplateAlias(ctx context.Context, id, alias string, newerOnly bool) (bool, error)
 	GetTemplateBuild(ctx context.Context, id string) (*TemplateBuild, error)
 	ListTemplateBuilds(ctx context.Context, templateID string) ([]*TemplateBuild, error)
 	UpdateTemplateBuild(ctx context.Context, b *TemplateBuild) error

@@ -35,7 +35,11 @@ type Template struct {
 	ReadyCmd string
 	RunAs    string // "" = the default user
 	Workdir  string
-	BuildID  string // the build the layers come from (warm pools compare it)
+	// Env is what every sandbox of the template starts with, under its
+	// create's own envVars (CubeAPI's template env; e2b's ENV steps are
+	// build-time only and are not here).
+	Env     map[string]string
+	BuildID string // the build the layers come from (warm pools compare it)
 	// Image is what the layers were unpacked from, for a node that does not
 	// share the control plane's files: a built-in image's name (no "/" or
 	// ":"), or a reference in the control plane's image store ("repo:tag").

@@ -115,7 +115,12 @@ func (s *Store) loadNames(ctx context.Context, t *store.Template) error {
 		return err
 	}
 	defer rows.Close()
-	t.Names = []string{t.PrimaryName}
+	t.Names = []string{}
+	if t.PrimaryName != "" {
+		// A template made by CubeAPI's create-from-image has no name
+		// until an alias is given to it.
+		t.Names = append(t.Names, t.PrimaryName)
+	}
 	for rows.Next() {
 		var n string
 		if err := rows.Scan(&n); err != nil {
@@ -371,6 +376,89 @@ func (s *Store) setTemplateNamesTx(ctx context.Context, id string, names []strin
 		return err
 	}
 	return tx.Commit()
+}
+
+// SetTemplateAlias implements store.TemplateStore.
+func (s *Store) SetTemplateAlias(ctx context.Context, id, alias string, newerOnly bool) (bool, error) {
+	var took bool
+	err := retry(ctx, s.d, func() error {
+		var err error
+		took, err = s.setTemplateAliasTx(ctx, id, alias, newerOnly)
+		return err
+	})
+	return took, err
+}
+
+func (s *Store) setTemplateAliasTx(ctx context.Context, id, alias string, newerOnly bool) (bool, error) {
+	tx, err := s.db.BeginTx(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer tx.Rollback()
+	var team string
+	var created int64
+	if err := tx.QueryRowContext(ctx, `SELECT team_id, created_at FROM templates WHERE id=?`, id).Scan(&team, &created); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return false, store.ErrNotFound
+		}
+		return false, err
+	}
+	if alias != "" {
+		var holder string
+		var holderCreated int64
+		err := tx.QueryRowContext(ctx, `SELECT n.template_id, t.created_at FROM template_names n JOIN templates t ON t.id = n.template_id
+WHERE n.team_id = ? AND n.name = ?`, team, alias).Scan(&holder, &holderCreated)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+		case err != nil:
+			return false, err
+		case holder != id:
+			if newerOnly && (holderCreated > created || (holderCreated == created && holder > id)) {
+				return false, nil
+			}
+			// The alias and its tagged forms leave the holder together.
+			// substr, not LIKE: names may hold '_', a LIKE wildcard.
+			if _, err := tx.ExecContext(ctx, `DELETE FROM template_names WHERE template_id=? AND (name=? OR substr(name, 1, ?)=?)`,
+				holder, alias, len(alias)+1, alias+":"); err != nil {
+				return false, err
+			}
+			if _, err := tx.ExecContext(ctx, `UPDATE templates SET primary_name='', updated_at=? WHERE id=? AND primary_name=?`,
+				ts(time.Now().UTC()), holder, alias); err != nil {
+				return false, err
+			}
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM template_names WHERE template_id=?`, id); err != nil {
+		return false, err
+	}
+	if alias != "" {
+		names := []string{alias}
+		rows, err := tx.QueryContext(ctx, `SELECT tag FROM template_tags WHERE template_id=? ORDER BY tag`, id)
+		if err != nil {
+			return false, err
+		}
+		for rows.Next() {
+			var tag string
+			if err := rows.Scan(&tag); err != nil {
+				rows.Close()
+				return false, err
+			}
+			if tag != "default" {
+				names = append(names, alias+":"+tag)
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return false, err
+		}
+		if err := insertNames(ctx, tx, id, names); err != nil {
+			return false, err
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE templates SET primary_name=?, updated_at=? WHERE id=?`, alias, ts(time.Now().UTC()), id); err != nil {
+		return false, err
+	}
+	return true, tx.Commit()
 }
 
 // GetTemplateBuild returns ErrNotFound for unknown builds.

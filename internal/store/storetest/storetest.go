@@ -24,6 +24,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 	t.Run("VolumeDeleteGuardRace", func(t *testing.T) { testVolumeGuardRace(t, open(t)) })
 	t.Run("Templates", func(t *testing.T) { testTemplates(t, open(t)) })
 	t.Run("TemplateCounters", func(t *testing.T) { testTemplateCounters(t, open(t)) })
+	t.Run("TemplateAlias", func(t *testing.T) { testTemplateAlias(t, open(t)) })
 	t.Run("IdempotencyGC", func(t *testing.T) { testIdempotencyGC(t, open(t)) })
 	t.Run("PoolClaimAndExclude", func(t *testing.T) { testPoolClaim(t, open(t)) })
 	t.Run("PoolClaimRace", func(t *testing.T) { testPoolClaimRace(t, open(t)) })

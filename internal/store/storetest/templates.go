@@ -319,3 +319,91 @@ func testIdempotencyGC(t *testing.T, s store.Store) {
 		t.Fatalf("new key was collected: %+v", got)
 	}
 }
+
+// testTemplateAlias: an alias moves between templates of one team in one
+// transaction, with its tagged forms, and never across teams.
+func testTemplateAlias(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	mk := func(id, team, name string, at time.Duration) {
+		t.Helper()
+		var names []string
+		if name != "" {
+			names = []string{name, name + ":v1"}
+		}
+		tpl := &store.Template{ID: id, TeamID: team, PrimaryName: name, Names: names, BuildStatus: store.BuildWaiting, LatestBuildID: "bld_" + id}
+		if err := s.CreateTemplate(ctx, tpl, &store.TemplateBuild{ID: "bld_" + id, TemplateID: id, Status: store.BuildWaiting}); err != nil {
+			t.Fatal(err)
+		}
+		if name != "" {
+			if err := s.SetTemplateTag(ctx, id, "v1", "bld_"+id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(at)
+	}
+	names := func(id string) []string {
+		t.Helper()
+		got, err := s.GetTemplate(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got.Names
+	}
+	mk("tpl-a", store.DefaultTeamID, "web", 5*time.Millisecond)
+	mk("tpl-b", store.DefaultTeamID, "", 5*time.Millisecond)
+	mk("tpl-other", "t_other", "web", 5*time.Millisecond)
+	mk("tpl-c", store.DefaultTeamID, "", 0)
+	if n := names("tpl-b"); len(n) != 0 {
+		t.Fatalf("an unnamed template has names %q", n)
+	}
+	// b takes "web" from a, with a's tagged form; b's own tag follows.
+	if err := s.SetTemplateTag(ctx, "tpl-b", "v2", "bld_tpl-b"); err != nil {
+		t.Fatal(err)
+	}
+	if took, err := s.SetTemplateAlias(ctx, "tpl-b", "web", true); err != nil || !took {
+		t.Fatalf("claim from an older template: %v %v", took, err)
+	}
+	if n := names("tpl-a"); len(n) != 0 {
+		t.Fatalf("the old holder kept %q", n)
+	}
+	if a, _ := s.GetTemplate(ctx, "tpl-a"); a.PrimaryName != "" {
+		t.Fatalf("the old holder's primary name stayed %q", a.PrimaryName)
+	}
+	if n := names("tpl-b"); fmt.Sprint(n) != "[web web:v2]" {
+		t.Fatalf("new holder's names %q", n)
+	}
+	if got, err := s.TemplateByName(ctx, store.DefaultTeamID, "web"); err != nil || got.ID != "tpl-b" {
+		t.Fatalf("web resolves to %+v %v", got, err)
+	}
+	// Another team's holder of the same name is untouched.
+	if got, err := s.TemplateByName(ctx, "t_other", "web:v1"); err != nil || got.ID != "tpl-other" {
+		t.Fatalf("other team's web:v1: %+v %v", got, err)
+	}
+	// newerOnly: the older a does not take it back from b.
+	if took, err := s.SetTemplateAlias(ctx, "tpl-a", "web", true); err != nil || took {
+		t.Fatalf("an older template took the alias from a newer one: %v %v", took, err)
+	}
+	// Without newerOnly it does (an explicit set), and c moves on a
+	// free alias; then clearing leaves c without names.
+	if took, err := s.SetTemplateAlias(ctx, "tpl-a", "web", false); err != nil || !took {
+		t.Fatalf("explicit set: %v %v", took, err)
+	}
+	if n := names("tpl-b"); len(n) != 0 {
+		t.Fatalf("b kept %q", n)
+	}
+	if took, err := s.SetTemplateAlias(ctx, "tpl-c", "api_x", true); err != nil || !took {
+		t.Fatalf("free alias: %v %v", took, err)
+	}
+	if took, err := s.SetTemplateAlias(ctx, "tpl-c", "", false); err != nil || !took {
+		t.Fatalf("clear: %v %v", took, err)
+	}
+	if n := names("tpl-c"); len(n) != 0 {
+		t.Fatalf("cleared template has names %q", n)
+	}
+	if _, err := s.TemplateByName(ctx, store.DefaultTeamID, "api_x"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a cleared alias still resolves: %v", err)
+	}
+	if _, err := s.SetTemplateAlias(ctx, "tpl-missing", "x", false); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("unknown template: %v", err)
+	}
+}

@@ -52,13 +52,16 @@ var (
 )
 
 // ValidName reports whether s can be a template's name (without a tag).
-func ValidName(s string) bool { return nameRE.MatchString(s) }
+func ValidName(s string) bool { return nameRE.MatchString(s) && !reservedName(s) }
 
 // builtin reports whether id is a seeded template.
 func builtin(id string) bool { return id == BaseID || id == CodeInterpreterID }
 
 var (
-	nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,127}$`)
+	// At most 64 characters, CubeAPI's limit, so a name made through
+	// either API can be looked up through both (a longer one made by an
+	// earlier version still resolves).
+	nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
 	tagRE  = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,127}$`)
 )
 
@@ -404,6 +407,9 @@ func splitName(req CreateRequest) (string, []string, error) {
 	tags = append(tags, req.Tags...)
 	if !nameRE.MatchString(name) {
 		return "", nil, invalid("name %q must match %s", name, nameRE)
+	}
+	if reservedName(name) {
+		return "", nil, invalid("name %q may not start with tpl- or snap- (template and snapshot IDs do)", name)
 	}
 	seen := map[string]bool{}
 	var out []string
@@ -892,11 +898,17 @@ func (c *Catalog) StartBuild(ctx context.Context, caller Caller, templateID, bui
 	if err := c.cfg.Builder.Validate(ctx, job); err != nil {
 		return err
 	}
+	return c.queue1(ctx, caller, b, req, nil)
+}
+
+// queue1 stores a validated build's start request and queues it; cube is
+// the CubeAPI request it was made from, if any.
+func (c *Catalog) queue1(ctx context.Context, caller Caller, b *store.TemplateBuild, req StartRequest, cube *ImageRequest) error {
 	// Credentials never reach the store: only the scrubbed spec is kept.
 	c.mu.Lock()
 	c.secrets[b.ID] = req.FromImageRegistry.secrets()
 	c.mu.Unlock()
-	spec := storedSpec{StartRequest: req, Team: caller.TeamID, Admin: caller.Admin}
+	spec := storedSpec{StartRequest: req, Team: caller.TeamID, Admin: caller.Admin, Cube: cube}
 	spec.FromImageRegistry = nil
 	js, _ := json.Marshal(spec)
 	b.Spec = string(js)
@@ -926,6 +938,10 @@ type storedSpec struct {
 	// key sees templates when the queued build runs.
 	Team  string `json:"cubicleTeam,omitempty"`
 	Admin bool   `json:"cubicleAdmin,omitempty"`
+	// Cube is the CubeAPI create request (without its registry password)
+	// for templates made from an image: rebuilds repeat it, GET shows it,
+	// and its Name is the alias a ready build takes.
+	Cube *ImageRequest `json:"cubeRequest,omitempty"`
 }
 
 // caller is who started the build (System for specs from before teams).
@@ -1132,6 +1148,9 @@ func (c *Catalog) AssignTags(ctx context.Context, caller Caller, target string, 
 	}
 	if len(tags) == 0 {
 		return "", invalid("tags must not be empty")
+	}
+	if t.PrimaryName == "" {
+		return "", invalid("template %s has no name to tag; give it one first (PUT /templates/%s/alias)", t.ID, t.ID)
 	}
 	buildID := t.ReadyBuildID
 	if tag != "" && tag != "default" {

@@ -124,7 +124,7 @@ func (c *Catalog) run(ctx context.Context, buildID string) {
 			// Image too: a node that pulls images (a cluster node) boots
 			// the probe from the registry, not from these layer paths.
 			pt := template.Template{ID: t.ID, Layers: template.Layers(out.Rootfs), Image: out.Image, ImageDigest: out.ImageDigest, CPUCount: b.CPUCount, MemoryMB: b.MemoryMB, DiskSizeMB: b.DiskSizeMB,
-				StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd, RunAs: out.RunAs, Workdir: out.Workdir}
+				StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd, RunAs: out.RunAs, Workdir: out.Workdir, Env: spec.Cube.env()}
 			if err := p.Probe(ctx, out.Rootfs, pt); err != nil {
 				c.finish(ctx, t.ID, b.ID, nil, &BuildError{Step: "finalize", Err: fmt.Errorf("ready command failed: %v", err)}, nil)
 				c.metrics.observe("error", start)
@@ -133,6 +133,9 @@ func (c *Catalog) run(ctx context.Context, buildID string) {
 		}
 	}
 	c.finish(ctx, t.ID, b.ID, &out, nil, &req)
+	if spec.Cube != nil && spec.Cube.Name != "" {
+		c.claimAlias(ctx, caller, t.ID, b.ID, spec.Cube.Name)
+	}
 	c.metrics.observe("ready", start)
 }
 
@@ -389,7 +392,7 @@ func (c *Catalog) resolve(ctx context.Context, caller Caller, ref string) (templ
 	}
 	return template.Template{ID: t.ID, Alias: name, Layers: template.Layers(b.Rootfs), Image: img, ImageDigest: b.ImageDigest, CPUCount: b.CPUCount, MemoryMB: b.MemoryMB,
 		DiskSizeMB: b.DiskSizeMB, StartCmd: t.StartCmd, ReadyCmd: t.ReadyCmd, RunAs: t.RunAs, Workdir: t.Workdir, BuildID: b.ID, PoolSize: t.PoolSize,
-		Accelerators: contract}, nil
+		Accelerators: contract, Env: buildEnv(b)}, nil
 }
 
 // SetFallback resolves references that are not catalog templates.
