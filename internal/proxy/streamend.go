@@ -2,7 +2,7 @@ package proxy
 
 import (
 	"encoding/binary"
-	"encoding/json"
+	"errors"
 	"io"
 	"mime"
 	"net/http"
@@ -10,14 +10,20 @@ import (
 )
 
 // A Connect stream (a command's output, a watch) whose sandbox ends mid-way
-// loses its connection to the agent. Passed on as it is, the client sees a
-// body cut short ("request or response body error") and cannot tell why.
-// e2b's proxy ends such a stream with a Connect error instead, code
-// unavailable, "the connection to sandbox <id> ended before the stream
-// completed"; the SDKs then ask the sandbox's /health, which answers 502
-// "The sandbox was not found" once it was killed, and raise "the sandbox was
-// killed or reached its end of life". So does this proxy: endStream wraps the
-// body of every Connect streaming response from the agent.
+// loses its connection to the agent, often as a clean EOF between two
+// envelopes. Passed on as that, the response ends properly without the
+// stream's end-of-stream message and the client reports a body error it
+// cannot explain. e2b's SDKs recognise the sandbox dying mid-request by the
+// transport dropping the stream (undici's "terminated", an HTTP/2 reset,
+// httpx/pyqwest's read error): they then ask the sandbox's /health, which
+// answers 502 "The sandbox was not found" once it was killed, and raise
+// "The sandbox was killed or reached its end of life while the request was
+// in flight". Every version does that for a dropped transport, while an
+// unavailable end-stream is read as a sandbox timeout by the JS SDKs (up to
+// at least 2.51), so this proxy drops the transport: endStream turns any
+// end of the upstream before the end-of-stream message into a read error,
+// on which the reverse proxy aborts the response (the connection is closed
+// without the final chunk, or the HTTP/2 stream is reset).
 
 // connectStreaming reports whether res is a Connect streaming response
 // (application/connect+proto, application/connect+json, ...).
@@ -26,45 +32,38 @@ func connectStreaming(res *http.Response) bool {
 	return err == nil && strings.HasPrefix(mt, "application/connect+")
 }
 
-// endStream passes the upstream's envelopes through and, when the upstream
-// fails or ends before its end-of-stream message, ends the stream with an
-// unavailable error, provided it failed between two envelopes (a cut inside
-// one cannot be repaired and is passed on as a failure).
+// errStreamCut is the read error of a Connect stream whose upstream ended
+// before its end-of-stream message.
+var errStreamCut = errors.New("the upstream ended before the stream completed")
+
+// endStream passes the upstream's envelopes through and fails the read
+// when the upstream ends (cleanly or not) before its end-of-stream
+// envelope.
 type endStream struct {
 	body io.ReadCloser
-	msg  string
+	msg  string // for the error, naming the sandbox
 
 	hdr   [5]byte // the envelope prefix being read: flags, big-endian length
 	hdrN  int
 	left  uint64 // payload bytes of the current envelope still to come
 	ended bool   // the upstream sent its end-of-stream envelope
-	tail  []byte // the synthesized end-of-stream envelope, once due
-	eof   bool
 }
 
 func (s *endStream) Read(p []byte) (int, error) {
-	if s.tail != nil {
-		n := copy(p, s.tail)
-		s.tail = s.tail[n:]
-		if len(s.tail) == 0 {
-			s.tail, s.eof = nil, true
-		}
-		return n, nil
-	}
-	if s.eof {
-		return 0, io.EOF
-	}
 	n, err := s.body.Read(p)
 	s.track(p[:n])
-	if err == nil || s.ended || s.hdrN != 0 || s.left != 0 {
+	if err == nil || s.ended {
 		return n, err
 	}
-	// Cut (or ended) between envelopes without an end of stream.
-	s.tail = endStreamEnvelope(s.msg)
-	if n == 0 {
-		return s.Read(p)
+	// Ended without an end of stream: whatever the upstream's error, the
+	// client must see the transport fail, not a body that ended.
+	cut := &streamCutError{msg: s.msg, err: err}
+	if n > 0 {
+		// Deliver what came first; the body's next read fails again.
+		s.body = failedBody{cut}
+		return n, nil
 	}
-	return n, nil
+	return 0, cut
 }
 
 func (s *endStream) track(b []byte) {
@@ -93,17 +92,20 @@ func (s *endStream) Close() error { return s.body.Close() }
 // connectEndStream is the envelope flag of a Connect end-of-stream message.
 const connectEndStream = 0x02
 
-func endStreamEnvelope(msg string) []byte {
-	var end struct {
-		Error struct {
-			Code    string `json:"code"`
-			Message string `json:"message"`
-		} `json:"error"`
-	}
-	end.Error.Code, end.Error.Message = "unavailable", msg
-	payload, _ := json.Marshal(end)
-	out := make([]byte, 5, 5+len(payload))
-	out[0] = connectEndStream
-	binary.BigEndian.PutUint32(out[1:], uint32(len(payload)))
-	return append(out, payload...)
+type streamCutError struct {
+	msg string
+	err error
 }
+
+func (e *streamCutError) Error() string { return e.msg + ": " + e.err.Error() }
+
+func (e *streamCutError) Is(target error) bool { return target == errStreamCut }
+
+func (e *streamCutError) Unwrap() error { return e.err }
+
+// failedBody is a body whose reads fail with err (its close is a no-op:
+// the upstream's body was already read to its end).
+type failedBody struct{ err error }
+
+func (f failedBody) Read([]byte) (int, error) { return 0, f.err }
+func (f failedBody) Close() error             { return nil }

@@ -82,11 +82,11 @@ test('commands against a killed sandbox fail', async () => {
 })
 
 test('a command whose sandbox is killed under it fails as a sandbox that ended', async () => {
-  // The proxy ends the cut Connect stream as e2b's does ([unavailable] "the
-  // connection to sandbox ... ended before the stream completed"); this SDK
-  // reads unavailable as the sandbox having timed out (a TimeoutError).
+  // The proxy drops the transport of the cut Connect stream (undici:
+  // "terminated"); the SDK then asks /health, hears "The sandbox was not
+  // found" and says why. An unavailable end-stream would read as a timeout.
   const sbx = srv.track(await Sandbox.create('base', { timeoutMs: 120000 }))
   const h = await sbx.commands.run('echo started; sleep 60', { background: true })
   await Sandbox.kill(sbx.sandboxId)
-  await assert.rejects(h.wait(), (e) => e instanceof TimeoutError && /^\[unavailable\] the connection to sandbox \w+ ended before the stream completed: .*sandbox timeout/.test(e.message))
+  await assert.rejects(h.wait(), (e) => e instanceof TimeoutError && /sandbox was killed or reached its end of life/.test(e.message))
 })

@@ -45,9 +45,8 @@ def test_killed_sandbox_is_not_found_and_its_commands_and_files_fail(server):
 
 
 def test_a_command_whose_sandbox_is_killed_is_sandbox_not_running(server):
-    # The proxy ends the cut stream as e2b's does ([unavailable] "the
-    # connection to sandbox ... ended before the stream completed"); the SDK
-    # then asks /health, hears "The sandbox was not found" and says why.
+    # The proxy drops the transport of the cut stream; the SDK then asks
+    # /health, hears "The sandbox was not found" and says why.
     sbx = server.track(Sandbox.create("base", timeout=120))
     h = sbx.commands.run("echo started; sleep 60", background=True)
     Sandbox.kill(sbx.sandbox_id)
