@@ -62,6 +62,13 @@ type Config struct {
 	// UserNS runs sandboxes in user namespaces of their own (userns.go):
 	// under runc/crun the container, under runsc the sentry and gofer.
 	UserNS bool
+	// BootIDHook is a static binary that, run as a createContainer hook
+	// with agentapi.BootIDHookFlag and the rootfs, gives the container a
+	// boot_id of its own at each boot (the agent's binary). runc and crun
+	// refuse a mount inside /proc, so a hook in the container's mount
+	// namespace makes it; gVisor's sentry makes its own. "" leaves the
+	// host's boot_id showing under runc and crun.
+	BootIDHook string
 	// Disks makes the sandboxes' disk images (disk.go); nil formats each
 	// one in the sandbox's private dir.
 	Disks *diskstore.Store

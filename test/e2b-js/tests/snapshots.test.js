@@ -193,15 +193,30 @@ test('rollback returns a sandbox to a snapshot in place', { timeout: 240000 }, a
   assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true)
 })
 
+const bootID = async (sbx) => (await sbx.commands.run('cat /proc/sys/kernel/random/boot_id')).stdout.trim()
+
 test('filesystem pause reboots and keeps files; connect onResume reboot', { timeout: 240000 }, async () => {
   const sbx = srv.track(await Sandbox.create('base', { timeoutMs: 300000 }))
+  const other = srv.track(await Sandbox.create('base', { timeoutMs: 60000 }))
   await sbx.files.write('/home/user/keep.txt', 'kept')
   await startCounter(sbx)
+  // Each boot has a boot_id of its own, never the host's (which would tell
+  // co-located sandboxes apart): e2b's test of a reboot reads it.
+  const host = fs.readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').trim()
+  const before = await bootID(sbx)
+  assert.match(before, /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/)
+  assert.notEqual(before, host)
+  assert.notEqual(await bootID(other), before)
+  await other.kill()
   assert.equal(await sbx.pause({ keepMemory: false }), true)
   assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, 'paused')
   const back = srv.track(await Sandbox.connect(sbx.sandboxId, { timeoutMs: 120000 }))
   assert.equal(await back.files.read('/home/user/keep.txt'), 'kept')
   assert.ok(!(await counterRunning(back)), 'a filesystem pause ends processes')
+  const after = await bootID(back)
+  assert.notEqual(after, before, 'a reboot has a new boot_id')
+  assert.equal(await bootID(back), after, 'boot_id holds for a boot')
+  assert.equal((await back.commands.run('echo x > /proc/sys/kernel/random/boot_id', { user: 'root' }).catch((e) => e)).exitCode === 0, false, 'boot_id is read-only')
 
   // A memory pause resumed with onResume: 'reboot' drops the memory too.
   await startCounter(back)

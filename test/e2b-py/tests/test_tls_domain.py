@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from harness import DOMAIN, Server
+from harness import DOMAIN, REPO, Server
 
 CHILD = r"""
 import base64, json, os, socket, ssl, time
@@ -142,31 +142,11 @@ while True:
 """
 
 
-# A wildcard DNS record for the domain, as an operator would publish: a tiny
-# UDP responder in the namespace answers A queries for *.<domain> with the
-# server's address (the SDK's Rust transport resolves through DNS, not
+# A wildcard DNS record for the domain, as an operator would publish:
+# scripts/wildcard-dns in the namespace answers A queries for *.<domain> with
+# the server's address (the SDK's Rust transport resolves through DNS, not
 # /etc/hosts), NXDOMAIN for other names.
-DNS = r"""
-import socket, struct, sys
-domain, addr = sys.argv[1].encode(), socket.inet_aton(sys.argv[2])
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.bind(("127.0.0.1", 53))
-print("ready", flush=True)
-while True:
-    q, peer = s.recvfrom(512)
-    if len(q) < 12:
-        continue
-    i, labels = 12, []
-    while i < len(q) and q[i]:
-        labels.append(q[i + 1:i + 1 + q[i]]); i += 1 + q[i]
-    question = q[12:i + 5]
-    qtype = struct.unpack(">H", q[i + 1:i + 3])[0] if i + 3 <= len(q) else 0
-    name = b".".join(labels).lower()
-    ours = name == domain or name.endswith(b"." + domain)
-    answer = struct.pack(">HHHIH", 0xC00C, 1, 1, 5, 4) + addr if ours and qtype == 1 else b""
-    flags = 0x8180 if ours else 0x8183
-    s.sendto(q[:2] + struct.pack(">HHHHH", flags, 1, 1 if answer else 0, 0, 0) + question + answer, peer)
-"""
+DNS = str(REPO / "scripts" / "wildcard-dns")
 
 
 def ip(*args: str) -> None:
@@ -193,7 +173,7 @@ def tls_netns():
         with open(os.path.join(etc, "resolv.conf"), "w") as f:
             f.write("nameserver 127.0.0.1\n")
         dns = subprocess.Popen(
-            ["ip", "netns", "exec", ns, sys.executable, "-c", DNS, DOMAIN, host_addr],
+            ["ip", "netns", "exec", ns, sys.executable, DNS, DOMAIN, host_addr],
             stdout=subprocess.PIPE,
             text=True,
         )
