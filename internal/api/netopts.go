@@ -221,6 +221,7 @@ func egressOut(n store.Network) (json.RawMessage, json.RawMessage) {
 		type ruleOut struct {
 			ruleJSON
 			Plain bool `json:"plain,omitempty"`
+			Port  int  `json:"port,omitempty"`
 		}
 		m := map[string][]ruleOut{}
 		for host, list := range n.Rules {
@@ -229,7 +230,7 @@ func egressOut(n store.Network) (json.RawMessage, json.RawMessage) {
 				rs[i].Transform = &struct {
 					Headers map[string]string `json:"headers"`
 				}{Headers: r.Headers}
-				rs[i].Plain = r.Plain
+				rs[i].Plain, rs[i].Port = r.Plain, r.Port
 			}
 			m[host] = rs
 		}

@@ -151,12 +151,11 @@ func TestCubeSandboxRuleList(t *testing.T) {
 
 	for rules, want := range map[string]string{
 		`[{"match":{"host":"10.0.0.0/24","scheme":"http"},"action":{"allow":true}}]`:                                                  "subnet CIDR not supported for L7 rules",
-		`[{"match":{"host":"198.51.100.7"},"action":{"allow":true}}]`:                                                                 "an IP address is not supported",
 		`[{"match":{"host":"a.example","port":1234},"action":{"allow":true}}]`:                                                        "match.port requires match.scheme",
-		`[{"match":{"host":"a.example","scheme":"http","port":8080},"action":{"allow":true}}]`:                                        "match.port 8080: not supported",
-		`[{"match":{"host":"a.example","scheme":"http","port":443},"action":{"allow":true}}]`:                                         "match.port 443: not supported",
+		`[{"match":{"host":"198.51.100.7"},"action":{"allow":true}}]`:                                                                 "an IP address needs scheme http",
+		`[{"match":{"host":"198.51.100.7","scheme":"https","port":8443},"action":{"allow":true}}]`:                                    "an IP address needs scheme http",
+		`[{"match":{"host":"a.example","scheme":"http","port":0},"action":{"allow":true}}]`:                                           "match.port 0: must be in [1, 65535]",
 		`[{"match":{"host":"a.example","scheme":"ftp"},"action":{"allow":true}}]`:                                                     "must be http or https",
-		`[{"match":{"host":"a.example","scheme":"https","port":8443},"action":{"allow":true}}]`:                                       "match.port 8443: not supported",
 		`[{"match":{"host":"a.example","path":"/v1"},"action":{"allow":true}}]`:                                                       "match.path: not supported",
 		`[{"match":{"host":"a.example","sni":"a.example"},"action":{"allow":true}}]`:                                                  "match.sni: not supported",
 		`[{"match":{"host":"a.example","method":["GET"]},"action":{"allow":true}}]`:                                                   "match.method: not supported",
@@ -174,6 +173,26 @@ func TestCubeSandboxRuleList(t *testing.T) {
 		if _, msg := options(`{"rules":` + rules + `}`); !strings.Contains(msg, want) {
 			t.Errorf("%s: got %q, want a 400 containing %q", rules, msg, want)
 		}
+	}
+
+	// Custom ports (CubeSandbox's custom L7 ports): the rule applies on
+	// that port only, for its scheme; an IP host for plain HTTP. A
+	// scheme's own port is port 0.
+	n, msg = options(`{"rules":[
+		{"match":{"host":"198.51.100.7","scheme":"http","port":18080},"action":{"allow":true,"inject":[{"header":"X-M","secret":"m"}]}},
+		{"match":{"host":"api.example.com","scheme":"https","port":8443},"action":{"allow":true,"inject":[{"header":"X-T","secret":"t"}]}},
+		{"match":{"host":"api.example.com","scheme":"http","port":80},"action":{"allow":true,"inject":[{"header":"X-P","secret":"p"}]}}]}`)
+	if msg != "" {
+		t.Fatal(msg)
+	}
+	if r := n.Rules["198.51.100.7"]; len(r) != 1 || !r[0].Plain || r[0].Port != 18080 || r[0].Headers["X-M"] != "m" {
+		t.Fatalf("IP rule %+v", n.Rules)
+	}
+	if r := n.Rules["api.example.com"]; len(r) != 2 || r[0].Plain || r[0].Port != 8443 || !r[1].Plain || r[1].Port != 0 {
+		t.Fatalf("port rules %+v", n.Rules)
+	}
+	if _, shown := egressOut(n); !strings.Contains(string(shown), `{"transform":{"headers":{"X-M":"m"}},"plain":true,"port":18080}`) {
+		t.Fatalf("shown rules %s", shown)
 	}
 
 	// The same on PUT /network (CubeSandbox's update_network sends the list).

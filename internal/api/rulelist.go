@@ -23,9 +23,12 @@ import (
 // allows its host) and its injects become the host's transform headers,
 // each format with ${SECRET} replaced by the secret, on HTTPS (443), plain
 // HTTP (80, network.Rule.Plain) or both when no scheme is given, as
-// CubeSandbox's default set; allow: false puts the host in denyOut. What the
-// engine cannot do yet is refused by name rather than dropped: matching by
-// sni, method or path, audit levels, and other ports.
+// CubeSandbox's default set; with a port, on that port only, for the
+// scheme the rule names (network.Rule.Port: the node redirects it to the
+// egress proxy too). The host is a domain, *.domain or, for plain HTTP, an
+// IP address (an HTTPS rule matches the TLS name). allow: false puts the
+// host in denyOut. What the engine cannot do is refused by name rather
+// than dropped: matching by sni, method or path, audit levels, subnets.
 
 type ruleListJSON struct {
 	Name   string          `json:"name"`
@@ -93,9 +96,8 @@ func parseRuleList(raw json.RawMessage) (map[string][]store.NetworkRule, []strin
 		if strings.Contains(host, "/") {
 			return nil, nil, nil, fmt.Sprintf("%s.match.host %q: subnet CIDR not supported for L7 rules, use a single host or a domain name", at, m.Host)
 		}
-		if _, err := netip.ParseAddr(host); err == nil {
-			return nil, nil, nil, fmt.Sprintf("%s.match.host %q: an IP address is not supported for L7 rules by this server (they match the TLS name), use the domain name", at, m.Host)
-		}
+		_, ipErr := netip.ParseAddr(host)
+		isIP := ipErr == nil
 		if m.Port != nil && m.Scheme == nil {
 			return nil, nil, nil, at + ".match.port requires match.scheme (http or https)"
 		}
@@ -112,12 +114,16 @@ func parseRuleList(raw json.RawMessage) (map[string][]store.NetworkRule, []strin
 				return nil, nil, nil, fmt.Sprintf("%s.match.scheme %q: must be http or https", at, *m.Scheme)
 			}
 		}
+		if isIP && https {
+			return nil, nil, nil, fmt.Sprintf("%s.match.host %q: an IP address needs scheme http (HTTPS rules match the TLS server name, a domain)", at, m.Host)
+		}
+		port := 0
 		if m.Port != nil {
-			switch {
-			case *m.Port < 1 || *m.Port > 65535:
+			if *m.Port < 1 || *m.Port > 65535 {
 				return nil, nil, nil, fmt.Sprintf("%s.match.port %d: must be in [1, 65535]", at, *m.Port)
-			case https && *m.Port != 443, plain && *m.Port != 80:
-				return nil, nil, nil, fmt.Sprintf("%s.match.port %d: not supported by this server: rules apply on port 443 (https) and 80 (http)", at, *m.Port)
+			}
+			if (https && *m.Port != 443) || (plain && *m.Port != 80) {
+				port = *m.Port // the scheme's own port is port 0
 			}
 		}
 		if a == nil || a.Allow == nil {
@@ -167,10 +173,10 @@ func parseRuleList(raw json.RawMessage) (map[string][]store.NetworkRule, []strin
 			rules = map[string][]store.NetworkRule{}
 		}
 		if https {
-			rules[host] = append(rules[host], store.NetworkRule{Headers: headers})
+			rules[host] = append(rules[host], store.NetworkRule{Headers: headers, Port: port})
 		}
 		if plain {
-			rules[host] = append(rules[host], store.NetworkRule{Headers: maps.Clone(headers), Plain: true})
+			rules[host] = append(rules[host], store.NetworkRule{Headers: maps.Clone(headers), Plain: true, Port: port})
 		}
 	}
 	return rules, allow, deny, ""

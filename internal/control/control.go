@@ -432,7 +432,7 @@ func policyOf(n store.Network) network.Policy {
 		for host, list := range n.Rules {
 			rs := make([]network.Rule, len(list))
 			for i, r := range list {
-				rs[i] = network.Rule{Headers: r.Headers, Plain: r.Plain}
+				rs[i] = network.Rule{Headers: r.Headers, Plain: r.Plain, Port: uint16(r.Port)}
 			}
 			p.Rules[host] = rs
 		}
@@ -463,7 +463,7 @@ func (m *Manager) checkNetwork(ctx context.Context, n *store.Network, nd node.No
 	if len(n.Rules) > 0 {
 		norm := make(map[string][]store.NetworkRule, len(n.Rules))
 		for host, list := range n.Rules {
-			d, _ := network.ParseDomain(host) // valid: checked above
+			d, _, _ := network.RuleKey(host) // valid: checked above
 			norm[d] = list
 		}
 		n.Rules = norm

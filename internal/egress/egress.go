@@ -1,6 +1,6 @@
 // Package egress is the node's transparent egress proxy. nftables redirects
 // the TCP connections of sandboxes whose policy names domains (ports 80 and
-// 443) to it; it reads the TLS ClientHello's server name or the HTTP Host
+// 443, and the ports their rules name) to it; it reads the TLS ClientHello's server name or the HTTP Host
 // header, judges the name against the sandbox's allowOut/denyOut domains
 // (allow wins, as in e2b), falls back to the address rules for everything
 // else, and splices the allowed connections to their destination.
@@ -267,9 +267,9 @@ func (p *Proxy) handle(c net.Conn) {
 			mapped = p.fakeName(id, dst.Addr())
 		}
 	}
-	if dst.Port() != 80 && dst.Port() != 443 {
-		// Tunnelled TCP on other ports: judged by address, no peeking (the
-		// server may be the one to speak first).
+	if !pol.Intercepts(dst.Port()) {
+		// Tunnelled TCP on ports no rule names: judged by address, no
+		// peeking (the server may be the one to speak first).
 		up := p.dialFor(log, pol, "", mapped, dst)
 		if up == nil {
 			return
@@ -302,7 +302,7 @@ func (p *Proxy) handle(c net.Conn) {
 	name := serverName(io.TeeReader(&limited{r: br, n: maxHelloSize}, &seen))
 	_ = c.SetReadDeadline(time.Time{})
 	rules, _ := network.RulesFor(pol.Rules, name)
-	if tlsRules := network.ForScheme(rules, false); len(tlsRules) > 0 && p.icpt != nil && !isIP(name) {
+	if tlsRules := network.ForPort(rules, false, dst.Port()); len(tlsRules) > 0 && p.icpt != nil && !isIP(name) {
 		p.intercept(log, c, io.MultiReader(&seen, br), release, id, src.Addr(), pol, name, tlsRules, dst)
 		return
 	}
@@ -347,8 +347,9 @@ func isIP(s string) bool {
 // budget (release returns the first one's reservation); bodies are
 // streamed, never buffered.
 //
-// Rules that apply to plain HTTP (network.Rule.Plain) set their headers on
-// each request to their host, as the intercepted HTTPS path does (intercept.go).
+// Rules that apply to plain HTTP (network.Rule.Plain) on the connection's
+// port set their headers on each request to their host, as the intercepted
+// HTTPS path does (intercept.go).
 func (p *Proxy) serveHTTP(log *slog.Logger, c net.Conn, br *bufio.Reader, b *budget, release func(), id string, src netip.Addr, pol network.Policy, mapped string, dst netip.AddrPort) {
 	var seen bytes.Buffer
 	req, err := http.ReadRequest(bufio.NewReaderSize(io.TeeReader(&limited{r: br, n: maxHeaderSize}, &seen), readBuf))
@@ -410,7 +411,7 @@ func (p *Proxy) serveHTTP(log *slog.Logger, c net.Conn, br *bufio.Reader, b *bud
 		if len(req.Header.Values("User-Agent")) == 0 {
 			req.Header["User-Agent"] = []string{""} // Write would add Go's
 		}
-		if refuse = p.transformPlain(log, req, id, src, host); refuse != nil {
+		if refuse = p.transformPlain(log, req, id, src, host, dst.Port()); refuse != nil {
 			answering.Store(true)
 			break
 		}
@@ -435,13 +436,13 @@ func (p *Proxy) serveHTTP(log *slog.Logger, c net.Conn, br *bufio.Reader, b *bud
 // it: TRACE, TRACK and CONNECT are not forwarded to a host with rules (TRACE
 // would echo the values back), and a secret that cannot be read sends
 // nothing.
-func (p *Proxy) transformPlain(log *slog.Logger, req *http.Request, id string, src netip.Addr, host string) *http.Response {
+func (p *Proxy) transformPlain(log *slog.Logger, req *http.Request, id string, src netip.Addr, host string, port uint16) *http.Response {
 	liveID, live, ok := p.pol.SandboxPolicy(src)
 	if !ok || liveID != id {
 		return nil
 	}
 	rules, _ := network.RulesFor(live.Rules, host)
-	set := network.ForScheme(rules, true)
+	set := network.ForPort(rules, true, port)
 	if len(set) == 0 {
 		return nil
 	}

@@ -172,7 +172,7 @@ func (p *Proxy) intercept(log *slog.Logger, c net.Conn, hello io.Reader, release
 		set := rules
 		if liveID, live, ok := p.pol.SandboxPolicy(src); ok && liveID == id {
 			set, _ = network.RulesFor(live.Rules, name) // updateNetwork applies per request
-			set = network.ForScheme(set, false)
+			set = network.ForPort(set, false, dst.Port())
 		}
 		headers, err := p.ruleHeaders(r.Context(), id, set)
 		if err != nil {

@@ -247,6 +247,72 @@ func TestTransformRules(t *testing.T) {
 	}
 }
 
+// CubeSandbox's custom L7 ports: a rule with a port applies on that port
+// only, the node redirects the port to the proxy for the sandbox (and stops
+// when the rule goes), and an IP address keys plain-HTTP rules.
+func TestTransformRulesOnCustomPorts(t *testing.T) {
+	testenv.RequireRoot(t, "netns, veth, nftables")
+	tn := startTestnet(t)
+	ca, _ := interceptionCA(t)
+	lookup := func(_ context.Context, _, name string) (string, error) { return "", errors.New("no secrets here") }
+	l, _ := startManager(t, testConfig(t, netip.MustParseAddr(tn.DNS)), egress.WithInterception(ca, x509.NewCertPool(), lookup))
+	const id = "rulesport1"
+	pol := network.Policy{AllowOut: []string{"api.test", tn.Addr + "/32"}, DenyOut: []string{"0.0.0.0/0"},
+		Rules: map[string][]network.Rule{
+			"api.test": {{Headers: map[string]string{"X-Custom": "on-8080"}, Plain: true, Port: 8080}},
+			tn.Addr:    {{Headers: map[string]string{"X-By-Ip": "yes"}, Plain: true, Port: 8080}},
+		}}
+	if got := pol.RulePorts(); len(got) != 1 || got[0] != 8080 {
+		t.Fatalf("RulePorts %v", got)
+	}
+	ep, err := l.Setup(context.Background(), id, pol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Teardown(context.Background(), id) }()
+	ns := ep.NetNSPath
+	get := func(url, host string) (string, http.Header) {
+		t.Helper()
+		code, body := fetch(t, ns, url, host, tn.Addr)
+		var e echoed
+		if code == "200" {
+			if err := json.Unmarshal([]byte(body), &e); err != nil {
+				t.Fatalf("%s: %v: %s", url, err, body)
+			}
+		}
+		return code, http.Header(e.Headers)
+	}
+	if code, h := get("http://api.test:8080/x", "api.test"); code != "200" || h.Get("X-Custom") != "on-8080" {
+		t.Fatalf("rule on its port: %s %v", code, h)
+	}
+	if code, h := get("http://api.test/x", "api.test"); code != "200" || h.Get("X-Custom") != "" {
+		t.Fatalf("the rule's host on port 80: %s %v", code, h)
+	}
+	if code, h := get("http://"+tn.Addr+":8080/x", ""); code != "200" || h.Get("X-By-Ip") != "yes" || h.Get("X-Custom") != "" {
+		t.Fatalf("IP-keyed rule: %s %v", code, h)
+	}
+	// Without the rule, port 8080 is not redirected any more: the address
+	// rules decide, and nothing is added.
+	pol.Rules = map[string][]network.Rule{"api.test": {{Headers: map[string]string{"X-Custom": "on-80"}, Plain: true}}}
+	if err := l.UpdatePolicy(context.Background(), id, pol); err != nil {
+		t.Fatal(err)
+	}
+	if code, h := get("http://"+tn.Addr+":8080/x", ""); code != "200" || h.Get("X-By-Ip") != "" {
+		t.Fatalf("after the port's rule went: %s %v", code, h)
+	}
+	if code, h := get("http://api.test/x", "api.test"); code != "200" || h.Get("X-Custom") != "on-80" {
+		t.Fatalf("a port-80 rule after the update: %s %v", code, h)
+	}
+	// And back: the update adds the redirect again.
+	pol.Rules = map[string][]network.Rule{tn.Addr: {{Headers: map[string]string{"X-By-Ip": "again"}, Plain: true, Port: 8080}}}
+	if err := l.UpdatePolicy(context.Background(), id, pol); err != nil {
+		t.Fatal(err)
+	}
+	if code, h := get("http://"+tn.Addr+":8080/x", ""); code != "200" || h.Get("X-By-Ip") != "again" {
+		t.Fatalf("the port's rule again: %s %v", code, h)
+	}
+}
+
 // The proxy verifies the real server before sending it anything: an
 // untrusted certificate is a 502 and the secret never leaves.
 func TestTransformRulesVerifyUpstream(t *testing.T) {

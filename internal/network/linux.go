@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -959,6 +960,25 @@ func (l *Linux) UpdatePolicy(ctx context.Context, id string, p Policy) error {
 			err = c.SetDeleteElements(set.s, []nftables.SetElement{{Key: ep.Addr.AsSlice()}})
 		}
 		if err != nil {
+			return fmt.Errorf("network: nftables update: %w", err)
+		}
+	}
+	var wasPorts, nowPorts []uint16
+	if old.NeedsProxy() {
+		wasPorts = old.RulePorts()
+	}
+	if p.NeedsProxy() {
+		nowPorts = p.RulePorts()
+	}
+	gone := slices.DeleteFunc(slices.Clone(wasPorts), func(x uint16) bool { return slices.Contains(nowPorts, x) })
+	added := slices.DeleteFunc(slices.Clone(nowPorts), func(x uint16) bool { return slices.Contains(wasPorts, x) })
+	if len(gone) > 0 {
+		if err := c.SetDeleteElements(t.redirPort, portElements(ep.Addr, gone)); err != nil {
+			return fmt.Errorf("network: nftables update: %w", err)
+		}
+	}
+	if len(added) > 0 {
+		if err := c.SetAddElements(t.redirPort, portElements(ep.Addr, added)); err != nil {
 			return fmt.Errorf("network: nftables update: %w", err)
 		}
 	}

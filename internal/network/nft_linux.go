@@ -28,9 +28,11 @@ import (
 //	    iif br, ip saddr @redir, tcp dport <egress> accept (the egress proxy)
 //	  set redir { ipv4_addr }                 sandboxes with domains, rules or an upstream
 //	  set tunnel { ipv4_addr }                sandboxes with an upstream (a subset of redir)
+//	  set redirport { ipv4_addr . inet_service }  ports other than 80|443 rules name (RulePorts)
 //	    iif br, ip saddr @tunnel, udp dport <egress> accept (its DNS answers)
 //	  chain prerouting (nat/prerouting)
 //	    iif br, ip saddr @redir, tcp dport 80|443 redirect to :<egress>
+//	    iif br, ip saddr . tcp dport @redirport redirect to :<egress>
 //	    iif br, ip saddr @tunnel, tcp redirect to :<egress>
 //	    iif br, ip saddr @tunnel, udp dport 53 redirect to :<egress>
 //	  chain postrouting (nat/postrouting)
@@ -54,6 +56,7 @@ const (
 	setPorts     = "ports"
 	setRedirect  = "redir"
 	setTunnel    = "tunnel"
+	setRedirPort = "redirport"
 	setFlows     = "flows"
 	setRate      = "rate"
 )
@@ -61,6 +64,7 @@ const (
 type nftTables struct {
 	inet, bridge              *nftables.Table
 	sbx, ports, redir, tunnel *nftables.Set
+	redirPort                 *nftables.Set
 }
 
 func (l *Linux) tables() nftTables {
@@ -72,7 +76,9 @@ func (l *Linux) tables() nftTables {
 		sbx:    &nftables.Set{Table: inet, Name: setSandboxes, IsMap: true, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict},
 		redir:  &nftables.Set{Table: inet, Name: setRedirect, KeyType: nftables.TypeIPAddr},
 		tunnel: &nftables.Set{Table: inet, Name: setTunnel, KeyType: nftables.TypeIPAddr},
-		ports:  &nftables.Set{Table: br, Name: setPorts, IsMap: true, KeyType: nftables.TypeIFName, DataType: nftables.TypeVerdict, KeyByteOrder: binaryutil.NativeEndian}, // only affects how nft(8) prints the names
+		redirPort: &nftables.Set{Table: inet, Name: setRedirPort, Concatenation: true,
+			KeyType: nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetService)},
+		ports: &nftables.Set{Table: br, Name: setPorts, IsMap: true, KeyType: nftables.TypeIFName, DataType: nftables.TypeVerdict, KeyByteOrder: binaryutil.NativeEndian}, // only affects how nft(8) prints the names
 	}
 }
 
@@ -190,6 +196,9 @@ func (l *Linux) addBase(c *nftables.Conn, t nftTables) error {
 	if err := c.AddSet(t.tunnel, nil); err != nil {
 		return err
 	}
+	if err := c.AddSet(t.redirPort, nil); err != nil {
+		return err
+	}
 
 	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t.inet, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
@@ -216,6 +225,13 @@ func (l *Linux) addBase(c *nftables.Conn, t nftTables) error {
 		for _, dport := range []uint16{80, 443} {
 			c.AddRule(&nftables.Rule{Table: t.inet, Chain: nat, Exprs: concat(iif(br, true), inSet(t.redir), tcpDport(dport), redirect)})
 		}
+		// Source address and destination port, concatenated into
+		// registers 1 and 9 as nft(8) lays out "ip saddr . tcp dport".
+		c.AddRule(&nftables.Rule{Table: t.inet, Chain: nat, Exprs: concat(iif(br, true), ipv4Only(),
+			[]expr.Any{meta(expr.MetaKeyL4PROTO), cmpEq([]byte{unix.IPPROTO_TCP}),
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+				&expr.Payload{DestRegister: 9, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+				&expr.Lookup{SourceRegister: 1, SetName: t.redirPort.Name, SetID: t.redirPort.ID}}, redirect)})
 		c.AddRule(&nftables.Rule{Table: t.inet, Chain: nat, Exprs: concat(iif(br, true), inSet(t.tunnel),
 			[]expr.Any{meta(expr.MetaKeyL4PROTO), cmpEq([]byte{unix.IPPROTO_TCP})}, redirect)})
 		// A tunnelled sandbox's DNS is answered by the egress proxy (its
@@ -293,6 +309,17 @@ func ctNew() []expr.Any {
 	}
 }
 
+// portElements are redirport's elements for a sandbox's rule ports: the
+// address, then the port in network order padded to a 32-bit register.
+func portElements(addr netip.Addr, ports []uint16) []nftables.SetElement {
+	out := make([]nftables.SetElement, 0, len(ports))
+	for _, port := range ports {
+		key := append(addr.AsSlice(), byte(port>>8), byte(port), 0, 0)
+		out = append(out, nftables.SetElement{Key: key})
+	}
+	return out
+}
+
 // inSet matches IPv4 packets from a sandbox in set (redir or tunnel).
 func inSet(set *nftables.Set) []expr.Any {
 	return concat(ipv4Only(), []expr.Any{
@@ -334,6 +361,11 @@ func (l *Linux) addEndpoint(c *nftables.Conn, t nftTables, ep Endpoint, p Policy
 		}
 		if p.Tunnels() {
 			if err := c.SetAddElements(t.tunnel, []nftables.SetElement{{Key: ep.Addr.AsSlice()}}); err != nil {
+				return err
+			}
+		}
+		if ports := p.RulePorts(); len(ports) > 0 {
+			if err := c.SetAddElements(t.redirPort, portElements(ep.Addr, ports)); err != nil {
 				return err
 			}
 		}
@@ -391,6 +423,11 @@ func (l *Linux) delEndpoint(c *nftables.Conn, t nftTables, ep Endpoint, p Policy
 	}
 	if p.Tunnels() {
 		if err := c.SetDeleteElements(t.tunnel, []nftables.SetElement{{Key: ep.Addr.AsSlice()}}); err != nil {
+			return err
+		}
+	}
+	if ports := p.RulePorts(); p.NeedsProxy() && len(ports) > 0 {
+		if err := c.SetDeleteElements(t.redirPort, portElements(ep.Addr, ports)); err != nil {
 			return err
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"net/textproto"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -44,6 +45,61 @@ type Rule struct {
 	// (CubeSandbox's scheme "http"), knowing the values cross the network
 	// in the clear; rules are HTTPS-only otherwise.
 	Plain bool `json:"plain,omitempty"`
+	// Port is the TCP port the rule applies on; 0 is its scheme's own
+	// (443, or 80 when Plain). Connections to another port of the host are
+	// not the rule's. A port other than 80 and 443 makes the node redirect
+	// the sandbox's connections to it to the egress proxy as well
+	// (CubeSandbox's custom L7 ports).
+	Port uint16 `json:"port,omitempty"`
+}
+
+// MaxRulePorts bounds the ports beyond 80 and 443 one policy's rules may
+// name: each is a redirect the node keeps for the sandbox.
+const MaxRulePorts = 16
+
+// OnPort is the port r applies on.
+func (r Rule) OnPort() uint16 {
+	switch {
+	case r.Port != 0:
+		return r.Port
+	case r.Plain:
+		return 80
+	}
+	return 443
+}
+
+// ForPort is the rules of list for plain HTTP (plain) or HTTPS on port,
+// in order.
+func ForPort(list []Rule, plain bool, port uint16) []Rule {
+	var out []Rule
+	for _, r := range list {
+		if r.Plain == plain && r.OnPort() == port {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// RulePorts is the ports other than 80 and 443 that p's rules apply on,
+// sorted: the node redirects them to the egress proxy too.
+func (p Policy) RulePorts() []uint16 {
+	var out []uint16
+	for _, list := range p.Rules {
+		for _, r := range list {
+			if port := r.OnPort(); port != 80 && port != 443 && !slices.Contains(out, port) {
+				out = append(out, port)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Intercepts reports whether the egress proxy reads the sandbox's
+// connections to port: 80 and 443 always (when it needs the proxy at all),
+// others when a rule names them.
+func (p Policy) Intercepts(port uint16) bool {
+	return port == 80 || port == 443 || slices.Contains(p.RulePorts(), port)
 }
 
 // InterceptsTLS reports whether p has a rule for HTTPS, the only kind the
@@ -123,6 +179,16 @@ var reservedHeaders = map[string]bool{
 	"Proxy-Authorization": true, "Proxy-Authenticate": true,
 }
 
+// RuleKey normalises a rules key: a domain or *.domain, lower-cased, or
+// an IP address.
+func RuleKey(h string) (key string, isIP bool, err error) {
+	if ip, perr := netip.ParseAddr(strings.TrimSpace(h)); perr == nil {
+		return ip.String(), true, nil
+	}
+	d, err := ParseDomain(h)
+	return d, false, err
+}
+
 // NormalizeRules validates rules and returns them with lower-cased host
 // keys (as e2b normalises them on write).
 func NormalizeRules(rules map[string][]Rule) (map[string][]Rule, error) {
@@ -141,9 +207,18 @@ func NormalizeRules(rules map[string][]Rule) (map[string][]Rule, error) {
 	for _, h := range hosts {
 		list := rules[h]
 		field := fmt.Sprintf("rules[%q]", h)
-		d, err := ParseDomain(h)
+		d, isIP, err := RuleKey(h)
+		if isIP {
+			// An address matches the Host header of plain HTTP; HTTPS
+			// rules match the TLS server name, which an address is not.
+			for i, r := range list {
+				if !r.Plain {
+					return nil, &FieldError{Field: fmt.Sprintf("%s[%d]", field, i), Kind: ErrRules, Err: errors.New("an IP address key applies to plain HTTP only (HTTPS rules match the TLS server name, a domain)")}
+				}
+			}
+		}
 		if err != nil {
-			return nil, &FieldError{Field: field, Kind: ErrRules, Err: fmt.Errorf("the key must be a domain name or *.domain: %w", err)}
+			return nil, &FieldError{Field: field, Kind: ErrRules, Err: fmt.Errorf("the key must be a domain name, *.domain or (for plain HTTP) an IP address: %w", err)}
 		}
 		if _, dup := out[d]; dup {
 			return nil, &FieldError{Field: field, Kind: ErrRules, Err: errors.New("the same host is listed twice (keys are case-insensitive)")}
@@ -169,6 +244,9 @@ func NormalizeRules(rules map[string][]Rule) (map[string][]Rule, error) {
 			}
 		}
 		out[d] = list
+	}
+	if n := len(Policy{Rules: out}.RulePorts()); n > MaxRulePorts {
+		return nil, &FieldError{Field: "rules", Kind: ErrRules, Err: fmt.Errorf("at most %d ports other than 80 and 443, got %d", MaxRulePorts, n)}
 	}
 	return out, nil
 }

@@ -2,6 +2,7 @@ package network
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -25,6 +26,8 @@ func TestNormalizeRules(t *testing.T) {
 		{h("X", "${e2b.secrets.}"), "names no secret"},
 		{map[string][]Rule{"api.example.com": {{Headers: map[string]string{"X-Key": "a", "x-key": "b"}}}}, "set twice"},
 		{map[string][]Rule{"A.com": {{}}, "a.com": {{}}}, "listed twice"},
+		{map[string][]Rule{"198.51.100.7": {{Plain: true}, {}}}, "plain HTTP only"},
+		{manyPorts(MaxRulePorts + 1), "at most 16 ports"},
 	} {
 		_, err := NormalizeRules(c.rules)
 		if !errors.Is(err, ErrRules) || !errors.Is(err, ErrInvalidPolicy) || !strings.Contains(err.Error(), c.want) {
@@ -34,6 +37,52 @@ func TestNormalizeRules(t *testing.T) {
 	got, err := NormalizeRules(map[string][]Rule{"API.Example.com.": {{Headers: map[string]string{"X": "${other} ${e2b.secrets.k}"}}}})
 	if err != nil || got["api.example.com"] == nil {
 		t.Fatalf("normalised %v, %v", got, err)
+	}
+}
+
+// manyPorts spreads n rule ports over hosts (a host holds at most
+// MaxRulesPerHost rules).
+func manyPorts(n int) map[string][]Rule {
+	out := map[string][]Rule{}
+	for i := range n {
+		h := fmt.Sprintf("h%d.com", i/MaxRulesPerHost)
+		out[h] = append(out[h], Rule{Plain: true, Port: uint16(9000 + i)})
+	}
+	return out
+}
+
+// A rule's port: 0 is its scheme's; the others are what the node redirects.
+func TestRulePorts(t *testing.T) {
+	p := Policy{Rules: map[string][]Rule{
+		"a.com":        {{}, {Plain: true}, {Port: 8443}, {Plain: true, Port: 18080}, {Port: 443}, {Plain: true, Port: 80}},
+		"198.51.100.7": {{Plain: true, Port: 18080}},
+	}}
+	if got := p.RulePorts(); len(got) != 2 || got[0] != 8443 || got[1] != 18080 {
+		t.Fatalf("RulePorts %v", got)
+	}
+	for port, want := range map[uint16]bool{80: true, 443: true, 8443: true, 18080: true, 22: false} {
+		if p.Intercepts(port) != want {
+			t.Errorf("Intercepts(%d) = %v", port, !want)
+		}
+	}
+	list := p.Rules["a.com"]
+	if n := len(ForPort(list, false, 443)); n != 2 {
+		t.Errorf("HTTPS rules on 443: %d", n)
+	}
+	if n := len(ForPort(list, true, 80)); n != 2 {
+		t.Errorf("plain rules on 80: %d", n)
+	}
+	if n := len(ForPort(list, true, 18080)); n != 1 {
+		t.Errorf("plain rules on 18080: %d", n)
+	}
+	if n := len(ForPort(list, false, 18080)); n != 0 {
+		t.Errorf("HTTPS rules on a plain rule's port: %d", n)
+	}
+	if got, err := NormalizeRules(map[string][]Rule{"198.51.100.7": {{Plain: true, Port: 18080}}}); err != nil || got["198.51.100.7"] == nil {
+		t.Fatalf("IP key for plain HTTP: %v %v", got, err)
+	}
+	if _, err := NormalizeRules(manyPorts(MaxRulePorts)); err != nil {
+		t.Fatalf("%d ports: %v", MaxRulePorts, err)
 	}
 }
 

@@ -104,6 +104,9 @@ type NetworkRule struct {
 	// Plain: the rule applies to plain HTTP (port 80) and not to HTTPS
 	// (CubeSandbox's scheme "http"); e2b's rules never set it.
 	Plain bool `json:"plain,omitempty"`
+	// Port is the TCP port the rule applies on; 0 is its scheme's own
+	// (CubeSandbox's match.port).
+	Port int `json:"port,omitempty"`
 }
 
 // EgressProxy is network.egressProxy. The API never returns Password or

@@ -166,7 +166,7 @@ func policyToProto(p network.Policy) *nodev1.Policy {
 		for host, rs := range p.Rules {
 			l := &nodev1.Rules{}
 			for _, r := range rs {
-				l.Rules = append(l.Rules, &nodev1.Rule{Headers: r.Headers, Plain: r.Plain})
+				l.Rules = append(l.Rules, &nodev1.Rule{Headers: r.Headers, Plain: r.Plain, Port: uint32(r.Port)})
 			}
 			out.Rules[host] = l
 		}
@@ -190,7 +190,7 @@ func policyFromProto(p *nodev1.Policy) network.Policy {
 		for host, l := range p.GetRules() {
 			rs := make([]network.Rule, 0, len(l.GetRules()))
 			for _, r := range l.GetRules() {
-				rs = append(rs, network.Rule{Headers: r.GetHeaders(), Plain: r.GetPlain()})
+				rs = append(rs, network.Rule{Headers: r.GetHeaders(), Plain: r.GetPlain(), Port: uint16(min(r.GetPort(), 65535))})
 			}
 			out.Rules[host] = rs
 		}

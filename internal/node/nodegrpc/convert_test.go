@@ -33,7 +33,7 @@ func fill(v reflect.Value, path string) {
 		v.SetString("v-" + path)
 	case reflect.Int, reflect.Int32, reflect.Int64:
 		v.SetInt(int64(7 + len(path)))
-	case reflect.Uint32, reflect.Uint64:
+	case reflect.Uint16, reflect.Uint32, reflect.Uint64:
 		v.SetUint(uint64(9 + len(path)))
 	case reflect.Float64:
 		v.SetFloat(1.5)

@@ -127,6 +127,9 @@ def test_rules_secret_placeholder_and_socks5_upstream(server):
                         {"name": "open", "match": {"host": "open.test", "scheme": "https", "port": 443}, "action": {"allow": True}},
                         {"name": "http", "match": {"host": "http.test", "scheme": "http", "port": 80},
                          "action": {"allow": True, "inject": [{"header": "X-Plain", "secret": "plain-value"}]}},
+                        # A custom L7 port: the node redirects it too.
+                        {"name": "custom", "match": {"host": "http.test", "scheme": "http", "port": 8080},
+                         "action": {"allow": True, "inject": [{"header": "X-Port", "secret": "on-8080"}]}},
                     ]
                 },
             )
@@ -139,10 +142,23 @@ def test_rules_secret_placeholder_and_socks5_upstream(server):
         assert json.loads(curl("http://http.test/"))["headers"]["X-Plain"] == ["plain-value"]
         assert "X-Plain" not in json.loads(curl("https://http.test/"))["headers"]
         assert "X-Api-Key" not in json.loads(curl("https://open.test/"))["headers"]
+        on8080 = json.loads(curl("http://http.test:8080/"))["headers"]
+        assert on8080["X-Port"] == ["on-8080"] and "X-Plain" not in on8080
+        assert "X-Port" not in json.loads(curl("http://http.test/"))["headers"]
         assert curl("-o /dev/null -w '%{http_code}' https://plain.test/") == "000"
         cube.update_network({"rules": [{"name": "no", "match": {"host": "api.test"}, "action": {"allow": False}}]})
         assert curl("-o /dev/null -w '%{http_code}' https://api.test/") == "000"
+        # An IP host for plain HTTP on a custom port, added by an update (it
+        # allows the address, so it comes last: every *.test name is there).
+        cube.update_network({"rules": [{"name": "by-ip", "match": {"host": net["addr"], "scheme": "http", "port": 8080},
+                                        "action": {"allow": True, "inject": [{"header": "X-Cube-L7", "secret": "marker-by-ip"}]}}]})
+        assert json.loads(curl(f"http://{net['addr']}:8080/"))["headers"]["X-Cube-L7"] == ["marker-by-ip"]
+        assert "X-Cube-L7" not in json.loads(curl(f"http://{net['addr']}/"))["headers"]
         cube.kill()
+        # An IP host for HTTPS is refused (HTTPS rules match the TLS name).
+        with pytest.raises(cubesandbox.ApiError, match="needs scheme http"):
+            cubesandbox.Sandbox.create(template="base", network={"rules": [
+                {"name": "ip", "match": {"host": net["addr"], "scheme": "https", "port": 8443}, "action": {"allow": True}}]})
         # A subnet is refused by the server, naming the rule.
         with pytest.raises(cubesandbox.ApiError, match="subnet CIDR not supported"):
             cubesandbox.Sandbox.create(template="base", network={"rules": [

@@ -1427,7 +1427,9 @@ type Rule struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Headers map[string]string      `protobuf:"bytes,1,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// plain: applies to plain HTTP (port 80) and not to HTTPS.
-	Plain         bool `protobuf:"varint,2,opt,name=plain,proto3" json:"plain,omitempty"`
+	Plain bool `protobuf:"varint,2,opt,name=plain,proto3" json:"plain,omitempty"`
+	// port: the TCP port the rule applies on; 0 is the scheme's (443, 80).
+	Port          uint32 `protobuf:"varint,3,opt,name=port,proto3" json:"port,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1474,6 +1476,13 @@ func (x *Rule) GetPlain() bool {
 		return x.Plain
 	}
 	return false
+}
+
+func (x *Rule) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
 }
 
 type Upstream struct {
@@ -4120,10 +4129,11 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12,\n" +
 	"\x05value\x18\x02 \x01(\v2\x16.cubicle.node.v1.RulesR\x05value:\x028\x01\"4\n" +
 	"\x05Rules\x12+\n" +
-	"\x05rules\x18\x01 \x03(\v2\x15.cubicle.node.v1.RuleR\x05rules\"\x96\x01\n" +
+	"\x05rules\x18\x01 \x03(\v2\x15.cubicle.node.v1.RuleR\x05rules\"\xaa\x01\n" +
 	"\x04Rule\x12<\n" +
 	"\aheaders\x18\x01 \x03(\v2\".cubicle.node.v1.Rule.HeadersEntryR\aheaders\x12\x14\n" +
-	"\x05plain\x18\x02 \x01(\bR\x05plain\x1a:\n" +
+	"\x05plain\x18\x02 \x01(\bR\x05plain\x12\x12\n" +
+	"\x04port\x18\x03 \x01(\rR\x04port\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8c\x01\n" +
