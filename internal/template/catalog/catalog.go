@@ -898,12 +898,12 @@ func (c *Catalog) StartBuild(ctx context.Context, caller Caller, templateID, bui
 	if err := c.cfg.Builder.Validate(ctx, job); err != nil {
 		return err
 	}
-	return c.queue1(ctx, caller, b, req, nil)
+	return c.queueBuild(ctx, caller, b, req, nil)
 }
 
-// queue1 stores a validated build's start request and queues it; cube is
+// queueBuild stores a validated build's start request and queues it; cube is
 // the CubeAPI request it was made from, if any.
-func (c *Catalog) queue1(ctx context.Context, caller Caller, b *store.TemplateBuild, req StartRequest, cube *ImageRequest) error {
+func (c *Catalog) queueBuild(ctx context.Context, caller Caller, b *store.TemplateBuild, req StartRequest, cube *ImageRequest) error {
 	// Credentials never reach the store: only the scrubbed spec is kept.
 	c.mu.Lock()
 	c.secrets[b.ID] = req.FromImageRegistry.secrets()

@@ -338,7 +338,7 @@ func (c *Catalog) startImageBuild(ctx context.Context, caller Caller, t *store.T
 		return err
 	}
 	r.RegistryPassword = "" // never stored
-	return c.queue1(ctx, caller, b, start, &r)
+	return c.queueBuild(ctx, caller, b, start, &r)
 }
 
 // imageRequestOf is the CubeAPI request a template's latest build was
