@@ -63,8 +63,8 @@ test: deps build
 	cd test/e2b-js && CUBICLE_IMAGES_DIR=$${CUBICLE_IMAGES_DIR:-$(DATA_DIR)/images} CUBICLE_RUNTIME=runc npm test
 	cd test/e2b-js && CUBICLE_IMAGES_DIR=$${CUBICLE_IMAGES_DIR:-$(DATA_DIR)/images} CUBICLE_RUNTIME=runsc npm test
 	cd test/e2b-py && CUBICLE_IMAGES_DIR=$${CUBICLE_IMAGES_DIR:-$(DATA_DIR)/images} CUBICLE_RUNTIME=runc .venv/bin/python -m pytest -q
-	@# CubeSandbox's client and snapshots on runsc too: its memory rollback and clone.
-	cd test/e2b-py && CUBICLE_IMAGES_DIR=$${CUBICLE_IMAGES_DIR:-$(DATA_DIR)/images} CUBICLE_RUNTIME=runsc .venv/bin/python -m pytest -q tests/test_cubesandbox.py tests/test_snapshots.py tests/test_host_mounts.py
+	@# CubeSandbox's client (its templates too) and snapshots on runsc: its memory rollback and clone.
+	cd test/e2b-py && CUBICLE_IMAGES_DIR=$${CUBICLE_IMAGES_DIR:-$(DATA_DIR)/images} CUBICLE_RUNTIME=runsc .venv/bin/python -m pytest -q tests/test_cubesandbox.py tests/test_cubesandbox_templates.py tests/test_snapshots.py tests/test_host_mounts.py
 	$(MAKE) test-cluster-sdk
 
 # The SDK suites' core flows against a cluster (issue 23): each JS file and the
