@@ -31,18 +31,10 @@ func main() {
 	tokenFile := flag.String("token-file", "", "file holding the access token the agent starts with (required: the agent never serves without one)")
 	readyFD := flag.Int("ready-fd", -1, "a pipe inherited from the node: one byte is written there once the agent serves, then it is closed (-1: none)")
 	version := flag.Bool("version", false, "print version and exit")
-	bootIDHook := flag.String(strings.TrimPrefix(agentapi.BootIDHookFlag, "-"), "", "as a container's createContainer hook: give the container whose rootfs this is a boot_id of its own, and exit")
 	probe := flag.String(strings.TrimPrefix(agentapi.ProbeHTTPFlag, "-"), "", "probe this URL and exit: 0 for a 200-399 answer within 5s, 1 otherwise (a template's HTTP readiness probe)")
 	flag.Parse()
 	if *probe != "" {
 		os.Exit(probeHTTP(*probe))
-	}
-	if *bootIDHook != "" {
-		if err := bindBootID(*bootIDHook); err != nil {
-			fmt.Fprintln(os.Stderr, "boot-id hook:", err)
-			os.Exit(1)
-		}
-		return
 	}
 	// Before anything is opened or started: the inherited pipe must reach
 	// no process the agent starts.

@@ -208,7 +208,6 @@ func startNodeHost(ctx context.Context, o *nodeHostOptions, userns bool, pool ne
 		Disks:        disks,
 		Runtime:      o.runtime,
 		UserNS:       userns,
-		BootIDHook:   o.agentBin,
 		StateDir:     filepath.Join(o.dataDir, "run", o.runtime),
 		SandboxDir:   sandboxDir,
 		CgroupParent: o.cgroupParent,

@@ -22,13 +22,6 @@ const PathInSandbox = "/.cubicle/cubicle-agent"
 // otherwise. It needs nothing from the image, not even curl.
 const ProbeHTTPFlag = "-probe-http"
 
-// BootIDHookFlag runs the agent binary as a runc createContainer hook
-// (internal/runtime/oci): with the rootfs as its argument, it binds a fresh
-// random UUID over the container's /proc/sys/kernel/random/boot_id, so each
-// boot of a sandbox has its own (e2b's "reboots on resume") and no sandbox
-// sees the host's, which would tell co-located sandboxes apart from others.
-const BootIDHookFlag = "-boot-id-hook"
-
 // HTTPProbeCommand is the shell command that probes port and path inside
 // the sandbox, through the agent binary.
 func HTTPProbeCommand(port int, path string) string {

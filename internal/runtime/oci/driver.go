@@ -62,13 +62,6 @@ type Config struct {
 	// UserNS runs sandboxes in user namespaces of their own (userns.go):
 	// under runc/crun the container, under runsc the sentry and gofer.
 	UserNS bool
-	// BootIDHook is a static binary that, run as a createContainer hook
-	// with agentapi.BootIDHookFlag and the rootfs, gives the container a
-	// boot_id of its own at each boot (the agent's binary). runc and crun
-	// refuse a mount inside /proc, so a hook in the container's mount
-	// namespace makes it; gVisor's sentry makes its own. "" leaves the
-	// host's boot_id showing under runc and crun.
-	BootIDHook string
 	// Disks makes the sandboxes' disk images (disk.go); nil formats each
 	// one in the sandbox's private dir.
 	Disks *diskstore.Store
@@ -754,7 +747,10 @@ func (d *Driver) runContainer(ctx context.Context, id string, ready *os.File) er
 		defer unbindUserns(p)
 	}
 	args = append(append([]string{"run", "--detach"}, args...), "--bundle", bundle, "--pid-file", filepath.Join(bundle, "pid"), id)
-	return d.runWithConsoleVia(ctx, id, via{argv: wrap, files: files}, args...)
+	if err := d.runWithConsoleVia(ctx, id, via{argv: wrap, files: files}, args...); err != nil {
+		return err
+	}
+	return d.bootIDAfterRun(id)
 }
 
 // specNetns is the network namespace runc must be started in, from the

@@ -44,27 +44,3 @@ func TestPrepareRootfsKernelFSMounts(t *testing.T) {
 		}
 	}
 }
-
-// runc and crun get the boot_id hook (they refuse a mount inside /proc);
-// runsc's sentry makes its own boot_id, and no hook is set without a binary.
-func TestBootIDHook(t *testing.T) {
-	for rt, want := range map[string]bool{"runc": true, "crun": true, "runsc": false} {
-		for _, bin := range []string{"/opt/cubicle-agent", ""} {
-			d := &Driver{cfg: Config{Runtime: rt, CgroupParent: "cubicle", BootIDHook: bin}}
-			s, err := d.buildSpec(runtime.Spec{ID: "abc", Args: []string{"/a"}}, "/r", 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			has := s.Hooks != nil && len(s.Hooks.CreateContainer) == 1
-			if has != (want && bin != "") {
-				t.Fatalf("%s with %q: hooks %+v", rt, bin, s.Hooks)
-			}
-			if has {
-				h := s.Hooks.CreateContainer[0]
-				if h.Path != bin || len(h.Args) != 3 || h.Args[1] != "-boot-id-hook" || h.Args[2] != "/r" || h.Timeout == nil {
-					t.Fatalf("%s: hook %+v", rt, h)
-				}
-			}
-		}
-	}
-}

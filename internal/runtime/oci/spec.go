@@ -11,7 +11,6 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
-	"github.com/cubicle-dev/cubicle/internal/agentapi"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 )
 
@@ -201,15 +200,8 @@ func (d *Driver) buildSpec(s runtime.Spec, rootfs string, nsBase uint32) (*specs
 		res.Pids = &specs.LinuxPids{Limit: ptr(limit)}
 	}
 
-	var hooks *specs.Hooks
-	if d.cfg.Runtime != "runsc" && d.cfg.BootIDHook != "" {
-		hooks = &specs.Hooks{CreateContainer: []specs.Hook{{
-			Path: d.cfg.BootIDHook, Args: []string{filepath.Base(d.cfg.BootIDHook), agentapi.BootIDHookFlag, rootfs}, Timeout: ptr(10),
-		}}}
-	}
 	return &specs.Spec{
 		Version: ociVersion,
-		Hooks:   hooks,
 		Root:    &specs.Root{Path: rootfs},
 		Process: &specs.Process{
 			Terminal: false,

@@ -193,6 +193,7 @@ cat /ro/hello > /out/ro.content
 echo persisted > /tmp/persist
 hostname > /out/hostname
 /.cubicle/busybox echo agent-ok > /out/agent
+( until [ -e /ro/read-boot-id ]; do sleep 0.05; done; cat /proc/sys/kernel/random/boot_id > /out/bootid ) &
 echo hello-console
 echo ready > /out/ready
 i=0
@@ -282,6 +283,16 @@ func RunDriverSuiteWith(t *testing.T, d runtime.Driver, layers []string, o Optio
 
 		if got := strings.TrimSpace(string(WaitFile(t, filepath.Join(out, "agent"), o.Timeout))); got != "agent-ok" {
 			t.Errorf("file bind mount: %q", got)
+		}
+		// Read once Create returned (as the agent's commands are): the
+		// boot's own boot_id, never the host's.
+		if err := os.WriteFile(filepath.Join(ro, "read-boot-id"), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		hostBoot, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
+		boot := strings.TrimSpace(string(WaitFile(t, filepath.Join(out, "bootid"), o.Timeout)))
+		if len(boot) != 36 || boot == strings.TrimSpace(string(hostBoot)) {
+			t.Errorf("boot_id %q: want a UUID of the sandbox's own (the host's is %q)", boot, strings.TrimSpace(string(hostBoot)))
 		}
 
 		// Capabilities: nothing beyond Docker's default set.

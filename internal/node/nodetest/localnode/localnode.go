@@ -157,7 +157,7 @@ func newLocalOn(t testing.TB, runtimeName string, images node.ImageSource, wrap 
 	// Serve's default: disks are clones in a reflink store.
 	disks := diskstoretest.Open(t, base)
 	drv, err := oci.New(oci.Config{Runtime: runtimeName, BinaryPath: bin, StateDir: filepath.Join(base, "run"),
-		SandboxDir: filepath.Join(base, "sandboxes"), CgroupParent: parent, Disks: disks, BootIDHook: agent})
+		SandboxDir: filepath.Join(base, "sandboxes"), CgroupParent: parent, Disks: disks})
 	if err != nil {
 		diskstoretest.Close(t, disks)
 		os.RemoveAll(base)
