@@ -214,10 +214,11 @@ func (s *Server) templateAlias(w http.ResponseWriter, r *http.Request) {
 	}
 	alias := chi.URLParam(r, "alias")
 	t, err := c.Get(r.Context(), callerOf(r), alias)
-	if name, _, _ := strings.Cut(alias, ":"); errors.Is(err, catalog.ErrNotFound) && !catalog.ValidName(name) {
-		// No template can be given this name: a malformed request, as
-		// CubeAPI answers it, not "not found". (Looked up first: a longer
-		// name an earlier version accepted still resolves.)
+	if name, _, _ := strings.Cut(alias, ":"); errors.Is(err, catalog.ErrNotFound) && (!catalog.ValidName(name) || catalog.ReservedName(name)) {
+		// A name no template can have, or one of CubeAPI's ID prefixes
+		// that names nothing: a malformed request, as CubeAPI answers
+		// it, not "not found". (Looked up first: an e2b name with such a
+		// prefix, or a longer one an earlier version accepted, resolves.)
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("alias %q is not a valid template name (lowercase letters, digits, '.', '_' and '-', at most 64, not starting with tpl- or snap-)", alias))
 		return
 	}

@@ -64,11 +64,18 @@ func (d *Driver) bindBootID(id string, pid int) error {
 		return fmt.Errorf("boot_id: %w", err)
 	}
 	defer ns.Close()
+	home, err := os.Open("/proc/self/ns/mnt")
+	if err != nil {
+		return fmt.Errorf("boot_id: %w", err)
+	}
+	defer home.Close()
 	errc := make(chan error, 1)
 	go func() {
-		// The thread is never unlocked: it ends with this goroutine, and
-		// the mount namespace it joined with it. unshare(CLONE_FS) first:
-		// setns into a mount namespace needs an fs_struct of its own.
+		// The thread is never unlocked: it ends with this goroutine.
+		// unshare(CLONE_FS) first: setns into a mount namespace needs an
+		// fs_struct of its own, and that one's root becomes the
+		// container's, which would keep its rootfs busy until the thread
+		// is gone; so the thread goes home before it reports.
 		goruntime.LockOSThread()
 		if err := unix.Unshare(unix.CLONE_FS); err != nil {
 			errc <- fmt.Errorf("boot_id: unshare: %w", err)
@@ -78,11 +85,14 @@ func (d *Driver) bindBootID(id string, pid int) error {
 			errc <- fmt.Errorf("boot_id: setns: %w", err)
 			return
 		}
-		if err := unix.MoveMount(tree, "", unix.AT_FDCWD, bootIDPath, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-			errc <- fmt.Errorf("boot_id: move_mount: %w", err)
-			return
+		err := unix.MoveMount(tree, "", unix.AT_FDCWD, bootIDPath, unix.MOVE_MOUNT_F_EMPTY_PATH)
+		if herr := unix.Setns(int(home.Fd()), unix.CLONE_NEWNS); herr != nil && err == nil {
+			err = herr
 		}
-		errc <- nil
+		if err != nil {
+			err = fmt.Errorf("boot_id: %w", err)
+		}
+		errc <- err
 	}()
 	return <-errc
 }
@@ -101,5 +111,10 @@ func (d *Driver) bootIDAfterRun(id string) error {
 	if err != nil || pid <= 0 {
 		return fmt.Errorf("boot_id: pid file %q", b)
 	}
-	return d.bindBootID(id, pid)
+	if err := d.bindBootID(id, pid); err != nil && pidAlive(pid) {
+		return err
+	}
+	// An init that exited at once has no namespace left to bind into:
+	// the container is over, as Inspect will say.
+	return nil
 }

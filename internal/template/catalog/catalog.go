@@ -52,7 +52,7 @@ var (
 )
 
 // ValidName reports whether s can be a template's name (without a tag).
-func ValidName(s string) bool { return nameRE.MatchString(s) && !reservedName(s) }
+func ValidName(s string) bool { return nameRE.MatchString(s) }
 
 // builtin reports whether id is a seeded template.
 func builtin(id string) bool { return id == BaseID || id == CodeInterpreterID }
@@ -407,9 +407,6 @@ func splitName(req CreateRequest) (string, []string, error) {
 	tags = append(tags, req.Tags...)
 	if !nameRE.MatchString(name) {
 		return "", nil, invalid("name %q must match %s", name, nameRE)
-	}
-	if reservedName(name) {
-		return "", nil, invalid("name %q may not start with tpl- or snap- (template and snapshot IDs do)", name)
 	}
 	seen := map[string]bool{}
 	var out []string

@@ -58,9 +58,13 @@ func buildEnv(b *store.TemplateBuild) map[string]string {
 // aliasRE is CubeAPI's alias rule.
 var aliasRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
 
-// reservedPrefixes are CubeAPI's ID prefixes: no name may start with one,
-// so an alias never reads as another template's or snapshot's ID.
+// reservedPrefixes are CubeAPI's ID prefixes: no alias set through CubeAPI
+// starts with one, so it never reads as a template's or snapshot's ID.
+// (e2b's names may: its users name snapshots "snap-..." freely.)
 var reservedPrefixes = []string{"tpl-", "snap-"}
+
+// ReservedName reports whether s starts with one of CubeAPI's ID prefixes.
+func ReservedName(s string) bool { return reservedName(s) }
 
 func reservedName(s string) bool {
 	for _, p := range reservedPrefixes {
