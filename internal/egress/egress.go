@@ -1,6 +1,7 @@
 // Package egress is the node's transparent egress proxy. nftables redirects
 // the TCP connections of sandboxes whose policy names domains (ports 80 and
-// 443, and the ports their rules name) to it; it reads the TLS ClientHello's server name or the HTTP Host
+// 443, and the ports their rules name) to it; it reads the TLS
+// ClientHello's server name or the HTTP Host
 // header, judges the name against the sandbox's allowOut/denyOut domains
 // (allow wins, as in e2b), falls back to the address rules for everything
 // else, and splices the allowed connections to their destination.
