@@ -32,14 +32,8 @@ func isImageRequest(body []byte) bool {
 
 func (s *Server) createFromImage(w http.ResponseWriter, r *http.Request, c *catalog.Catalog, body []byte) {
 	var req catalog.ImageRequest
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		if f, ok := unknownField(err); ok {
-			writeError(w, http.StatusBadRequest, "unknown field "+f+" in the create-from-image request")
-			return
-		}
-		writeError(w, http.StatusBadRequest, "malformed JSON body: "+err.Error())
+	if msg := decodeStrict(body, &req); msg != "" {
+		writeError(w, http.StatusBadRequest, msg)
 		return
 	}
 	job, err := c.CreateFromImage(r.Context(), callerOf(r), req)

@@ -64,9 +64,7 @@ var aliasRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
 var reservedPrefixes = []string{"tpl-", "snap-"}
 
 // ReservedName reports whether s starts with one of CubeAPI's ID prefixes.
-func ReservedName(s string) bool { return reservedName(s) }
-
-func reservedName(s string) bool {
+func ReservedName(s string) bool {
 	for _, p := range reservedPrefixes {
 		if strings.HasPrefix(s, p) {
 			return true
@@ -76,7 +74,7 @@ func reservedName(s string) bool {
 }
 
 // ValidAlias reports whether s may be an alias set through CubeAPI.
-func ValidAlias(s string) bool { return aliasRE.MatchString(s) && !reservedName(s) }
+func ValidAlias(s string) bool { return aliasRE.MatchString(s) && !ReservedName(s) }
 
 func checkAlias(s string) error {
 	if !ValidAlias(s) {
@@ -345,9 +343,10 @@ func (c *Catalog) startImageBuild(ctx context.Context, caller Caller, t *store.T
 	return c.queueBuild(ctx, caller, b, start, &r)
 }
 
-// imageRequestOf is the CubeAPI request a template's latest build was
-// made from (nil: the template was not made by CubeAPI's create).
-func (c *Catalog) imageRequestOf(ctx context.Context, t *store.Template) (*ImageRequest, error) {
+// ImageRequestOf is the CubeAPI request a template's latest build was
+// made from (nil: the template was not made by CubeAPI's create); the
+// registry password is not kept.
+func (c *Catalog) ImageRequestOf(ctx context.Context, t *store.Template) (*ImageRequest, error) {
 	builds, err := c.st.ListTemplateBuilds(ctx, t.ID)
 	if err != nil {
 		return nil, err
@@ -361,12 +360,6 @@ func (c *Catalog) imageRequestOf(ctx context.Context, t *store.Template) (*Image
 	return nil, nil
 }
 
-// ImageRequestOf is the stored CubeAPI create request of a template (nil
-// when it was made another way); the registry password is not kept.
-func (c *Catalog) ImageRequestOf(ctx context.Context, t *store.Template) (*ImageRequest, error) {
-	return c.imageRequestOf(ctx, t)
-}
-
 // RebuildFromImage builds a template made by CreateFromImage again from
 // its stored request (the image reference is pulled again, so a moved tag
 // is picked up), as a new build of the same template.
@@ -375,7 +368,7 @@ func (c *Catalog) RebuildFromImage(ctx context.Context, caller Caller, ref strin
 	if err != nil {
 		return nil, err
 	}
-	r, err := c.imageRequestOf(ctx, t)
+	r, err := c.ImageRequestOf(ctx, t)
 	if err != nil {
 		return nil, err
 	}
